@@ -1,0 +1,109 @@
+"""Every error Relay raises on purpose, in one tree.
+
+    RelayError                      500  internal
+    ├── InvalidRequestError         400  invalid_request
+    │   ├── SecretDetectedError     422  secret_detected
+    │   └── TooLargeError           413  too_large
+    ├── UnauthorizedError           401  unauthorized
+    ├── ForbiddenError              403  forbidden
+    ├── NotFoundError               404  not_found
+    ├── ConflictError               409  conflict
+    ├── OverloadedError             503  overloaded
+    └── StoreError                  500  store_error
+
+Each class carries its HTTP status, a stable machine-readable code and the CLI
+exit code, so the API's error body and the CLI's one-line error come from the
+same place. Foreign errors (sqlite3, psycopg, sockets) are translated once, at
+the storage or transport edge, with `raise ... from exc`.
+"""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """Root of every Relay error."""
+
+    status = 500
+    code = "internal"
+    exit_code = 1
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, object]:
+        body: dict[str, object] = {"code": self.code, "message": self.message, "status": self.status}
+        if self.details:
+            body["details"] = self.details
+        return {"error": body}
+
+
+class InvalidRequestError(RelayError):
+    """The request is malformed or a field fails validation."""
+
+    status = 400
+    code = "invalid_request"
+    exit_code = 2
+
+
+class SecretDetectedError(InvalidRequestError):
+    """A memory body looks like it contains a credential; nothing was stored."""
+
+    status = 422
+    code = "secret_detected"
+
+
+class TooLargeError(InvalidRequestError):
+    """A body or field exceeds its size limit."""
+
+    status = 413
+    code = "too_large"
+
+
+class UnauthorizedError(RelayError):
+    """The API key is missing, unknown, revoked or expired."""
+
+    status = 401
+    code = "unauthorized"
+    exit_code = 3
+
+
+class ForbiddenError(RelayError):
+    """The key is valid but lacks the scope for this action."""
+
+    status = 403
+    code = "forbidden"
+    exit_code = 3
+
+
+class NotFoundError(RelayError):
+    """No such memory, key or organisation visible to this key."""
+
+    status = 404
+    code = "not_found"
+    exit_code = 4
+
+
+class ConflictError(RelayError):
+    """The write lost a race: `expected_revision` is not the current revision."""
+
+    status = 409
+    code = "conflict"
+    exit_code = 5
+
+
+class OverloadedError(RelayError):
+    """The server is shedding load; retry after the given delay."""
+
+    status = 503
+    code = "overloaded"
+    exit_code = 6
+
+
+class StoreError(RelayError):
+    """The database failed underneath us."""
+
+    status = 500
+    code = "store_error"
+    exit_code = 7
