@@ -1,0 +1,101 @@
+"""API keys: minting, hashing at rest, and authorizing a request.
+
+A key reads `relay_<key id>_<secret>`. Only sha256(secret) is stored: the
+secret carries 192 random bits, so a slow password hash would add latency to
+every request and no security. Comparison is constant-time, and an unknown key
+id costs the same comparison as a known one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from relay.errors import ForbiddenError, InvalidRequestError, UnauthorizedError
+from relay.models import SCOPES, ApiKey, Principal
+from relay.store import Store
+
+PREFIX = "relay_"
+_DUMMY_HASH = hashlib.sha256(b"relay-unknown-key").hexdigest()
+
+
+@dataclass(frozen=True)
+class MintedKey:
+    key: ApiKey
+    secret: str  # the full key string; shown once, never stored
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def split_key(token: str) -> tuple[str, str] | None:
+    """`relay_<id>_<secret>` -> (id, secret); None when the shape is wrong."""
+    if not token.startswith(PREFIX):
+        return None
+    key_id, sep, secret = token[len(PREFIX) :].partition("_")
+    if not sep or not key_id or len(secret) < 16 or not key_id.isalnum():
+        return None
+    return key_id, secret
+
+
+def check_scopes(scopes: frozenset[str]) -> frozenset[str]:
+    unknown = scopes - set(SCOPES)
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown scope(s) {', '.join(sorted(unknown))}; known: {', '.join(SCOPES)}"
+        )
+    if not scopes:
+        raise InvalidRequestError("a key needs at least one scope")
+    return scopes
+
+
+def mint_key(
+    store: Store,
+    org_id: str,
+    name: str,
+    scopes: frozenset[str],
+    roles: frozenset[str],
+    expires_at: datetime | None = None,
+) -> MintedKey:
+    check_scopes(scopes)
+    if expires_at is not None and expires_at <= datetime.now(UTC):
+        raise InvalidRequestError("expires_at is in the past")
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(24)
+    key = store.create_key(
+        org_id, key_id, hash_secret(secret), name, scopes, frozenset(roles), expires_at
+    )
+    return MintedKey(key=key, secret=f"{PREFIX}{key_id}_{secret}")
+
+
+def authorize(store: Store, authorization: str | None) -> Principal:
+    """Turn an `Authorization: Bearer ...` header into a Principal, or raise UnauthorizedError."""
+    if not authorization:
+        raise UnauthorizedError("missing API key (send 'Authorization: Bearer <key>')")
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise UnauthorizedError("malformed Authorization header; expected 'Bearer <key>'")
+    parts = split_key(token.strip())
+    found = store.key_for_auth(parts[0]) if parts else None
+    stored_hash = found[1] if found else _DUMMY_HASH
+    secret = parts[1] if parts else ""
+    matches = hmac.compare_digest(hash_secret(secret), stored_hash)
+    if found is None or not matches:
+        raise UnauthorizedError("invalid API key")
+    key = found[0]
+    now = datetime.now(UTC)
+    if key.revoked_at is not None:
+        raise UnauthorizedError("this API key was revoked")
+    if key.expires_at is not None and key.expires_at <= now:
+        raise UnauthorizedError("this API key has expired")
+    return Principal(org_id=key.org_id, key_id=key.id, scopes=key.scopes, roles=key.roles)
+
+
+def require(principal: Principal, scope: str) -> None:
+    """Admin implies every scope within its own organisation."""
+    if scope not in principal.scopes and "admin" not in principal.scopes:
+        raise ForbiddenError(f"this key lacks the {scope!r} scope")

@@ -1,0 +1,179 @@
+"""The records that pass between the store, the search pipeline and the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+SCOPES = ("memory:read", "memory:write", "admin")
+EVERYONE = "all"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(ts: datetime | None) -> str | None:
+    """UTC timestamps as ISO 8601 with a Z, the one format the API speaks."""
+    if ts is None:
+        return None
+    return ts.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Org:
+    id: str
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: str
+    org_id: str
+    name: str
+    scopes: frozenset[str]
+    roles: frozenset[str]
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "org_id": self.org_id,
+            "name": self.name,
+            "scopes": sorted(self.scopes),
+            "roles": sorted(self.roles),
+            "created_at": iso(self.created_at),
+            "expires_at": iso(self.expires_at),
+            "revoked_at": iso(self.revoked_at),
+        }
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is asking: an authorized key, its organisation, scopes and roles."""
+
+    org_id: str
+    key_id: str
+    scopes: frozenset[str]
+    roles: frozenset[str]
+
+    @property
+    def audiences(self) -> frozenset[str]:
+        """The audiences this key may read: its roles plus everyone's."""
+        return self.roles | {EVERYONE}
+
+
+@dataclass(frozen=True)
+class MemoryDraft:
+    """What a writer supplies; the store assigns revision and timestamps."""
+
+    body: str
+    title: str | None = None
+    source: str | None = None
+    audiences: tuple[str, ...] = (EVERYONE,)
+    tags: tuple[str, ...] = ()
+    valid_until: datetime | None = None
+    supersedes: tuple[str, ...] = ()
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class Memory:
+    org_id: str
+    id: str
+    revision: int
+    body: str
+    title: str | None
+    source: str | None
+    audiences: tuple[str, ...]
+    tags: tuple[str, ...]
+    author: str | None
+    created_at: datetime
+    updated_at: datetime
+    valid_until: datetime | None
+    supersedes: tuple[str, ...]
+    pinned: bool
+    superseded_by: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "revision": self.revision,
+            "title": self.title,
+            "body": self.body,
+            "source": self.source,
+            "audiences": list(self.audiences),
+            "tags": list(self.tags),
+            "author": self.author,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "valid_until": iso(self.valid_until),
+            "supersedes": list(self.supersedes),
+            "superseded_by": self.superseded_by,
+            "pinned": self.pinned,
+        }
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One entry of a memory's history; a deletion leaves a tombstone with no text."""
+
+    id: str
+    revision: int
+    action: str  # "create" | "edit" | "delete"
+    recorded_at: datetime
+    author: str | None
+    title: str | None = None
+    body: str | None = None
+    source: str | None = None
+    audiences: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    valid_until: datetime | None = None
+    supersedes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "revision": self.revision,
+            "action": self.action,
+            "recorded_at": iso(self.recorded_at),
+            "author": self.author,
+            "title": self.title,
+            "body": self.body,
+            "source": self.source,
+            "audiences": list(self.audiences),
+            "tags": list(self.tags),
+            "valid_until": iso(self.valid_until),
+            "supersedes": list(self.supersedes),
+        }
+
+
+@dataclass(frozen=True)
+class PassageInput:
+    """A passage ready to store: its text, what the lexical index sees, and its vector."""
+
+    seq: int
+    text: str
+    lexical: str
+    content_hash: str
+    embedding: bytes  # float32 little-endian, L2-normalised
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A stored passage as search sees it, already checked against the reader's access."""
+
+    rowid: int
+    memory_id: str
+    revision: int
+    seq: int
+    title: str | None
+    source: str | None
+    text: str
+    lexical: str
+    updated_at: datetime
+    supersedes: tuple[str, ...] = field(default=())
+    embedding: bytes | None = None  # float32 vector, for scoring candidates the vector stage missed

@@ -1,0 +1,333 @@
+"""The HTTP API: FastAPI over the store and the search pipeline.
+
+Every route authorizes first (`principal` dependency), then checks its scope.
+Every error leaves through `error_response()`, so clients see one shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from relay import __version__, auth, writes
+from relay.embedding import Embedder
+from relay.errors import (
+    InvalidRequestError,
+    OverloadedError,
+    RelayError,
+    TooLargeError,
+)
+from relay.metrics import Metrics
+from relay.models import Principal
+from relay.search import MAX_K, Searcher
+from relay.store import Store
+
+log = logging.getLogger("relay.server")
+
+_HTTP_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    422: "invalid_request",
+}
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The single place an exception becomes an HTTP error body."""
+    if isinstance(exc, RelayError):
+        body, status = exc.to_dict(), exc.status
+    elif isinstance(exc, StarletteHTTPException):
+        status = exc.status_code
+        code = _HTTP_CODES.get(status, "http_error")
+        body = {"error": {"code": code, "message": str(exc.detail), "status": status}}
+    else:
+        status = 500
+        body = {"error": {"code": "internal", "message": "internal server error", "status": 500}}
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@dataclass
+class Services:
+    store: Store
+    searcher: Searcher
+    embedder: Embedder
+    metrics: Metrics
+
+
+# -- request bodies -------------------------------------------------------------
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchBody(_Body):
+    query: str = Field(min_length=1, max_length=8000)
+    k: int = Field(5, ge=1, le=MAX_K)
+    deadline_ms: float = Field(1000.0, gt=0, le=30_000)
+    mode: str = Field("hybrid", pattern="^(hybrid|lexical|semantic)$")
+
+
+class MemoryBody(_Body):
+    body: str = Field(max_length=100_000)
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+    title: str | None = Field(None, max_length=1000)
+    source: str | None = Field(None, max_length=1000)
+    audiences: list[str] | None = Field(None, max_length=64)
+    tags: list[str] | None = Field(None, max_length=64)
+    valid_until: datetime | None = None
+    supersedes: list[str] | None = Field(None, max_length=64)
+    pinned: bool = False
+
+
+class MemoryPatch(_Body):
+    body: str | None = Field(None, max_length=100_000)
+    title: str | None = Field(None, max_length=1000)
+    source: str | None = Field(None, max_length=1000)
+    audiences: list[str] | None = Field(None, max_length=64)
+    tags: list[str] | None = Field(None, max_length=64)
+    valid_until: datetime | None = None
+    supersedes: list[str] | None = Field(None, max_length=64)
+    pinned: bool | None = None
+    expected_revision: int | None = Field(None, ge=1)
+
+
+class KeyBody(_Body):
+    name: str = Field(min_length=1, max_length=200)
+    scopes: list[str] = Field(min_length=1, max_length=3)
+    roles: list[str] = Field(default_factory=list, max_length=64)
+    expires_at: datetime | None = None
+
+
+# -- middleware ---------------------------------------------------------------
+class GuardMiddleware:
+    """Sheds load past `max_inflight` with a fast 503 and caps request bodies while reading."""
+
+    def __init__(self, app: ASGIApp, max_inflight: int, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_inflight = max_inflight
+        self.max_body_bytes = max_body_bytes
+        self.inflight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.inflight >= self.max_inflight:
+            await error_response(OverloadedError("server busy; retry shortly"))(
+                scope, receive, send
+            )
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await error_response(TooLargeError("request body too large"))(scope, receive, send)
+            return
+        seen = 0
+
+        async def capped() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise TooLargeError("request body too large")
+            return message
+
+        self.inflight += 1
+        try:
+            await self.app(scope, capped, send)
+        finally:
+            self.inflight -= 1
+
+
+def create_app(services: Services) -> FastAPI:
+    store, searcher, metrics = services.store, services.searcher, services.metrics
+    app = FastAPI(
+        title="Relay",
+        version=__version__,
+        description="Team memory for coding agents. Errors: {'error': {'code', 'message', 'status'}}.",
+    )
+    app.state.services = services
+
+    for exc_type in (RelayError, StarletteHTTPException, Exception):
+        app.add_exception_handler(exc_type, lambda _r, e: error_response(e))  # type: ignore[arg-type]
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg"))
+        err = InvalidRequestError(message)
+        err.status = 422
+        return error_response(err)
+
+    @app.middleware("http")
+    async def _measure(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.observe_request(
+            getattr(route, "path", "unmatched"),
+            request.method,
+            response.status_code,
+            time.perf_counter() - start,
+        )
+        return response
+
+    def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
+        return auth.authorize(store, authorization)
+
+    Auth = Annotated[Principal, Depends(principal)]
+
+    @app.get("/healthz", tags=["operations"])
+    def healthz() -> dict[str, Any]:
+        store.generation("")  # a cheap query: proves the database answers
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/metrics", tags=["operations"], response_class=Response)
+    def metrics_endpoint() -> Response:
+        metrics.cache_entries.set(len(searcher.cache) if searcher.cache is not None else 0)
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/whoami", tags=["keys"])
+    def whoami(p: Auth) -> dict[str, Any]:
+        org = store.get_org(p.org_id)
+        key = store.key_for_auth(p.key_id)
+        return {
+            "org": {"id": org.id, "name": org.name},
+            "key": key[0].to_dict() if key else {"id": p.key_id},
+        }
+
+    @app.post("/v1/search", tags=["search"])
+    def search(body: SearchBody, p: Auth) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        response = searcher.search(p, body.query, body.k, body.deadline_ms, body.mode)  # type: ignore[arg-type]
+        metrics.observe_search(response)
+        return response.to_dict()
+
+    @app.get("/v1/profile", tags=["search"])
+    def profile(p: Auth) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        items = store.pinned(p.org_id, p.audiences, datetime.now(UTC))
+        return {
+            "results": [
+                {
+                    "id": m.id,
+                    "revision": m.revision,
+                    "title": m.title,
+                    "source": m.source,
+                    "text": m.body,
+                    "score": 1.0,
+                    "updated_at": m.to_dict()["updated_at"],
+                    "passage": 0,
+                }
+                for m in items
+            ]
+        }
+
+    def _management_view(p: Principal) -> frozenset[str] | None:
+        return None if "admin" in p.scopes else p.audiences
+
+    @app.post("/v1/memories", status_code=201, tags=["memories"])
+    def create_memory(body: MemoryBody, p: Auth) -> dict[str, Any]:
+        auth.require(p, "memory:write")
+        draft = writes.draft_from_fields(body.model_dump())
+        memory_id = body.id or writes.new_memory_id()
+        memory, _ = writes.save(
+            store, services.embedder, p.org_id, memory_id, draft, p.key_id, "create"
+        )
+        return memory.to_dict()
+
+    @app.get("/v1/memories", tags=["memories"])
+    def list_memories(
+        p: Auth,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: str | None = None,
+        source: str | None = None,
+        tag: str | None = None,
+    ) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        items, nxt = store.list_memories(p.org_id, _management_view(p), limit, cursor, source, tag)
+        return {"items": [m.to_dict() for m in items], "next_cursor": nxt}
+
+    @app.get("/v1/memories/{memory_id}", tags=["memories"])
+    def get_memory(memory_id: str, p: Auth) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        return store.get_memory(p.org_id, memory_id, _management_view(p)).to_dict()
+
+    @app.patch("/v1/memories/{memory_id}", tags=["memories"])
+    def edit_memory(memory_id: str, body: MemoryPatch, p: Auth) -> dict[str, Any]:
+        auth.require(p, "memory:write")
+        current = store.get_memory(p.org_id, memory_id, _management_view(p))
+        fields = current.to_dict()
+        fields.update(body.model_dump(exclude_unset=True, exclude={"expected_revision"}))
+        draft = writes.draft_from_fields(fields)
+        memory, _ = writes.save(
+            store,
+            services.embedder,
+            p.org_id,
+            memory_id,
+            draft,
+            p.key_id,
+            "edit",
+            body.expected_revision,
+            _management_view(p),
+        )
+        return memory.to_dict()
+
+    @app.delete("/v1/memories/{memory_id}", status_code=204, tags=["memories"])
+    def delete_memory(memory_id: str, p: Auth) -> Response:
+        auth.require(p, "memory:write")
+        store.delete_memory(p.org_id, memory_id, p.key_id, _management_view(p))
+        return Response(status_code=204)
+
+    @app.get("/v1/memories/{memory_id}/revisions", tags=["memories"])
+    def revisions(memory_id: str, p: Auth) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        items = store.history(p.org_id, memory_id, _management_view(p))
+        return {"items": [r.to_dict() for r in items]}
+
+    @app.post("/v1/keys", status_code=201, tags=["keys"])
+    def create_key(body: KeyBody, p: Auth) -> dict[str, Any]:
+        auth.require(p, "admin")
+        minted = auth.mint_key(
+            store,
+            p.org_id,
+            body.name,
+            frozenset(body.scopes),
+            frozenset(body.roles),
+            body.expires_at,
+        )
+        return {**minted.key.to_dict(), "secret": minted.secret}
+
+    @app.get("/v1/keys", tags=["keys"])
+    def list_keys(p: Auth) -> dict[str, Any]:
+        auth.require(p, "admin")
+        return {"items": [k.to_dict() for k in store.list_keys(p.org_id)]}
+
+    @app.delete("/v1/keys/{key_id}", tags=["keys"])
+    def revoke_key(key_id: str, p: Auth) -> dict[str, Any]:
+        auth.require(p, "admin")
+        return store.revoke_key(p.org_id, key_id).to_dict()
+
+    return app
+
+
+def asgi_app(services: Services, max_inflight: int = 64, max_body_bytes: int = 262_144) -> ASGIApp:
+    """The app behind its guard (load shedding, body cap): what `relay serve` runs."""
+    return GuardMiddleware(create_app(services), max_inflight, max_body_bytes)

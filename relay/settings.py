@@ -1,0 +1,63 @@
+"""Server settings: one table drives the flags, the environment variables, `--help` and checks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relay.errors import InvalidRequestError
+
+
+def default_db() -> str:
+    return str(Path(os.environ.get("RELAY_HOME", Path.home() / ".relay")) / "relay.db")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the flag is --name with dashes; the variable RELAY_NAME in upper case
+    default: Any
+    help: str
+    type: Callable[[str], Any] = str
+
+    @property
+    def env(self) -> str:
+        return "RELAY_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+SERVER_SETTINGS: tuple[Setting, ...] = (
+    Setting("db", None, "SQLite file path, or a postgresql:// URL (default ~/.relay/relay.db)"),
+    Setting("host", "127.0.0.1", "address to listen on"),
+    Setting("port", 8765, "port to listen on", int),
+    Setting("embedder", "onnx", "embedding provider: onnx (no torch) or sentence-transformers"),
+    Setting("embed_threads", 1, "threads the embedding model may use per call", int),
+    Setting("cache_entries", 10_000, "search results kept in the in-process cache (0: off)", int),
+    Setting("max_body_bytes", 262_144, "largest request body accepted", int),
+    Setting("max_inflight", 64, "requests served at once before shedding load with 503", int),
+    Setting("log_level", "info", "log level: debug, info, warning or error"),
+)
+
+
+def resolve(
+    settings: tuple[Setting, ...], given: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Flags beat environment variables beat defaults; values are converted and checked."""
+    env = os.environ if env is None else env
+    out: dict[str, Any] = {}
+    for s in settings:
+        value = given.get(s.name)
+        if value is None and s.env in env:
+            try:
+                value = s.type(env[s.env])
+            except ValueError as exc:
+                raise InvalidRequestError(f"{s.env}={env[s.env]!r} is not a valid {s.name}") from exc
+        out[s.name] = s.default if value is None else value
+    if out.get("db") is None and any(s.name == "db" for s in settings):
+        out["db"] = default_db()
+    return out

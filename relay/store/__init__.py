@@ -1,0 +1,114 @@
+"""The store: one narrow interface, two implementations (SQLite embedded, PostgreSQL).
+
+Everything that decides who may see what lives inside the implementations'
+queries (tenant, audience, expiry, deletion, supersession), so no caller can
+forget a filter. `audiences=None` is reserved for admin-scoped management reads
+of one organisation; recall always passes the key's audiences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Literal, Protocol
+
+import numpy as np
+
+from relay.models import ApiKey, Memory, MemoryDraft, Org, Passage, PassageInput, Revision
+
+SaveMode = Literal["create", "edit", "upsert"]
+
+
+class Store(Protocol):
+    """What the server needs from a database."""
+
+    # Organisations and keys
+    def create_org(self, name: str) -> Org: ...
+    def get_org(self, org_id: str) -> Org: ...
+    def find_org(self, name_or_id: str) -> Org | None: ...
+    def list_orgs(self) -> list[Org]: ...
+    def create_key(
+        self,
+        org_id: str,
+        key_id: str,
+        secret_hash: str,
+        name: str,
+        scopes: frozenset[str],
+        roles: frozenset[str],
+        expires_at: datetime | None,
+    ) -> ApiKey: ...
+    def key_for_auth(self, key_id: str) -> tuple[ApiKey, str] | None: ...
+    def list_keys(self, org_id: str) -> list[ApiKey]: ...
+    def revoke_key(self, org_id: str, key_id: str) -> ApiKey: ...
+
+    # Memories
+    def save_memory(
+        self,
+        org_id: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        author: str | None,
+        passages: Sequence[PassageInput],
+        mode: SaveMode,
+        expected_revision: int | None = None,
+        audiences: frozenset[str] | None = None,
+    ) -> tuple[Memory, bool]: ...
+    def current_memory(self, org_id: str, memory_id: str) -> Memory | None: ...
+    def delete_memory(
+        self, org_id: str, memory_id: str, author: str | None, audiences: frozenset[str] | None
+    ) -> None: ...
+    def get_memory(
+        self, org_id: str, memory_id: str, audiences: frozenset[str] | None
+    ) -> Memory: ...
+    def list_memories(
+        self,
+        org_id: str,
+        audiences: frozenset[str] | None,
+        limit: int,
+        cursor: str | None = None,
+        source: str | None = None,
+        tag: str | None = None,
+    ) -> tuple[list[Memory], str | None]: ...
+    def history(
+        self, org_id: str, memory_id: str, audiences: frozenset[str] | None
+    ) -> list[Revision]: ...
+    def pinned(self, org_id: str, audiences: frozenset[str], now: datetime) -> list[Memory]: ...
+
+    # Search
+    def lexical_search(
+        self,
+        org_id: str,
+        audiences: frozenset[str],
+        now: datetime,
+        terms: Sequence[str],
+        limit: int,
+    ) -> list[tuple[int, float]]: ...
+    def semantic_search(
+        self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
+    ) -> list[tuple[int, float]]: ...
+    def passages(
+        self, org_id: str, audiences: frozenset[str], now: datetime, rowids: Sequence[int]
+    ) -> list[Passage]: ...
+    def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]: ...
+    def generation(self, org_id: str) -> int: ...
+    def next_expiry(self, org_id: str, now: datetime) -> datetime | None: ...
+
+    # Embedding cache, keyed by model and content hash
+    def cached_embeddings(self, model: str, hashes: Sequence[str]) -> dict[str, bytes]: ...
+    def cache_embeddings(self, model: str, items: dict[str, bytes]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_store(url: str) -> Store:
+    """Open the store a URL names: a SQLite path (or sqlite:///path) or a postgresql:// URL."""
+    if url.startswith(("postgresql://", "postgres://")):
+        from relay.store.postgres import PostgresStore
+
+        return PostgresStore(url)
+    from relay.store.sqlite import SQLiteStore
+
+    path = url.removeprefix("sqlite://").removeprefix("/") if url.startswith("sqlite:///") else url
+    if url.startswith("sqlite:///"):
+        path = "/" + path
+    return SQLiteStore(path)

@@ -1,0 +1,105 @@
+"""SQLite schema, as an ordered list of migrations recorded in `schema_migrations`.
+
+Append new steps; never edit one that has shipped.
+"""
+
+MIGRATIONS: list[str] = [
+    # 1: the whole first schema
+    """
+    CREATE TABLE orgs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        created_at REAL NOT NULL,
+        generation INTEGER NOT NULL DEFAULT 0,
+        passage_count INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE api_keys (
+        id TEXT PRIMARY KEY,
+        org_id TEXT NOT NULL REFERENCES orgs(id),
+        secret_hash TEXT NOT NULL,
+        name TEXT NOT NULL,
+        scopes TEXT NOT NULL,
+        roles TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        expires_at REAL,
+        revoked_at REAL
+    );
+    CREATE INDEX api_keys_org ON api_keys(org_id);
+    CREATE TABLE memories (
+        org_id TEXT NOT NULL REFERENCES orgs(id),
+        id TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        title TEXT,
+        body TEXT,
+        source TEXT,
+        tags TEXT NOT NULL DEFAULT '[]',
+        audiences TEXT NOT NULL DEFAULT '["all"]',
+        author TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        valid_until REAL,
+        supersedes TEXT NOT NULL DEFAULT '[]',
+        superseded_by TEXT,
+        pinned INTEGER NOT NULL DEFAULT 0,
+        deleted_at REAL,
+        PRIMARY KEY (org_id, id)
+    );
+    CREATE INDEX memories_org_updated ON memories(org_id, updated_at);
+    CREATE INDEX memories_org_source ON memories(org_id, source);
+    CREATE TABLE memory_audiences (
+        org_id TEXT NOT NULL,
+        memory_id TEXT NOT NULL,
+        audience TEXT NOT NULL,
+        PRIMARY KEY (org_id, memory_id, audience)
+    );
+    CREATE TABLE memory_revisions (
+        org_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        action TEXT NOT NULL,
+        recorded_at REAL NOT NULL,
+        author TEXT,
+        title TEXT,
+        body TEXT,
+        source TEXT,
+        tags TEXT,
+        audiences TEXT,
+        valid_until REAL,
+        supersedes TEXT,
+        PRIMARY KEY (org_id, id, revision)
+    );
+    CREATE TABLE passages (
+        rowid INTEGER PRIMARY KEY,
+        org_id TEXT NOT NULL,
+        memory_id TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        lexical TEXT NOT NULL,
+        content_hash TEXT NOT NULL,
+        embedding BLOB NOT NULL
+    );
+    CREATE INDEX passages_memory ON passages(org_id, memory_id);
+    CREATE VIRTUAL TABLE passages_fts USING fts5(
+        lexical, content='passages', content_rowid='rowid', tokenize='unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts(rowid, lexical) VALUES (new.rowid, new.lexical);
+    END;
+    CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, lexical) VALUES ('delete', old.rowid, old.lexical);
+    END;
+    CREATE TABLE org_terms (
+        org_id TEXT NOT NULL,
+        term TEXT NOT NULL,
+        df INTEGER NOT NULL,
+        PRIMARY KEY (org_id, term)
+    ) WITHOUT ROWID;
+    CREATE TABLE embedding_cache (
+        model TEXT NOT NULL,
+        content_hash TEXT NOT NULL,
+        embedding BLOB NOT NULL,
+        PRIMARY KEY (model, content_hash)
+    ) WITHOUT ROWID;
+    """,
+]

@@ -1,0 +1,840 @@
+"""The embedded store: one SQLite file in WAL mode.
+
+One writer connection (writes serialise on a lock and `BEGIN IMMEDIATE`),
+a reader connection per thread, so searches never wait behind a write.
+Every query that returns memory content carries the access filter built by
+`visible_sql()`: tenant, audience, expiry, deletion and supersession are
+decided by SQL, never by filtering rows afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from relay.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
+from relay.models import (
+    EVERYONE,
+    ApiKey,
+    Memory,
+    MemoryDraft,
+    Org,
+    Passage,
+    PassageInput,
+    Revision,
+)
+from relay.store import SaveMode
+from relay.store.migrations_sqlite import MIGRATIONS
+from relay.store.vector_index import VectorIndex
+
+
+def _ts(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def _dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """sqlite3's errors become Relay's, once, here."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"database error: {exc}") from exc
+
+
+def visible_sql(audience_count: int | None) -> str:
+    """The access filter on `memories m` for one org (`:org`), at time `:now`.
+
+    `audience_count` is the number of `?`-free named parameters :a0..:aN the
+    caller binds; None means an admin management read (no audience filter).
+    """
+    clauses = [
+        "m.org_id = :org",
+        "m.deleted_at IS NULL",
+    ]
+    if audience_count is not None:
+        names = ", ".join(f":a{i}" for i in range(audience_count))
+        clauses += [
+            "m.superseded_by IS NULL",
+            "(m.valid_until IS NULL OR m.valid_until > :now)",
+            "EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
+            f" AND ma.memory_id = m.id AND ma.audience IN ({names}))",
+        ]
+    return " AND ".join(clauses)
+
+
+def _audience_params(audiences: frozenset[str] | None) -> dict[str, str]:
+    if audiences is None:
+        return {}
+    return {f"a{i}": a for i, a in enumerate(sorted(audiences | {EVERYONE}))}
+
+
+def lexical_sql(audience_count: int) -> str:
+    """Candidate passages for an FTS5 query, best BM25 first, within the reader's access."""
+    return (
+        "SELECT p.rowid, bm25(passages_fts) AS score FROM passages_fts"
+        " JOIN passages p ON p.rowid = passages_fts.rowid"
+        " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+        f" WHERE passages_fts MATCH :match AND p.org_id = :org AND {visible_sql(audience_count)}"
+        " ORDER BY score LIMIT :limit"
+    )
+
+
+def fts_match(terms: Sequence[str]) -> str:
+    """An FTS5 OR-query of quoted terms (quoting keeps operators in user text inert)."""
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+class SQLiteStore:
+    """The embedded store (see module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+        self._writer = self._connect()
+        self.vectors = VectorIndex()
+        self._migrate()
+
+    # -- connections -------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        with translate_errors():
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=30
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA cache_size=-65536")
+            conn.row_factory = sqlite3.Row
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._write_lock, translate_errors():
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One consistent snapshot for several statements."""
+        conn = self._reader()
+        with translate_errors():
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations"
+                " (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+            for version, script in enumerate(MIGRATIONS, start=1):
+                if version in done:
+                    continue
+                for statement in _split_script(script):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (version, time.time()))
+
+    def schema_version(self) -> int:
+        with translate_errors():
+            return (
+                self._reader().execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
+            )
+
+    def close(self) -> None:
+        with translate_errors():
+            self._writer.close()
+            conn = getattr(self._local, "conn", None)
+            if conn is not None:
+                conn.close()
+                self._local.conn = None
+
+    # -- organisations and keys ---------------------------------------------
+    def create_org(self, name: str) -> Org:
+        name = name.strip()
+        if not name:
+            raise InvalidRequestError("organisation name is empty")
+        org = Org(id="org_" + secrets.token_hex(6), name=name, created_at=datetime.now(UTC))
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM orgs WHERE name = ?", (name,)).fetchone():
+                raise ConflictError(f"an organisation named {name!r} already exists")
+            conn.execute(
+                "INSERT INTO orgs (id, name, created_at) VALUES (?, ?, ?)",
+                (org.id, org.name, _ts(org.created_at)),
+            )
+        return org
+
+    def get_org(self, org_id: str) -> Org:
+        with translate_errors():
+            row = self._reader().execute("SELECT * FROM orgs WHERE id = ?", (org_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no organisation {org_id!r}")
+        return _org(row)
+
+    def find_org(self, name_or_id: str) -> Org | None:
+        with translate_errors():
+            row = (
+                self._reader()
+                .execute("SELECT * FROM orgs WHERE id = ? OR name = ?", (name_or_id, name_or_id))
+                .fetchone()
+            )
+        return None if row is None else _org(row)
+
+    def list_orgs(self) -> list[Org]:
+        with translate_errors():
+            rows = self._reader().execute("SELECT * FROM orgs ORDER BY created_at").fetchall()
+        return [_org(r) for r in rows]
+
+    def create_key(
+        self,
+        org_id: str,
+        key_id: str,
+        secret_hash: str,
+        name: str,
+        scopes: frozenset[str],
+        roles: frozenset[str],
+        expires_at: datetime | None,
+    ) -> ApiKey:
+        key = ApiKey(
+            id=key_id,
+            org_id=org_id,
+            name=name,
+            scopes=scopes,
+            roles=roles,
+            created_at=datetime.now(UTC),
+            expires_at=expires_at,
+        )
+        with self._write() as conn:
+            if not conn.execute("SELECT 1 FROM orgs WHERE id = ?", (org_id,)).fetchone():
+                raise NotFoundError(f"no organisation {org_id!r}")
+            conn.execute(
+                "INSERT INTO api_keys (id, org_id, secret_hash, name, scopes, roles, created_at,"
+                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    key.id,
+                    org_id,
+                    secret_hash,
+                    name,
+                    json.dumps(sorted(scopes)),
+                    json.dumps(sorted(roles)),
+                    _ts(key.created_at),
+                    _ts(expires_at),
+                ),
+            )
+            _bump(conn, org_id)
+        return key
+
+    def key_for_auth(self, key_id: str) -> tuple[ApiKey, str] | None:
+        with translate_errors():
+            row = (
+                self._reader().execute("SELECT * FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+            )
+        return None if row is None else (_key(row), row["secret_hash"])
+
+    def list_keys(self, org_id: str) -> list[ApiKey]:
+        with translate_errors():
+            rows = (
+                self._reader()
+                .execute("SELECT * FROM api_keys WHERE org_id = ? ORDER BY created_at", (org_id,))
+                .fetchall()
+            )
+        return [_key(r) for r in rows]
+
+    def revoke_key(self, org_id: str, key_id: str) -> ApiKey:
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT * FROM api_keys WHERE id = ? AND org_id = ?", (key_id, org_id)
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no key {key_id!r} in this organisation")
+            if row["revoked_at"] is None:
+                conn.execute(
+                    "UPDATE api_keys SET revoked_at = ? WHERE id = ?", (time.time(), key_id)
+                )
+                _bump(conn, org_id)
+            row = conn.execute("SELECT * FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+        return _key(row)
+
+    # -- memories ------------------------------------------------------------
+    def save_memory(
+        self,
+        org_id: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        author: str | None,
+        passages: Sequence[PassageInput],
+        mode: SaveMode,
+        expected_revision: int | None = None,
+        audiences: frozenset[str] | None = None,
+    ) -> tuple[Memory, bool]:
+        now = time.time()
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT * FROM memories WHERE org_id = ? AND id = ?", (org_id, memory_id)
+            ).fetchone()
+            current = None if row is None else _memory(row)
+            if row is not None and row["deleted_at"] is not None:
+                raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
+            if (
+                current is not None
+                and audiences is not None
+                and not (set(current.audiences) & (audiences | {EVERYONE}))
+            ):
+                # Invisible to this writer: answer exactly as if it did not exist.
+                raise NotFoundError(f"no memory {memory_id!r}")
+            if mode == "create" and current is not None:
+                raise ConflictError(f"memory {memory_id!r} already exists")
+            if mode == "edit" and current is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            if expected_revision is not None and (
+                current is None or current.revision != expected_revision
+            ):
+                have = None if current is None else current.revision
+                raise ConflictError(
+                    f"memory {memory_id!r} is at revision {have}, not {expected_revision}"
+                )
+            self._check_supersedes(conn, org_id, memory_id, draft.supersedes)
+            if current is not None and _same_content(current, draft):
+                return current, False
+            revision = 1 if current is None else current.revision + 1
+            created = now if current is None else _ts(current.created_at)
+            values = {
+                "org_id": org_id,
+                "id": memory_id,
+                "revision": revision,
+                "title": draft.title,
+                "body": draft.body,
+                "source": draft.source,
+                "tags": json.dumps(list(draft.tags)),
+                "audiences": json.dumps(list(draft.audiences)),
+                "author": author,
+                "created_at": created,
+                "updated_at": now,
+                "valid_until": _ts(draft.valid_until),
+                "supersedes": json.dumps(list(draft.supersedes)),
+                "pinned": int(draft.pinned),
+            }
+            conn.execute(
+                "INSERT INTO memories (org_id, id, revision, title, body, source, tags, audiences,"
+                " author, created_at, updated_at, valid_until, supersedes, pinned) VALUES"
+                " (:org_id, :id, :revision, :title, :body, :source, :tags, :audiences, :author,"
+                " :created_at, :updated_at, :valid_until, :supersedes, :pinned)"
+                " ON CONFLICT (org_id, id) DO UPDATE SET revision = :revision, title = :title,"
+                " body = :body, source = :source, tags = :tags, audiences = :audiences,"
+                " author = :author, updated_at = :updated_at, valid_until = :valid_until,"
+                " supersedes = :supersedes, pinned = :pinned",
+                values,
+            )
+            conn.execute(
+                "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author,"
+                " title, body, source, tags, audiences, valid_until, supersedes) VALUES"
+                " (:org_id, :id, :revision, :action, :updated_at, :author, :title, :body, :source,"
+                " :tags, :audiences, :valid_until, :supersedes)",
+                {**values, "action": "create" if current is None else "edit"},
+            )
+            conn.execute(
+                "DELETE FROM memory_audiences WHERE org_id = ? AND memory_id = ?",
+                (org_id, memory_id),
+            )
+            conn.executemany(
+                "INSERT INTO memory_audiences VALUES (?, ?, ?)",
+                [(org_id, memory_id, a) for a in sorted(set(draft.audiences))],
+            )
+            old = [
+                r["lexical"]
+                for r in conn.execute(
+                    "SELECT lexical FROM passages WHERE org_id = ? AND memory_id = ?",
+                    (org_id, memory_id),
+                )
+            ]
+            conn.execute(
+                "DELETE FROM passages WHERE org_id = ? AND memory_id = ?", (org_id, memory_id)
+            )
+            conn.executemany(
+                "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical, content_hash,"
+                " embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        org_id,
+                        memory_id,
+                        revision,
+                        p.seq,
+                        p.text,
+                        p.lexical,
+                        p.content_hash,
+                        p.embedding,
+                    )
+                    for p in passages
+                ],
+            )
+            _update_terms(conn, org_id, removed=old, added=[p.lexical for p in passages])
+            # Supersession is a relation between live memories: recompute both directions.
+            conn.execute(
+                "UPDATE memories SET superseded_by = NULL WHERE org_id = ? AND superseded_by = ?",
+                (org_id, memory_id),
+            )
+            conn.executemany(
+                "UPDATE memories SET superseded_by = ? WHERE org_id = ? AND id = ?",
+                [(memory_id, org_id, target) for target in draft.supersedes],
+            )
+            _bump(conn, org_id)
+            saved = _memory(
+                conn.execute(
+                    "SELECT * FROM memories WHERE org_id = ? AND id = ?", (org_id, memory_id)
+                ).fetchone()
+            )
+        return saved, True
+
+    def _check_supersedes(
+        self, conn: sqlite3.Connection, org_id: str, memory_id: str, targets: Sequence[str]
+    ) -> None:
+        for target in targets:
+            if target == memory_id:
+                raise InvalidRequestError("a memory cannot supersede itself")
+            found = conn.execute(
+                "SELECT 1 FROM memories WHERE org_id = ? AND id = ? AND deleted_at IS NULL",
+                (org_id, target),
+            ).fetchone()
+            if not found:
+                raise InvalidRequestError(
+                    f"supersedes names {target!r}, which is not a memory of this organisation"
+                )
+
+    def current_memory(self, org_id: str, memory_id: str) -> Memory | None:
+        with translate_errors():
+            row = (
+                self._reader()
+                .execute(
+                    "SELECT * FROM memories WHERE org_id = ? AND id = ? AND deleted_at IS NULL",
+                    (org_id, memory_id),
+                )
+                .fetchone()
+            )
+        return None if row is None else _memory(row)
+
+    def delete_memory(
+        self, org_id: str, memory_id: str, author: str | None, audiences: frozenset[str] | None
+    ) -> None:
+        now = time.time()
+        params = {"org": org_id, "id": memory_id, **_audience_params(audiences)}
+        with self._write() as conn:
+            count = None if audiences is None else len(params) - 2
+            row = conn.execute(
+                f"SELECT m.* FROM memories m WHERE {_managed_sql(count)} AND m.id = :id",
+                params,
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            old = [
+                r["lexical"]
+                for r in conn.execute(
+                    "SELECT lexical FROM passages WHERE org_id = ? AND memory_id = ?",
+                    (org_id, memory_id),
+                )
+            ]
+            conn.execute(
+                "DELETE FROM passages WHERE org_id = ? AND memory_id = ?", (org_id, memory_id)
+            )
+            _update_terms(conn, org_id, removed=old, added=[])
+            # The history keeps a tombstone, not the text.
+            conn.execute(
+                "UPDATE memory_revisions SET title = NULL, body = NULL WHERE org_id = ? AND id = ?",
+                (org_id, memory_id),
+            )
+            conn.execute(
+                "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author)"
+                " VALUES (?, ?, ?, 'delete', ?, ?)",
+                (org_id, memory_id, row["revision"] + 1, now, author),
+            )
+            conn.execute(
+                "UPDATE memories SET deleted_at = ?, revision = revision + 1, title = NULL,"
+                " body = NULL, updated_at = ? WHERE org_id = ? AND id = ?",
+                (now, now, org_id, memory_id),
+            )
+            conn.execute(
+                "UPDATE memories SET superseded_by = NULL WHERE org_id = ? AND superseded_by = ?",
+                (org_id, memory_id),
+            )
+            _bump(conn, org_id)
+
+    def get_memory(self, org_id: str, memory_id: str, audiences: frozenset[str] | None) -> Memory:
+        params = {"org": org_id, "id": memory_id, "now": time.time(), **_audience_params(audiences)}
+        count = None if audiences is None else len(params) - 3
+        with translate_errors():
+            row = (
+                self._reader()
+                .execute(
+                    f"SELECT m.* FROM memories m WHERE {_managed_sql(count)} AND m.id = :id", params
+                )
+                .fetchone()
+            )
+        if row is None:
+            raise NotFoundError(f"no memory {memory_id!r}")
+        return _memory(row)
+
+    def list_memories(
+        self,
+        org_id: str,
+        audiences: frozenset[str] | None,
+        limit: int,
+        cursor: str | None = None,
+        source: str | None = None,
+        tag: str | None = None,
+    ) -> tuple[list[Memory], str | None]:
+        params: dict[str, object] = {"org": org_id, **_audience_params(audiences)}
+        count = None if audiences is None else len(params) - 1
+        sql = f"SELECT m.* FROM memories m WHERE {_managed_sql(count)}"
+        if cursor:
+            sql += " AND m.id > :cursor"
+            params["cursor"] = cursor
+        if source:
+            sql += " AND m.source = :source"
+            params["source"] = source
+        if tag:
+            sql += " AND EXISTS (SELECT 1 FROM json_each(m.tags) WHERE json_each.value = :tag)"
+            params["tag"] = tag
+        sql += " ORDER BY m.id LIMIT :limit"
+        params["limit"] = limit + 1
+        with translate_errors():
+            rows = self._reader().execute(sql, params).fetchall()
+        items = [_memory(r) for r in rows[:limit]]
+        return items, (items[-1].id if len(rows) > limit else None)
+
+    def history(
+        self, org_id: str, memory_id: str, audiences: frozenset[str] | None
+    ) -> list[Revision]:
+        params: dict[str, object] = {"org": org_id, "id": memory_id, **_audience_params(audiences)}
+        count = None if audiences is None else len(params) - 2
+        with self._read() as conn:
+            # Visibility follows the memory's current (or last) audiences; tombstones stay listable.
+            sql = "SELECT 1 FROM memories m WHERE m.org_id = :org AND m.id = :id"
+            if count is not None:
+                names = ", ".join(f":a{i}" for i in range(count))
+                sql += (
+                    " AND (m.deleted_at IS NOT NULL OR EXISTS (SELECT 1 FROM memory_audiences ma"
+                    f" WHERE ma.org_id = m.org_id AND ma.memory_id = m.id AND ma.audience IN ({names})))"
+                )
+            if conn.execute(sql, params).fetchone() is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            rows = conn.execute(
+                "SELECT * FROM memory_revisions WHERE org_id = :org AND id = :id ORDER BY revision",
+                params,
+            ).fetchall()
+        return [_revision(r) for r in rows]
+
+    def pinned(self, org_id: str, audiences: frozenset[str], now: datetime) -> list[Memory]:
+        params = {"org": org_id, "now": now.timestamp(), **_audience_params(audiences)}
+        with translate_errors():
+            rows = (
+                self._reader()
+                .execute(
+                    f"SELECT m.* FROM memories m WHERE {visible_sql(len(params) - 2)} AND m.pinned = 1"
+                    " ORDER BY m.updated_at DESC LIMIT 20",
+                    params,
+                )
+                .fetchall()
+            )
+        return [_memory(r) for r in rows]
+
+    # -- search --------------------------------------------------------------
+    def lexical_search(
+        self,
+        org_id: str,
+        audiences: frozenset[str],
+        now: datetime,
+        terms: Sequence[str],
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        if not terms:
+            return []
+        params = {
+            "org": org_id,
+            "now": now.timestamp(),
+            "match": fts_match(terms),
+            "limit": limit,
+            **_audience_params(audiences),
+        }
+        with translate_errors():
+            rows = self._reader().execute(lexical_sql(len(params) - 4), params).fetchall()
+        return [(r[0], -r[1]) for r in rows]  # FTS5's bm25() is negative: flip so higher is better
+
+    def semantic_search(
+        self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
+    ) -> list[tuple[int, float]]:
+        index = self.vectors.get(org_id, self.generation(org_id), lambda: self._vector_rows(org_id))
+        return index.search(vector, audiences | {EVERYONE}, now.timestamp(), limit)
+
+    def _vector_rows(self, org_id: str) -> list[tuple[int, bytes, float | None, str]]:
+        with translate_errors():
+            return (
+                self._reader()
+                .execute(
+                    "SELECT p.rowid, p.embedding, m.valid_until,"
+                    " (SELECT group_concat(audience) FROM memory_audiences ma"
+                    "   WHERE ma.org_id = m.org_id AND ma.memory_id = m.id)"
+                    " FROM passages p JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+                    " WHERE p.org_id = ? AND m.deleted_at IS NULL AND m.superseded_by IS NULL",
+                    (org_id,),
+                )
+                .fetchall()
+            )
+
+    def passages(
+        self, org_id: str, audiences: frozenset[str], now: datetime, rowids: Sequence[int]
+    ) -> list[Passage]:
+        if not rowids:
+            return []
+        params: dict[str, object] = {
+            "org": org_id,
+            "now": now.timestamp(),
+            **_audience_params(audiences),
+        }
+        count = len(params) - 2
+        ids = ", ".join(str(int(r)) for r in rowids)
+        with translate_errors():
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT p.rowid, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
+                    " m.source, m.updated_at, m.supersedes, p.embedding FROM passages p"
+                    " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+                    f" WHERE p.rowid IN ({ids}) AND p.org_id = :org AND {visible_sql(count)}",
+                    params,
+                )
+                .fetchall()
+            )
+        return [
+            Passage(
+                rowid=r["rowid"],
+                memory_id=r["memory_id"],
+                revision=r["revision"],
+                seq=r["seq"],
+                title=r["title"],
+                source=r["source"],
+                text=r["text"],
+                lexical=r["lexical"],
+                updated_at=_dt(r["updated_at"]),  # type: ignore[arg-type]
+                supersedes=tuple(json.loads(r["supersedes"])),
+                embedding=r["embedding"],
+            )
+            for r in rows
+        ]
+
+    def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
+        with self._read() as conn:
+            total = conn.execute(
+                "SELECT passage_count FROM orgs WHERE id = ?", (org_id,)
+            ).fetchone()
+            marks = ", ".join("?" for _ in terms)
+            rows = (
+                conn.execute(
+                    f"SELECT term, df FROM org_terms WHERE org_id = ? AND term IN ({marks})",
+                    (org_id, *terms),
+                ).fetchall()
+                if terms
+                else []
+            )
+        return (0 if total is None else total[0]), {r[0]: r[1] for r in rows}
+
+    def generation(self, org_id: str) -> int:
+        with translate_errors():
+            row = (
+                self._reader()
+                .execute("SELECT generation FROM orgs WHERE id = ?", (org_id,))
+                .fetchone()
+            )
+        return -1 if row is None else row[0]
+
+    def next_expiry(self, org_id: str, now: datetime) -> datetime | None:
+        with translate_errors():
+            row = (
+                self._reader()
+                .execute(
+                    "SELECT min(valid_until) FROM memories WHERE org_id = ? AND deleted_at IS NULL"
+                    " AND valid_until > ?",
+                    (org_id, now.timestamp()),
+                )
+                .fetchone()
+            )
+        return _dt(row[0])
+
+    # -- embedding cache -----------------------------------------------------
+    def cached_embeddings(self, model: str, hashes: Sequence[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        conn = self._reader()
+        with translate_errors():
+            for start in range(0, len(hashes), 500):
+                chunk = list(hashes[start : start + 500])
+                marks = ", ".join("?" for _ in chunk)
+                for h, blob in conn.execute(
+                    "SELECT content_hash, embedding FROM embedding_cache WHERE model = ?"
+                    f" AND content_hash IN ({marks})",
+                    (model, *chunk),
+                ):
+                    found[h] = blob
+        return found
+
+    def cache_embeddings(self, model: str, items: dict[str, bytes]) -> None:
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO embedding_cache VALUES (?, ?, ?)",
+                [(model, h, blob) for h, blob in items.items()],
+            )
+
+
+# -- helpers -----------------------------------------------------------------
+def _split_script(script: str) -> list[str]:
+    """Split a migration into statements, keeping trigger bodies whole."""
+    statements, buf = [], []
+    for line in script.splitlines():
+        buf.append(line)
+        joined = "\n".join(buf).strip()
+        if joined.endswith(";") and sqlite3.complete_statement(joined):
+            statements.append(joined)
+            buf = []
+    if "\n".join(buf).strip():
+        statements.append("\n".join(buf))
+    return statements
+
+
+def _managed_sql(audience_count: int | None) -> str:
+    """Management reads see expired and superseded memories too (so they can be tended)."""
+    clauses = ["m.org_id = :org", "m.deleted_at IS NULL"]
+    if audience_count is not None:
+        names = ", ".join(f":a{i}" for i in range(audience_count))
+        clauses.append(
+            "EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
+            f" AND ma.memory_id = m.id AND ma.audience IN ({names}))"
+        )
+    return " AND ".join(clauses)
+
+
+def _bump(conn: sqlite3.Connection, org_id: str) -> None:
+    conn.execute("UPDATE orgs SET generation = generation + 1 WHERE id = ?", (org_id,))
+
+
+def _update_terms(
+    conn: sqlite3.Connection, org_id: str, removed: Sequence[str], added: Sequence[str]
+) -> None:
+    """Keep the org's own document frequencies, so scoring never mixes in another tenant's text."""
+    delta: Counter[str] = Counter()
+    for lexical in removed:
+        delta.subtract(set(lexical.split()))
+    for lexical in added:
+        delta.update(set(lexical.split()))
+    changes = [(org_id, t, d) for t, d in delta.items() if d]
+    conn.executemany(
+        "INSERT INTO org_terms (org_id, term, df) VALUES (?, ?, ?)"
+        " ON CONFLICT (org_id, term) DO UPDATE SET df = df + excluded.df",
+        changes,
+    )
+    conn.execute("DELETE FROM org_terms WHERE org_id = ? AND df <= 0", (org_id,))
+    conn.execute(
+        "UPDATE orgs SET passage_count = passage_count + ? WHERE id = ?",
+        (len(added) - len(removed), org_id),
+    )
+
+
+def _same_content(current: Memory, draft: MemoryDraft) -> bool:
+    return (
+        current.body == draft.body
+        and current.title == draft.title
+        and current.source == draft.source
+        and tuple(current.audiences) == tuple(draft.audiences)
+        and tuple(current.tags) == tuple(draft.tags)
+        and current.valid_until == draft.valid_until
+        and tuple(current.supersedes) == tuple(draft.supersedes)
+        and current.pinned == draft.pinned
+    )
+
+
+def _org(row: sqlite3.Row) -> Org:
+    return Org(id=row["id"], name=row["name"], created_at=_dt(row["created_at"]))  # type: ignore[arg-type]
+
+
+def _key(row: sqlite3.Row) -> ApiKey:
+    return ApiKey(
+        id=row["id"],
+        org_id=row["org_id"],
+        name=row["name"],
+        scopes=frozenset(json.loads(row["scopes"])),
+        roles=frozenset(json.loads(row["roles"])),
+        created_at=_dt(row["created_at"]),  # type: ignore[arg-type]
+        expires_at=_dt(row["expires_at"]),
+        revoked_at=_dt(row["revoked_at"]),
+    )
+
+
+def _memory(row: sqlite3.Row) -> Memory:
+    return Memory(
+        org_id=row["org_id"],
+        id=row["id"],
+        revision=row["revision"],
+        body=row["body"],
+        title=row["title"],
+        source=row["source"],
+        audiences=tuple(json.loads(row["audiences"])),
+        tags=tuple(json.loads(row["tags"])),
+        author=row["author"],
+        created_at=_dt(row["created_at"]),  # type: ignore[arg-type]
+        updated_at=_dt(row["updated_at"]),  # type: ignore[arg-type]
+        valid_until=_dt(row["valid_until"]),
+        supersedes=tuple(json.loads(row["supersedes"])),
+        pinned=bool(row["pinned"]),
+        superseded_by=row["superseded_by"],
+    )
+
+
+def _revision(row: sqlite3.Row) -> Revision:
+    def loads(v: str | None) -> tuple[str, ...]:
+        return () if v is None else tuple(json.loads(v))
+
+    return Revision(
+        id=row["id"],
+        revision=row["revision"],
+        action=row["action"],
+        recorded_at=_dt(row["recorded_at"]),  # type: ignore[arg-type]
+        author=row["author"],
+        title=row["title"],
+        body=row["body"],
+        source=row["source"],
+        audiences=loads(row["audiences"]),
+        tags=loads(row["tags"]),
+        valid_until=_dt(row["valid_until"]),
+        supersedes=loads(row["supersedes"]),
+    )

@@ -1,0 +1,147 @@
+"""The write path: validate, split into passages, embed (once per distinct text), store.
+
+Validation happens before anything touches the database and the store writes
+a memory, its revision, passages and index entries in one transaction, so a
+rejected or failed write leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from relay import hygiene
+from relay.embedding import Embedder
+from relay.errors import InvalidRequestError
+from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput
+from relay.passages import split_passages
+from relay.store import SaveMode, Store
+from relay.text import lexical_terms
+
+EMBED_BATCH = 64
+
+
+def new_memory_id() -> str:
+    return "mem_" + secrets.token_hex(8)
+
+
+def draft_from_fields(fields: Mapping[str, Any], now: datetime | None = None) -> MemoryDraft:
+    """Check every user-supplied field; the one place a write is judged."""
+    now = now or datetime.now(UTC)
+    audiences = fields.get("audiences") or [EVERYONE]
+    supersedes = fields.get("supersedes") or []
+    if not isinstance(supersedes, list | tuple) or not all(isinstance(s, str) for s in supersedes):
+        raise InvalidRequestError("supersedes must be a list of memory ids")
+    return MemoryDraft(
+        body=hygiene.check_body(fields.get("body") or ""),
+        title=hygiene.check_title(fields.get("title")),
+        source=hygiene.check_source(fields.get("source")),
+        audiences=tuple(hygiene.check_audiences(audiences, None)),
+        tags=tuple(hygiene.check_tags(fields.get("tags") or [])),
+        valid_until=hygiene.check_valid_until(fields.get("valid_until"), now),
+        supersedes=tuple(dict.fromkeys(supersedes)),
+        pinned=bool(fields.get("pinned", False)),
+    )
+
+
+def embedding_text(title: str | None, passage: str) -> str:
+    return f"{title}\n{passage}" if title else passage
+
+
+@dataclass
+class PreparedWrite:
+    memory_id: str
+    draft: MemoryDraft
+    passages: list[PassageInput]
+
+
+def prepare(
+    store: Store, embedder: Embedder, items: Sequence[tuple[str, MemoryDraft]]
+) -> list[PreparedWrite]:
+    """Split and embed many drafts at once: distinct texts are embedded once, in batches,
+    and texts embedded before (same model, same content) come from the store's cache."""
+    pending: list[tuple[str, MemoryDraft, list[tuple[str, str, str]]]] = []
+    for memory_id, draft in items:
+        parts = []
+        for text in split_passages(draft.body):
+            to_embed = embedding_text(draft.title, text)
+            digest = hashlib.sha256(to_embed.encode()).hexdigest()
+            parts.append((text, to_embed, digest))
+        pending.append((memory_id, draft, parts))
+    wanted = {digest: to_embed for _, _, parts in pending for _, to_embed, digest in parts}
+    vectors = store.cached_embeddings(embedder.name, list(wanted))
+    missing = [d for d in wanted if d not in vectors]
+    fresh: dict[str, bytes] = {}
+    for start in range(0, len(missing), EMBED_BATCH * 8):
+        chunk = missing[start : start + EMBED_BATCH * 8]
+        matrix = embedder.embed([wanted[d] for d in chunk]).astype("<f4")
+        fresh.update({d: matrix[i].tobytes() for i, d in enumerate(chunk)})
+    if fresh:
+        store.cache_embeddings(embedder.name, fresh)
+        vectors.update(fresh)
+    prepared = []
+    for memory_id, draft, parts in pending:
+        passages = [
+            PassageInput(
+                seq=i,
+                text=text,
+                lexical=" ".join(lexical_terms(embedding_text(draft.title, text))),
+                content_hash=digest,
+                embedding=vectors[digest],
+            )
+            for i, (text, _, digest) in enumerate(parts)
+        ]
+        prepared.append(PreparedWrite(memory_id, draft, passages))
+    return prepared
+
+
+def save(
+    store: Store,
+    embedder: Embedder,
+    org_id: str,
+    memory_id: str,
+    draft: MemoryDraft,
+    author: str | None,
+    mode: SaveMode,
+    expected_revision: int | None = None,
+    audiences: frozenset[str] | None = None,
+) -> tuple[Memory, bool]:
+    (write,) = prepare(store, embedder, [(memory_id, draft)])
+    return store.save_memory(
+        org_id, memory_id, draft, author, write.passages, mode, expected_revision, audiences
+    )
+
+
+def save_many(
+    store: Store,
+    embedder: Embedder,
+    org_id: str,
+    items: Sequence[tuple[str, MemoryDraft]],
+    author: str | None,
+    mode: SaveMode = "upsert",
+    progress: Callable[[int], None] | None = None,
+    batch: int = 512,
+) -> tuple[int, int]:
+    """Bulk write (import, benchmarks): returns (written, unchanged)."""
+    written = unchanged = 0
+    for start in range(0, len(items), batch):
+        chunk = items[start : start + batch]
+        for write in prepare(store, embedder, chunk):
+            _, changed = store.save_memory(
+                org_id, write.memory_id, write.draft, author, write.passages, mode
+            )
+            written += changed
+            unchanged += not changed
+        if progress:
+            progress(len(chunk))
+    return written, unchanged
+
+
+def vector_of(passage_embedding: bytes) -> np.ndarray:
+    return np.frombuffer(passage_embedding, dtype="<f4")
