@@ -1,0 +1,101 @@
+"""Circuit breaker shared by every hook process of this user, in `<state_dir>/breaker.json`.
+
+Closed: requests go through. After `breaker_failures` consecutive
+timeout/unavailable outcomes it opens: prompts skip retrieval (outcome
+`circuit_open`) for `breaker_cooldown_s`. Then exactly one process claims the
+probe under the lock; its success (any HTTP answer) closes the breaker, its
+failure re-opens it for another cool-down. A probe whose process died is
+considered lost after PROBE_LOST_S and the next prompt probes instead.
+The healthy path costs one failed open(): the file exists only while failing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from relay.hook import codec
+from relay.hook.files import Lock, read_bytes, write_atomic
+
+FAILURES = ("timeout", "unavailable")
+PROBE_LOST_S = 15.0
+
+
+def _paths(state_dir: str) -> tuple[str, str]:
+    return os.path.join(state_dir, "breaker.json"), os.path.join(state_dir, "breaker.lock")
+
+
+def _read(path: str, url: str) -> dict:
+    raw = read_bytes(path, 4096)
+    state = {"url": url, "failures": 0, "opened_at": None, "probe_at": None}
+    if raw is None:
+        return state
+    try:
+        stored = codec.loads(raw)
+    except ValueError:
+        return state
+    if not isinstance(stored, dict) or stored.get("url") != url:
+        return state
+    if type(stored.get("failures")) is int:
+        state["failures"] = stored["failures"]
+    for key in ("opened_at", "probe_at"):
+        if isinstance(stored.get(key), int | float) and type(stored[key]) is not bool:
+            state[key] = float(stored[key])
+    return state
+
+
+def status(state_dir: str, url: str, cooldown_s: float, now: float | None = None) -> str:
+    """'closed', 'open' or 'half_open' (cool-down over, probe pending or due)."""
+    now = time.time() if now is None else now
+    state = _read(_paths(state_dir)[0], url)
+    if state["opened_at"] is None:
+        return "closed"
+    return "open" if now < state["opened_at"] + cooldown_s else "half_open"
+
+
+def admit(state_dir: str, url: str, cooldown_s: float, until: float) -> tuple[bool, bool]:
+    """(may this process search, is it the probe)."""
+    path, lock_path = _paths(state_dir)
+    now = time.time()
+    state = _read(path, url)
+    if state["opened_at"] is None:
+        return True, False
+    if now < state["opened_at"] + cooldown_s:
+        return False, False
+    with Lock(lock_path, until) as lock:
+        if not lock.held:
+            return False, False
+        state = _read(path, url)
+        if state["opened_at"] is None:
+            return True, False
+        if now < state["opened_at"] + cooldown_s:
+            return False, False
+        if state["probe_at"] is not None and now < state["probe_at"] + PROBE_LOST_S:
+            return False, False
+        state["probe_at"] = now
+        write_atomic(path, codec.dumps(state).encode())
+        return True, True
+
+
+def record(state_dir: str, url: str, outcome: str, threshold: int, probe: bool) -> None:
+    """Count a failure, or close the breaker after any answer from the server."""
+    path, lock_path = _paths(state_dir)
+    failed = outcome in FAILURES
+    if not failed and not os.path.exists(path):
+        return
+    # The request is over and may have used the whole budget: wait briefly for the lock, no more.
+    with Lock(lock_path, time.monotonic() + 0.02) as lock:
+        if not lock.held:
+            return
+        if not failed:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            return
+        state = _read(path, url)
+        state["failures"] += 1
+        if probe or state["failures"] >= threshold:
+            state["opened_at"] = time.time()
+            state["probe_at"] = None
+        write_atomic(path, codec.dumps(state).encode())

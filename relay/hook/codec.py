@@ -1,0 +1,102 @@
+"""JSON in and out of the hook without importing `json`.
+
+`import json` pulls in `re` and costs about 8 ms of a hook process that has
+about 40 ms in all; the C accelerator `_json`, which `json` itself uses, costs
+almost nothing. This module drives `_json` directly and falls back to `json`
+on an interpreter that lacks it. Only plain JSON is accepted: no NaN/Infinity.
+"""
+
+from __future__ import annotations
+
+_WHITESPACE = " \t\n\r"
+
+try:
+    from _json import encode_basestring_ascii as _quote
+    from _json import make_scanner as _make_scanner
+except ImportError:  # pragma: no cover - every CPython has _json
+    _quote = _make_scanner = None
+
+
+class _Context:
+    """The attributes `_json.make_scanner` reads from a `json.JSONDecoder`."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo: dict = {}
+
+    @staticmethod
+    def parse_constant(name: str) -> None:
+        raise ValueError(f"non-standard JSON constant {name}")
+
+
+_scan = _make_scanner(_Context()) if _make_scanner is not None else None
+
+
+def loads(text: str | bytes) -> object:
+    """Parse one JSON document; raise ValueError on anything else."""
+    if isinstance(text, bytes | bytearray):
+        text = text.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    if _scan is None:  # pragma: no cover
+        import json
+
+        return json.loads(text, parse_constant=_Context.parse_constant)
+    start = len(text) - len(text.lstrip(_WHITESPACE))
+    try:
+        value, end = _scan(text, start)
+    except StopIteration as exc:
+        raise ValueError(f"invalid JSON at offset {exc.value}") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    if text[end:].strip(_WHITESPACE):
+        raise ValueError(f"extra data at offset {end}")
+    return value
+
+
+def dumps(value: object) -> str:
+    """Serialise dicts, lists, strings, numbers, booleans and None as compact ASCII JSON."""
+    if _quote is None:  # pragma: no cover
+        import json
+
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    parts: list[str] = []
+    _write(value, parts)
+    return "".join(parts)
+
+
+def _write(value: object, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(_quote(value))
+    elif value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        out.append(int.__repr__(value))
+    elif isinstance(value, float):
+        # NaN and infinities are not JSON; nothing the hook writes needs them.
+        out.append(float.__repr__(value) if value - value == 0 else "null")
+    elif isinstance(value, dict):
+        out.append("{")
+        first = True
+        for key, item in value.items():
+            if not first:
+                out.append(",")
+            first = False
+            out.append(_quote(str(key)))
+            out.append(":")
+            _write(item, out)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _write(item, out)
+        out.append("]")
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__} as JSON")

@@ -1,0 +1,163 @@
+"""The hook's settings: one table drives the config file, the environment and the docs.
+
+The config file is JSON, at `$RELAY_CONFIG` or else `~/.relay/config.json`, with
+the setting names below as keys (`{"url": "http://relay:8080", "api_key_file":
+"~/.relay/key"}`). Each setting is overridden by `RELAY_<NAME>` in the
+environment. A value that does not parse, or is out of range, falls back to the
+default: a typo in a knob must never break a prompt.
+"""
+
+from __future__ import annotations
+
+import os
+
+from relay.hook import codec
+
+
+def _bool(raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int | float):
+        return raw != 0
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {raw!r}")
+
+
+def _int(low: int, high: int):
+    def parse(raw: object) -> int:
+        if isinstance(raw, bool):
+            raise ValueError("boolean where a number was expected")
+        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        if not low <= value <= high:
+            raise ValueError(f"{value} outside {low}..{high}")
+        return value
+
+    return parse
+
+
+def _float(low: float, high: float):
+    def parse(raw: object) -> float:
+        if isinstance(raw, bool):
+            raise ValueError("boolean where a number was expected")
+        value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
+        if not low <= value <= high:  # also rejects NaN
+            raise ValueError(f"{value} outside {low}..{high}")
+        return value
+
+    return parse
+
+
+def _text(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise ValueError("expected a string")
+    return raw.strip()
+
+
+# name, default, parser, help. Environment variable: RELAY_<NAME upper-cased>.
+SETTINGS: tuple[tuple[str, object, object, str], ...] = (
+    ("url", "", _text, "Base URL of the Relay server, http:// or https://."),
+    ("api_key", "", _text, "API key (relay_<id>_<secret>); prefer api_key_file."),
+    (
+        "api_key_file",
+        "",
+        _text,
+        "File holding the API key (first line); used when api_key is unset.",
+    ),
+    ("state_dir", "~/.relay/state", _text, "Session state, breaker and outcome log."),
+    ("memory_off", False, _bool, "Kill switch: 1 disables recall entirely."),
+    ("deadline_ms", 400, _int(50, 10_000), "Whole budget from process start, in milliseconds."),
+    ("min_prompt_len", 15, _int(0, 100_000), "Prompts shorter than this never search."),
+    ("throttle_prompts", 2, _int(0, 1000), "No new search within this many prompts of the last."),
+    (
+        "overlap_threshold",
+        0.30,
+        _float(0.0, 2.0),
+        "Search again only when keyword overlap (Jaccard) with the last search is below this.",
+    ),
+    ("max_records", 3, _int(1, 20), "Most records injected per prompt."),
+    ("max_tokens", 600, _int(50, 8000), "Most tokens injected per prompt, labels included."),
+    ("profile", True, _bool, "SessionStart injects the team profile (pinned memories)."),
+    ("profile_max_records", 5, _int(1, 20), "Most pinned records injected at SessionStart."),
+    ("profile_max_tokens", 800, _int(50, 8000), "Most tokens injected at SessionStart."),
+    (
+        "breaker_failures",
+        3,
+        _int(1, 1000),
+        "Consecutive timeout/unavailable outcomes that open the breaker.",
+    ),
+    (
+        "breaker_cooldown_s",
+        30.0,
+        _float(0.0, 86_400.0),
+        "Seconds the open breaker skips retrieval.",
+    ),
+    (
+        "log_prompt_text",
+        False,
+        _bool,
+        "Also write the prompt text to the outcome log (off: hash only).",
+    ),
+    ("log_max_bytes", 1_048_576, _int(4096, 1 << 30), "Outcome log size that triggers rotation."),
+    ("log_keep", 3, _int(1, 50), "Rotated outcome logs kept (outcomes.jsonl.1 ... .N)."),
+)
+
+DEFAULTS: dict[str, object] = {name: default for name, default, _, _ in SETTINGS}
+
+
+class Config(dict):
+    """Resolved settings; attribute access for readability at call sites."""
+
+    __getattr__ = dict.__getitem__
+
+
+def config_path(environ) -> str:
+    """Where the config file lives: $RELAY_CONFIG, else ~/.relay/config.json."""
+    return os.path.expanduser(environ.get("RELAY_CONFIG") or "~/.relay/config.json")
+
+
+def _read_file(path: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(65_536)
+        parsed = codec.loads(data)
+    except (OSError, ValueError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def load(environ=None) -> Config:
+    """Defaults, then the config file, then RELAY_* variables; a bad value keeps the layer below."""
+    environ = os.environ if environ is None else environ
+    from_file = _read_file(config_path(environ))
+    resolved = Config()
+    for name, default, parse, _ in SETTINGS:
+        value = default
+        for layer in (from_file.get(name), environ.get("RELAY_" + name.upper())):
+            if layer is None:
+                continue
+            try:
+                value = parse(layer)
+            except (ValueError, TypeError, OverflowError):
+                pass
+        resolved[name] = value
+    resolved["state_dir"] = os.path.expanduser(resolved["state_dir"] or "~/.relay/state")
+    resolved["api_key"] = _resolve_key(resolved)
+    return resolved
+
+
+def _resolve_key(cfg: Config) -> str:
+    key = cfg["api_key"]
+    if not key and cfg["api_key_file"]:
+        try:
+            with open(os.path.expanduser(cfg["api_key_file"]), "rb") as fh:
+                key = fh.read(4096).decode("utf-8", "replace").strip().splitlines()[0].strip()
+        except (OSError, IndexError):
+            key = ""
+    # The key goes into an HTTP header: anything that could split the header is no key at all.
+    if not key or not all("!" <= ch <= "~" for ch in key):
+        return ""
+    return key

@@ -1,0 +1,91 @@
+"""Private files for the hook: 0700 directories, 0600 files, atomic replace, bounded locks."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+
+
+def private_dir(path: str) -> str:
+    """Create `path`, and any missing parents, readable by the owner only; return it.
+
+    Directories that already exist keep their mode: they are the user's choice.
+    """
+    if not os.path.isdir(path):
+        parent = os.path.dirname(path.rstrip("/"))
+        if parent and parent != path:
+            private_dir(parent)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+    return path
+
+
+def read_bytes(path: str, limit: int) -> bytes | None:
+    """The file's content, or None when it is missing, unreadable or larger than `limit`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None if len(data) > limit else data
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write to a private temporary file beside `path`, then rename over it."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class Lock:
+    """An exclusive flock on `path`, waited for no later than `until` (time.monotonic()).
+
+    `held` tells whether it was taken; callers decide what to do without it. The
+    wait polls a non-blocking flock because a blocking one cannot be bounded.
+    """
+
+    def __init__(self, path: str, until: float) -> None:
+        self.path = path
+        self.until = until
+        self.fd = -1
+        self.held = False
+
+    def __enter__(self) -> Lock:
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return self
+        delay = 0.0005
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.held = True
+                return self
+            except BlockingIOError:
+                if time.monotonic() + delay > self.until:
+                    return self
+                time.sleep(delay)
+                delay = min(delay * 2, 0.005)
+            except OSError:
+                return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = -1
+        self.held = False

@@ -1,0 +1,67 @@
+"""One JSONL line per hook invocation in `<state_dir>/outcomes.jsonl`, rotated by size.
+
+Each line is appended with a single O_APPEND write, so concurrent hooks never
+interleave. When the file passes `log_max_bytes` the writer that holds the
+rotation lock shifts outcomes.jsonl -> .1 -> .2 ... keeping `log_keep` old files.
+The prompt is logged as a sha256 prefix and a length; its text only when the
+user opts in with `log_prompt_text`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from relay.hook import codec
+from relay.hook.files import Lock
+
+LOG_NAME = "outcomes.jsonl"
+
+try:
+    from _sha256 import sha256 as _sha256
+except ImportError:  # pragma: no cover - hashlib is the slower, portable spelling
+    from hashlib import sha256 as _sha256
+
+
+def sha256_hex(data: bytes) -> str:
+    return _sha256(data).hexdigest()
+
+
+def timestamp(now: float | None = None) -> str:
+    """UTC ISO 8601 with milliseconds, without importing datetime."""
+    now = time.time() if now is None else now
+    millis = int(now * 1000) % 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{millis:03d}Z"
+
+
+def append(state_dir: str, entry: dict, max_bytes: int, keep: int) -> None:
+    path = os.path.join(state_dir, LOG_NAME)
+    line = (codec.dumps(entry) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, line)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        rotate(state_dir, max_bytes, keep)
+
+
+def rotate(state_dir: str, max_bytes: int, keep: int) -> None:
+    """Shift the log files by one; skipped when another process is rotating or just did."""
+    path = os.path.join(state_dir, LOG_NAME)
+    with Lock(os.path.join(state_dir, "outcomes.lock"), time.monotonic()) as lock:
+        try:
+            if not lock.held or os.stat(path).st_size <= max_bytes:
+                return
+        except OSError:
+            return
+        for n in range(keep - 1, 0, -1):
+            try:
+                os.replace(f"{path}.{n}", f"{path}.{n + 1}")
+            except FileNotFoundError:
+                pass
+        try:
+            os.replace(path, f"{path}.1")
+        except FileNotFoundError:
+            pass

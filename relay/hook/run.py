@@ -1,0 +1,353 @@
+"""The two hook flows: a prompt (UserPromptSubmit) and a session start (SessionStart).
+
+prompt:  config -> stdin -> gate (under the session lock) -> breaker -> one
+         request -> validate -> drop what the ledger holds -> pack -> ledger
+         (under the lock again) -> stdout -> outcome log.
+The session lock is not held across the request, so a second hook of the
+same session never waits for the network; the ledger is re-read and updated
+atomically after the answer, so two concurrent hooks never inject one record twice.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from relay.hook import breaker, codec, config, gate, state
+from relay.hook.client import HookFailure, parse_url, request
+from relay.hook.outcome_log import append, sha256_hex, timestamp
+from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, pack, tokens, validate
+
+STDIN_MAX = 4 * 1024 * 1024
+RESPONSE_MAX = 256 * 1024
+QUERY_MAX_CHARS = 2000
+EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
+PACK_RESERVE_S = 0.050  # kept back from the server: transfer, validate, pack (DESIGN.md)
+EXIT_RESERVE_S = 0.010  # kept back from the network: log and exit
+MIN_SERVER_MS = 20
+SOURCES = ("startup", "resume", "clear", "compact")
+UNAUTHORIZED_MESSAGE = (
+    "Relay memory: the server rejected this machine's API key (HTTP {status}); recall is off "
+    "until it is fixed. Run `relay doctor` for details."
+)
+
+
+def process_start(now: float) -> float:
+    """Process start on the time.monotonic() clock, from /proc; `now` when unknown.
+
+    /proc counts in clock ticks (10 ms), so this errs early, never late: the
+    budget shrinks by up to one tick rather than overrunning.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            stat = fh.read()
+        start_ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        elapsed = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - elapsed if 0.0 <= elapsed < 1.0 else now
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def _read_stdin(until: float) -> bytes | None:
+    """All of stdin, or None when it is larger than STDIN_MAX or not closed in time."""
+    import select
+
+    chunks, size = [], 0
+    while True:
+        left = until - time.monotonic()
+        if left <= 0 or not select.select([0], [], [], left)[0]:
+            return None
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > STDIN_MAX:
+            return None
+        chunks.append(chunk)
+
+
+def _write_stdout(obj: dict) -> None:
+    view = memoryview(codec.dumps(obj).encode())
+    while view:
+        view = view[os.write(1, view) :]
+
+
+class Invocation:
+    """What one hook process knows and will log about itself."""
+
+    def __init__(self, argv: list[str], t_main: float, environ) -> None:
+        self.environ = environ
+        self.start = process_start(t_main)
+        self.event = "session_start" if argv[1:2] == ["session-start"] else "prompt"
+        self.cfg = config.load(environ)
+        self.until = self.start + self.cfg.deadline_ms / 1000
+        self.ms: dict = {"start": _ms(t_main - self.start)}
+        self.log: dict = {"event": self.event, "outcome": "skipped"}
+        self.output: dict | None = None
+
+    def finish(self, outcome: str, reason: str | None = None) -> None:
+        self.log["outcome"] = outcome
+        if reason:
+            self.log["reason"] = reason
+
+    def write_log(self) -> None:
+        self.ms["total"] = _ms(time.monotonic() - self.start)
+        entry = {"ts": timestamp(), **self.log, "ms": self.ms}
+        from relay.hook.files import private_dir
+
+        append(private_dir(self.cfg.state_dir), entry, self.cfg.log_max_bytes, self.cfg.log_keep)
+
+
+def run(argv: list[str], t_main: float, environ=None) -> None:
+    """Run one hook invocation to the end: output (if any) on stdout, one line in the log."""
+    inv = Invocation(argv, t_main, os.environ if environ is None else environ)
+    try:
+        _dispatch(inv)
+        if inv.output is not None:
+            if time.monotonic() > inv.until:
+                inv.finish("timeout", "late")  # a late answer is never injected
+                inv.log["records"] = inv.log["tokens"] = 0
+            else:
+                _write_stdout(inv.output)
+    finally:
+        try:
+            inv.write_log()
+        finally:
+            if inv.event == "session_start" or inv.log.get("outcome") == "hit":
+                state.cleanup(inv.cfg.state_dir)
+
+
+def _dispatch(inv: Invocation) -> None:
+    cfg = inv.cfg
+    t = time.monotonic()
+    raw = _read_stdin(inv.until)
+    payload = None
+    if raw is not None:
+        try:
+            payload = codec.loads(raw)
+        except ValueError:
+            payload = None
+    inv.ms["stdin"] = _ms(time.monotonic() - t)
+    if not isinstance(payload, dict):
+        return inv.finish("skipped", "bad_input")
+    session_id = payload.get("session_id")
+    session_id = session_id if isinstance(session_id, str) and session_id else None
+    prompt_id = payload.get("prompt_id") or payload.get("turn_id")
+    inv.log["session"] = session_id[:200] if session_id else None
+    inv.log["prompt_id"] = prompt_id[:200] if isinstance(prompt_id, str) else None
+    if payload.get("hook_event_name") == "SessionStart":
+        inv.event = inv.log["event"] = "session_start"
+    if cfg.memory_off:
+        return inv.finish("disabled", "memory_off")
+    if not cfg.url or not cfg.api_key:
+        return inv.finish("disabled", "not_configured")
+    try:
+        parse_url(cfg.url)
+    except ValueError:
+        return inv.finish("disabled", "bad_url")
+    if inv.event == "session_start":
+        return _session_start(inv, payload, session_id)
+    return _prompt(inv, payload, session_id)
+
+
+def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
+    cfg = inv.cfg
+    prompt = payload.get("prompt")
+    if not isinstance(prompt, str):
+        return inv.finish("skipped", "bad_input")
+    prompt = prompt.strip()
+    inv.log["prompt_sha256"] = sha256_hex(prompt.encode("utf-8", "surrogatepass"))[:16]
+    inv.log["prompt_len"] = len(prompt)
+    if cfg.log_prompt_text:
+        inv.log["prompt"] = prompt[:QUERY_MAX_CHARS]
+    t = time.monotonic()
+    words = gate.keywords(prompt)
+    probe = False
+    with _session(inv, session_id) as session:
+        if not session.held:
+            return inv.finish("skipped", "state_busy")
+        data = session.data
+        data["count"] += 1
+        inv.log["prompt_no"] = data["count"]
+        reason = gate.skip_reason(prompt, words, data, cfg)
+        if reason is None:
+            allowed, probe = breaker.admit(
+                cfg.state_dir, cfg.url, cfg.breaker_cooldown_s, inv.until
+            )
+            if allowed:
+                data["last_search"] = data["count"]
+        session.save()
+    inv.ms["gate"] = _ms(time.monotonic() - t)
+    if reason is not None:
+        return inv.finish("skipped", reason)
+    if not allowed:
+        return inv.finish("circuit_open")
+    if probe:
+        inv.log["probe"] = True
+
+    server_ms = int((inv.until - time.monotonic() - PACK_RESERVE_S) * 1000)
+    if server_ms < MIN_SERVER_MS:
+        return inv.finish("timeout", "no_budget_left")
+    inv.log["deadline_ms"] = server_ms
+    body = codec.dumps(
+        {
+            "query": prompt[:QUERY_MAX_CHARS],
+            "k": cfg.max_records + EXTRA_CANDIDATES,
+            "deadline_ms": server_ms,
+        }
+    ).encode()
+    records = _fetch(inv, "POST", "/v1/search", body, probe)
+    if records is None:
+        return _maybe_tell_unauthorized(inv, session_id)
+    _inject(
+        inv,
+        session_id,
+        records,
+        cfg.max_records,
+        cfg.max_tokens,
+        PROMPT_INTRO,
+        "UserPromptSubmit",
+        words,
+    )
+
+
+def _session_start(inv: Invocation, payload: dict, session_id: str | None) -> None:
+    cfg = inv.cfg
+    source = payload.get("source")
+    source = source if source in SOURCES else "startup"
+    inv.log["source"] = source
+    if source in ("clear", "compact") and session_id:
+        with _session(inv, session_id) as session:
+            if session.held:
+                keep_notice = session.data["told_unauthorized"]
+                session.data = state.fresh(session_id)
+                session.data["told_unauthorized"] = keep_notice
+                session.save()
+                inv.log["ledger_reset"] = True
+    if not cfg.profile:
+        return inv.finish("skipped", "profile_off")
+    allowed, probe = breaker.admit(cfg.state_dir, cfg.url, cfg.breaker_cooldown_s, inv.until)
+    if not allowed:
+        return inv.finish("circuit_open")
+    records = _fetch(inv, "GET", "/v1/profile", None, probe)
+    if records is None:
+        return _maybe_tell_unauthorized(inv, session_id)
+    _inject(
+        inv,
+        session_id,
+        records,
+        cfg.profile_max_records,
+        cfg.profile_max_tokens,
+        PROFILE_INTRO,
+        "SessionStart",
+        None,
+    )
+
+
+def _fetch(
+    inv: Invocation, method: str, path: str, body: bytes | None, probe: bool
+) -> list[dict] | None:
+    """Validated records, or None with the failure outcome recorded."""
+    cfg = inv.cfg
+    t = time.monotonic()
+    outcome = "no_match"
+    try:
+        status, raw = request(
+            method,
+            cfg.url,
+            path,
+            cfg.api_key,
+            body,
+            inv.until - EXIT_RESERVE_S,
+            RESPONSE_MAX,
+            inv.ms,
+        )
+        inv.log["http_status"] = status
+        if status in (401, 403):
+            raise HookFailure("unauthorized", f"HTTP {status}")
+        if status in (408, 429) or status >= 500:
+            raise HookFailure("unavailable", f"HTTP {status}")
+        if status != 200:
+            raise HookFailure("invalid_response", f"HTTP {status}")
+        inv.ms["net"] = _ms(time.monotonic() - t)
+        t = time.monotonic()
+        try:
+            payload = codec.loads(raw)
+        except ValueError:
+            raise HookFailure("invalid_response", "body is not JSON") from None
+        records = validate(payload)
+        took = payload.get("took_ms")
+        if took is not None:
+            inv.log["server_ms"] = took
+        inv.ms["parse"] = _ms(time.monotonic() - t)
+        return records
+    except HookFailure as failure:
+        outcome = failure.outcome
+        inv.ms.setdefault("net", _ms(time.monotonic() - t))
+        inv.finish(failure.outcome, failure.detail[:200])
+        return None
+    finally:
+        breaker.record(cfg.state_dir, cfg.url, outcome, cfg.breaker_failures, probe)
+
+
+def _maybe_tell_unauthorized(inv: Invocation, session_id: str | None) -> None:
+    """Once per session, a one-line systemMessage for the user (never context for the model)."""
+    if inv.log["outcome"] != "unauthorized" or not session_id:
+        return
+    with _session(inv, session_id) as session:
+        if session.held and not session.data["told_unauthorized"]:
+            session.data["told_unauthorized"] = True
+            session.save()
+            status = inv.log.get("http_status", 401)
+            inv.output = {"systemMessage": UNAUTHORIZED_MESSAGE.format(status=status)}
+
+
+def _inject(inv, session_id, records, max_records, max_tokens, intro, event_name, words) -> None:
+    t = time.monotonic()
+    inv.log["results"] = len(records)
+    with _session(inv, session_id) as session:
+        if not session.held:
+            return inv.finish("skipped", "state_busy")
+        data = session.data
+        context, injected, dupes = pack(records, data["ledger"], max_records, max_tokens, intro)
+        ledger = data["ledger"]
+        for record in injected:
+            known = ledger.pop(record["id"], 0)  # re-inserted so the newest entries sit at the end
+            ledger[record["id"]] = max(known, record["revision"])
+        if words is not None:
+            data["keywords"] = words
+        session.save()
+    inv.ms["pack"] = _ms(time.monotonic() - t)
+    inv.log["duplicates"] = dupes
+    inv.log["records"] = len(injected)
+    inv.log["tokens"] = tokens(context) if context else 0
+    if context is None:
+        return inv.finish("no_match")
+    inv.log["injected"] = [[r["id"], r["revision"]] for r in injected]
+    inv.output = {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": context}}
+    inv.finish("hit")
+
+
+def _session(inv: Invocation, session_id: str | None):
+    """The session's locked state; an unsaved scratch state when the agent sent no session id."""
+    if session_id:
+        return state.Session(inv.cfg.state_dir, session_id, inv.until)
+    return _Scratch()
+
+
+class _Scratch:
+    held = True
+
+    def __enter__(self):
+        self.data = state.fresh("")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def save(self) -> None:
+        pass
