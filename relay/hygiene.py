@@ -1,0 +1,492 @@
+"""Write hygiene: what a memory write must pass before anything is stored.
+
+Every check either returns the normalised value or raises a Relay error that
+names the problem, so the API, the CLI and `relay import` reject the same
+things with the same words. Pure and stdlib-only: no I/O, no store, no clock
+unless the caller passes none.
+
+Secret detection is deliberately two-tiered. Provider formats (GitHub, AWS,
+Stripe, ...) are matched by shape and flagged wherever they appear. Generic
+assignments (`password = ...`, `api_key: ...`) are flagged only when the value
+looks like a literal credential: placeholders (`<your-key>`, `***`,
+`changeme`) and references (`${VAR}`, `$VAR`, `os.environ[...]`,
+`process.env.X`, `op://...`) are how a team *should* write about secrets, and
+prose ("rotate the API key monthly") has no assignment at all.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+from relay.errors import InvalidRequestError, SecretDetectedError, TooLargeError
+
+MAX_BODY_CHARS = 16_000
+MAX_TITLE_CHARS = 200
+MAX_SOURCE_CHARS = 300
+MAX_TAGS = 32
+MAX_TAG_CHARS = 100
+MAX_AUDIENCES = 32
+EVERYONE = "all"  # the audience that means everyone in the org (same value as relay.models)
+
+_AUDIENCE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+# C0 controls except tab and newline, DEL, and C1 controls: never meaningful in a memory,
+# and terminal escape sequences must not ride into an agent's context.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+# --- normalisation -----------------------------------------------------------------------
+
+
+def normalize_text(text: str) -> str:
+    """Newlines as `\\n`, no trailing whitespace on any line, no leading or trailing blank lines.
+
+    Leading indentation is kept: it is meaningful in Markdown (code blocks, nested lists).
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines = [line.rstrip() for line in text.split("\n")]
+    return "\n".join(lines).strip("\n")
+
+
+# --- field checks --------------------------------------------------------------------------
+
+
+def check_body(body: str) -> str:
+    """Return the normalised body, or raise if it is empty, oversized or secret-shaped."""
+    if not isinstance(body, str):
+        raise InvalidRequestError("body must be a string", field="body")
+    body = normalize_text(body)
+    if not body.strip():
+        raise InvalidRequestError("body is empty; a memory needs some text", field="body")
+    if len(body) > MAX_BODY_CHARS:
+        raise TooLargeError(
+            f"body is {len(body):,} characters; the limit is {MAX_BODY_CHARS:,} "
+            "(split it into several memories)",
+            field="body",
+            limit=MAX_BODY_CHARS,
+        )
+    if _CONTROL.search(body):
+        raise InvalidRequestError(
+            "body contains control characters (terminal escape codes or binary data)",
+            field="body",
+        )
+    _reject_secrets(body, "memory", "body")
+    return body
+
+
+def check_title(title: str | None) -> str | None:
+    """Return the title on one line with whitespace collapsed; None or blank means no title."""
+    if title is None:
+        return None
+    if not isinstance(title, str):
+        raise InvalidRequestError("title must be a string", field="title")
+    if _CONTROL.search(title):
+        raise InvalidRequestError("title contains control characters", field="title")
+    title = " ".join(title.split())
+    if not title:
+        return None
+    if len(title) > MAX_TITLE_CHARS:
+        raise TooLargeError(
+            f"title is {len(title)} characters; the limit is {MAX_TITLE_CHARS}",
+            field="title",
+            limit=MAX_TITLE_CHARS,
+        )
+    _reject_secrets(title, "title", "title")
+    return title
+
+
+def check_source(source: str | None) -> str | None:
+    """Return the path-like provenance, stripped; None or blank means no source."""
+    if source is None:
+        return None
+    if not isinstance(source, str):
+        raise InvalidRequestError("source must be a string", field="source")
+    source = source.strip()
+    if not source:
+        return None
+    if _CONTROL_OR_TAB.search(source):
+        raise InvalidRequestError(
+            "source must be one line without control characters, like docs/deploy.md",
+            field="source",
+        )
+    if len(source) > MAX_SOURCE_CHARS:
+        raise TooLargeError(
+            f"source is {len(source)} characters; the limit is {MAX_SOURCE_CHARS}",
+            field="source",
+            limit=MAX_SOURCE_CHARS,
+        )
+    _reject_secrets(source, "source", "source")
+    return source
+
+
+def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
+    """Return the tags stripped and de-duplicated in first-seen order.
+
+    Case is kept: tags such as `glob:src/**/*.TS` are case-sensitive.
+    """
+    if tags is None:
+        return ()
+    if isinstance(tags, str):
+        tags = [tags]
+    out: dict[str, None] = {}
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise InvalidRequestError("tags must be strings", field="tags")
+        tag = tag.strip()
+        if not tag:
+            raise InvalidRequestError("tags must not be empty", field="tags")
+        if len(tag) > MAX_TAG_CHARS:
+            raise TooLargeError(
+                f"tag {tag[:40]!r}... is {len(tag)} characters; the limit is {MAX_TAG_CHARS}",
+                field="tags",
+                limit=MAX_TAG_CHARS,
+            )
+        if any(ch.isspace() for ch in tag) or _CONTROL_OR_TAB.search(tag):
+            raise InvalidRequestError(
+                f"tag {tag!r} contains whitespace or control characters", field="tags"
+            )
+        out.setdefault(tag, None)
+    if len(out) > MAX_TAGS:
+        raise TooLargeError(
+            f"{len(out)} tags; the limit is {MAX_TAGS}", field="tags", limit=MAX_TAGS
+        )
+    result = tuple(out)
+    _reject_secrets(" ".join(result), "tags", "tags")
+    return result
+
+
+def check_audiences(
+    audiences: Iterable[str] | str | None, allowed: set[str] | None = None
+) -> tuple[str, ...]:
+    """Return the audiences lower-cased, de-duplicated and sorted; `all` absorbs the rest.
+
+    `allowed` is the set of audiences known in the org; when given, any other name is
+    rejected (a typo would otherwise hide a memory from everyone). `all` is always allowed.
+    """
+    if audiences is None:
+        raise InvalidRequestError(
+            "audiences must name at least one role, or 'all' for everyone", field="audiences"
+        )
+    if isinstance(audiences, str):
+        audiences = [audiences]
+    names: set[str] = set()
+    for name in audiences:
+        if not isinstance(name, str):
+            raise InvalidRequestError("audiences must be strings", field="audiences")
+        name = name.strip().lower()
+        if not _AUDIENCE.fullmatch(name):
+            raise InvalidRequestError(
+                f"audience {name!r} is not a valid name "
+                "(lowercase letters, digits, '_', '.', '-'; at most 64 characters)",
+                field="audiences",
+            )
+        names.add(name)
+    if not names:
+        raise InvalidRequestError(
+            "audiences must name at least one role, or 'all' for everyone", field="audiences"
+        )
+    if len(names) > MAX_AUDIENCES:
+        raise TooLargeError(
+            f"{len(names)} audiences; the limit is {MAX_AUDIENCES}",
+            field="audiences",
+            limit=MAX_AUDIENCES,
+        )
+    if allowed is not None:
+        unknown = sorted(names - set(allowed) - {EVERYONE})
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown audience{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
+                field="audiences",
+                unknown=unknown,
+            )
+    if EVERYONE in names:
+        return (EVERYONE,)
+    return tuple(sorted(names))
+
+
+def check_valid_until(ts: datetime | str | None, now: datetime | None = None) -> datetime | None:
+    """Return `valid_until` as an aware UTC datetime, or None; reject anything not in the future.
+
+    Strings are ISO 8601 (`2026-12-31`, `2026-12-31T18:00:00+02:00`, `...Z`). A time without
+    an offset is taken as UTC; a bare date means midnight UTC at the start of that day.
+    """
+    if ts is None:
+        return None
+    if isinstance(ts, str):
+        text = ts.strip()
+        if not text:
+            return None
+        try:
+            ts = datetime.fromisoformat(text)
+        except ValueError:
+            raise InvalidRequestError(
+                f"valid_until {text!r} is not an ISO 8601 date or time, "
+                "like 2026-12-31 or 2026-12-31T18:00:00Z",
+                field="valid_until",
+            ) from None
+    elif not isinstance(ts, datetime):
+        raise InvalidRequestError(
+            "valid_until must be an ISO 8601 string or a datetime", field="valid_until"
+        )
+    ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+    if now is None:
+        now = datetime.now(UTC)
+    elif now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    if ts <= now:
+        raise InvalidRequestError(
+            f"valid_until {ts.isoformat().replace('+00:00', 'Z')} is not in the future; "
+            "an expired memory would never be returned",
+            field="valid_until",
+        )
+    return ts
+
+
+# --- secret detection ---------------------------------------------------------------------
+
+
+def find_secrets(text: str) -> list[str]:
+    """The kinds of secret-shaped content in `text`, in order of first appearance.
+
+    Only kind names are returned (e.g. "github token"), never the matched text, so the
+    result is safe to log and to put in an error message.
+    """
+    hits: list[tuple[int, str]] = []
+    claimed: list[tuple[int, int]] = []
+    for kind, pattern, accept in _PROVIDER_PATTERNS:
+        for m in pattern.finditer(text):
+            if any(s < m.end() and m.start() < e for s, e in claimed):
+                continue  # e.g. a JWT inside an Authorization header counts once
+            value = m.group("v") if "v" in pattern.groupindex else m.group(0)
+            if accept is None or accept(value):
+                hits.append((m.start(), kind))
+                claimed.append(m.span())
+    for pattern, group_to_kind in _ASSIGNMENT_PATTERNS:
+        for m in pattern.finditer(text):
+            start, end = m.span("v")
+            if any(s < end and start < e for s, e in claimed):
+                continue  # already reported as a specific kind, e.g. GITHUB_TOKEN=ghp_...
+            value, quoted = _unquote(m.group("v"))
+            if _looks_like_literal_secret(value, quoted):
+                hits.append((m.start(), group_to_kind(m.group("k"))))
+    seen: dict[str, None] = {}
+    for _, kind in sorted(hits):
+        seen.setdefault(kind, None)
+    return list(seen)
+
+
+def _reject_secrets(text: str, what: str, field: str) -> None:
+    kinds = find_secrets(text)
+    if kinds:
+        raise SecretDetectedError(
+            f"{what} looks like it contains a secret ({', '.join(kinds)}); "
+            "remove it or reference where it is stored instead",
+            field=field,
+            kinds=kinds,
+        )
+
+
+def _entropy(value: str) -> float:
+    """Shannon entropy in bits per character."""
+    if not value:
+        return 0.0
+    counts: dict[str, int] = {}
+    for ch in value:
+        counts[ch] = counts.get(ch, 0) + 1
+    n = len(value)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def _has_letter_and_digit(value: str) -> bool:
+    return any(c.isalpha() for c in value) and any(c.isdigit() for c in value)
+
+
+def _random_looking(value: str) -> bool:
+    """A token that mixes letters and digits with enough spread to be generated, not written."""
+    return _has_letter_and_digit(value) and _entropy(value) >= 3.0
+
+
+def _not_example(value: str) -> bool:
+    # AWS documents its example credentials with EXAMPLE in them (AKIAIOSFODNN7EXAMPLE).
+    return "EXAMPLE" not in value.upper()
+
+
+def _random_not_example(value: str) -> bool:
+    return _random_looking(value) and _not_example(value)
+
+
+def _relay_key(value: str) -> bool:
+    # relay_<key id>_<secret> (relay.auth.mint_key): a short alphanumeric id, then a long
+    # url-safe random secret that may itself contain `_` and `-`.
+    key_id, _, secret = value[len("relay_") :].partition("_")
+    return (
+        4 <= len(key_id) <= 32
+        and key_id.isalnum()
+        and len(secret) >= 16
+        and _random_looking(key_id + secret)
+    )
+
+
+_NOT_TOKEN = r"(?<![A-Za-z0-9_-])"
+_PROVIDER_PATTERNS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool] | None], ...] = (
+    (
+        "private key",
+        re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"),
+        None,
+    ),
+    (
+        "aws access key id",
+        re.compile(
+            r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|APKA|AROA)"
+            r"[A-Z0-9]{16}(?![A-Za-z0-9])"
+        ),
+        _not_example,
+    ),
+    (
+        "aws secret access key",
+        re.compile(
+            r"(?i)secret_?access_?key[\"']?\s{0,4}(?:=|:)\s{0,4}[\"']?"
+            r"(?P<v>(?-i:[A-Za-z0-9/+]{40}))(?![A-Za-z0-9/+=])"
+        ),
+        _random_not_example,
+    ),
+    ("github token", re.compile(_NOT_TOKEN + r"gh[pousr]_[A-Za-z0-9]{30,}"), _random_looking),
+    ("github token", re.compile(_NOT_TOKEN + r"github_pat_[A-Za-z0-9_]{30,}"), _random_looking),
+    ("gitlab token", re.compile(_NOT_TOKEN + r"glpat-[A-Za-z0-9_-]{20,}"), _random_looking),
+    ("slack token", re.compile(_NOT_TOKEN + r"xox[abprs]-[A-Za-z0-9-]{10,}"), _random_looking),
+    (
+        "slack webhook",
+        re.compile(r"hooks\.slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{16,}"),
+        None,
+    ),
+    ("stripe key", re.compile(_NOT_TOKEN + r"[sr]k_live_[A-Za-z0-9]{16,}"), _random_looking),
+    ("anthropic api key", re.compile(_NOT_TOKEN + r"sk-ant-[A-Za-z0-9_-]{20,}"), _random_looking),
+    (
+        "openai api key",
+        re.compile(_NOT_TOKEN + r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
+        _random_looking,
+    ),
+    ("google api key", re.compile(_NOT_TOKEN + r"AIza[0-9A-Za-z_-]{35}"), None),
+    (
+        "jwt",
+        re.compile(_NOT_TOKEN + r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
+        None,
+    ),
+    ("npm token", re.compile(_NOT_TOKEN + r"npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])"), _random_looking),
+    ("pypi token", re.compile(_NOT_TOKEN + r"pypi-AgE[A-Za-z0-9_-]{50,}"), None),
+    (
+        "hugging face token",
+        re.compile(_NOT_TOKEN + r"hf_[A-Za-z0-9]{34}(?![A-Za-z0-9])"),
+        _random_looking,
+    ),
+    ("relay api key", re.compile(r"(?<![A-Za-z0-9_])relay_[A-Za-z0-9_-]{24,}"), _relay_key),
+    (
+        "password in url",
+        re.compile(
+            r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,20}://"
+            r"[^\s/:@'\"<>]{0,256}:(?P<v>[^\s/@'\"<>]{1,256})@[A-Za-z0-9\[]"
+        ),
+        lambda v: not _is_placeholder_or_reference(v),
+    ),
+    (
+        "authorization header",
+        re.compile(
+            r"(?i)authorization[\"']?\s{0,4}[:=]\s{0,4}[\"']?(?:bearer|basic|token)\s+"
+            r"(?P<v>[A-Za-z0-9._~+/=-]{16,})"
+        ),
+        _random_looking,
+    ),
+)
+
+# A key that *ends* with one of these words, then `=`, `:`, `:=` or `=>`, then a value.
+# The key must start at an identifier boundary and is length-bounded, which keeps the scan
+# linear on long runs of identifier characters.
+_KEYWORDS = (
+    r"password|passwd|passphrase|pwd|secret|token|api[_ -]?key|apikey"
+    r"|(?:access|private|secret|signing|encryption|master)[_-]?key|credentials?"
+)
+# `password: str = "..."`: a typed declaration assigns after the annotation.
+_TYPE_ANNOTATION = r":[ \t]{0,4}[A-Za-z_][\w.\[\]| ]{0,40}?[ \t]{0,4}="
+_VALUE = r"(?P<v>\"[^\"\n]{0,512}\"|'[^'\n]{0,512}'|`[^`\n]{0,512}`|[^\s,;'\"`]{1,512})"
+_ASSIGNMENT = re.compile(
+    r"(?i)(?<![A-Za-z0-9_.-])(?P<k>[A-Za-z0-9_.-]{0,64}?(?:" + _KEYWORDS + r"))"
+    r"[\"']?[ \t]{0,4}(?:" + _TYPE_ANNOTATION + r"|:=|=>|=|:)[ \t]{0,4}" + _VALUE
+)
+_CLI_FLAG = re.compile(
+    r"(?i)(?<![A-Za-z0-9_-])--(?P<k>password|passwd|token|api-key|secret|client-secret)"
+    r"[ \t]+" + _VALUE
+)
+
+
+def _assignment_kind(key: str) -> str:
+    key = key.lower()
+    if key.endswith(("password", "passwd", "passphrase", "pwd")):
+        return "password assignment"
+    if key.endswith("token"):
+        return "token assignment"
+    if re.search(r"api[_ -]?key$", key):
+        return "api key assignment"
+    return "secret assignment"
+
+
+_ASSIGNMENT_PATTERNS = ((_ASSIGNMENT, _assignment_kind), (_CLI_FLAG, _assignment_kind))
+
+# Values that stand in for a secret rather than being one.
+_PLACEHOLDER_WORDS = frozenset(
+    """changeme change_me change-me password passwd secret secrets token apikey api_key api-key
+    example placeholder redacted none null nil undefined true false todo tbd dummy test testing
+    string str required optional sample hidden masked empty default unset notset not_set
+    1password base64 sha256 sha512 hs256 rs256 es256 oauth2 utf8 utf-8 uuid4""".split()
+)
+_PLACEHOLDER_PARTS = tuple(
+    "your example placeholder redacted changeme change_me change-me replace dummy fake"
+    " xxxx *** ... … < >".split()
+)
+# Ways of pointing at where a secret lives: environment, secret stores, templating.
+_REFERENCE = re.compile(
+    r"^(?:\$|%|\{|\[|@)"  # ${VAR} $VAR $(cmd) %(name)s {{ var }} {var} [secret] @var
+    r"|environ|getenv|process\.env|import\.meta\.env|\benv\b|secrets\.|\bvault\b"
+    r"|\bssm\b|secretsmanager|keyring|keychain|^op://|^vault:|^aws:|^gcp:|^azure:",
+    re.IGNORECASE,
+)
+
+
+def _unquote(raw: str) -> tuple[str, bool]:
+    if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'`":
+        return raw[1:-1], True
+    return raw.rstrip(".:!?)]}"), False
+
+
+def _is_placeholder_or_reference(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in _PLACEHOLDER_WORDS or _REFERENCE.search(value):
+        return True
+    if any(part in lowered for part in _PLACEHOLDER_PARTS):
+        return True
+    # Masks such as ******** / xxxxxxxx / •••••• / 000000.
+    return len(set(lowered)) <= 1
+
+
+def _looks_like_literal_secret(value: str, quoted: bool) -> bool:
+    """Whether an assigned value is a credential written out, not prose, code or a stand-in."""
+    if len(value) < 6 or any(ch.isspace() for ch in value) or value.isdigit():
+        return False
+    if _is_placeholder_or_reference(value):
+        return False
+    if "://" in value or value.startswith(("/", "./", "../", "~/")):
+        return False  # a URL or a path says where, not what (credentials in URLs are found apart)
+    if not quoted:
+        # Unquoted values in code are usually expressions (`z.string().min(8)`, `req.headers.x`);
+        # literal config values (`.env`, YAML) mix letters and digits.
+        if any(ch in value for ch in "()[]{}<>"):
+            return False
+        return _has_letter_and_digit(value)
+    has_symbol = any(not ch.isalnum() and ch not in "-_./" for ch in value)
+    return (
+        any(ch.isdigit() for ch in value)
+        or has_symbol
+        or (len(value) >= 16 and _entropy(value) >= 3.3)
+    )

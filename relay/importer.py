@@ -1,0 +1,526 @@
+"""Turn instruction files into memory drafts for `relay import`.
+
+Parsing only: no store, no network. Supported inputs:
+
+- Markdown (`*.md`, `*.markdown`, including `CLAUDE.md` and `AGENTS.md`): one memory per
+  section. The heading becomes the title, nested headings are kept as a path
+  ("Testing › Fixtures"), text before the first heading is a memory of its own, empty
+  sections are skipped, and a `#` inside a fenced code block is never a heading.
+- `.cursorrules`: plain text or Markdown. When the file is mostly top-level bullets (or
+  numbered rules) it becomes one memory per rule; otherwise one per section.
+- `.mdc` (Cursor rule files): a YAML-ish front matter block (`description`, `globs`,
+  `alwaysApply`) read without PyYAML, then the body as for `.cursorrules`. The description
+  leads the title, each glob becomes a tag `glob:<pattern>`, `alwaysApply: true` the tag
+  `always-apply`.
+
+`source` is the file path relative to the import root, POSIX style; the section lives in
+the title. Ids are derived from the source, the section's heading path and its ordinal
+among memories with the same path, so re-importing an unchanged file yields the same ids
+and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
+into parts rather than rejected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from relay.errors import InvalidRequestError
+from relay.hygiene import MAX_BODY_CHARS, MAX_TAG_CHARS, MAX_TITLE_CHARS, normalize_text
+
+TITLE_SEPARATOR = " › "
+MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
+RULE_FILE_NAMES = frozenset({".cursorrules"})
+RULE_SUFFIXES = frozenset({".mdc"})
+SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__"})
+# Hidden directories are skipped except these, where instruction files live.
+ALLOWED_HIDDEN = frozenset({".github", ".cursor"})
+
+
+@dataclass(frozen=True)
+class MemoryDraft:
+    """One memory parsed from a file, before validation and storage."""
+
+    id: str
+    title: str | None
+    body: str
+    source: str
+    tags: tuple[str, ...]
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def is_supported(path: Path) -> bool:
+    """Whether `path` names a file type `relay import` understands."""
+    name = path.name
+    if name in RULE_FILE_NAMES:
+        return True
+    return not name.startswith(".") and path.suffix.lower() in MARKDOWN_SUFFIXES | RULE_SUFFIXES
+
+
+def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
+    """Yield the files to import: files as given, directories expanded recursively.
+
+    Directories yield supported files only, in sorted order, skipping `.git`,
+    `node_modules`, virtualenvs and hidden directories other than `.github` and
+    `.cursor/rules`. Symlinked directories are not followed. A file named explicitly is
+    yielded whatever its type (it is read as Markdown). Each file is yielded once.
+    """
+    seen: set[Path] = set()
+    for path in paths:
+        path = Path(path)
+        if path.is_dir():
+            candidates: Iterable[Path] = _walk(path)
+        elif path.is_file():
+            candidates = [path]
+        else:
+            raise InvalidRequestError(f"no such file or directory: {path}", path=str(path))
+        for file in candidates:
+            key = file.resolve()
+            if key not in seen:
+                seen.add(key)
+                yield file
+
+
+def _walk(top: Path) -> Iterator[Path]:
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if _enter_dir(here, d)]
+        if here.name != ".cursor":  # .cursor holds settings too; only its rules are memories
+            found.extend(here / f for f in filenames if is_supported(here / f))
+    yield from sorted(found, key=lambda p: p.relative_to(top).as_posix())
+
+
+def _enter_dir(parent: Path, name: str) -> bool:
+    if name in SKIPPED_DIRS or (parent / name).is_symlink():
+        return False
+    if parent.name == ".cursor":
+        return name == "rules"
+    return not name.startswith(".") or name in ALLOWED_HIDDEN
+
+
+def source_for(path: Path, root: Path | None = None) -> str:
+    """The provenance recorded for `path`: relative to `root` (or the working directory)."""
+    if root is not None:
+        # Lexical, not resolved: a symlink inside the root is recorded where it sits.
+        try:
+            rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(root))
+        except ValueError:
+            raise InvalidRequestError(
+                f"{path} is not inside the import root {root}", path=str(path)
+            ) from None
+        return rel.as_posix()
+    if not path.is_absolute():
+        return Path(os.path.normpath(path)).as_posix()
+    try:
+        return Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
+    except ValueError:
+        return path.name  # never record an absolute path from someone's machine
+
+
+def drafts_from_path(path: Path, root: Path | None = None) -> list[MemoryDraft]:
+    """Parse one file into memory drafts, in document order."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"{path} is not UTF-8 text", path=str(path)) from None
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
+    source = source_for(path, root)
+    rule_file = path.name in RULE_FILE_NAMES or path.suffix.lower() in RULE_SUFFIXES
+    return drafts_from_text(text, source, rules=rule_file)
+
+
+def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[MemoryDraft]:
+    """Parse file contents into drafts; `rules` reads bullet-style rule files one rule each."""
+    meta, body = split_front_matter(normalize_text(text))
+    context = _title_context(meta)
+    tags = _front_matter_tags(meta)
+    sections = split_sections(body)
+    if rules and _is_bullet_style(sections):
+        units = [unit for section in sections for unit in _rule_units(section)]
+    else:
+        units = sections
+    drafts: list[MemoryDraft] = []
+    ordinals: dict[tuple[str, ...], int] = {}
+    for heading_path, unit_body in units:
+        # Counted before empty units are skipped, so filling in an empty section later
+        # does not renumber the sections that share its heading.
+        ordinal = ordinals.get(heading_path, 0)
+        ordinals[heading_path] = ordinal + 1
+        unit_body = normalize_text(unit_body)
+        if not unit_body.strip():
+            continue
+        parts = split_long(unit_body, MAX_BODY_CHARS)
+        for number, part in enumerate(parts, start=1):
+            title = _title(context, heading_path, number if len(parts) > 1 else None)
+            drafts.append(
+                MemoryDraft(
+                    id=draft_id(source, heading_path, ordinal, number),
+                    title=title,
+                    body=part,
+                    source=source,
+                    tags=tags,
+                )
+            )
+    return drafts
+
+
+def draft_id(source: str, heading_path: tuple[str, ...], ordinal: int, part: int = 1) -> str:
+    """A stable id: same file, same section, same position, same id on every import.
+
+    Part 1 of a split section keeps the id the whole section had, so a section that grows
+    past the size limit keeps its memory and gains new ones for the extra parts.
+    """
+    key = f"{source}\0{TITLE_SEPARATOR.join(heading_path)}\0{ordinal}"
+    if part > 1:
+        key += f"\0part {part}"
+    return "imp_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def _title(context: str | None, heading_path: tuple[str, ...], part: int | None) -> str | None:
+    names = [context] if context else []
+    names += [h for h in heading_path if h]
+    suffix = f" (part {part})" if part else ""
+    if not names:
+        return f"Part {part}" if part else None
+    title = TITLE_SEPARATOR.join(names)
+    room = MAX_TITLE_CHARS - len(suffix)
+    if len(title) > room:
+        title = title[: room - 1].rstrip() + "…"
+    return title + suffix
+
+
+# --- front matter ----------------------------------------------------------------------------
+
+_FM_KEY = re.compile(r"^([A-Za-z_][\w-]*)[ \t]*:(.*)$")
+
+
+def split_front_matter(text: str) -> tuple[dict[str, str | list[str]], str]:
+    """Split a leading `---` ... `---` block into a flat dict of strings and string lists.
+
+    Handles what rule files use: `key: value` (quoted or not), flow lists `[a, b]`, block
+    lists of `- item` lines, and `|`/`>` block scalars. Anything else is ignored. Without a
+    closing `---` the text has no front matter.
+    """
+    lines = text.split("\n")
+    if not lines or lines[0].strip() != "---":
+        return {}, text
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() in ("---", "...")), None)
+    if end is None:
+        return {}, text
+    meta: dict[str, str | list[str]] = {}
+    key: str | None = None
+    for line in lines[1:end]:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        m = _FM_KEY.match(line)
+        if m and not line[0].isspace():
+            key, value = m.group(1), m.group(2).strip()
+            if value in ("|", ">", "|-", ">-", "|+", ">+"):
+                meta[key] = ""
+            elif value.startswith("[") and value.endswith("]"):
+                meta[key] = [_unquote(v) for v in _split_top_level(value[1:-1]) if v.strip()]
+            else:
+                meta[key] = _unquote(value)
+            continue
+        if key is None:
+            continue
+        current = meta.get(key)
+        if stripped.startswith("- ") and (current == "" or isinstance(current, list)):
+            items = current if isinstance(current, list) else []
+            items.append(_unquote(stripped[2:]))
+            meta[key] = items
+        elif isinstance(current, str):
+            meta[key] = f"{current} {stripped}".strip()  # block scalar or wrapped value
+    return meta, "\n".join(lines[end + 1 :])
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
+def _split_top_level(value: str) -> list[str]:
+    """Split on commas outside braces and brackets: `src/*.{ts,tsx}, lib/*.js` is two globs."""
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for ch in value:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth = max(0, depth - 1)
+        if ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current).strip())
+    return [p for p in parts if p]
+
+
+def _title_context(meta: dict[str, str | list[str]]) -> str | None:
+    value = meta.get("description") or meta.get("title")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    context = " ".join(value.split())
+    return context if len(context) <= 80 else context[:79].rstrip() + "…"
+
+
+def _front_matter_tags(meta: dict[str, str | list[str]]) -> tuple[str, ...]:
+    raw = meta.get("globs")
+    if isinstance(raw, str):
+        raw = _split_top_level(raw)
+    tags: dict[str, None] = {}
+    for glob in raw or ():
+        glob = _unquote(glob)
+        tag = f"glob:{glob}"
+        # A tag holds no whitespace; a glob that cannot be a tag is dropped, not mangled.
+        if glob and not any(ch.isspace() for ch in glob) and len(tag) <= MAX_TAG_CHARS:
+            tags.setdefault(tag, None)
+    if str(meta.get("alwaysApply", "")).strip().lower() in ("true", "yes", "on"):
+        tags.setdefault("always-apply", None)
+    return tuple(tags)
+
+
+# --- Markdown sections -----------------------------------------------------------------------
+
+_ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+_SETEXT = re.compile(r"^ {0,3}(?:={3,}|-{3,})[ \t]*$")
+_BULLET = re.compile(r"^([ \t]*)(?:[-*+]|\d{1,3}[.)])[ \t]+(?=\S)")
+_BLOCK_START = re.compile(r"^ {0,3}(?:[>|]|[-*+][ \t]|\d{1,3}[.)][ \t]|<)")
+
+Section = tuple[tuple[str, ...], str]
+
+
+def _code_mask(lines: list[str]) -> list[bool]:
+    """For each line, whether it is part of a fenced code block (fences included)."""
+    mask: list[bool] = []
+    fence: str | None = None
+    for line in lines:
+        m = _FENCE.match(line)
+        if fence is not None:
+            mask.append(True)
+            # A closing fence: same character, at least as long, nothing after it.
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                fence = None if not m.group(2).strip() else fence
+            continue
+        if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
+            fence = m.group(1)
+            mask.append(True)
+        else:
+            mask.append(False)
+    return mask
+
+
+def _clean_heading(text: str) -> str:
+    text = " ".join(text.split())
+    for marker in ("**", "__"):
+        if len(text) > 4 and text.startswith(marker) and text.endswith(marker):
+            text = text[2:-2].strip()
+    return text
+
+
+def split_sections(text: str) -> list[Section]:
+    """Split Markdown into (heading path, body) pairs in document order, preamble first.
+
+    ATX (`## x`) and setext (`x` over `===`/`---`) headings start sections; fenced code is
+    opaque. Bodies exclude their heading line and may be empty.
+    """
+    lines = text.split("\n")
+    code = _code_mask(lines)
+    sections: list[Section] = []
+    stack: list[tuple[int, str]] = []
+    body: list[str] = []
+
+    def flush() -> None:
+        sections.append((tuple(h for _, h in stack), "\n".join(body)))
+        body.clear()
+
+    for i, line in enumerate(lines):
+        if code[i]:
+            body.append(line)
+            continue
+        m = _ATX.match(line)
+        if m:
+            level, heading = len(m.group(1)), _clean_heading(m.group(2) or "")
+        elif (
+            _SETEXT.match(line)
+            and body
+            and body[-1].strip()
+            and not code[i - 1]
+            and not _BLOCK_START.match(body[-1])
+            and (len(body) == 1 or not body[-2].strip())
+        ):
+            level, heading = (1 if line.strip()[0] == "=" else 2), _clean_heading(body.pop())
+        else:
+            body.append(line)
+            continue
+        flush()
+        while stack and stack[-1][0] >= level:
+            stack.pop()
+        stack.append((level, heading))
+    flush()
+    return sections
+
+
+# --- rule files ------------------------------------------------------------------------------
+
+
+def _is_bullet_style(sections: list[Section]) -> bool:
+    """Whether most blocks outside code and headings are top-level bullets (or numbered rules)."""
+    bullets = others = 0
+    for _, body in sections:
+        lines = body.split("\n")
+        code = _code_mask(lines)
+        top = _top_indent(lines, code)
+        previous_blank = True
+        for line, in_code in zip(lines, code, strict=True):
+            if in_code or not line.strip():
+                previous_blank = not in_code
+                continue
+            m = _BULLET.match(line)
+            if m:
+                bullets += len(m.group(1).expandtabs(4)) == top  # nested bullets belong to a rule
+            elif previous_blank:
+                others += 1
+            previous_blank = False
+    return bullets >= 2 and bullets >= others
+
+
+def _top_indent(lines: list[str], code: list[bool]) -> int | None:
+    indents = [
+        len(m.group(1).expandtabs(4))
+        for line, in_code in zip(lines, code, strict=True)
+        if not in_code and (m := _BULLET.match(line))
+    ]
+    return min(indents) if indents else None
+
+
+def _rule_units(section: Section) -> list[Section]:
+    """Split one section of a bullet-style rule file into one unit per top-level rule.
+
+    Continuation lines and nested bullets stay with their rule, as does a code block that
+    follows it. A short line introducing a list ("Error Handling", "Testing:") is a label
+    for the rules under it, like a heading, until a paragraph follows the list; other
+    paragraphs are units of their own.
+    """
+    path, body = section
+    lines = body.split("\n")
+    code = _code_mask(lines)
+    top = _top_indent(lines, code)
+    blocks: list[tuple[str, list[str]]] = []  # ("bullet" | "para", lines)
+    marker_width = 0
+    blank_before = True
+    for line, in_code in zip(lines, code, strict=True):
+        if in_code:
+            if not blocks:
+                blocks.append(("para", []))
+            if blocks[-1][0] == "bullet" and line[:marker_width].isspace():
+                line = line[marker_width:]  # a code block indented under its rule
+            blocks[-1][1].append(line)
+            blank_before = False
+            continue
+        if not line.strip():
+            if blocks:
+                blocks[-1][1].append("")
+            blank_before = True
+            continue
+        m = _BULLET.match(line)
+        indent = len(line) - len(line.lstrip(" \t"))
+        if m and top is not None and len(m.group(1).expandtabs(4)) == top:
+            marker_width = m.end()
+            blocks.append(("bullet", [line[m.end() :]]))
+        elif blocks and blocks[-1][0] == "bullet" and (indent > (top or 0)):
+            blocks[-1][1].append(line[marker_width:] if indent >= marker_width else line.lstrip())
+        elif blocks and blocks[-1][0] == "para" and not blank_before:
+            blocks[-1][1].append(line)
+        else:
+            blocks.append(("para", [line]))
+        blank_before = False
+
+    units: list[Section] = []
+    label: tuple[str, ...] = ()
+    for i, (kind, block) in enumerate(blocks):
+        text = "\n".join(block).strip("\n")
+        if not text.strip():
+            continue
+        next_is_bullet = i + 1 < len(blocks) and blocks[i + 1][0] == "bullet"
+        if kind == "para" and next_is_bullet and _is_label(text):
+            label = (_clean_heading(text.strip().rstrip(":").strip()),)
+            continue
+        if kind == "para" and i > 0 and blocks[i - 1][0] == "bullet":
+            label = ()  # a paragraph after a list ends the list its label introduced
+        units.append((path + label, text))
+    return units
+
+
+def _is_label(text: str) -> bool:
+    line = text.strip()
+    return (
+        "\n" not in line
+        and len(line) <= 80
+        and not line.endswith((".", "!", "?", "`"))
+        and not _FENCE.match(line)
+    )
+
+
+# --- size ------------------------------------------------------------------------------------
+
+
+def split_long(body: str, limit: int = MAX_BODY_CHARS) -> list[str]:
+    """Split `body` into parts of at most `limit` characters.
+
+    Cuts fall between paragraphs where possible (never inside a fenced code block that
+    fits), then between lines, and only as a last resort inside a line.
+    """
+    if len(body) <= limit:
+        return [body]
+    lines = body.split("\n")
+    code = _code_mask(lines)
+    blocks: list[str] = []
+    current: list[str] = []
+    for line, in_code in zip(lines, code, strict=True):
+        if not line.strip() and not in_code and current:
+            blocks.append("\n".join(current))
+            current = []
+        elif line.strip() or in_code:
+            current.append(line)
+    if current:
+        blocks.append("\n".join(current))
+
+    pieces: list[tuple[str, str]] = []  # (separator before it, text)
+    for block in blocks:
+        if len(block) <= limit:
+            pieces.append(("\n\n", block))
+            continue
+        separator = "\n\n"
+        for line in block.split("\n"):
+            for i in range(0, max(len(line), 1), limit):
+                pieces.append((separator, line[i : i + limit]))
+                separator = "\n"
+
+    parts: list[str] = []
+    current_part = ""
+    for separator, piece in pieces:
+        candidate = f"{current_part}{separator}{piece}" if current_part else piece
+        if len(candidate) <= limit:
+            current_part = candidate
+        else:
+            parts.append(current_part)
+            current_part = piece
+    if current_part:
+        parts.append(current_part)
+    return [normalize_text(p) for p in parts if p.strip()]

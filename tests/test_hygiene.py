@@ -1,0 +1,487 @@
+"""Write hygiene: every rejection a memory write can meet, and what must pass untouched."""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+import time
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from relay import hygiene
+from relay.errors import InvalidRequestError, SecretDetectedError, TooLargeError
+from relay.hygiene import (
+    MAX_BODY_CHARS,
+    check_audiences,
+    check_body,
+    check_source,
+    check_tags,
+    check_title,
+    check_valid_until,
+    find_secrets,
+)
+
+BENCH = Path(__file__).resolve().parents[1] / ".." / "shared" / "bench"
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+# Test credentials are assembled from pieces so that no scanner mistakes this file for a leak.
+GITHUB = "gh" + "p_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+AWS_ID = "AK" + "IA" + "Q3EGRIB7ZK4XN2UF"
+AWS_SECRET = "k9Xs/2LpQ+7hTz4vWm1NcR8yB3eJdF6uA0gHiKoP"
+JWT = (
+    "ey" + "JhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
+    "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+)
+
+
+# --- check_body ----------------------------------------------------------------------------
+
+
+def test_body_is_normalised():
+    assert check_body("\r\n\r\nfirst line   \r\n  indented\t\rlast \n\n\n") == (
+        "first line\n  indented\nlast"
+    )
+
+
+@pytest.mark.parametrize("body", ["", " ", "\n\n\t\n", "\r\n   \r\n"])
+def test_empty_body_is_rejected(body):
+    with pytest.raises(InvalidRequestError, match="empty") as exc:
+        check_body(body)
+    assert type(exc.value) is InvalidRequestError
+    assert exc.value.details["field"] == "body"
+
+
+def test_body_at_the_limit_passes_and_one_over_is_too_large():
+    assert len(check_body("x" * MAX_BODY_CHARS)) == MAX_BODY_CHARS
+    with pytest.raises(TooLargeError) as exc:
+        check_body("x" * (MAX_BODY_CHARS + 1))
+    assert exc.value.status == 413
+    assert "16,000" in exc.value.message
+
+
+def test_size_is_measured_after_normalisation():
+    # Trailing whitespace the writer never meant to store does not count against the limit.
+    assert check_body("x" * MAX_BODY_CHARS + "   \n\n  ") == "x" * MAX_BODY_CHARS
+
+
+def test_control_characters_are_rejected():
+    with pytest.raises(InvalidRequestError, match="control characters"):
+        check_body("build output \x1b[31mFAILED\x1b[0m")
+
+
+def test_non_string_body_is_rejected():
+    with pytest.raises(InvalidRequestError):
+        check_body(None)  # type: ignore[arg-type]
+
+
+def test_secret_in_body_names_the_kinds_not_the_secret():
+    body = f"CI uses {GITHUB}\nand the db password = 'Tr0ub4dor&3'"
+    with pytest.raises(SecretDetectedError) as exc:
+        check_body(body)
+    err = exc.value
+    assert err.status == 422 and err.code == "secret_detected"
+    assert err.message == (
+        "memory looks like it contains a secret (github token, password assignment); "
+        "remove it or reference where it is stored instead"
+    )
+    assert err.details["kinds"] == ["github token", "password assignment"]
+    assert GITHUB not in str(err.to_dict()) and "Tr0ub4dor" not in str(err.to_dict())
+
+
+def test_prose_about_secrets_passes():
+    body = (
+        "Never commit the password to git. Rotate the API key monthly.\n"
+        "The deploy token lives in Vault; CI reads it as ${DEPLOY_TOKEN}."
+    )
+    assert check_body(body) == body
+
+
+# --- find_secrets: what must be caught ----------------------------------------------------
+
+SECRETS = [
+    ("aws access key id", f"aws configure set aws_access_key_id {AWS_ID}"),
+    ("aws access key id", "ASIA" + "Y7K3M9Q2X5B8R4T6"),
+    ("aws secret access key", f"aws_secret_access_key = {AWS_SECRET}"),
+    ("aws secret access key", f'"SecretAccessKey": "{AWS_SECRET}"'),
+    ("github token", f"git clone https://{GITHUB}@github.com/acme/app"),
+    ("github token", "gh" + "s_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa"),
+    ("github token", "gh" + "o_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa"),
+    ("github token", "gh" + "u_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa"),
+    ("github token", "github_" + "pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCD"),
+    ("gitlab token", "gl" + "pat-" + "xY3zA9bC7dE1fG5hJ2kL"),
+    ("slack token", "xo" + "xb-" + "123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx"),
+    ("slack token", "xo" + "xp-" + "123456789012-1234567890123-9f8e7d6c5b4a"),
+    ("slack webhook", "https://hooks.slack.com/services/" + "T0A1B2C3D/B0A1B2C3D/Ab12Cd34Ef56Gh78"),
+    ("stripe key", "sk" + "_live_" + "51HqXy2eZvKYlo2C8Nq3Rt5W"),
+    ("stripe key", "rk" + "_live_" + "51HqXy2eZvKYlo2C8Nq3Rt5W"),
+    ("openai api key", "OPENAI_API_KEY=sk-" + "proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z"),
+    ("openai api key", "sk-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zAb3dEf6hIj9kLm2n"),
+    ("anthropic api key", "sk-" + "ant-api03-Zk3xP9qLm2Vn7Rt4Wy8Bc1Df6Gh0Jk5"),
+    ("google api key", "AI" + "zaSyD3f8Kq2Lm9Np4Rt7Vw1Xz6Bc0Df5Gh8Jk"),
+    ("jwt", f"Example session cookie: {JWT}"),
+    ("private key", "-----BEGIN RSA PRIVATE KEY-----\nMIIEow...\n-----END RSA PRIVATE KEY-----"),
+    ("private key", "-----BEGIN OPENSSH PRIVATE KEY-----"),
+    ("private key", "-----BEGIN PRIVATE KEY-----"),
+    ("private key", "-----BEGIN PGP PRIVATE KEY BLOCK-----"),
+    ("password in url", "DATABASE_URL=postgres://app:" + "s3cr3tPw@db.internal:5432/app"),
+    ("password in url", "redis://:" + "9fKq2LmX@cache:6379/0"),
+    ("authorization header", 'curl -H "Authorization: Bearer ' + 'abcDEF123456ghiJKL789mno"'),
+    ("relay api key", "relay_" + "k7f3a9_Zx8Qw2Lm5Np7Rt1Vy4Bc6Df9"),
+    ("npm token", "//registry.npmjs.org/:_authToken=npm_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"),
+    ("hugging face token", "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"),
+    ("password assignment", 'password = "hunter22"'),
+    ("password assignment", "DB_PASSWORD=Xq8mV2pL"),
+    ("password assignment", "  password: Tr0ub4dor&3"),
+    ("password assignment", '{"password": "Sup3rS3cret!"}'),
+    ("password assignment", "password: str = 'Tr0ub4dor&3'"),
+    ("password assignment", 'db_password := "p4ssw0rd!"'),
+    ("password assignment", ":password => 'h0rse-battery'"),
+    ("password assignment", "mysql --password hunter22 -u root"),
+    ("password assignment", "Password: Test@123"),
+    ("secret assignment", "client_secret: 'a8f5f167f44f4964e6c998dee827110c'"),
+    ("secret assignment", "SECRET_KEY = 'django-insecure-8x#k2@p!m'"),
+    ("secret assignment", "clientSecret: 'Zm9vYmFyYmF6cXV4cXV1eA'"),
+    ("api key assignment", "api_key=9c4f2b7e1a3d"),
+    ("api key assignment", "apiKey: '4f9a1c2e7b3d5a8f'"),
+    ("api key assignment", "x-api-key: 4f9a1c2e7b3d5a8f"),
+    ("token assignment", "token=abc123def456"),
+    ("token assignment", "export GITLAB_TOKEN='tok3n-value'"),
+    ("token assignment", "https://api.example.com/v1?access_token=8f14e45fceea167a"),
+]
+
+
+@pytest.mark.parametrize(("kind", "text"), SECRETS)
+def test_secret_is_found(kind, text):
+    assert find_secrets(text) == [kind]
+    with pytest.raises(SecretDetectedError, match=kind):
+        check_body(text)
+
+
+def _minted_relay_keys(n: int) -> list[str]:
+    """Keys shaped like relay.auth.mint_key's: token_hex(6) id, token_urlsafe(24) secret."""
+    rng = random.Random(20261129)
+    urlsafe = string.ascii_letters + string.digits + "-_"
+    return [
+        "relay_"
+        + "".join(rng.choice("0123456789abcdef") for _ in range(12))
+        + "_"
+        + "".join(rng.choice(urlsafe) for _ in range(32))
+        for _ in range(n)
+    ]
+
+
+def test_every_minted_relay_key_is_found():
+    keys = _minted_relay_keys(500)
+    assert any("_" in k[19:] for k in keys)  # secrets with underscores of their own included
+    for key in keys:
+        assert find_secrets(f"curl -H 'X-Key: {key}'") == ["relay api key"], key
+
+
+def test_kinds_come_in_order_of_appearance_once_each():
+    text = f"first {JWT} then {GITHUB} then {JWT} and password = 'hunter22'"
+    assert find_secrets(text) == ["jwt", "github token", "password assignment"]
+
+
+def test_a_specific_kind_is_not_also_reported_as_an_assignment():
+    assert find_secrets(f"GITHUB_TOKEN={GITHUB}") == ["github token"]
+    assert find_secrets(f"Authorization: Bearer {JWT}") == ["jwt"]
+
+
+# --- find_secrets: what must pass ---------------------------------------------------------
+
+NOT_SECRETS = [
+    # prose about secrets
+    "Never commit the password to git.",
+    "Rotate the API key monthly.",
+    "The API key: stored in 1Password under 'Stripe prod'.",
+    "Password: see the vault",
+    "Secrets: never in the repo, always in Vault.",
+    "Access token: expires after one hour, refresh token after 30 days.",
+    "Use a strong password: at least 12 characters.",
+    "Store passwords using strong, salted hashes (e.g., Argon2, bcrypt).",
+    "Use `--token` for one-off scripts where env var injection is not possible",
+    "Include the token in headers (Authorization: Bearer {token}) and authToken: {token}.",
+    "The JWT secret is read from the request body, see src/auth.ts:42",
+    # references to where a secret lives
+    "DB_PASSWORD=${DB_PASSWORD}",
+    "password = os.environ['DB_PASSWORD']",
+    "api_key = os.getenv('OPENAI_API_KEY')",
+    "token=$GITHUB_TOKEN",
+    "export OPENAI_API_KEY=$(op read op://vault/openai/key)",
+    "token: ${{ secrets.GITHUB_TOKEN }}",
+    "password: process.env.DB_PASSWORD",
+    "SECRET_KEY = env('DJANGO_SECRET_KEY')",
+    "postgres://user:${PGPASSWORD}@localhost/db",
+    "secret: op://Engineering/stripe/api-key",
+    'curl -H "Authorization: Bearer $RELAY_KEY" https://relay.internal/v1/search',
+    # placeholders
+    "api_key: <your-api-key>",
+    'password: "***"',
+    "password: ********",
+    "password: changeme",
+    'token = "YOUR_TOKEN_HERE"',
+    "api_key=xxxxxxxxxxxxxxxx",
+    "postgres://user:password@localhost/db",
+    'OPENAI_API_KEY="sk-..."',
+    "AK" + "IAIOSFODNN7EXAMPLE",
+    "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "relay_<key id>_<secret>",
+    # code that names secrets without holding one
+    "api_key: str",
+    "password: string;",
+    "token: Optional[str] = None",
+    "password: z.string().min(8)",
+    "token: req.headers.authorization",
+    "max_tokens: 1000",
+    "tokens: 4096",
+    "token_count = 12",
+    "password_min_length: 12",
+    "secret_name: prod/db",
+    "password_file: /run/secrets/db_password",
+    "secret: /run/secrets/db",
+    "token_url: https://auth.example.com/oauth/token",
+    "if (password.length < 8) return error",
+    # look-alikes that are not credentials
+    "sk-learn is not a package name; use scikit-learn",
+    "relay_import_files_from_directory_tree",
+    "git@github.com:acme/app.git",
+    "https://example.com:8080/path",
+    "ssh://git@github.com/acme/app",
+    "Use design tokens from tailwind.config.js",
+    "eyJ is how base64 of a JSON object starts",
+    "Explicit BEGIN/COMMIT for multi-statement changes",
+    "commit 3eb6f2c0a1d4b5e6f7a8b9c0d1e2f3a4b5c6d7e8",
+    "sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+]
+
+
+@pytest.mark.parametrize("text", NOT_SECRETS)
+def test_not_a_secret(text):
+    assert find_secrets(text) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a" * MAX_BODY_CHARS,
+        "password=" * (MAX_BODY_CHARS // 9),
+        "a:" * (MAX_BODY_CHARS // 2),
+        "http://" * (MAX_BODY_CHARS // 7),
+        ("a" * 60 + "=") * (MAX_BODY_CHARS // 61),
+        "eyJ" * (MAX_BODY_CHARS // 3),
+    ],
+    ids=["letters", "assignments", "colons", "schemes", "long-keys", "jwt-prefixes"],
+)
+def test_scanning_a_full_size_body_is_fast(text):
+    start = time.perf_counter()
+    find_secrets(text)
+    assert time.perf_counter() - start < 0.5  # linear scan: milliseconds, not seconds
+
+
+# --- the benchmark corpora: real rule texts ------------------------------------------------
+
+# Literal test-account passwords in QA test-case templates: genuine password assignments.
+EXPECTED_BENCH_HITS = {
+    "testrail-test-case-cursorrules-prompt-file:48",  # Password: Test@123
+    "testrail-test-case-cursorrules-prompt-file:59",  # Password: WrongPassword123
+    "xray-test-case-cursorrules-prompt-file:10",  # Password: Password123
+    "xray-test-case-cursorrules-prompt-file:36",  # Password: Password123
+}
+
+
+@pytest.mark.parametrize(
+    ("folder", "count", "expected"),
+    [("cursorrules_bullets", 6725, EXPECTED_BENCH_HITS), ("coding_prompts", 675, set())],
+)
+def test_no_false_positives_on_real_rule_texts(folder, count, expected):
+    path = BENCH / folder / "memories.jsonl"
+    if not path.exists():
+        pytest.skip(f"benchmark data not present at {path}")
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == count
+    hits = {r["id"]: find_secrets(r["text"]) for r in records if find_secrets(r["text"])}
+    assert set(hits) == expected
+    assert all(kinds == ["password assignment"] for kinds in hits.values())
+
+
+# --- title, source, tags -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("title", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("   ", None),
+        ("  Testing ›  Fixtures ", "Testing › Fixtures"),
+        ("two\nlines", "two lines"),
+    ],
+)
+def test_title_is_normalised(title, expected):
+    assert check_title(title) == expected
+
+
+def test_title_limits():
+    assert check_title("t" * hygiene.MAX_TITLE_CHARS)
+    with pytest.raises(TooLargeError):
+        check_title("t" * (hygiene.MAX_TITLE_CHARS + 1))
+    with pytest.raises(InvalidRequestError, match="control"):
+        check_title("bell\x07")
+    with pytest.raises(SecretDetectedError, match="title looks like"):
+        check_title(f"token {GITHUB}")
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (None, None),
+        ("  ", None),
+        ("workspace/memories/migrations", "workspace/memories/migrations"),
+        (" .cursor/rules/react.mdc ", ".cursor/rules/react.mdc"),
+        ("docs/My Notes.md", "docs/My Notes.md"),
+        (
+            "https://github.com/acme/app/blob/main/AGENTS.md",
+            "https://github.com/acme/app/blob/main/AGENTS.md",
+        ),
+    ],
+)
+def test_source_is_accepted(source, expected):
+    assert check_source(source) == expected
+
+
+def test_source_limits():
+    assert check_source("s" * 300) == "s" * 300
+    with pytest.raises(TooLargeError):
+        check_source("s" * 301)
+    for bad in ("a\nb", "a\tb", "a\x00b"):
+        with pytest.raises(InvalidRequestError, match="one line"):
+            check_source(bad)
+    with pytest.raises(SecretDetectedError, match="password in url"):
+        check_source("https://bob:" + "Xq8mV2pL@git.internal/acme/app")
+
+
+def test_tags_are_stripped_and_deduplicated_keeping_case():
+    assert check_tags([" db ", "glob:src/**/*.TS", "db", "always-apply"]) == (
+        "db",
+        "glob:src/**/*.TS",
+        "always-apply",
+    )
+    assert check_tags(None) == ()
+    assert check_tags([]) == ()
+    assert check_tags("single") == ("single",)
+
+
+@pytest.mark.parametrize(
+    ("tags", "error"),
+    [
+        ([""], InvalidRequestError),
+        (["two words"], InvalidRequestError),
+        (["x" * 101], TooLargeError),
+        ([f"t{i}" for i in range(33)], TooLargeError),
+        ([1], InvalidRequestError),
+        ([GITHUB], SecretDetectedError),
+    ],
+    ids=["empty", "whitespace", "long", "many", "not-str", "secret"],
+)
+def test_bad_tags_are_rejected(tags, error):
+    with pytest.raises(error):
+        check_tags(tags)
+
+
+# --- audiences ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("audiences", "expected"),
+    [
+        (["backend"], ("backend",)),
+        (["ops", "backend", "ops"], ("backend", "ops")),
+        ([" Backend "], ("backend",)),
+        ("backend", ("backend",)),
+        (["all"], ("all",)),
+        (["backend", "all"], ("all",)),
+        (["team.platform-2_x"], ("team.platform-2_x",)),
+        (["a" * 64], ("a" * 64,)),
+    ],
+)
+def test_audiences_are_normalised(audiences, expected):
+    assert check_audiences(audiences, None) == expected
+
+
+@pytest.mark.parametrize(
+    "audiences",
+    [None, [], ["-ops"], ["_ops"], ["back end"], ["ops!"], ["a" * 65], [""], [3]],
+)
+def test_bad_audiences_are_rejected(audiences):
+    with pytest.raises(InvalidRequestError) as exc:
+        check_audiences(audiences, None)
+    assert exc.value.details["field"] == "audiences"
+
+
+def test_unknown_audiences_are_rejected_only_when_the_org_list_is_given():
+    allowed = {"backend", "ops"}
+    assert check_audiences(["backend"], allowed) == ("backend",)
+    assert check_audiences(["all"], allowed) == ("all",)
+    assert check_audiences(["all"], set()) == ("all",)
+    with pytest.raises(InvalidRequestError, match="unknown audiences: frontend, qa") as exc:
+        check_audiences(["backend", "qa", "frontend"], allowed)
+    assert exc.value.details["unknown"] == ["frontend", "qa"]
+    assert check_audiences(["frontend"], None) == ("frontend",)
+
+
+def test_too_many_audiences():
+    with pytest.raises(TooLargeError):
+        check_audiences([f"r{i}" for i in range(33)], None)
+
+
+# --- valid_until ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("2026-12-31", datetime(2026, 12, 31, tzinfo=UTC)),
+        ("2026-12-31T18:00:00Z", datetime(2026, 12, 31, 18, tzinfo=UTC)),
+        ("2026-12-31T18:00:00+02:00", datetime(2026, 12, 31, 16, tzinfo=UTC)),
+        ("2026-12-31T18:00:00", datetime(2026, 12, 31, 18, tzinfo=UTC)),
+        ("2026-06-01 12:00:01", datetime(2026, 6, 1, 12, 0, 1, tzinfo=UTC)),
+        (datetime(2027, 1, 1), datetime(2027, 1, 1, tzinfo=UTC)),
+        (
+            datetime(2027, 1, 1, 9, tzinfo=timezone(timedelta(hours=9))),
+            datetime(2027, 1, 1, 0, tzinfo=UTC),
+        ),
+    ],
+)
+def test_valid_until_is_parsed_to_utc(value, expected):
+    result = check_valid_until(value, NOW)
+    assert result == expected
+    if result is not None:
+        assert result.tzinfo is UTC
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["2026-06-01T12:00:00Z", "2026-06-01T13:59:59+02:00", "2020-01-01", NOW - timedelta(seconds=1)],
+)
+def test_valid_until_not_in_the_future_is_rejected(value):
+    with pytest.raises(InvalidRequestError, match="not in the future"):
+        check_valid_until(value, NOW)
+
+
+@pytest.mark.parametrize("value", ["next tuesday", "2026-13-01", "31/12/2026", 1767225600])
+def test_valid_until_garbage_is_rejected(value):
+    with pytest.raises(InvalidRequestError, match="valid_until"):
+        check_valid_until(value, NOW)
+
+
+def test_valid_until_defaults_to_the_real_clock_and_accepts_naive_now():
+    assert check_valid_until("2999-01-01") == datetime(2999, 1, 1, tzinfo=UTC)
+    with pytest.raises(InvalidRequestError):
+        check_valid_until("2000-01-01")
+    naive_now = NOW.replace(tzinfo=None)
+    assert check_valid_until("2026-06-02", naive_now) == datetime(2026, 6, 2, tzinfo=UTC)

@@ -1,0 +1,559 @@
+"""`relay import` parsing: Markdown sections, rule files, ids, sizes and file discovery."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from relay.errors import InvalidRequestError
+from relay.hygiene import (
+    MAX_BODY_CHARS,
+    check_body,
+    check_source,
+    check_tags,
+    check_title,
+)
+from relay.importer import (
+    MemoryDraft,
+    draft_id,
+    drafts_from_path,
+    drafts_from_text,
+    iter_import_files,
+    source_for,
+    split_front_matter,
+    split_long,
+)
+
+BENCH = Path(__file__).resolve().parents[1] / ".." / "shared" / "bench"
+
+CLAUDE_MD = """\
+This file guides coding agents in this repository.
+
+# Project
+
+Relay is a team-memory server.
+
+## Testing
+
+Run `pytest -q` from the repository root.
+
+```bash
+# this is a shell comment, not a heading
+pytest -k store
+```
+
+### Fixtures
+
+Use `tmp_path`; never write to the working tree.
+
+## Empty section
+
+## Deploy ##
+
+Deploys go through `make release`.
+
+# Conventions
+
+~~~~python
+# still code
+````
+# still code: a shorter or different fence does not close it
+~~~~
+
+    # indented code, not a heading
+
+#hashtag is not a heading either
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def titles_and_bodies(drafts: list[MemoryDraft]) -> list[tuple[str | None, str]]:
+    return [(d.title, d.body) for d in drafts]
+
+
+# --- Markdown ------------------------------------------------------------------------------
+
+
+def test_markdown_one_memory_per_section(tmp_path):
+    path = write(tmp_path / "CLAUDE.md", CLAUDE_MD)
+    drafts = drafts_from_path(path, tmp_path)
+    assert titles_and_bodies(drafts) == [
+        (None, "This file guides coding agents in this repository."),
+        ("Project", "Relay is a team-memory server."),
+        (
+            "Project › Testing",
+            "Run `pytest -q` from the repository root.\n\n```bash\n"
+            "# this is a shell comment, not a heading\npytest -k store\n```",
+        ),
+        ("Project › Testing › Fixtures", "Use `tmp_path`; never write to the working tree."),
+        ("Project › Deploy", "Deploys go through `make release`."),
+        (
+            "Conventions",
+            "~~~~python\n# still code\n````\n"
+            "# still code: a shorter or different fence does not close it\n~~~~\n\n"
+            "    # indented code, not a heading\n\n#hashtag is not a heading either",
+        ),
+    ]
+    assert {d.source for d in drafts} == {"CLAUDE.md"}
+    assert all(d.tags == () for d in drafts)
+    assert all(d.id.startswith("imp_") and len(d.id) == 20 for d in drafts)
+    assert len({d.id for d in drafts}) == len(drafts)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "# A\na\n### C\nc\n## B\nb\n# D\nd\n",
+            [("A", "a"), ("A › C", "c"), ("A › B", "b"), ("D", "d")],
+            id="levels-skipped-and-popped",
+        ),
+        pytest.param(
+            "Title\n=====\n\nintro\n\nSub\n---\n\nbody\n",
+            [("Title", "intro"), ("Title › Sub", "body")],
+            id="setext",
+        ),
+        pytest.param(
+            "para one\n\n---\n\nafter a rule\n",
+            [(None, "para one\n\n---\n\nafter a rule")],
+            id="thematic-break-is-not-setext",
+        ),
+        pytest.param(
+            "- item\n---\nafter\n",
+            [(None, "- item\n---\nafter")],
+            id="list-item-is-not-setext",
+        ),
+        pytest.param(
+            "## **Bold** heading ###\ntext\n",
+            [("**Bold** heading", "text")],
+            id="closing-hashes",
+        ),
+        pytest.param(
+            "# Only headings\n## Nothing below\n",
+            [],
+            id="all-empty",
+        ),
+        pytest.param(
+            "```\n# unclosed fence\n\n## runs to the end\n",
+            [(None, "```\n# unclosed fence\n\n## runs to the end")],
+            id="unclosed-fence",
+        ),
+        pytest.param(
+            "# A\n```js\nconst a = 1; // ``` inside\n```\n# B\nb\n",
+            [("A", "```js\nconst a = 1; // ``` inside\n```"), ("B", "b")],
+            id="fence-closes-only-on-a-bare-fence",
+        ),
+        pytest.param(
+            "   ### Indented three\nok\n    ### indented four is code\n",
+            [("Indented three", "ok\n    ### indented four is code")],
+            id="atx-indentation",
+        ),
+    ],
+)
+def test_markdown_headings(text, expected):
+    assert titles_and_bodies(drafts_from_text(text, "notes.md")) == expected
+
+
+def test_crlf_bom_and_trailing_whitespace_are_normalised(tmp_path):
+    path = tmp_path / "AGENTS.md"
+    path.write_bytes("\ufeff# Setup   \r\n\r\nRun make.   \r\nThen test.\t\r\n".encode())
+    assert titles_and_bodies(drafts_from_path(path, tmp_path)) == [
+        ("Setup", "Run make.\nThen test.")
+    ]
+
+
+def test_duplicate_headings_get_distinct_stable_ids():
+    text = "## Notes\none\n## Notes\ntwo\n"
+    first, second = drafts_from_text(text, "a.md")
+    assert first.title == second.title == "Notes"
+    assert first.id != second.id
+    assert first.id == draft_id("a.md", ("Notes",), 0)
+    assert second.id == draft_id("a.md", ("Notes",), 1)
+
+
+def test_filling_an_empty_section_does_not_renumber_its_namesakes():
+    before = drafts_from_text("## Notes\n\n## Notes\ntwo\n", "a.md")
+    after = drafts_from_text("## Notes\none\n## Notes\ntwo\n", "a.md")
+    assert [d.id for d in before] == [after[1].id]
+
+
+def test_reimport_is_idempotent_and_ids_follow_source_and_section(tmp_path):
+    path = write(tmp_path / "docs" / "guide.md", CLAUDE_MD)
+    again = drafts_from_path(path, tmp_path)
+    assert drafts_from_path(path, tmp_path) == again
+    assert {d.source for d in again} == {"docs/guide.md"}
+
+    # Editing one section changes that body only; every id stays put.
+    path.write_text(CLAUDE_MD.replace("make release", "make ship"), encoding="utf-8")
+    edited = drafts_from_path(path, tmp_path)
+    assert [d.id for d in edited] == [d.id for d in again]
+    changed = [(a.title, b.body) for a, b in zip(again, edited, strict=True) if a != b]
+    assert changed == [("Project › Deploy", "Deploys go through `make ship`.")]
+
+    # The same file under another path is another set of memories.
+    other = write(tmp_path / "other" / "guide.md", CLAUDE_MD)
+    assert not {d.id for d in drafts_from_path(other, tmp_path)} & {d.id for d in again}
+
+
+def test_empty_and_whitespace_files_yield_nothing(tmp_path):
+    assert drafts_from_path(write(tmp_path / "empty.md", ""), tmp_path) == []
+    assert drafts_from_path(write(tmp_path / "blank.md", "\n  \n\t\n"), tmp_path) == []
+
+
+def test_unknown_text_file_named_explicitly_reads_as_markdown(tmp_path):
+    path = write(tmp_path / "NOTES.txt", "# Release\nTag from main only.\n")
+    assert titles_and_bodies(drafts_from_path(path, tmp_path)) == [
+        ("Release", "Tag from main only.")
+    ]
+
+
+def test_unreadable_files_raise_relay_errors(tmp_path):
+    binary = tmp_path / "blob.md"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(InvalidRequestError, match="not UTF-8"):
+        drafts_from_path(binary, tmp_path)
+    with pytest.raises(InvalidRequestError, match="cannot read"):
+        drafts_from_path(tmp_path / "missing.md", tmp_path)
+
+
+# --- sizes ---------------------------------------------------------------------------------
+
+
+def test_long_sections_are_split_into_titled_parts(tmp_path):
+    paragraph = ("Keep migrations reversible and small. " * 40).strip()
+    code = "```sql\n" + "\n".join(f"-- step {i}" for i in range(50)) + "\n```"
+    blocks = [paragraph] * 30 + [code] + [paragraph] * 20
+    body = "\n\n".join(blocks)
+    assert len(body) > 2 * MAX_BODY_CHARS
+    path = write(tmp_path / "big.md", "# Migrations\n\n" + body + "\n\n# After\nshort\n")
+
+    drafts = drafts_from_path(path, tmp_path)
+    parts = [d for d in drafts if d.title != "After"]
+    assert len(parts) >= 3
+    assert [d.title for d in parts] == [f"Migrations (part {i})" for i in range(1, len(parts) + 1)]
+    assert all(len(d.body) <= MAX_BODY_CHARS for d in parts)
+    assert "\n\n".join(d.body for d in parts) == body  # nothing lost, cuts between paragraphs
+    assert any(code in d.body for d in parts)  # a code block that fits is never cut
+    assert parts[0].id == draft_id("big.md", ("Migrations",), 0)  # part 1 keeps the section id
+    assert len({d.id for d in drafts}) == len(drafts)
+    assert drafts[-1].title == "After"
+
+
+def test_split_long_falls_back_to_lines_then_characters():
+    lines = "\n".join("x" * 90 for _ in range(30))  # one 2,729-char paragraph
+    parts = split_long(lines, 1000)
+    assert all(len(p) <= 1000 for p in parts)
+    assert "\n".join(parts) == lines
+    one_line = "y" * 2500
+    assert split_long(one_line, 1000) == ["y" * 1000, "y" * 1000, "y" * 500]
+    assert split_long("short", 1000) == ["short"]
+
+
+def test_preamble_too_long_gets_part_titles():
+    drafts = drafts_from_text(("word " * 4000).strip(), "notes.md")
+    assert [d.title for d in drafts] == ["Part 1", "Part 2"]
+
+
+# --- .cursorrules --------------------------------------------------------------------------
+
+CURSORRULES = """\
+You are an expert in Python, FastAPI and scalable API development.
+
+Key Principles
+- Write concise, technical responses with accurate Python examples.
+- Prefer iteration and modularization
+  over code duplication.
+  - Nested detail stays with its rule.
+- Use this pattern for routers:
+  ```python
+  # not a heading, not a new rule
+  - not a bullet either
+  ```
+
+Error Handling:
+* Handle errors at the beginning of functions.
+* Use guard clauses.
+
+Performance is a feature; measure it before and after every change.
+
+## Testing
+1. Use pytest with fixtures.
+2) Keep tests hermetic.
+"""
+
+
+def test_bullet_style_cursorrules_one_memory_per_rule(tmp_path):
+    path = write(tmp_path / ".cursorrules", CURSORRULES)
+    drafts = drafts_from_path(path, tmp_path)
+    assert titles_and_bodies(drafts) == [
+        (None, "You are an expert in Python, FastAPI and scalable API development."),
+        ("Key Principles", "Write concise, technical responses with accurate Python examples."),
+        (
+            "Key Principles",
+            "Prefer iteration and modularization\nover code duplication.\n"
+            "- Nested detail stays with its rule.",
+        ),
+        (
+            "Key Principles",
+            "Use this pattern for routers:\n```python\n# not a heading, not a new rule\n"
+            "- not a bullet either\n```",
+        ),
+        ("Error Handling", "Handle errors at the beginning of functions."),
+        ("Error Handling", "Use guard clauses."),
+        (None, "Performance is a feature; measure it before and after every change."),
+        ("Testing", "Use pytest with fixtures."),
+        ("Testing", "Keep tests hermetic."),
+    ]
+    assert {d.source for d in drafts} == {".cursorrules"}
+    assert len({d.id for d in drafts}) == len(drafts)
+
+
+def test_indented_bullets_under_labels_are_top_level_rules():
+    text = "Style\n  - Use ruff.\n  - Use mypy.\n\nNaming\n  - snake_case functions.\n"
+    assert titles_and_bodies(drafts_from_text(text, ".cursorrules", rules=True)) == [
+        ("Style", "Use ruff."),
+        ("Style", "Use mypy."),
+        ("Naming", "snake_case functions."),
+    ]
+
+
+def test_prose_cursorrules_is_split_by_section():
+    text = (
+        "You are a senior engineer.\n\nWrite small functions. Prefer clarity.\n\n"
+        "# Testing\nTests run with pytest.\n- one list item does not make it bullet-style\n"
+    )
+    assert titles_and_bodies(drafts_from_text(text, ".cursorrules", rules=True)) == [
+        (None, "You are a senior engineer.\n\nWrite small functions. Prefer clarity."),
+        ("Testing", "Tests run with pytest.\n- one list item does not make it bullet-style"),
+    ]
+
+
+def test_markdown_files_are_never_split_per_bullet():
+    text = "# Rules\n- one\n- two\n- three\n"
+    assert titles_and_bodies(drafts_from_text(text, "AGENTS.md")) == [
+        ("Rules", "- one\n- two\n- three")
+    ]
+
+
+def test_real_cursorrules_round_trip_one_rule_per_memory():
+    """Every rule file of the benchmark, rebuilt as a .cursorrules, yields its rules exactly."""
+    path = BENCH / "cursorrules_bullets" / "memories.jsonl"
+    if not path.exists():
+        pytest.skip(f"benchmark data not present at {path}")
+    by_file: dict[str, list[dict]] = defaultdict(list)
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        by_file[record["meta"]["file"]].append(record)
+    assert len(by_file) == 207
+    all_ids: set[str] = set()
+    for name, records in by_file.items():
+        lines: list[str] = []
+        heading: object = object()
+        for record in records:
+            if record["meta"].get("heading") != heading:
+                heading = record["meta"].get("heading")
+                if heading:
+                    lines += ["", f"## {heading}", ""]
+            lines.append(f"- {record['text']}")
+        source = f"{name}/.cursorrules"
+        drafts = drafts_from_text("\n".join(lines), source, rules=True)
+        expected = [(r["meta"].get("heading") or None, r["text"]) for r in records]
+        assert titles_and_bodies(drafts) == expected, name
+        all_ids |= {d.id for d in drafts}
+    assert len(all_ids) == sum(len(r) for r in by_file.values())
+
+
+# --- .mdc ----------------------------------------------------------------------------------
+
+MDC = """\
+---
+description: React component conventions
+globs: src/components/**/*.{ts,tsx}, app/*.tsx
+alwaysApply: true
+---
+
+- Use function components with hooks.
+- Keep components under 200 lines.
+
+## Styling
+- Tailwind only; no CSS modules.
+- Use design tokens.
+"""
+
+
+def test_mdc_front_matter_becomes_title_context_and_tags(tmp_path):
+    path = write(tmp_path / ".cursor" / "rules" / "react.mdc", MDC)
+    drafts = drafts_from_path(path, tmp_path)
+    assert titles_and_bodies(drafts) == [
+        ("React component conventions", "Use function components with hooks."),
+        ("React component conventions", "Keep components under 200 lines."),
+        ("React component conventions › Styling", "Tailwind only; no CSS modules."),
+        ("React component conventions › Styling", "Use design tokens."),
+    ]
+    assert {d.tags for d in drafts} == {
+        ("glob:src/components/**/*.{ts,tsx}", "glob:app/*.tsx", "always-apply")
+    }
+    assert {d.source for d in drafts} == {".cursor/rules/react.mdc"}
+
+
+def test_mdc_description_does_not_change_ids():
+    before = drafts_from_text(MDC, "r.mdc", rules=True)
+    after = drafts_from_text(MDC.replace("React component", "UI"), "r.mdc", rules=True)
+    assert [d.id for d in before] == [d.id for d in after]
+    assert after[0].title == "UI conventions"
+
+
+def test_mdc_without_bullets_is_split_by_section():
+    text = (
+        "---\ndescription: 'API errors'\nglobs:\nalwaysApply: false\n---\n"
+        "# Errors\nReturn one JSON error shape.\n\n# Logging\nLog at the boundary.\n"
+    )
+    drafts = drafts_from_text(text, "errors.mdc", rules=True)
+    assert titles_and_bodies(drafts) == [
+        ("API errors › Errors", "Return one JSON error shape."),
+        ("API errors › Logging", "Log at the boundary."),
+    ]
+    assert all(d.tags == () for d in drafts)
+
+
+@pytest.mark.parametrize(
+    ("front", "meta"),
+    [
+        pytest.param(
+            "description: Plain\nglobs: a/*.py\nalwaysApply: false",
+            {"description": "Plain", "globs": "a/*.py", "alwaysApply": "false"},
+            id="scalars",
+        ),
+        pytest.param(
+            'description: "Quoted: with colon"\nglobs: [\'*.ts\', "src/**/*.{js,jsx}"]',
+            {"description": "Quoted: with colon", "globs": ["*.ts", "src/**/*.{js,jsx}"]},
+            id="flow-list",
+        ),
+        pytest.param(
+            "globs:\n  - '*.py'\n  - tests/**\n# a comment\ndescription: >\n  Folded\n  text",
+            {"globs": ["*.py", "tests/**"], "description": "Folded text"},
+            id="block-list-and-folded-scalar",
+        ),
+    ],
+)
+def test_front_matter_without_yaml(front, meta):
+    parsed, body = split_front_matter(f"---\n{front}\n---\nbody")
+    assert parsed == meta
+    assert body == "body"
+
+
+def test_front_matter_needs_both_fences():
+    text = "---\ndescription: never closed\n\n- rule"
+    assert split_front_matter(text) == ({}, text)
+    assert split_front_matter("no front matter\n---\n") == ({}, "no front matter\n---\n")
+
+
+def test_globs_that_cannot_be_tags_are_dropped():
+    text = "---\nglobs: src/my dir/*.ts, ok/*.ts\n---\n- rule one\n- rule two\n"
+    assert {d.tags for d in drafts_from_text(text, "x.mdc", rules=True)} == {("glob:ok/*.ts",)}
+
+
+def test_long_description_is_shortened_in_titles():
+    text = "---\ndescription: " + "very " * 40 + "long\n---\n# Section\nbody\n"
+    (draft,) = drafts_from_text(text, "x.mdc", rules=True)
+    context, section = draft.title.split(" › ")
+    assert len(context) <= 80 and context.endswith("…")
+    assert section == "Section"
+
+
+# --- every draft is a valid write ----------------------------------------------------------
+
+
+def test_drafts_pass_write_hygiene(tmp_path):
+    write(tmp_path / "CLAUDE.md", CLAUDE_MD)
+    write(tmp_path / ".cursorrules", CURSORRULES)
+    write(tmp_path / ".cursor" / "rules" / "react.mdc", MDC)
+    write(tmp_path / "docs" / "big.md", "# " + "Long heading " * 30 + "\n" + "text " * 5000)
+    drafts = [d for f in iter_import_files([tmp_path]) for d in drafts_from_path(f, tmp_path)]
+    assert len(drafts) > 15
+    for d in drafts:
+        assert check_body(d.body) == d.body
+        assert check_title(d.title) == d.title
+        assert check_source(d.source) == d.source
+        assert check_tags(d.tags) == d.tags
+
+
+# --- sources and file discovery ------------------------------------------------------------
+
+
+def test_source_is_relative_posix(tmp_path, monkeypatch):
+    nested = write(tmp_path / "a" / "b" / "AGENTS.md", "x")
+    assert source_for(nested, tmp_path) == "a/b/AGENTS.md"
+    assert source_for(nested, tmp_path / "a") == "b/AGENTS.md"
+    with pytest.raises(InvalidRequestError, match="not inside"):
+        source_for(nested, tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path / "a")
+    assert source_for(Path("b/AGENTS.md")) == "b/AGENTS.md"
+    assert source_for(Path("./b/../b/AGENTS.md")) == "b/AGENTS.md"
+    assert source_for(nested) == "b/AGENTS.md"  # absolute, under the working directory
+    link = tmp_path / "a" / "linked.md"
+    link.symlink_to(write(tmp_path / "target.md", "x"))
+    assert source_for(link, tmp_path / "a") == "linked.md"  # recorded where it sits
+    outside = write(tmp_path / "z" / "CLAUDE.md", "x")
+    assert source_for(outside) == "CLAUDE.md"  # never an absolute path from this machine
+
+
+def test_iter_import_files_expands_directories(tmp_path):
+    for rel in [
+        "README.md",
+        "CLAUDE.md",
+        ".cursorrules",
+        "docs/guide.markdown",
+        "docs/z.md",
+        "docs/Upper.MD",
+        "docs/notes.txt",
+        ".cursor/rules/react.mdc",
+        ".cursor/rules/sub/api.mdc",
+        ".cursor/other.md",
+        ".github/copilot-instructions.md",
+        ".git/info.md",
+        ".venv/lib/pkg/README.md",
+        "venv/README.md",
+        "node_modules/pkg/README.md",
+        "web/node_modules/pkg/README.md",
+        ".hidden/notes.md",
+        "pkg/.secret.md",
+        "pkg/__pycache__/x.md",
+    ]:
+        write(tmp_path / rel, "# x\ny\n")
+    found = [p.relative_to(tmp_path).as_posix() for p in iter_import_files([tmp_path])]
+    assert found == [
+        ".cursor/rules/react.mdc",
+        ".cursor/rules/sub/api.mdc",
+        ".cursorrules",
+        ".github/copilot-instructions.md",
+        "CLAUDE.md",
+        "README.md",
+        "docs/Upper.MD",
+        "docs/guide.markdown",
+        "docs/z.md",
+    ]
+
+
+def test_iter_import_files_explicit_files_order_and_duplicates(tmp_path):
+    a = write(tmp_path / "b" / "a.md", "a")
+    txt = write(tmp_path / "notes.txt", "n")
+    write(tmp_path / "b" / "c.md", "c")
+    found = list(iter_import_files([txt, tmp_path / "b", a]))
+    assert found == [txt, a, tmp_path / "b" / "c.md"]  # given order; each file once
+    with pytest.raises(InvalidRequestError, match="no such file"):
+        list(iter_import_files([tmp_path / "missing"]))
+
+
+def test_symlinked_directories_are_not_followed(tmp_path):
+    write(tmp_path / "docs" / "a.md", "a")
+    (tmp_path / "docs" / "loop").symlink_to(tmp_path / "docs", target_is_directory=True)
+    assert list(iter_import_files([tmp_path])) == [tmp_path / "docs" / "a.md"]
