@@ -42,7 +42,7 @@ ALLOWED_HIDDEN = frozenset({".github", ".cursor"})
 
 
 @dataclass(frozen=True)
-class MemoryDraft:
+class ImportDraft:
     """One memory parsed from a file, before validation and storage."""
 
     id: str
@@ -124,7 +124,7 @@ def source_for(path: Path, root: Path | None = None) -> str:
         return path.name  # never record an absolute path from someone's machine
 
 
-def drafts_from_path(path: Path, root: Path | None = None) -> list[MemoryDraft]:
+def drafts_from_path(path: Path, root: Path | None = None) -> list[ImportDraft]:
     """Parse one file into memory drafts, in document order."""
     path = Path(path)
     try:
@@ -138,7 +138,7 @@ def drafts_from_path(path: Path, root: Path | None = None) -> list[MemoryDraft]:
     return drafts_from_text(text, source, rules=rule_file)
 
 
-def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[MemoryDraft]:
+def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[ImportDraft]:
     """Parse file contents into drafts; `rules` reads bullet-style rule files one rule each."""
     meta, body = split_front_matter(normalize_text(text))
     context = _title_context(meta)
@@ -148,7 +148,7 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Mem
         units = [unit for section in sections for unit in _rule_units(section)]
     else:
         units = sections
-    drafts: list[MemoryDraft] = []
+    drafts: list[ImportDraft] = []
     ordinals: dict[tuple[str, ...], int] = {}
     for heading_path, unit_body in units:
         # Counted before empty units are skipped, so filling in an empty section later
@@ -162,7 +162,7 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Mem
         for number, part in enumerate(parts, start=1):
             title = _title(context, heading_path, number if len(parts) > 1 else None)
             drafts.append(
-                MemoryDraft(
+                ImportDraft(
                     id=draft_id(source, heading_path, ordinal, number),
                     title=title,
                     body=part,

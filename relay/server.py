@@ -69,6 +69,18 @@ class Services:
     metrics: Metrics
 
 
+def build_services(conf: dict[str, Any]) -> Services:
+    """Open the store, load the embedding model and wire the search pipeline for `conf`."""
+    from relay.cache import ResultCache
+    from relay.embedding import load_embedder
+    from relay.store import open_store
+
+    store = open_store(conf["db"])
+    embedder = load_embedder(conf["embedder"], conf["embed_threads"])
+    cache = ResultCache(conf["cache_entries"]) if conf["cache_entries"] > 0 else None
+    return Services(store, Searcher(store, embedder, cache=cache), embedder, Metrics())
+
+
 # -- request bodies -------------------------------------------------------------
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -91,6 +103,10 @@ class MemoryBody(_Body):
     valid_until: datetime | None = None
     supersedes: list[str] | None = Field(None, max_length=64)
     pinned: bool = False
+
+
+class MemoryBatch(_Body):
+    items: list[MemoryBody] = Field(min_length=1, max_length=256)
 
 
 class MemoryPatch(_Body):
@@ -246,12 +262,39 @@ def create_app(services: Services) -> FastAPI:
     @app.post("/v1/memories", status_code=201, tags=["memories"])
     def create_memory(body: MemoryBody, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:write")
-        draft = writes.draft_from_fields(body.model_dump())
+        draft = writes.draft_from_fields(body.model_dump(), store.known_audiences(p.org_id))
         memory_id = body.id or writes.new_memory_id()
         memory, _ = writes.save(
             store, services.embedder, p.org_id, memory_id, draft, p.key_id, "create"
         )
         return memory.to_dict()
+
+    @app.post("/v1/memories/batch", tags=["memories"])
+    def upsert_memories(body: MemoryBatch, p: Auth) -> dict[str, Any]:
+        """Create or update many memories at once (imports): every item is checked first,
+        then all are written in one transaction; an unchanged item makes no new revision."""
+        auth.require(p, "memory:write")
+        items = []
+        known = store.known_audiences(p.org_id)
+        for i, item in enumerate(body.items):
+            if not item.id:
+                raise InvalidRequestError(f"items.{i}.id: a batch item needs an id")
+            try:
+                items.append((item.id, writes.draft_from_fields(item.model_dump(), known)))
+            except RelayError as exc:
+                exc.message = f"items.{i}: {exc.message}"
+                raise
+        written, unchanged = writes.save_many(
+            store,
+            services.embedder,
+            p.org_id,
+            items,
+            p.key_id,
+            "upsert",
+            batch=len(items),
+            audiences=_management_view(p),
+        )
+        return {"written": written, "unchanged": unchanged}
 
     @app.get("/v1/memories", tags=["memories"])
     def list_memories(
@@ -276,7 +319,7 @@ def create_app(services: Services) -> FastAPI:
         current = store.get_memory(p.org_id, memory_id, _management_view(p))
         fields = current.to_dict()
         fields.update(body.model_dump(exclude_unset=True, exclude={"expected_revision"}))
-        draft = writes.draft_from_fields(fields)
+        draft = writes.draft_from_fields(fields, store.known_audiences(p.org_id))
         memory, _ = writes.save(
             store,
             services.embedder,

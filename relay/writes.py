@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
-
 from relay import hygiene
 from relay.embedding import Embedder
 from relay.errors import InvalidRequestError
@@ -31,8 +29,14 @@ def new_memory_id() -> str:
     return "mem_" + secrets.token_hex(8)
 
 
-def draft_from_fields(fields: Mapping[str, Any], now: datetime | None = None) -> MemoryDraft:
-    """Check every user-supplied field; the one place a write is judged."""
+def draft_from_fields(
+    fields: Mapping[str, Any], known_audiences: set[str] | None = None, now: datetime | None = None
+) -> MemoryDraft:
+    """Check every user-supplied field; the one place a write is judged.
+
+    `known_audiences` are the roles the org's keys carry; an audience outside them would
+    hide the memory from everyone, so it is refused.
+    """
     now = now or datetime.now(UTC)
     audiences = fields.get("audiences") or [EVERYONE]
     supersedes = fields.get("supersedes") or []
@@ -42,8 +46,8 @@ def draft_from_fields(fields: Mapping[str, Any], now: datetime | None = None) ->
         body=hygiene.check_body(fields.get("body") or ""),
         title=hygiene.check_title(fields.get("title")),
         source=hygiene.check_source(fields.get("source")),
-        audiences=tuple(hygiene.check_audiences(audiences, None)),
-        tags=tuple(hygiene.check_tags(fields.get("tags") or [])),
+        audiences=hygiene.check_audiences(audiences, known_audiences),
+        tags=hygiene.check_tags(fields.get("tags") or []),
         valid_until=hygiene.check_valid_until(fields.get("valid_until"), now),
         supersedes=tuple(dict.fromkeys(supersedes)),
         pinned=bool(fields.get("pinned", False)),
@@ -127,21 +131,18 @@ def save_many(
     mode: SaveMode = "upsert",
     progress: Callable[[int], None] | None = None,
     batch: int = 512,
+    audiences: frozenset[str] | None = None,
 ) -> tuple[int, int]:
     """Bulk write (import, benchmarks): returns (written, unchanged)."""
     written = unchanged = 0
     for start in range(0, len(items), batch):
         chunk = items[start : start + batch]
-        for write in prepare(store, embedder, chunk):
-            _, changed = store.save_memory(
-                org_id, write.memory_id, write.draft, author, write.passages, mode
-            )
-            written += changed
-            unchanged += not changed
+        prepared = prepare(store, embedder, chunk)
+        saved = store.save_memories(
+            org_id, [(w.memory_id, w.draft, w.passages) for w in prepared], author, mode, audiences
+        )
+        written += sum(changed for _, changed in saved)
+        unchanged += sum(not changed for _, changed in saved)
         if progress:
             progress(len(chunk))
     return written, unchanged
-
-
-def vector_of(passage_embedding: bytes) -> np.ndarray:
-    return np.frombuffer(passage_embedding, dtype="<f4")

@@ -17,7 +17,7 @@ from relay.hygiene import (
     check_title,
 )
 from relay.importer import (
-    MemoryDraft,
+    ImportDraft,
     draft_id,
     drafts_from_path,
     drafts_from_text,
@@ -75,7 +75,7 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def titles_and_bodies(drafts: list[MemoryDraft]) -> list[tuple[str | None, str]]:
+def titles_and_bodies(drafts: list[ImportDraft]) -> list[tuple[str | None, str]]:
     return [(d.title, d.body) for d in drafts]
 
 

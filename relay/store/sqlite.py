@@ -290,6 +290,20 @@ class SQLiteStore:
             row = conn.execute("SELECT * FROM api_keys WHERE id = ?", (key_id,)).fetchone()
         return _key(row)
 
+    def known_audiences(self, org_id: str) -> set[str]:
+        """The roles that some live key of the org carries: the audiences a memory may name."""
+        with translate_errors():
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT DISTINCT value FROM api_keys, json_each(api_keys.roles)"
+                    " WHERE org_id = ? AND revoked_at IS NULL",
+                    (org_id,),
+                )
+                .fetchall()
+            )
+        return {r[0] for r in rows}
+
     # -- memories ------------------------------------------------------------
     def save_memory(
         self,
@@ -302,122 +316,152 @@ class SQLiteStore:
         expected_revision: int | None = None,
         audiences: frozenset[str] | None = None,
     ) -> tuple[Memory, bool]:
-        now = time.time()
         with self._write() as conn:
-            row = conn.execute(
+            return self._save(
+                conn, org_id, memory_id, draft, author, passages, mode, expected_revision, audiences
+            )
+
+    def save_memories(
+        self,
+        org_id: str,
+        items: Sequence[tuple[str, MemoryDraft, Sequence[PassageInput]]],
+        author: str | None,
+        mode: SaveMode,
+        audiences: frozenset[str] | None = None,
+    ) -> list[tuple[Memory, bool]]:
+        """Many writes in one transaction: all land, or none do."""
+        with self._write() as conn:
+            return [
+                self._save(conn, org_id, memory_id, draft, author, passages, mode, None, audiences)
+                for memory_id, draft, passages in items
+            ]
+
+    def _save(
+        self,
+        conn: sqlite3.Connection,
+        org_id: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        author: str | None,
+        passages: Sequence[PassageInput],
+        mode: SaveMode,
+        expected_revision: int | None = None,
+        audiences: frozenset[str] | None = None,
+    ) -> tuple[Memory, bool]:
+        now = time.time()
+        row = conn.execute(
+            "SELECT * FROM memories WHERE org_id = ? AND id = ?", (org_id, memory_id)
+        ).fetchone()
+        current = None if row is None else _memory(row)
+        if row is not None and row["deleted_at"] is not None:
+            raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
+        if (
+            current is not None
+            and audiences is not None
+            and not (set(current.audiences) & (audiences | {EVERYONE}))
+        ):
+            # Invisible to this writer: answer exactly as if it did not exist.
+            raise NotFoundError(f"no memory {memory_id!r}")
+        if mode == "create" and current is not None:
+            raise ConflictError(f"memory {memory_id!r} already exists")
+        if mode == "edit" and current is None:
+            raise NotFoundError(f"no memory {memory_id!r}")
+        if expected_revision is not None and (
+            current is None or current.revision != expected_revision
+        ):
+            have = None if current is None else current.revision
+            raise ConflictError(
+                f"memory {memory_id!r} is at revision {have}, not {expected_revision}"
+            )
+        self._check_supersedes(conn, org_id, memory_id, draft.supersedes)
+        if current is not None and _same_content(current, draft):
+            return current, False
+        revision = 1 if current is None else current.revision + 1
+        created = now if current is None else _ts(current.created_at)
+        values = {
+            "org_id": org_id,
+            "id": memory_id,
+            "revision": revision,
+            "title": draft.title,
+            "body": draft.body,
+            "source": draft.source,
+            "tags": json.dumps(list(draft.tags)),
+            "audiences": json.dumps(list(draft.audiences)),
+            "author": author,
+            "created_at": created,
+            "updated_at": now,
+            "valid_until": _ts(draft.valid_until),
+            "supersedes": json.dumps(list(draft.supersedes)),
+            "pinned": int(draft.pinned),
+        }
+        conn.execute(
+            "INSERT INTO memories (org_id, id, revision, title, body, source, tags, audiences,"
+            " author, created_at, updated_at, valid_until, supersedes, pinned) VALUES"
+            " (:org_id, :id, :revision, :title, :body, :source, :tags, :audiences, :author,"
+            " :created_at, :updated_at, :valid_until, :supersedes, :pinned)"
+            " ON CONFLICT (org_id, id) DO UPDATE SET revision = :revision, title = :title,"
+            " body = :body, source = :source, tags = :tags, audiences = :audiences,"
+            " author = :author, updated_at = :updated_at, valid_until = :valid_until,"
+            " supersedes = :supersedes, pinned = :pinned",
+            values,
+        )
+        conn.execute(
+            "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author,"
+            " title, body, source, tags, audiences, valid_until, supersedes) VALUES"
+            " (:org_id, :id, :revision, :action, :updated_at, :author, :title, :body, :source,"
+            " :tags, :audiences, :valid_until, :supersedes)",
+            {**values, "action": "create" if current is None else "edit"},
+        )
+        conn.execute(
+            "DELETE FROM memory_audiences WHERE org_id = ? AND memory_id = ?",
+            (org_id, memory_id),
+        )
+        conn.executemany(
+            "INSERT INTO memory_audiences VALUES (?, ?, ?)",
+            [(org_id, memory_id, a) for a in sorted(set(draft.audiences))],
+        )
+        old = [
+            r["lexical"]
+            for r in conn.execute(
+                "SELECT lexical FROM passages WHERE org_id = ? AND memory_id = ?",
+                (org_id, memory_id),
+            )
+        ]
+        conn.execute("DELETE FROM passages WHERE org_id = ? AND memory_id = ?", (org_id, memory_id))
+        conn.executemany(
+            "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical, content_hash,"
+            " embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    org_id,
+                    memory_id,
+                    revision,
+                    p.seq,
+                    p.text,
+                    p.lexical,
+                    p.content_hash,
+                    p.embedding,
+                )
+                for p in passages
+            ],
+        )
+        _update_terms(conn, org_id, removed=old, added=[p.lexical for p in passages])
+        # Supersession is a relation between live memories: recompute both directions.
+        conn.execute(
+            "UPDATE memories SET superseded_by = NULL WHERE org_id = ? AND superseded_by = ?",
+            (org_id, memory_id),
+        )
+        conn.executemany(
+            "UPDATE memories SET superseded_by = ? WHERE org_id = ? AND id = ?",
+            [(memory_id, org_id, target) for target in draft.supersedes],
+        )
+        _bump(conn, org_id)
+        saved = _memory(
+            conn.execute(
                 "SELECT * FROM memories WHERE org_id = ? AND id = ?", (org_id, memory_id)
             ).fetchone()
-            current = None if row is None else _memory(row)
-            if row is not None and row["deleted_at"] is not None:
-                raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
-            if (
-                current is not None
-                and audiences is not None
-                and not (set(current.audiences) & (audiences | {EVERYONE}))
-            ):
-                # Invisible to this writer: answer exactly as if it did not exist.
-                raise NotFoundError(f"no memory {memory_id!r}")
-            if mode == "create" and current is not None:
-                raise ConflictError(f"memory {memory_id!r} already exists")
-            if mode == "edit" and current is None:
-                raise NotFoundError(f"no memory {memory_id!r}")
-            if expected_revision is not None and (
-                current is None or current.revision != expected_revision
-            ):
-                have = None if current is None else current.revision
-                raise ConflictError(
-                    f"memory {memory_id!r} is at revision {have}, not {expected_revision}"
-                )
-            self._check_supersedes(conn, org_id, memory_id, draft.supersedes)
-            if current is not None and _same_content(current, draft):
-                return current, False
-            revision = 1 if current is None else current.revision + 1
-            created = now if current is None else _ts(current.created_at)
-            values = {
-                "org_id": org_id,
-                "id": memory_id,
-                "revision": revision,
-                "title": draft.title,
-                "body": draft.body,
-                "source": draft.source,
-                "tags": json.dumps(list(draft.tags)),
-                "audiences": json.dumps(list(draft.audiences)),
-                "author": author,
-                "created_at": created,
-                "updated_at": now,
-                "valid_until": _ts(draft.valid_until),
-                "supersedes": json.dumps(list(draft.supersedes)),
-                "pinned": int(draft.pinned),
-            }
-            conn.execute(
-                "INSERT INTO memories (org_id, id, revision, title, body, source, tags, audiences,"
-                " author, created_at, updated_at, valid_until, supersedes, pinned) VALUES"
-                " (:org_id, :id, :revision, :title, :body, :source, :tags, :audiences, :author,"
-                " :created_at, :updated_at, :valid_until, :supersedes, :pinned)"
-                " ON CONFLICT (org_id, id) DO UPDATE SET revision = :revision, title = :title,"
-                " body = :body, source = :source, tags = :tags, audiences = :audiences,"
-                " author = :author, updated_at = :updated_at, valid_until = :valid_until,"
-                " supersedes = :supersedes, pinned = :pinned",
-                values,
-            )
-            conn.execute(
-                "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author,"
-                " title, body, source, tags, audiences, valid_until, supersedes) VALUES"
-                " (:org_id, :id, :revision, :action, :updated_at, :author, :title, :body, :source,"
-                " :tags, :audiences, :valid_until, :supersedes)",
-                {**values, "action": "create" if current is None else "edit"},
-            )
-            conn.execute(
-                "DELETE FROM memory_audiences WHERE org_id = ? AND memory_id = ?",
-                (org_id, memory_id),
-            )
-            conn.executemany(
-                "INSERT INTO memory_audiences VALUES (?, ?, ?)",
-                [(org_id, memory_id, a) for a in sorted(set(draft.audiences))],
-            )
-            old = [
-                r["lexical"]
-                for r in conn.execute(
-                    "SELECT lexical FROM passages WHERE org_id = ? AND memory_id = ?",
-                    (org_id, memory_id),
-                )
-            ]
-            conn.execute(
-                "DELETE FROM passages WHERE org_id = ? AND memory_id = ?", (org_id, memory_id)
-            )
-            conn.executemany(
-                "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical, content_hash,"
-                " embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        org_id,
-                        memory_id,
-                        revision,
-                        p.seq,
-                        p.text,
-                        p.lexical,
-                        p.content_hash,
-                        p.embedding,
-                    )
-                    for p in passages
-                ],
-            )
-            _update_terms(conn, org_id, removed=old, added=[p.lexical for p in passages])
-            # Supersession is a relation between live memories: recompute both directions.
-            conn.execute(
-                "UPDATE memories SET superseded_by = NULL WHERE org_id = ? AND superseded_by = ?",
-                (org_id, memory_id),
-            )
-            conn.executemany(
-                "UPDATE memories SET superseded_by = ? WHERE org_id = ? AND id = ?",
-                [(memory_id, org_id, target) for target in draft.supersedes],
-            )
-            _bump(conn, org_id)
-            saved = _memory(
-                conn.execute(
-                    "SELECT * FROM memories WHERE org_id = ? AND id = ?", (org_id, memory_id)
-                ).fetchone()
-            )
+        )
+
         return saved, True
 
     def _check_supersedes(

@@ -1,0 +1,183 @@
+"""`relay bench search`: search latency and memory at scale on one organisation.
+
+The corpus is `cursorrules_bullets` replicated to N memories (each distinct
+text is embedded once; copies reuse the cached vector, as re-imports do). The
+queries are the developer prompts of `coding_prompts` plus the rule-file
+descriptions of `cursorrules_bullets`. Search time is measured in-process
+through the real pipeline (cache off); the HTTP round trip is measured against
+a real `relay serve` on loopback, one fresh connection per request as the hook
+makes it; RSS is the server process's resident memory after the run.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relay.auth import mint_key
+from relay.bench_recall import percentiles, read_jsonl
+from relay.embedding import Embedder
+from relay.models import MemoryDraft, Principal
+from relay.search import Searcher
+from relay.store import Store, open_store
+from relay.writes import save_many
+
+BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "bench"
+
+
+def corpus(bench: Path) -> list[MemoryDraft]:
+    rows = list(read_jsonl(bench / "cursorrules_bullets" / "memories.jsonl"))
+    return [
+        MemoryDraft(
+            body=r["text"],
+            title=(r.get("meta") or {}).get("heading"),
+            source=f"rules/{(r.get('meta') or {}).get('file', 'unknown')}",
+        )
+        for r in rows
+    ]
+
+
+def queries(bench: Path) -> list[str]:
+    out = [q["query"] for q in read_jsonl(bench / "coding_prompts" / "queries.jsonl")]
+    out += [q["query"] for q in read_jsonl(bench / "cursorrules_bullets" / "queries.jsonl")]
+    return out
+
+
+def populate(
+    store: Store, embedder: Embedder, n: int, bench: Path, progress: Callable[[str], None] | None
+) -> tuple[Principal, str]:
+    """One org of `n` memories; returns a read principal and its key secret."""
+    org = store.create_org("bench")
+    minted = mint_key(store, org.id, "bench", frozenset({"memory:read"}), frozenset())
+    base = corpus(bench)
+    items = [(f"m{i}", base[i % len(base)]) for i in range(n)]
+    t = time.perf_counter()
+    done = 0
+
+    def tick(k: int) -> None:
+        nonlocal done
+        done += k
+        if progress and done % 10_000 < k:
+            progress(f"{done}/{n} memories, {done / (time.perf_counter() - t):.0f}/s")
+
+    save_many(store, embedder, org.id, items, "bench", progress=tick, batch=1000)
+    principal = Principal(org.id, minted.key.id, minted.key.scopes, minted.key.roles)
+    return principal, minted.secret
+
+
+def http_round_trips(url: str, key: str, texts: list[str], deadline_ms: int = 300) -> list[float]:
+    host, port = url.removeprefix("http://").split(":")
+    times = []
+    for text in texts:
+        body = json.dumps({"query": text, "k": 5, "deadline_ms": deadline_ms})
+        t = time.perf_counter()
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.request(
+            "POST",
+            "/v1/search",
+            body,
+            {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        times.append((time.perf_counter() - t) * 1000)
+        if resp.status != 200:
+            raise RuntimeError(f"search failed with HTTP {resp.status}")
+    return times
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def serve(db: str, port: int) -> subprocess.Popen:
+    env = {**os.environ, "RELAY_DB": db, "RELAY_PORT": str(port), "RELAY_LOG_LEVEL": "warning"}
+    relay = Path(sys.executable).parent / "relay"
+    return subprocess.Popen(
+        [str(relay), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def wait_healthy(port: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("server did not become healthy")
+
+
+def run(
+    n: int,
+    embedder: Embedder,
+    bench: Path = BENCH,
+    db: str | None = None,
+    port: int = 0,
+    progress: Callable[[str], None] | None = None,
+    rounds: int = 2,
+) -> dict[str, Any]:
+    tmp = None
+    if db is None:
+        tmp = tempfile.TemporaryDirectory(prefix="relay-bench-search-")
+        db = str(Path(tmp.name) / "bench.db")
+    store = open_store(db)
+    try:
+        t = time.perf_counter()
+        principal, secret = populate(store, embedder, n, bench, progress)
+        ingest_s = time.perf_counter() - t
+        texts = queries(bench)
+        searcher = Searcher(store, embedder)
+        searcher.search(principal, texts[0], use_cache=False)  # warm the vector index
+        times = []
+        for _ in range(rounds):
+            for q in texts:
+                r = searcher.search(principal, q, k=5, deadline_ms=10_000, use_cache=False)
+                times.append(r.took_ms)
+        searcher.close()
+    finally:
+        store.close()
+    if not port:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    proc = serve(db, port)
+    try:
+        wait_healthy(port)
+        url = f"http://127.0.0.1:{port}"
+        http_round_trips(url, secret, texts[:20])  # warm-up: index build, first connections
+        http_times = []
+        for _ in range(rounds):
+            http_times += http_round_trips(url, secret, texts)
+        rss = rss_mb(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if tmp is not None:
+            tmp.cleanup()
+    return {
+        "memories": n,
+        "queries": len(times),
+        "ingest_per_s": round(n / ingest_s, 1),
+        "search_ms": percentiles(times),
+        "http_ms": percentiles(http_times),
+        "rss_mb": round(rss, 1),
+    }

@@ -1,0 +1,554 @@
+"""The `relay` command.
+
+Server-side administration (`serve`, `org`, `key`) works on the database
+directly (`--db` / RELAY_DB); everything about memories talks to a running
+server over HTTP with the user's key (`--url`/`--key`, RELAY_URL/RELAY_API_KEY,
+or ~/.relay/config.json written by `relay install`), so it goes through the
+same authorization as every agent.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import urllib.parse
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relay import __version__
+from relay.errors import RelayError
+from relay.settings import SERVER_SETTINGS, resolve
+
+
+def main() -> None:
+    """Entry point: Relay errors become one clear line on stderr and their exit code."""
+    try:
+        cli.main(standalone_mode=False, prog_name="relay")
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except RelayError as exc:
+        click.echo(f"relay: error: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="relay")
+def cli() -> None:
+    """Relay: team memory for coding agents."""
+
+
+# -- shared options -------------------------------------------------------------
+def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--db",
+        envvar="RELAY_DB",
+        help="SQLite path or postgresql:// URL (default ~/.relay/relay.db).",
+    )(fn)
+
+
+def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @click.option(
+        "--url", envvar="RELAY_URL", help="Relay server URL (default: from relay install)."
+    )
+    @click.option("--key", envvar="RELAY_API_KEY", help="API key (default: from relay install).")
+    @functools.wraps(fn)
+    def wrapper(url: str | None, key: str | None, **kwargs: Any) -> Any:
+        from relay.client import RelayClient
+
+        return fn(client=RelayClient.from_config(url, key), **kwargs)
+
+    return wrapper
+
+
+def _open_store(db: str | None):  # noqa: ANN202
+    from relay.store import open_store
+
+    return open_store(resolve(SERVER_SETTINGS, {"db": db}, {})["db"] if db is None else db)
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+# -- serve ----------------------------------------------------------------------
+def _setting_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for s in reversed(SERVER_SETTINGS):
+        fn = click.option(
+            s.flag,
+            s.name,
+            type=s.type if s.type is not str else None,
+            default=None,
+            help=f"{s.help} [env {s.env}; default {s.default}]",
+        )(fn)
+    return fn
+
+
+@cli.command()
+@_setting_options
+@click.option(
+    "--org",
+    "first_org",
+    default="default",
+    show_default=True,
+    help="Name of the organisation created when the database has none.",
+)
+def serve(first_org: str, **given: Any) -> None:
+    """Run the Relay server (creates a first organisation and admin key on an empty database)."""
+    import logging
+
+    import uvicorn
+
+    from relay.server import build_services, asgi_app
+
+    conf = resolve(SERVER_SETTINGS, given)
+    logging.basicConfig(level=conf["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
+    services = build_services(conf)
+    store = services.store
+    if not store.list_orgs():
+        from relay.auth import mint_key
+
+        org = store.create_org(first_org)
+        minted = mint_key(
+            store, org.id, "admin", frozenset({"admin", "memory:read", "memory:write"}), frozenset()
+        )
+        url = f"http://{conf['host']}:{conf['port']}"
+        click.echo(
+            f"\nCreated organisation {org.name!r} ({org.id}) in {conf['db']}\n"
+            f"Admin API key (shown once, store it now):\n\n    {minted.secret}\n\n"
+            "Next, in another terminal:\n"
+            f"    export RELAY_URL={url} RELAY_API_KEY={minted.secret}\n"
+            '    relay remember "Staging is the blue cluster" --source team/infra\n'
+            '    relay search "which cluster is staging?"\n'
+        )
+    click.echo(f"Relay {__version__} serving {conf['db']} on http://{conf['host']}:{conf['port']}")
+    uvicorn.run(
+        asgi_app(services, conf["max_inflight"], conf["max_body_bytes"]),
+        host=conf["host"],
+        port=conf["port"],
+        log_level=conf["log_level"],
+        access_log=False,
+    )
+
+
+# -- organisations and keys -----------------------------------------------------
+@cli.group()
+def org() -> None:
+    """Create and list organisations (on the database directly)."""
+
+
+@org.command("create")
+@click.argument("name")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def org_create(name: str, db: str | None, as_json: bool) -> None:
+    """Create an organisation and its first admin key."""
+    from relay.auth import mint_key
+
+    store = _open_store(db)
+    new = store.create_org(name)
+    minted = mint_key(
+        store, new.id, "admin", frozenset({"admin", "memory:read", "memory:write"}), frozenset()
+    )
+    if as_json:
+        _echo_json({"org": {"id": new.id, "name": new.name}, "admin_key": minted.secret})
+    else:
+        click.echo(f"organisation {new.name} ({new.id})\nadmin key (shown once): {minted.secret}")
+
+
+@org.command("list")
+@db_option
+def org_list(db: str | None) -> None:
+    """List organisations."""
+    for o in _open_store(db).list_orgs():
+        click.echo(f"{o.id}\t{o.name}")
+
+
+@cli.group()
+def key() -> None:
+    """Create, list and revoke API keys (on the database directly)."""
+
+
+def _org_id(store, name_or_id: str) -> str:  # noqa: ANN001
+    found = store.find_org(name_or_id)
+    if found is None:
+        from relay.errors import NotFoundError
+
+        raise NotFoundError(f"no organisation {name_or_id!r} (see 'relay org list')")
+    return found.id
+
+
+@key.command("create")
+@click.option("--org", "org_name", required=True, help="Organisation name or id.")
+@click.option("--name", required=True, help="What the key is for, e.g. 'alice laptop'.")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    default=("memory:read",),
+    show_default=True,
+    type=click.Choice(["memory:read", "memory:write", "admin"]),
+    help="Repeatable.",
+)
+@click.option("--role", "roles", multiple=True, help="Audience the key may read; repeatable.")
+@click.option("--expires-in-days", type=click.IntRange(1), help="Expire the key after N days.")
+@db_option
+def key_create(
+    org_name: str,
+    name: str,
+    scopes: tuple[str, ...],
+    roles: tuple[str, ...],
+    expires_in_days: int | None,
+    db: str | None,
+) -> None:
+    """Create an API key; its secret is printed once."""
+    from relay.auth import mint_key
+
+    store = _open_store(db)
+    expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
+    minted = mint_key(
+        store, _org_id(store, org_name), name, frozenset(scopes), frozenset(roles), expires
+    )
+    click.echo(
+        f"key {minted.key.id} ({', '.join(sorted(scopes))}; roles: "
+        f"{', '.join(sorted(roles)) or 'none'})\nsecret (shown once): {minted.secret}"
+    )
+
+
+@key.command("list")
+@click.option("--org", "org_name", required=True, help="Organisation name or id.")
+@db_option
+def key_list(org_name: str, db: str | None) -> None:
+    """List an organisation's keys (never their secrets)."""
+    store = _open_store(db)
+    for k in store.list_keys(_org_id(store, org_name)):
+        state = (
+            "revoked"
+            if k.revoked_at
+            else "expired"
+            if k.expires_at and k.expires_at < datetime.now(UTC)
+            else "active"
+        )
+        click.echo(
+            f"{k.id}\t{state}\t{k.name}\t{','.join(sorted(k.scopes))}\t{','.join(sorted(k.roles))}"
+        )
+
+
+@key.command("revoke")
+@click.option("--org", "org_name", required=True, help="Organisation name or id.")
+@click.argument("key_id")
+@db_option
+def key_revoke(org_name: str, key_id: str, db: str | None) -> None:
+    """Revoke a key at once, everywhere."""
+    store = _open_store(db)
+    store.revoke_key(_org_id(store, org_name), key_id)
+    click.echo(f"revoked {key_id}")
+
+
+# -- memories (over HTTP) -------------------------------------------------------
+def _memory_fields(
+    title, source, audiences, tags, valid_until, supersedes, pinned
+) -> dict[str, Any]:  # noqa: ANN001
+    fields: dict[str, Any] = {}
+    for name, value in (("title", title), ("source", source), ("valid_until", valid_until)):
+        if value is not None:
+            fields[name] = value
+    for name, value in (("audiences", audiences), ("tags", tags), ("supersedes", supersedes)):
+        if value:
+            fields[name] = list(value)
+    if pinned is not None:
+        fields["pinned"] = pinned
+    return fields
+
+
+def memory_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(
+        [
+            click.option("--title", help="Short title."),
+            click.option("--source", help="Provenance, path-like (e.g. team/infra/clusters)."),
+            click.option(
+                "--audience",
+                "audiences",
+                multiple=True,
+                help="Role allowed to see it (repeatable; default all).",
+            ),
+            click.option("--tag", "tags", multiple=True, help="Tag (repeatable)."),
+            click.option(
+                "--valid-until", help="ISO 8601 date-time after which it is never returned."
+            ),
+            click.option(
+                "--supersedes", multiple=True, help="Id of a memory this one replaces (repeatable)."
+            ),
+            click.option(
+                "--pinned/--not-pinned",
+                default=None,
+                help="Part of the team profile shown at session start.",
+            ),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _read_body(body: str | None) -> str | None:
+    return sys.stdin.read() if body == "-" else body
+
+
+@cli.command()
+@click.argument("body")
+@memory_options
+@click.option("--json", "as_json", is_flag=True, help="Print the stored memory as JSON.")
+@client_options
+def remember(client, body: str, as_json: bool, **opts: Any) -> None:  # noqa: ANN001
+    """Add a memory (BODY, or - to read it from stdin)."""
+    memory = client.post("/v1/memories", {"body": _read_body(body), **_memory_fields(**opts)})
+    if as_json:
+        _echo_json(memory)
+    else:
+        click.echo(f"remembered {memory['id']} (revision {memory['revision']})")
+
+
+@cli.command()
+@click.argument("memory_id")
+@click.option("--body", help="New text (or - for stdin).")
+@memory_options
+@click.option("--expected-revision", type=int, help="Fail if the memory moved on meanwhile.")
+@client_options
+def edit(
+    client, memory_id: str, body: str | None, expected_revision: int | None, **opts: Any
+) -> None:  # noqa: ANN001
+    """Edit a memory: every edit is a new revision."""
+    fields = _memory_fields(**opts)
+    if body is not None:
+        fields["body"] = _read_body(body)
+    if expected_revision is not None:
+        fields["expected_revision"] = expected_revision
+    if not fields:
+        raise click.UsageError("nothing to change: pass --body or another field")
+    memory = client.request("PATCH", f"/v1/memories/{memory_id}", fields)
+    click.echo(f"{memory['id']} is now at revision {memory['revision']}")
+
+
+@cli.command()
+@click.argument("memory_id")
+@client_options
+def forget(client, memory_id: str) -> None:  # noqa: ANN001
+    """Delete a memory everywhere at once (its history keeps a tombstone, not the text)."""
+    client.request("DELETE", f"/v1/memories/{memory_id}")
+    click.echo(f"forgot {memory_id}")
+
+
+@cli.command()
+@click.argument("memory_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@client_options
+def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
+    """Show every revision of a memory."""
+    items = client.get(f"/v1/memories/{memory_id}/revisions")["items"]
+    if as_json:
+        _echo_json(items)
+        return
+    for r in items:
+        text = r["body"] if r["body"] is not None else "(deleted: text removed)"
+        click.echo(
+            f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}  {r['title'] or ''}\n    {text}"
+        )
+
+
+@cli.command()
+@click.argument("query")
+@click.option("-k", "k", default=5, show_default=True, type=click.IntRange(1, 12), help="Results.")
+@click.option(
+    "--mode",
+    type=click.Choice(["hybrid", "lexical", "semantic"]),
+    default="hybrid",
+    show_default=True,
+    help="Ranking signals to use.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw response.")
+@client_options
+def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noqa: ANN001
+    """Search team memory the way the recall hook does."""
+    response = client.post(
+        "/v1/search", {"query": query, "k": k, "mode": mode, "deadline_ms": 2000}
+    )
+    if as_json:
+        _echo_json(response)
+        return
+    if not response["results"]:
+        click.echo("nothing relevant")
+    for r in response["results"]:
+        click.echo(
+            f"[{r['score']:.2f}] {r['id']} rev {r['revision']}  {r['source'] or ''}  {r['title'] or ''}\n    {r['text']}"
+        )
+
+
+@cli.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Make sources relative to this folder (default: the current folder).",
+)
+@click.option("--audience", "audiences", multiple=True, help="Audience for every imported memory.")
+@client_options
+def import_(client, paths: tuple[Path, ...], root: Path | None, audiences: tuple[str, ...]) -> None:  # noqa: ANN001
+    """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
+    section or rule, source set to the file path. Re-importing is idempotent."""
+    from relay.importer import drafts_from_path, iter_import_files
+
+    root = (root or Path.cwd()).resolve()
+    drafts, failed = [], []
+    for f in iter_import_files(paths):
+        try:
+            drafts += drafts_from_path(f.absolute(), root)
+        except RelayError as exc:  # one unreadable file must not sink the rest
+            failed.append(f)
+            click.echo(f"relay: skipped {f}: {exc.message}", err=True)
+    if not drafts:
+        raise click.UsageError("no importable files found")
+    written = unchanged = 0
+    with click.progressbar(length=len(drafts), label="importing", file=sys.stderr) as bar:
+        for start in range(0, len(drafts), 128):
+            chunk = drafts[start : start + 128]
+            items = [
+                {
+                    "id": d.id,
+                    "body": d.body,
+                    "title": d.title,
+                    "source": d.source,
+                    "tags": list(d.tags),
+                    **({"audiences": list(audiences)} if audiences else {}),
+                }
+                for d in chunk
+            ]
+            result = client.post("/v1/memories/batch", {"items": items})
+            written += result["written"]
+            unchanged += result["unchanged"]
+            bar.update(len(chunk))
+    click.echo(f"imported {len(drafts)} memories: {written} new or changed, {unchanged} unchanged")
+    if failed:
+        raise click.ClickException(f"{len(failed)} file(s) could not be imported (see above)")
+
+
+@cli.command()
+@click.option(
+    "--output", "-o", type=click.File("w"), default="-", help="File to write (default stdout)."
+)
+@client_options
+def export(client, output) -> None:  # noqa: ANN001
+    """Export every memory the key may read as JSONL."""
+    cursor = None
+    while True:
+        query = "" if cursor is None else "&cursor=" + urllib.parse.quote(cursor)
+        page = client.get("/v1/memories?limit=500" + query)
+        for item in page["items"]:
+            output.write(json.dumps(item, ensure_ascii=False) + "\n")
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+
+
+# -- benchmarks ------------------------------------------------------------------
+@cli.group()
+def bench() -> None:
+    """Benchmarks; results go to BENCHMARKS.md with the command that produced them."""
+
+
+def _bench_embedder(provider: str):  # noqa: ANN202
+    from relay.embedding import load_embedder
+
+    return load_embedder(provider, 1)
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@bench.command("recall")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the figures as JSON here.",
+)
+@click.option(
+    "--embedder",
+    default="onnx",
+    show_default=True,
+    type=click.Choice(["onnx", "sentence-transformers"]),
+    help="Embedding provider.",
+)
+@click.option(
+    "--mode",
+    "modes",
+    multiple=True,
+    type=click.Choice(["hybrid", "lexical", "semantic"]),
+    help="Modes to run (default: all three).",
+)
+def bench_recall(
+    folder: Path, json_path: Path | None, embedder: str, modes: tuple[str, ...]
+) -> None:
+    """Recall@k, nDCG, MRR, abstention and search time on a ../shared/bench folder."""
+    from relay import bench_recall as br
+
+    result = br.run(
+        folder,
+        _bench_embedder(embedder),
+        modes=modes or ("hybrid", "lexical", "semantic"),
+        progress=_progress,
+    )
+    result["embedder"] = embedder
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    click.echo(br.render_table(result))
+
+
+@bench.command("search")
+@click.option(
+    "--memories",
+    "n",
+    type=click.IntRange(1),
+    default=100_000,
+    show_default=True,
+    help="Memories in the one organisation.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the figures as JSON here.",
+)
+@click.option(
+    "--embedder",
+    default="onnx",
+    show_default=True,
+    type=click.Choice(["onnx", "sentence-transformers"]),
+    help="Embedding provider.",
+)
+@click.option("--db", help="Build the database here instead of a temporary folder.")
+@click.option(
+    "--bench-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The shared bench folder (default ../shared/bench).",
+)
+def bench_search(
+    n: int, json_path: Path | None, embedder: str, db: str | None, bench_dir: Path | None
+) -> None:
+    """Search latency (in-process and over HTTP) and server memory at scale."""
+    from relay import bench_search as bs
+
+    result = bs.run(n, _bench_embedder(embedder), bench_dir or bs.BENCH, db, progress=_progress)
+    result["embedder"] = embedder
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    _echo_json(result)

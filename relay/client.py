@@ -1,0 +1,89 @@
+"""A small HTTP client for the Relay API, for the CLI, the MCP server and `relay doctor`.
+
+Standard library only. Error bodies come back as the matching RelayError, so
+callers handle a remote failure exactly like a local one.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from relay import errors
+from relay.hook import config as hook_config
+
+_BY_CODE: dict[str, type[errors.RelayError]] = {
+    cls.code: cls
+    for cls in (
+        errors.InvalidRequestError,
+        errors.SecretDetectedError,
+        errors.TooLargeError,
+        errors.UnauthorizedError,
+        errors.ForbiddenError,
+        errors.NotFoundError,
+        errors.ConflictError,
+        errors.OverloadedError,
+        errors.StoreError,
+    )
+}
+
+
+class ConnectionFailedError(errors.RelayError):
+    """The server could not be reached."""
+
+    code = "unavailable"
+    exit_code = 8
+
+
+class RelayClient:
+    def __init__(self, url: str, api_key: str, timeout: float = 30.0) -> None:
+        if not url:
+            raise errors.InvalidRequestError(
+                "no server URL: pass --url, set RELAY_URL, or run 'relay install'"
+            )
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    @classmethod
+    def from_config(cls, url: str | None = None, api_key: str | None = None) -> RelayClient:
+        """Flags first, then RELAY_URL / RELAY_API_KEY(_FILE), then ~/.relay/config.json."""
+        cfg = hook_config.load()
+        return cls(url or cfg.url, api_key or cfg.api_key)
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise _remote_error(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ConnectionFailedError(
+                f"cannot reach the Relay server at {self.url}: {reason}"
+            ) from exc
+        return json.loads(raw) if raw else None
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self.request("POST", path, body)
+
+
+def _remote_error(exc: urllib.error.HTTPError) -> errors.RelayError:
+    try:
+        payload = json.loads(exc.read() or b"{}")["error"]
+        cls = _BY_CODE.get(payload.get("code"), errors.RelayError)
+        return cls(payload.get("message") or f"HTTP {exc.code}")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return errors.RelayError(f"HTTP {exc.code} from the server")

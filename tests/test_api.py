@@ -1,0 +1,406 @@
+"""The HTTP API in-process on a real SQLite file: isolation, scoping, lifecycle, errors."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+MIGRATIONS = "Database migrations run in a separate backfill job, never inside the web deploy."
+STAGING = "Staging is the blue cluster; production is the green cluster."
+
+
+def remember(api, who: str, body: str, **fields) -> dict:
+    r = api.client.post("/v1/memories", json={"body": body, **fields}, headers=api.headers(who))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def search(api, who: str, query: str, **extra) -> dict:
+    r = api.client.post(
+        "/v1/search", json={"query": query, "deadline_ms": 2000, **extra}, headers=api.headers(who)
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def ids(response: dict) -> list[str]:
+    return [h["id"] for h in response["results"]]
+
+
+def assert_error(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert body["error"]["status"] == status
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body["error"]
+
+
+def test_search_finds_a_memory_by_meaning_and_words(api):
+    m = remember(api, "acme_dev", MIGRATIONS, source="team/db/migrations", title="Migrations")
+    remember(api, "acme_dev", STAGING, source="team/infra")
+    res = search(api, "acme_dev", "where should I put the schema migration for the orders table?")
+    assert ids(res)[0] == m["id"]
+    hit = res["results"][0]
+    assert hit["revision"] == 1 and hit["source"] == "team/db/migrations"
+    assert hit["updated_at"].endswith("Z") and 0 < hit["score"] <= 1
+    assert res["stages"] == ["lexical", "semantic"] and res["degraded"] is False
+
+
+def test_nothing_relevant_returns_nothing(api):
+    remember(api, "acme_dev", MIGRATIONS)
+    remember(api, "acme_dev", STAGING)
+    res = search(api, "acme_dev", "what is a good recipe for banana bread with walnuts?")
+    assert res["results"] == []
+
+
+def test_other_org_never_sees_anything(api):
+    m = remember(api, "acme_dev", MIGRATIONS)
+    # search, cache (warm it in acme first), direct id guesses, history, edit, delete
+    assert ids(search(api, "acme_dev", "backfill job for migrations")) == [m["id"]]
+    assert search(api, "globex_dev", "backfill job for migrations")["results"] == []
+    h = api.headers("globex_dev")
+    assert_error(api.client.get(f"/v1/memories/{m['id']}", headers=h), 404, "not_found")
+    assert_error(api.client.get(f"/v1/memories/{m['id']}/revisions", headers=h), 404, "not_found")
+    assert_error(
+        api.client.patch(f"/v1/memories/{m['id']}", json={"body": "x y z"}, headers=h),
+        404,
+        "not_found",
+    )
+    assert_error(api.client.delete(f"/v1/memories/{m['id']}", headers=h), 404, "not_found")
+    assert api.client.get("/v1/memories", headers=h).json()["items"] == []
+    # and a globex memory may not supersede an acme one
+    r = api.client.post(
+        "/v1/memories", json={"body": "new rule", "supersedes": [m["id"]]}, headers=h
+    )
+    assert_error(r, 400, "invalid_request")
+    # acme's memory is untouched
+    assert (
+        api.client.get(f"/v1/memories/{m['id']}", headers=api.headers("acme_dev")).json()[
+            "revision"
+        ]
+        == 1
+    )
+
+
+def test_same_id_in_two_orgs_stays_separate(api):
+    remember(api, "acme_dev", MIGRATIONS, id="rule-1")
+    remember(
+        api, "globex_dev", "Globex deploys on Fridays only after the freeze review.", id="rule-1"
+    )
+    acme = api.client.get("/v1/memories/rule-1", headers=api.headers("acme_dev")).json()
+    globex = api.client.get("/v1/memories/rule-1", headers=api.headers("globex_dev")).json()
+    assert acme["body"] == MIGRATIONS and globex["body"].startswith("Globex")
+
+
+def test_roles_scope_what_a_key_reads(api):
+    sre = remember(
+        api, "acme_sre", "The pager rotation hands over on Mondays at 10:00.", audiences=["sre"]
+    )
+    everyone = remember(api, "acme_dev", "The pager rotation schedule lives in the ops wiki.")
+    q = "when does the pager rotation hand over?"
+    assert sre["id"] in ids(search(api, "acme_sre", q))
+    assert ids(search(api, "acme_dev", q)) == [everyone["id"]]
+    assert_error(
+        api.client.get(f"/v1/memories/{sre['id']}", headers=api.headers("acme_dev")),
+        404,
+        "not_found",
+    )
+    # admin manages everything in its org, but recall stays role-scoped for it too
+    assert (
+        api.client.get(f"/v1/memories/{sre['id']}", headers=api.headers("acme_admin")).status_code
+        == 200
+    )
+    assert sre["id"] not in ids(search(api, "acme_admin", q))
+
+
+def test_unknown_audience_is_refused(api):
+    r = api.client.post(
+        "/v1/memories",
+        json={"body": "x is y", "audiences": ["sales"]},
+        headers=api.headers("acme_dev"),
+    )
+    assert "sales" in assert_error(r, 400, "invalid_request")["message"]
+
+
+def test_expired_memory_disappears_even_from_a_warm_cache(api):
+    soon = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()
+    m = remember(
+        api, "acme_dev", "The feature freeze for release 4.2 is in effect.", valid_until=soon
+    )
+    q = "is the feature freeze for release 4.2 in effect?"
+    assert ids(search(api, "acme_dev", q)) == [m["id"]]
+    assert search(api, "acme_dev", q)["cached"] is True
+    time.sleep(1.7)
+    after = search(api, "acme_dev", q)
+    assert after["results"] == [] and after["cached"] is False
+
+
+def test_superseded_memory_is_never_returned(api):
+    old = remember(api, "acme_dev", "We deploy the API with Fabric scripts from a laptop.")
+    q = "how do we deploy the API?"
+    assert ids(search(api, "acme_dev", q)) == [old["id"]]
+    new = remember(
+        api,
+        "acme_dev",
+        "We deploy the API with the GitHub Actions deploy workflow.",
+        supersedes=[old["id"]],
+    )
+    assert ids(search(api, "acme_dev", q)) == [new["id"]]
+    got = api.client.get(f"/v1/memories/{old['id']}", headers=api.headers("acme_dev")).json()
+    assert got["superseded_by"] == new["id"]
+
+
+def test_delete_is_gone_from_search_cache_and_history_text_at_once(api):
+    m = remember(api, "acme_dev", MIGRATIONS)
+    q = "backfill job for migrations"
+    assert ids(search(api, "acme_dev", q)) == [m["id"]]
+    assert search(api, "acme_dev", q)["cached"] is True
+    assert (
+        api.client.delete(f"/v1/memories/{m['id']}", headers=api.headers("acme_dev")).status_code
+        == 204
+    )
+    assert search(api, "acme_dev", q)["results"] == []
+    assert search(api, "acme_dev", q, mode="lexical")["results"] == []
+    assert search(api, "acme_dev", q, mode="semantic")["results"] == []
+    assert_error(
+        api.client.get(f"/v1/memories/{m['id']}", headers=api.headers("acme_dev")), 404, "not_found"
+    )
+    history = api.client.get(
+        f"/v1/memories/{m['id']}/revisions", headers=api.headers("acme_dev")
+    ).json()
+    assert [r["action"] for r in history["items"]] == ["create", "delete"]
+    assert all(r["body"] is None for r in history["items"])
+    store = api.services.store
+    with store._read() as conn:  # nothing of the text survives in passages or the FTS index
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM passages WHERE memory_id = ?", (m["id"],)
+            ).fetchone()[0]
+            == 0
+        )
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM passages_fts WHERE passages_fts MATCH 'backfill'"
+            ).fetchone()[0]
+            == 0
+        )
+
+
+def test_every_edit_is_a_new_revision(api):
+    m = remember(api, "acme_dev", "Use pnpm for the web app.")
+    h = api.headers("acme_dev")
+    r2 = api.client.patch(
+        f"/v1/memories/{m['id']}", json={"body": "Use pnpm 9 for the web app."}, headers=h
+    )
+    assert r2.json()["revision"] == 2
+    stale = api.client.patch(
+        f"/v1/memories/{m['id']}", json={"title": "pnpm", "expected_revision": 1}, headers=h
+    )
+    assert_error(stale, 409, "conflict")
+    items = api.client.get(f"/v1/memories/{m['id']}/revisions", headers=h).json()["items"]
+    assert [(r["revision"], r["body"]) for r in items] == [
+        (1, "Use pnpm for the web app."),
+        (2, "Use pnpm 9 for the web app."),
+    ]
+    hit = search(api, "acme_dev", "which package manager for the web app, pnpm?")["results"][0]
+    assert (hit["id"], hit["revision"], hit["text"]) == (m["id"], 2, "Use pnpm 9 for the web app.")
+
+
+def test_revoked_key_fails_at_once_against_a_warm_cache(api):
+    remember(api, "acme_dev", MIGRATIONS)
+    q = "backfill job for migrations"
+    search(api, "acme_reader", q)
+    assert search(api, "acme_reader", q)["cached"] is True
+    reader_id = api.keys["acme_reader"].split("_")[1]
+    r = api.client.delete(f"/v1/keys/{reader_id}", headers=api.headers("acme_admin"))
+    assert r.status_code == 200 and r.json()["revoked_at"]
+    r = api.client.post("/v1/search", json={"query": q}, headers=api.headers("acme_reader"))
+    assert "revoked" in assert_error(r, 401, "unauthorized")["message"]
+
+
+def test_expired_key_is_refused(api):
+    store = api.services.store
+    from relay.auth import mint_key
+
+    minted = mint_key(
+        store,
+        api.orgs["acme"],
+        "short",
+        frozenset({"memory:read"}),
+        frozenset(),
+        datetime.now(UTC) + timedelta(seconds=1),
+    )
+    ok = api.client.post(
+        "/v1/search",
+        json={"query": "anything at all"},
+        headers={"Authorization": f"Bearer {minted.secret}"},
+    )
+    assert ok.status_code == 200
+    time.sleep(1.1)
+    r = api.client.post(
+        "/v1/search",
+        json={"query": "anything at all"},
+        headers={"Authorization": f"Bearer {minted.secret}"},
+    )
+    assert "expired" in assert_error(r, 401, "unauthorized")["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"body": ""}, 400, "invalid_request"),
+        ({"body": "   \n  "}, 400, "invalid_request"),
+        ({"body": "x" * 20_000}, 413, "too_large"),
+        ({"body": "fine text", "valid_until": "2001-01-01T00:00:00Z"}, 400, "invalid_request"),
+        ({"body": "fine text", "supersedes": ["mem_does_not_exist"]}, 400, "invalid_request"),
+        ({"body": "deploy key is AKIAIOSFODNN7EXAMPLF for the bucket"}, 422, "secret_detected"),
+        ({"body": "token ghp_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8 for CI"}, 422, "secret_detected"),
+        (
+            {"body": "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----"},
+            422,
+            "secret_detected",
+        ),
+        (
+            {"body": "db is postgres://admin:Sup3rS3cret@db.internal:5432/app"},
+            422,
+            "secret_detected",
+        ),
+        ({"body": "set password = 'hunter2-Xk9!pQ' in the env"}, 422, "secret_detected"),
+        ({"body": "fine", "unknown_field": 1}, 422, "invalid_request"),
+        ({"body": 42}, 422, "invalid_request"),
+    ],
+)
+def test_bad_writes_are_refused_and_nothing_is_stored(api, body, status, code):
+    r = api.client.post("/v1/memories", json=body, headers=api.headers("acme_dev"))
+    assert_error(r, status, code)
+    assert api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"] == []
+    with api.services.store._read() as conn:
+        for table in ("memories", "memory_revisions", "passages", "memory_audiences"):
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
+
+
+def test_a_bad_item_rejects_the_whole_batch(api):
+    items = [{"id": "a", "body": "first fine memory"}, {"id": "b", "body": ""}]
+    r = api.client.post(
+        "/v1/memories/batch", json={"items": items}, headers=api.headers("acme_dev")
+    )
+    assert "items.1" in assert_error(r, 400, "invalid_request")["message"]
+    assert api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"] == []
+
+
+def test_batch_upsert_is_idempotent(api):
+    items = [{"id": f"r{i}", "body": f"rule number {i} about formatting"} for i in range(5)]
+    h = api.headers("acme_dev")
+    assert api.client.post("/v1/memories/batch", json={"items": items}, headers=h).json() == {
+        "written": 5,
+        "unchanged": 0,
+    }
+    assert api.client.post("/v1/memories/batch", json={"items": items}, headers=h).json() == {
+        "written": 0,
+        "unchanged": 5,
+    }
+    items[0]["body"] = "rule number 0 about formatting, revised"
+    assert api.client.post("/v1/memories/batch", json={"items": items}, headers=h).json() == {
+        "written": 1,
+        "unchanged": 4,
+    }
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "json", "status", "code"),
+    [
+        ("post", "/v1/search", {}, {"query": "x"}, 401, "unauthorized"),
+        (
+            "post",
+            "/v1/search",
+            {"Authorization": "Bearer relay_abc_nottherightsecretatall"},
+            {"query": "x"},
+            401,
+            "unauthorized",
+        ),
+        (
+            "post",
+            "/v1/search",
+            {"Authorization": "Basic Zm9vOmJhcg=="},
+            {"query": "x"},
+            401,
+            "unauthorized",
+        ),
+        ("post", "/v1/memories", "acme_reader", {"body": "x"}, 403, "forbidden"),
+        ("post", "/v1/keys", "acme_dev", {"name": "x", "scopes": ["admin"]}, 403, "forbidden"),
+        ("get", "/v1/memories/nope", "acme_dev", None, 404, "not_found"),
+        ("get", "/v1/no-such-route", "acme_dev", None, 404, "not_found"),
+        ("post", "/v1/search", "acme_dev", {"query": "x", "k": 99}, 422, "invalid_request"),
+        ("post", "/v1/search", "acme_dev", {"query": ""}, 422, "invalid_request"),
+    ],
+)
+def test_every_error_has_one_shape(api, method, path, headers, json, status, code):
+    if isinstance(headers, str):
+        headers = api.headers(headers)
+    r = getattr(api.client, method)(
+        path, headers=headers, **({"json": json} if json is not None else {})
+    )
+    assert_error(r, status, code)
+
+
+def test_oversized_request_body_is_refused(api):
+    r = api.client.post(
+        "/v1/memories",
+        content=b'{"body": "' + b"x" * 300_000 + b'"}',
+        headers={**api.headers("acme_dev"), "Content-Type": "application/json"},
+    )
+    assert_error(r, 413, "too_large")
+
+
+def test_keys_are_created_listed_and_never_show_their_secret_again(api):
+    h = api.headers("acme_admin")
+    r = api.client.post(
+        "/v1/keys", json={"name": "ci", "scopes": ["memory:read"], "roles": ["dev"]}, headers=h
+    )
+    assert r.status_code == 201 and r.json()["secret"].startswith("relay_")
+    listed = api.client.get("/v1/keys", headers=h).json()["items"]
+    assert any(k["name"] == "ci" for k in listed)
+    assert all("secret" not in k and "secret_hash" not in k for k in listed)
+    # keys stay within their org
+    other = api.client.get("/v1/keys", headers=api.headers("globex_dev"))
+    assert_error(other, 403, "forbidden")
+
+
+def test_list_memories_paginates(api):
+    h = api.headers("acme_dev")
+    for i in range(7):
+        remember(api, "acme_dev", f"memory number {i} about the build")
+    seen, cursor = [], None
+    while True:
+        page = api.client.get(
+            "/v1/memories?limit=3" + (f"&cursor={cursor}" if cursor else ""), headers=h
+        ).json()
+        seen += [m["id"] for m in page["items"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert len(seen) == len(set(seen)) == 7
+
+
+def test_profile_returns_pinned_memories_the_key_may_read(api):
+    pinned = remember(api, "acme_dev", "We are a Python 3.12 and Next.js shop.", pinned=True)
+    remember(
+        api, "acme_sre", "SRE-only pinned note about the pager.", pinned=True, audiences=["sre"]
+    )
+    remember(api, "acme_dev", "Unpinned detail about linting.")
+    got = api.client.get("/v1/profile", headers=api.headers("acme_dev")).json()["results"]
+    assert [r["id"] for r in got] == [pinned["id"]]
+
+
+def test_health_metrics_and_openapi(api):
+    assert api.client.get("/healthz").json()["status"] == "ok"
+    remember(api, "acme_dev", MIGRATIONS)
+    search(api, "acme_dev", "backfill migrations")
+    text = api.client.get("/metrics").text
+    assert "relay_search_total" in text and "relay_http_request_seconds_bucket" in text
+    spec = api.client.get("/openapi.json").json()
+    assert "/v1/search" in spec["paths"] and "/v1/memories/{memory_id}/revisions" in spec["paths"]

@@ -1,0 +1,106 @@
+"""The search pipeline on a real store: deadline, degradation, threshold, passages."""
+
+from __future__ import annotations
+
+import time
+
+from relay.auth import mint_key
+from relay.models import MemoryDraft, Principal
+from relay.search import Searcher
+from relay.writes import save, save_many
+
+
+class SlowEmbedder:
+    """The real model behind a deliberate delay on the query path."""
+
+    def __init__(self, inner, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+        self.name, self.dim = inner.name, inner.dim
+
+    def embed(self, texts):
+        return self.inner.embed(texts)
+
+    def embed_query(self, text):
+        time.sleep(self.delay_s)
+        return self.inner.embed_query(text)
+
+
+def _org(store, embedder, bodies: list[str]) -> Principal:
+    org = store.create_org("acme")
+    key = mint_key(store, org.id, "r", frozenset({"memory:read"}), frozenset()).key
+    save_many(
+        store, embedder, org.id, [(f"m{i}", MemoryDraft(body=b)) for i, b in enumerate(bodies)], "t"
+    )
+    return Principal(org.id, key.id, key.scopes, key.roles)
+
+
+BODIES = [
+    "Database migrations run in a separate backfill job, never inside the web deploy.",
+    "Staging is the blue cluster; production is the green cluster.",
+    "Use pnpm, not npm or yarn, for the web app.",
+]
+
+
+def test_slow_semantic_stage_falls_back_to_lexical_within_the_deadline(store, embedder):
+    p = _org(store, embedder, BODIES)
+    searcher = Searcher(store, SlowEmbedder(embedder, 1.0))
+    t = time.monotonic()
+    res = searcher.search(p, "which cluster is staging on?", k=3, deadline_ms=150, use_cache=False)
+    took = (time.monotonic() - t) * 1000
+    assert took < 150 + 50  # the deadline is the feature
+    assert res.degraded and res.stages == ["lexical"]
+    assert [h.id for h in res.results] == ["m1"]
+    searcher.close()
+
+
+def test_slow_semantic_only_answers_nothing_on_time(store, embedder):
+    p = _org(store, embedder, BODIES)
+    searcher = Searcher(store, SlowEmbedder(embedder, 1.0))
+    t = time.monotonic()
+    res = searcher.search(
+        p, "which cluster is staging on?", deadline_ms=120, mode="semantic", use_cache=False
+    )
+    assert (time.monotonic() - t) * 1000 < 120 + 50
+    assert res.results == [] and res.degraded
+    searcher.close()
+
+
+def test_a_tiny_budget_answers_nothing_at_once(store, embedder):
+    p = _org(store, embedder, BODIES)
+    searcher = Searcher(store, embedder)
+    res = searcher.search(p, "which cluster is staging on?", deadline_ms=1, use_cache=False)
+    assert res.results == [] and res.degraded
+    searcher.close()
+
+
+def test_degraded_answers_are_not_cached(store, embedder):
+    from relay.cache import ResultCache
+
+    p = _org(store, embedder, BODIES)
+    slow = Searcher(store, SlowEmbedder(embedder, 1.0), cache=ResultCache())
+    assert slow.search(p, "which cluster is staging on?", deadline_ms=100).degraded
+    assert len(slow.cache) == 0
+    slow.close()
+
+
+def test_long_memory_returns_its_matching_passage(store, embedder):
+    org = store.create_org("acme")
+    key = mint_key(store, org.id, "r", frozenset({"memory:read"}), frozenset()).key
+    filler = " ".join(f"The release checklist item {i} concerns documentation." for i in range(30))
+    body = (
+        filler + "\n\nThe on-call engineer must page the database team before any failover drill."
+    )
+    save(
+        store,
+        embedder,
+        org.id,
+        "long",
+        MemoryDraft(body=body, title="Operations handbook"),
+        "t",
+        "create",
+    )
+    p = Principal(org.id, key.id, key.scopes, key.roles)
+    res = Searcher(store, embedder).search(p, "who do we page before a database failover drill?")
+    assert [h.id for h in res.results] == ["long"]
+    assert "failover drill" in res.results[0].text and len(res.results[0].text) < len(body)
+    assert res.results[0].passage > 0
