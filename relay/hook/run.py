@@ -52,21 +52,21 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
 
 
-def _read_stdin(until: float) -> bytes | None:
-    """All of stdin, or None when it is larger than STDIN_MAX or not closed in time."""
+def _read_stdin(until: float) -> tuple[bytes | None, str | None]:
+    """(all of stdin, None), or (None, why) when it is too large or not closed in time."""
     import select
 
     chunks, size = [], 0
     while True:
         left = until - time.monotonic()
         if left <= 0 or not select.select([0], [], [], left)[0]:
-            return None
+            return None, "stdin_timeout"
         chunk = os.read(0, 1 << 20)
         if not chunk:
-            return b"".join(chunks)
+            return b"".join(chunks), None
         size += len(chunk)
         if size > STDIN_MAX:
-            return None
+            return None, "stdin_too_large"
         chunks.append(chunk)
 
 
@@ -124,7 +124,7 @@ def run(argv: list[str], t_main: float, environ=None) -> None:
 def _dispatch(inv: Invocation) -> None:
     cfg = inv.cfg
     t = time.monotonic()
-    raw = _read_stdin(inv.until)
+    raw, problem = _read_stdin(inv.until)
     payload = None
     if raw is not None:
         try:
@@ -133,7 +133,7 @@ def _dispatch(inv: Invocation) -> None:
             payload = None
     inv.ms["stdin"] = _ms(time.monotonic() - t)
     if not isinstance(payload, dict):
-        return inv.finish("skipped", "bad_input")
+        return inv.finish("skipped", problem or "bad_input")
     session_id = payload.get("session_id")
     session_id = session_id if isinstance(session_id, str) and session_id else None
     prompt_id = payload.get("prompt_id") or payload.get("turn_id")

@@ -1,0 +1,119 @@
+"""The circuit breaker, shared by every hook process: open, cool down, one probe, close."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from hook_support import (
+    FakeRelay,
+    Hook,
+    assert_hit_contract,
+    assert_silent,
+    record,
+    reply,
+    results,
+    run_together,
+)
+
+PROMPT = "how do we write a database migration for the orders table?"
+
+
+def breaker_hook(tmp_path, url: str, deadline_ms: int = 250) -> Hook:
+    return Hook(
+        tmp_path,
+        url,
+        RELAY_DEADLINE_MS=str(deadline_ms),
+        RELAY_BREAKER_FAILURES="2",
+        RELAY_BREAKER_COOLDOWN_S="1",
+        RELAY_THROTTLE_PROMPTS="0",
+        RELAY_OVERLAP_THRESHOLD="1.5",
+    )
+
+
+def run_concurrently(hook: Hook, n: int) -> list[bytes]:
+    done = run_together(hook, [hook.payload(PROMPT, session=f"c{i}") for i in range(n)])
+    assert all(rc == 0 for rc, _ in done)
+    return [out for _, out in done]
+
+
+def test_breaker_opens_probes_once_and_closes(tmp_path):
+    server = FakeRelay()
+    healthy = reply(200, results(record("mem_a")))
+    server.handler = lambda conn, request: server.wait(10)
+    with server:
+        hook = breaker_hook(tmp_path, server.url)
+        for _ in range(2):
+            assert_silent(hook.prompt(PROMPT))
+            assert hook.last()["outcome"] == "timeout"
+        # open: no connection at all, and fast
+        before = server.connections
+        run = hook.prompt(PROMPT)
+        assert_silent(run)
+        assert hook.last()["outcome"] == "circuit_open"
+        assert server.connections == before
+        assert run.ms < 250
+        # after the cool-down exactly one of several concurrent prompts probes
+        time.sleep(1.1)
+        # The probe's answer is slow, so the others start while the breaker is half-open;
+        # one that starts after the probe closed it may search normally, which is right.
+        server.handler = lambda conn, request: (server.wait(0.5), healthy(conn, request))
+        # a generous deadline here: four hooks start at once on a shared machine
+        hook = breaker_hook(tmp_path, server.url, deadline_ms=3000)
+        outs = run_concurrently(hook, 4)
+        entries = hook.outcomes()[-4:]
+        probes = [e for e in entries if e.get("probe")]
+        assert len(probes) == 1 and probes[0]["outcome"] == "hit"
+        hits = [e for e in entries if e["outcome"] == "hit"]
+        assert len(hits) + sum(e["outcome"] == "circuit_open" for e in entries) == 4
+        assert sum(e["outcome"] == "circuit_open" for e in entries) >= 2
+        assert server.connections == before + len(hits)
+        assert sum(1 for out in outs if out) == len(hits)
+        server.handler = healthy
+        # the successful probe closed it: everyone searches again
+        assert_hit_contract(hook.prompt(PROMPT, session="after"))
+        assert not (hook.state_dir / "breaker.json").exists()
+
+
+def test_failed_probe_reopens_for_another_cool_down(tmp_path):
+    server = FakeRelay()
+    server.handler = lambda conn, request: server.wait(10)
+    with server:
+        hook = breaker_hook(tmp_path, server.url)
+        hook.prompt(PROMPT)
+        hook.prompt(PROMPT)
+        time.sleep(1.1)
+        assert_silent(hook.prompt(PROMPT))
+        assert hook.last()["outcome"] == "timeout" and hook.last()["probe"] is True
+        assert_silent(hook.prompt(PROMPT))
+        assert hook.last()["outcome"] == "circuit_open"
+        state = json.loads((hook.state_dir / "breaker.json").read_text())
+        assert state["failures"] == 3 and state["probe_at"] is None
+
+
+def test_unavailable_counts_and_answers_reset(tmp_path):
+    server = FakeRelay(reply(500, {"error": "boom"}))
+    with server:
+        hook = breaker_hook(tmp_path, server.url)
+        assert_silent(hook.prompt(PROMPT))
+        assert hook.last()["outcome"] == "unavailable"
+        # any answer from the server (here a 401) means it is reachable: failures reset
+        server.handler = reply(401, {"error": {"code": "unauthorized"}})
+        hook.prompt(PROMPT)
+        assert not (hook.state_dir / "breaker.json").exists()
+        server.handler = reply(500, {"error": "boom"})
+        hook.prompt(PROMPT)
+        hook.prompt(PROMPT)
+        assert_silent(hook.prompt(PROMPT))
+        assert hook.last()["outcome"] == "circuit_open"
+
+
+def test_breaker_state_for_another_url_is_ignored(tmp_path):
+    server = FakeRelay(reply(500, {"error": "boom"}))
+    with server:
+        hook = breaker_hook(tmp_path, server.url)
+        hook.prompt(PROMPT)
+        hook.prompt(PROMPT)
+        with FakeRelay(reply(200, results(record("mem_a")))) as other:
+            moved = breaker_hook(tmp_path, other.url)
+            assert_hit_contract(moved.prompt(PROMPT, session="moved"))

@@ -1,0 +1,313 @@
+"""Every fault ends with exit 0, nothing for the model, within the deadline (+50 ms is the target;
+tests allow +150 ms because the test machine is shared)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+from hook_support import (
+    HOOK,
+    FakeRelay,
+    Hook,
+    assert_hit_contract,
+    assert_silent,
+    free_port,
+    record,
+    reply,
+    results,
+)
+
+DEADLINE = 400
+SLACK = 150
+PROMPT = "use the same database migration convention as last time for the orders table"
+
+
+def hung(server):
+    return lambda conn, request: server.wait(10)
+
+
+def slow_body(server):
+    def handle(conn, request):
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        )
+        for _ in range(100):
+            conn.sendall(b" ")
+            server.wait(0.1)
+
+    return handle
+
+
+def oversized(server):
+    def handle(conn, request):
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 52428800\r\n\r\n"
+        )
+        try:
+            while not server.stopping.is_set():
+                conn.sendall(b'{"text": "' + b"x" * 60000 + b'"},')
+        except OSError:
+            pass
+
+    return handle
+
+
+def oversized_chunked(server):
+    def handle(conn, request):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            while not server.stopping.is_set():
+                conn.sendall(b"ea60\r\n" + b"x" * 60000 + b"\r\n")
+        except OSError:
+            pass
+
+    return handle
+
+
+def truncated(server):
+    def handle(conn, request):
+        conn.sendall(
+            b'HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n{"results": [{"id": "m1", "text": "half'
+        )
+        server.wait(2)
+
+    return handle
+
+
+def closed_mid_body(server):
+    def handle(conn, request):
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n{"results": [')
+
+    return handle
+
+
+def garbage_status(server):
+    return lambda conn, request: conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+
+
+def fixed(status, body):
+    return lambda server: reply(status, body)
+
+
+# kind -> (handler factory, outcome in the log)
+FAULTS = {
+    "hung": (hung, "timeout"),
+    "slow_body": (slow_body, "timeout"),
+    "oversized": (oversized, "invalid_response"),
+    "oversized_chunked": (oversized_chunked, "invalid_response"),
+    "truncated_json": (truncated, "timeout"),
+    "closed_mid_body": (closed_mid_body, "unavailable"),
+    "invalid_json": (fixed(200, b"<html>definitely not json</html>"), "invalid_response"),
+    "wrong_shape": (fixed(200, {"unexpected": [1, 2, 3], "results": "nope"}), "invalid_response"),
+    "wrong_field_type": (
+        fixed(200, results(record("m1"), {**record("m2"), "revision": "2"})),
+        "invalid_response",
+    ),
+    "nan_score": (
+        fixed(200, b'{"results": [{"id": "m", "revision": 1, "text": "t", "score": NaN}]}'),
+        "invalid_response",
+    ),
+    "garbage_status_line": (garbage_status, "invalid_response"),
+    "http_500": (fixed(500, {"error": "boom"}), "unavailable"),
+    "http_503": (fixed(503, {"error": {"code": "overloaded"}}), "unavailable"),
+    "http_404": (fixed(404, {"error": {"code": "not_found"}}), "invalid_response"),
+    "http_401": (fixed(401, {"error": {"code": "unauthorized"}}), "unauthorized"),
+    "http_403": (fixed(403, {"error": {"code": "forbidden"}}), "unauthorized"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+def test_fault_ends_silently_on_time(tmp_path, kind):
+    factory, outcome = FAULTS[kind]
+    server = FakeRelay()
+    server.handler = factory(server)
+    with server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS=str(DEADLINE))
+        for n in range(2):
+            run = hook.prompt(PROMPT, session=f"s{n}")
+            assert run.rc == 0
+            assert run.ms <= DEADLINE + SLACK, run.ms
+            if kind in ("http_401", "http_403"):
+                # once per session, one line for the user and nothing for the model
+                assert set(run.output) == {"systemMessage"}
+                assert "Relay" in run.output["systemMessage"]
+            else:
+                assert_silent(run)
+            assert hook.last()["outcome"] == outcome, hook.last()
+
+
+@pytest.mark.parametrize(
+    "kind,url",
+    [
+        ("refused", f"http://127.0.0.1:{free_port()}"),
+        ("unresolvable", "http://relay.invalid:8080"),
+    ],
+)
+def test_no_server_ends_silently_on_time(tmp_path, kind, url):
+    hook = Hook(tmp_path, url, RELAY_DEADLINE_MS=str(DEADLINE))
+    run = hook.prompt(PROMPT)
+    assert_silent(run)
+    assert run.ms <= DEADLINE + SLACK
+    assert hook.last()["outcome"] in ("unavailable", "timeout")
+
+
+def test_unauthorized_tells_the_user_once_per_session(tmp_path):
+    with FakeRelay(reply(401, {"error": {"code": "unauthorized"}})) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        first = hook.prompt(PROMPT)
+        assert set(first.output) == {"systemMessage"}
+        assert "\n" not in first.output["systemMessage"]
+        for _ in range(3):
+            assert_silent(hook.prompt(PROMPT))
+            assert hook.last()["outcome"] == "unauthorized"
+        assert set(hook.prompt(PROMPT, session="another").output) == {"systemMessage"}
+
+
+def test_deadline_bounds_the_whole_process_and_is_sent_to_the_server(tmp_path):
+    server = FakeRelay()
+    server.handler = hung(server)
+    with server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="250")
+        run = hook.prompt(PROMPT)
+        (req,) = server.requests
+    assert_silent(run)
+    assert run.ms <= 250 + SLACK
+    assert 20 <= req.json()["deadline_ms"] <= 200
+    entry = hook.last()
+    assert entry["outcome"] == "timeout"
+    assert entry["ms"]["total"] <= 250
+
+
+def test_a_late_answer_is_never_injected(tmp_path):
+    def late(conn, request):
+        time.sleep(0.35)
+        reply(200, results(record("mem_late")))(conn, request)
+
+    with FakeRelay(late) as server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="300")
+        assert_silent(hook.prompt(PROMPT))
+    assert hook.last()["outcome"] == "timeout"
+    assert "mem_late" not in json.dumps(hook.session_state())
+
+
+def test_chunked_response_is_read(tmp_path):
+    body = json.dumps(results(record("mem_chunked"))).encode()
+
+    def chunked(conn, request):
+        parts = [body[i : i + 7] for i in range(0, len(body), 7)]
+        payload = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + payload)
+
+    with FakeRelay(chunked) as server:
+        hook = Hook(tmp_path, server.url)
+        assert "mem_chunked" in assert_hit_contract(hook.prompt(PROMPT))
+
+
+MALFORMED_STDIN = {
+    "not_json": b"\x00\xffnot json",
+    "empty": b"",
+    "binary": bytes(range(256)) * 40,
+    "invalid_utf8_json": b'{"prompt": "\xff\xfe how do we run migrations", "session_id": "s"}',
+    "array": b'["how do we run the database migrations?"]',
+    "string": b'"how do we run the database migrations?"',
+    "wrong_types": b'{"prompt": 42, "session_id": ["x"]}',
+    "prompt_null": b'{"prompt": null, "session_id": "s"}',
+    "no_prompt": b'{"session_id": "s", "hook_event_name": "UserPromptSubmit"}',
+    "nan": b'{"prompt": "how do we run the database migrations?", "n": NaN}',
+    "deep": b"[" * 100_000 + b"]" * 100_000,
+    "huge": b'{"prompt": "' + b"a" * (5 * 1024 * 1024) + b'"}',  # over the 4 MiB stdin cap
+    "trailing": b'{"prompt": "how do we run the database migrations?"} {}',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_STDIN))
+def test_malformed_stdin_ends_silently(tmp_path, kind):
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS=str(DEADLINE))
+        run = hook.run(MALFORMED_STDIN[kind])
+        assert_silent(run)
+        assert run.ms <= DEADLINE + SLACK
+        assert server.requests == []
+    assert hook.last()["outcome"] == "skipped"
+
+
+def test_stdin_never_closed_ends_by_the_deadline(tmp_path):
+    hook = Hook(tmp_path, "http://127.0.0.1:9", RELAY_DEADLINE_MS="300")
+    started = time.monotonic()
+    with subprocess.Popen(
+        [str(HOOK)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=hook.env
+    ) as proc:
+        proc.stdin.write(b'{"prompt": "how do we')
+        proc.stdin.flush()
+        out = proc.stdout.read()  # EOF when the hook exits, while its stdin is still open
+        elapsed = (time.monotonic() - started) * 1000
+        assert proc.wait(5) == 0
+    assert out == b""
+    assert elapsed <= 300 + SLACK
+    assert hook.last()["reason"] == "stdin_timeout"
+
+
+def test_missing_and_unknown_fields_are_tolerated(tmp_path):
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url)
+        codex = {
+            "prompt": PROMPT,
+            "turn_id": "t-9",
+            "model": "gpt-x",
+            "session_id": "c1",
+            "extra": {"a": [1]},
+        }
+        assert_hit_contract(hook.run(json.dumps(codex).encode()))
+        assert hook.last()["prompt_id"] == "t-9"
+        assert_hit_contract(hook.run(json.dumps({"prompt": PROMPT}).encode()))  # no session at all
+
+
+def test_sigint_mid_request_still_exits_zero_silently(tmp_path):
+    server = FakeRelay()
+    server.handler = hung(server)
+    with server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="3000")
+        with subprocess.Popen(
+            [str(HOOK)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=hook.env,
+        ) as proc:
+            proc.stdin.write(hook.payload(PROMPT))
+            proc.stdin.close()
+            deadline = time.monotonic() + 5
+            while not server.requests and time.monotonic() < deadline:
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGINT)
+            out = proc.stdout.read()
+            assert proc.wait(5) == 0
+    assert out == b""
+
+
+def test_unusable_state_dir_still_exits_zero_silently(tmp_path):
+    (tmp_path / "state").write_text("a file where the state directory should be")
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url)
+        assert_silent(hook.prompt(PROMPT))
+
+
+def test_kill_switch_and_missing_configuration_are_silent(tmp_path):
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_MEMORY_OFF="1")
+        assert_silent(hook.prompt(PROMPT))
+        assert hook.last()["outcome"] == "disabled" and hook.last()["reason"] == "memory_off"
+        assert_silent(hook.session_start("startup"))
+        assert hook.last()["outcome"] == "disabled"
+        hook = Hook(tmp_path / "b", None)
+        assert_silent(hook.prompt(PROMPT))
+        assert hook.last() | {"ts": 0, "ms": 0} == {**hook.last(), "ts": 0, "ms": 0}
+        assert hook.last()["outcome"] == "disabled" and hook.last()["reason"] == "not_configured"
+        hook = Hook(tmp_path / "c", "ftp://relay", RELAY_API_KEY="relay_x_y")
+        assert_silent(hook.prompt(PROMPT))
+        assert hook.last()["reason"] == "bad_url"
+        assert server.requests == []

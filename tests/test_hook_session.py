@@ -1,0 +1,226 @@
+"""A conversation through the real hook: gating, ledger, revisions, SessionStart, concurrency."""
+
+from __future__ import annotations
+
+import json
+
+from hook_support import (
+    FakeRelay,
+    Hook,
+    assert_hit_contract,
+    assert_silent,
+    record,
+    reply,
+    results,
+    run_together,
+)
+
+
+class Knowledge:
+    """A fake search: memories whose topic word appears in the query, at their current revision."""
+
+    def __init__(self) -> None:
+        self.revisions = {"mem_migrate": 1, "mem_deploy": 1, "mem_logging": 1, "mem_tests": 1}
+        self.topics = {
+            "migration": "mem_migrate",
+            "deploy": "mem_deploy",
+            "logging": "mem_logging",
+            "test": "mem_tests",
+        }
+
+    def __call__(self, conn, request) -> None:
+        query = request.json()["query"].lower()
+        found = [
+            record(rid, self.revisions[rid]) for word, rid in self.topics.items() if word in query
+        ]
+        reply(200, results(*found))(conn, request)
+
+
+# (prompt, expected outcome, skip reason or injected ids)
+CONVERSATION = [
+    ("how do we write a database migration for the orders table?", "hit", ["mem_migrate"]),
+    ("continue", "skipped", "short_prompt"),
+    ("ok", "skipped", "short_prompt"),
+    ("add an index migration for the orders table customer column", "skipped", "same_topic"),
+    ("how do we deploy the billing service to staging?", "hit", ["mem_deploy"]),
+    ("what about production deploys?", "skipped", "throttled"),
+    ("continue", "skipped", "short_prompt"),
+    ("which logging conventions does the worker follow?", "hit", ["mem_logging"]),
+    ("ok", "skipped", "short_prompt"),
+    ("yes please", "skipped", "short_prompt"),
+    ("how should the orders migration be covered by a test?", "hit", ["mem_tests"]),
+    ("continue", "skipped", "short_prompt"),
+    ("thanks, that works", "skipped", "throttled"),
+    ("ok", "skipped", "short_prompt"),
+    # mem_migrate gets revision 2 on the server before this prompt
+    ("now the payments schema needs a migration, same rules?", "hit", ["mem_migrate"]),
+    ("continue", "skipped", "short_prompt"),
+    ("ok", "skipped", "short_prompt"),
+    ("what logging fields must every worker deploy emit?", "no_match", None),
+    ("continue", "skipped", "short_prompt"),
+    ("please please please please please", "skipped", "no_keywords"),
+]
+
+
+def test_twenty_prompt_session_with_topic_shifts_and_follow_ups(tmp_path):
+    knowledge = Knowledge()
+    with FakeRelay(knowledge) as server:
+        hook = Hook(tmp_path, server.url)
+        injected: list[tuple[str, int]] = []
+        for n, (prompt, outcome, detail) in enumerate(CONVERSATION, 1):
+            if n == 15:
+                knowledge.revisions["mem_migrate"] = 2
+            run = hook.prompt(prompt, prompt_id=f"p{n}")
+            entry = hook.last()
+            assert entry["outcome"] == outcome, (n, prompt, entry)
+            assert entry["prompt_id"] == f"p{n}"
+            if outcome == "hit":
+                context = assert_hit_contract(run)
+                ids = [rid for rid, _ in entry["injected"]]
+                assert ids == detail, (n, entry)
+                for rid, rev in entry["injected"]:
+                    assert f'id="{rid}" revision="{rev}"' in context
+                injected.extend(map(tuple, entry["injected"]))
+            else:
+                assert_silent(run)
+                if outcome == "skipped":
+                    assert entry["reason"] == detail, (n, entry)
+        searches = [e for e in hook.outcomes() if e["outcome"] in ("hit", "no_match")]
+        assert len(server.requests) == len(searches) == 6
+    # every (id, revision) at most once; the edited memory came back at its new revision
+    assert len(injected) == len(set(injected))
+    assert ("mem_migrate", 1) in injected and ("mem_migrate", 2) in injected
+    # prompt 18 found records, all already in the conversation
+    assert hook.outcomes()[17]["duplicates"] == 2
+    state = hook.session_state()
+    assert state["count"] == 20
+    assert state["ledger"] == {"mem_deploy": 1, "mem_tests": 1, "mem_migrate": 2, "mem_logging": 1}
+
+
+def test_first_substantive_prompt_always_searches(tmp_path):
+    with FakeRelay(reply(200, results())) as server:
+        hook = Hook(tmp_path, server.url)
+        hook.prompt("ok")
+        hook.prompt("continue")
+        assert server.requests == []
+        assert_silent(hook.prompt("where is the staging database configured?"))
+        assert hook.last()["outcome"] == "no_match"
+        assert len(server.requests) == 1
+
+
+def test_search_request_carries_query_k_deadline_and_key(tmp_path):
+    with FakeRelay(reply(200, results())) as server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="400", RELAY_MAX_RECORDS="2")
+        hook.prompt("  where is the staging database configured?  " + "x" * 5000)
+        (req,) = server.requests
+    assert req.method == "POST" and req.path == "/v1/search"
+    assert req.headers["authorization"] == "Bearer relay_test_0123456789abcdef"
+    body = req.json()
+    assert set(body) == {"query", "k", "deadline_ms"}
+    assert body["query"].startswith("where is the staging database configured?")
+    assert len(body["query"]) == 2000
+    assert body["k"] == 5
+    assert 20 <= body["deadline_ms"] <= 350  # remaining budget minus the pack reserve
+
+
+def test_overlap_threshold_and_throttle_knobs(tmp_path):
+    with FakeRelay(reply(200, results())) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        for _ in range(3):
+            hook.prompt("where is the staging database configured?")
+        assert len(server.requests) == 3
+        hook = Hook(tmp_path / "b", server.url, RELAY_THROTTLE_PROMPTS="0")
+        hook.prompt("where is the staging database configured?")
+        hook.prompt("where is the staging database configured again?")
+        assert hook.last()["reason"] == "same_topic"
+        hook.prompt("how are feature flags rolled out?")
+        assert hook.last()["outcome"] == "no_match"
+
+
+def test_compaction_and_clear_reset_the_ledger_resume_keeps_it(tmp_path):
+    with FakeRelay(reply(200, results(record("mem_a"), record("mem_b")))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_PROFILE="0")
+        assert_hit_contract(hook.prompt("how do we write a database migration?"))
+        hook.session_start("resume")
+        assert hook.last()["reason"] == "profile_off"
+        hook.prompt("how do we write a database migration?", session="sess-1")
+        assert hook.session_state()["ledger"] == {"mem_a": 1, "mem_b": 1}
+        for source in ("compact", "clear"):
+            assert_silent(hook.session_start(source))
+            assert hook.session_state()["ledger"] == {}
+            # the same question right after compaction brings the records back, once
+            context = assert_hit_contract(hook.prompt("how do we write a database migration?"))
+            assert "mem_a" in context and "mem_b" in context
+            assert_silent(hook.prompt("how do we write a database migration?"))
+
+
+def test_newer_revision_is_injected_again_same_revision_never(tmp_path):
+    answer = {"rev": 1}
+
+    def handler(conn, request):
+        reply(200, results(record("mem_a", answer["rev"])))(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        assert 'revision="1"' in assert_hit_contract(hook.prompt("how do we write a migration?"))
+        assert_silent(hook.prompt("how do we write a migration?"))
+        assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] == 1
+        answer["rev"] = 3
+        assert 'revision="3"' in assert_hit_contract(hook.prompt("how do we write a migration?"))
+        answer["rev"] = 2  # an older revision never returns once a newer one was shown
+        assert_silent(hook.prompt("how do we write a migration?"))
+
+
+def test_session_start_injects_profile_and_records_it_in_the_ledger(tmp_path):
+    pinned = results(record("mem_style", 2), record("mem_oncall", 1))
+    search = results(record("mem_style", 2), record("mem_new", 1))
+
+    def handler(conn, request):
+        reply(200, pinned if request.path == "/v1/profile" else search)(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url)
+        run = hook.session_start("startup")
+        context = assert_hit_contract(run, "SessionStart")
+        assert "Relay team profile" in context and "mem_style" in context
+        assert server.requests[0].method == "GET" and server.requests[0].path == "/v1/profile"
+        assert hook.session_state()["ledger"] == {"mem_style": 2, "mem_oncall": 1}
+        context = assert_hit_contract(hook.prompt("what is our code style for python modules?"))
+        assert "mem_new" in context and "mem_style" not in context
+        assert hook.last()["duplicates"] == 1
+        # resume keeps the ledger: the profile is already in the conversation
+        assert_silent(hook.session_start("resume"))
+        assert hook.last()["outcome"] == "no_match"
+
+
+def test_event_name_on_stdin_selects_session_start(tmp_path):
+    with FakeRelay(reply(200, results(record("mem_p")))) as server:
+        hook = Hook(tmp_path, server.url)
+        run = hook.run(hook.start_payload("startup"))  # no session-start argument
+        assert_hit_contract(run, "SessionStart")
+
+
+def test_concurrent_hooks_of_one_session_never_inject_a_record_twice(tmp_path):
+    with FakeRelay(
+        reply(200, results(record("mem_a"), record("mem_b"), record("mem_c")))
+    ) as server:
+        hook = Hook(
+            tmp_path,
+            server.url,
+            RELAY_THROTTLE_PROMPTS="0",
+            RELAY_OVERLAP_THRESHOLD="1.5",
+            RELAY_DEADLINE_MS="5000",
+        )
+        done = run_together(
+            hook, [hook.payload(f"how do we write migration number {i}?") for i in range(8)]
+        )
+        assert all(rc == 0 for rc, _ in done)
+    contexts = [
+        json.loads(out)["hookSpecificOutput"]["additionalContext"] for _, out in done if out
+    ]
+    for rid in ("mem_a", "mem_b", "mem_c"):
+        assert sum(c.count(f'id="{rid}"') for c in contexts) == 1
+    state = hook.session_state()
+    assert state["count"] == 8
+    assert state["ledger"] == {"mem_a": 1, "mem_b": 1, "mem_c": 1}
+    assert len(hook.outcomes()) == 8
