@@ -1,0 +1,269 @@
+"""`relay stats`: what the recall hook did over a period, read from its outcome log.
+
+Not on the hook's hot path; the hook only appends to `<state_dir>/outcomes.jsonl`
+(see docs/hook.md). A streak of `unauthorized` (a broken key) or of
+`timeout`/`unavailable` (a server that is down) is reported loudly here and by
+`relay doctor` through `problems()`, never to the model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from relay.hook import config as hook_config
+from relay.hook.outcome_log import LOG_NAME
+
+OUTCOMES = (
+    "hit",
+    "no_match",
+    "timeout",
+    "unavailable",
+    "unauthorized",
+    "invalid_response",
+    "skipped",
+    "disabled",
+    "circuit_open",
+)
+SEARCHED = ("hit", "no_match", "timeout", "unavailable", "unauthorized", "invalid_response")
+UNAVAILABLE_STREAK_ALERT = 3
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str) -> float:
+    """'90s', '30m', '24h', '7d', '2w' -> seconds."""
+    text = text.strip().lower()
+    if len(text) < 2 or text[-1] not in _UNITS:
+        raise ValueError(f"period {text!r} is not a number followed by s, m, h, d or w")
+    value = float(text[:-1])
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"period {text!r} must be positive")
+    return value * _UNITS[text[-1]]
+
+
+def _ts(entry: dict) -> float | None:
+    raw = entry.get("ts")
+    if not isinstance(raw, str):
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def read_entries(state_dir: str, since: float | None = None) -> Iterator[dict]:
+    """Log entries, oldest first across rotated files, at or after `since` (epoch seconds)."""
+    path = os.path.join(state_dir, LOG_NAME)
+    rotated = []
+    n = 1
+    while os.path.exists(f"{path}.{n}"):
+        rotated.append(f"{path}.{n}")
+        n += 1
+    for name in [*reversed(rotated), path]:
+        try:
+            with open(name, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        continue  # a torn line from a crash is not worth failing over
+                    if not isinstance(entry, dict):
+                        continue
+                    when = _ts(entry)
+                    if since is not None and (when is None or when < since):
+                        continue
+                    yield entry
+        except OSError:
+            continue
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """Nearest-rank p50/p95/p99 (zeros when there is nothing to rank)."""
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    ordered = sorted(values)
+
+    def pick(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, math.ceil(p * len(ordered)) - 1)], 2)
+
+    return {"p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99)}
+
+
+def _streak(entries: list[dict], outcomes: tuple[str, ...]) -> dict[str, Any]:
+    """The trailing run of searches ending in `outcomes`; breaker skips neither break nor count."""
+    length, started = 0, None
+    for entry in reversed(entries):
+        outcome = entry.get("outcome")
+        if outcome == "circuit_open":
+            continue
+        if outcome not in SEARCHED:
+            continue
+        if outcome not in outcomes:
+            break
+        length += 1
+        started = entry.get("ts")
+    return {"length": length, "since": started}
+
+
+def breaker_state(state_dir: str, cfg: dict) -> dict[str, Any]:
+    path = os.path.join(state_dir, "breaker.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return {"state": "closed", "failures": 0}
+    if not isinstance(raw, dict):
+        return {"state": "closed", "failures": 0}
+    opened = raw.get("opened_at")
+    state = "closed"
+    if isinstance(opened, int | float):
+        state = "open" if time.time() < opened + cfg["breaker_cooldown_s"] else "half_open"
+    out: dict[str, Any] = {
+        "state": state,
+        "failures": raw.get("failures", 0),
+        "url": raw.get("url"),
+    }
+    if isinstance(opened, int | float):
+        out["opened_at"] = datetime.fromtimestamp(opened, UTC).isoformat(timespec="seconds")
+    return out
+
+
+def summarise(state_dir: str, since_s: float | None = 86400, now: float | None = None) -> dict:
+    """Counts per outcome, hook time percentiles, injected tokens, duplicates, streaks, breaker."""
+    now = time.time() if now is None else now
+    since = None if since_s is None else now - since_s
+    entries = list(read_entries(state_dir, since))
+    counts = dict.fromkeys(OUTCOMES, 0)
+    reasons: dict[str, int] = {}
+    totals, hit_totals = [], []
+    records = tokens = dupes = 0
+    for entry in entries:
+        outcome = entry.get("outcome")
+        if outcome in counts:
+            counts[outcome] += 1
+        if outcome in ("skipped", "disabled") and isinstance(entry.get("reason"), str):
+            key = f"{outcome}:{entry['reason']}"
+            reasons[key] = reasons.get(key, 0) + 1
+        ms = entry.get("ms")
+        total = ms.get("total") if isinstance(ms, dict) else None
+        if isinstance(total, int | float):
+            totals.append(float(total))
+            if outcome == "hit":
+                hit_totals.append(float(total))
+        records += _num(entry.get("records"))
+        tokens += _num(entry.get("tokens"))
+        dupes += _num(entry.get("duplicates"))
+    cfg = hook_config.load()
+    summary = {
+        "state_dir": state_dir,
+        "since": None if since is None else _iso(since),
+        "until": _iso(now),
+        "invocations": len(entries),
+        "outcomes": counts,
+        "skip_reasons": dict(sorted(reasons.items())),
+        "hook_ms": percentiles(totals),
+        "hit_ms": percentiles(hit_totals),
+        "injected": {
+            "records": records,
+            "tokens": tokens,
+            "tokens_per_hit": round(tokens / counts["hit"], 1) if counts["hit"] else 0.0,
+        },
+        "duplicates_avoided": dupes,
+        "unauthorized_streak": _streak(entries, ("unauthorized",)),
+        "unavailable_streak": _streak(entries, ("timeout", "unavailable")),
+        "breaker": breaker_state(state_dir, cfg),
+    }
+    summary["problems"] = problems(summary)
+    return summary
+
+
+def problems(summary: dict) -> list[str]:
+    """Loud, one-line findings for `relay stats` and `relay doctor`."""
+    out = []
+    bad_key = summary["unauthorized_streak"]["length"]
+    if bad_key:
+        out.append(
+            f"the last {bad_key} searches were rejected (401/403) since "
+            f"{summary['unauthorized_streak']['since']}: the hook's API key is revoked, expired "
+            "or lacks memory:read; recall is off until it is fixed"
+        )
+    down = summary["unavailable_streak"]["length"]
+    if down >= UNAVAILABLE_STREAK_ALERT:
+        out.append(
+            f"the last {down} searches timed out or found no server since "
+            f"{summary['unavailable_streak']['since']}: check RELAY_URL and the server"
+        )
+    if summary["breaker"]["state"] != "closed":
+        out.append(f"the hook's circuit breaker is {summary['breaker']['state']}")
+    return out
+
+
+def _num(value: object) -> int:
+    return value if type(value) is int else 0
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+def render(summary: dict) -> str:
+    """The summary as a short text report; problems first, in capitals."""
+    lines = [f"PROBLEM: {p}" for p in summary["problems"]]
+    if lines:
+        lines.append("")
+    period = f"since {summary['since']}" if summary["since"] else "all time"
+    lines.append(f"Relay hook, {period} ({summary['invocations']} prompts and session starts)")
+    searched = sum(summary["outcomes"][o] for o in SEARCHED)
+    lines.append(f"  searched {searched}, of which:")
+    for outcome in OUTCOMES:
+        count = summary["outcomes"][outcome]
+        if outcome in SEARCHED or count:
+            lines.append(f"    {outcome:<17} {count}")
+    for reason, count in summary["skip_reasons"].items():
+        lines.append(f"      {reason:<25} {count}")
+    h, hit = summary["hook_ms"], summary["hit_ms"]
+    lines.append(f"  hook time ms      p50 {h['p50']}  p95 {h['p95']}  p99 {h['p99']}")
+    lines.append(f"  on hits ms        p50 {hit['p50']}  p95 {hit['p95']}  p99 {hit['p99']}")
+    inj = summary["injected"]
+    lines.append(
+        f"  injected          {inj['records']} records, {inj['tokens']} tokens "
+        f"({inj['tokens_per_hit']} per hit)"
+    )
+    lines.append(f"  duplicates avoided {summary['duplicates_avoided']}")
+    b = summary["breaker"]
+    lines.append(f"  breaker           {b['state']} (consecutive failures {b.get('failures', 0)})")
+    return "\n".join(lines)
+
+
+@click.command("stats")
+@click.option(
+    "--since",
+    default="24h",
+    show_default=True,
+    help="Period to summarise: a number and s, m, h, d or w ('all' for everything).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The hook's state directory (default: RELAY_STATE_DIR or ~/.relay/state).",
+)
+def stats(since: str, as_json: bool, state_dir: str | None) -> None:
+    """Summarise the recall hook's outcomes: counts, hook time, tokens, streaks, breaker."""
+    try:
+        since_s = None if since.strip().lower() == "all" else parse_since(since)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    summary = summarise(state_dir or hook_config.load().state_dir, since_s)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(render(summary))

@@ -1,0 +1,58 @@
+"""`relay stats` over a log the real hook wrote."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from hook_support import FakeRelay, Hook, record, reply, results
+
+from relay.hook_stats import parse_since, stats, summarise
+
+
+def test_stats_counts_outcomes_tokens_duplicates_and_reports_a_bad_key_loudly(tmp_path):
+    answer = {"handler": reply(200, results(record("mem_a"), record("mem_b")))}
+    with FakeRelay(lambda conn, request: answer["handler"](conn, request)) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        hook.prompt("how do we write a database migration?")  # hit, 2 records
+        hook.prompt("how do we write a database migration?")  # no_match, 2 duplicates
+        hook.prompt("ok")  # skipped
+        answer["handler"] = reply(401, {"error": {"code": "unauthorized"}})
+        hook.prompt("how do we write a database migration?")
+        hook.prompt("how do we write a database migration?")
+    summary = summarise(str(hook.state_dir), since_s=3600)
+    assert summary["invocations"] == 5
+    assert summary["outcomes"]["hit"] == 1
+    assert summary["outcomes"]["no_match"] == 1
+    assert summary["outcomes"]["skipped"] == 1
+    assert summary["outcomes"]["unauthorized"] == 2
+    assert summary["skip_reasons"] == {"skipped:short_prompt": 1}
+    assert summary["injected"]["records"] == 2 and summary["injected"]["tokens"] > 0
+    assert summary["duplicates_avoided"] == 2
+    assert summary["unauthorized_streak"]["length"] == 2
+    assert summary["hook_ms"]["p50"] > 0
+    assert any("rejected (401/403)" in p for p in summary["problems"])
+
+    result = CliRunner().invoke(stats, ["--state-dir", str(hook.state_dir), "--since", "1h"])
+    assert result.exit_code == 0
+    assert result.output.startswith("PROBLEM: the last 2 searches were rejected")
+    as_json = CliRunner().invoke(stats, ["--state-dir", str(hook.state_dir), "--json"])
+    assert json.loads(as_json.output)["outcomes"]["hit"] == 1
+
+
+def test_stats_on_an_empty_or_torn_log(tmp_path):
+    (tmp_path / "outcomes.jsonl").write_text(
+        '{"ts": "2026-11-29T00:00:00.000Z", "outcome": "hit"\n'
+    )
+    summary = summarise(str(tmp_path), since_s=None)
+    assert summary["invocations"] == 0 and summary["problems"] == []
+    result = CliRunner().invoke(stats, ["--state-dir", str(tmp_path), "--since", "soon"])
+    assert result.exit_code == 2
+
+
+def test_parse_since():
+    assert parse_since("24h") == 86400
+    assert parse_since("30m") == 1800
+    with pytest.raises(ValueError):
+        parse_since("-1d")
