@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from postgres_support import pg_store, pg_url  # noqa: F401  (a real PostgreSQL per session)
 
 from relay.auth import mint_key
 from relay.cache import ResultCache
@@ -21,6 +22,7 @@ from relay.embedding import load_embedder
 from relay.metrics import Metrics
 from relay.search import Searcher
 from relay.server import Services, asgi_app
+from relay.store import Store
 from relay.store.sqlite import SQLiteStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,8 +34,12 @@ def embedder():
     return load_embedder("onnx", 1)
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Every store-level test runs on both implementations (`-m "not postgres"` skips one)."""
+    if request.param == "postgresql":
+        yield request.getfixturevalue("pg_store")
+        return
     s = SQLiteStore(tmp_path / "relay.db")
     yield s
     s.close()

@@ -1,0 +1,1048 @@
+"""The shared store: PostgreSQL with tsvector and pgvector, for several server replicas.
+
+Same semantics as the SQLite store (same errors, revisions, tombstones,
+supersession and per-org `generation`), with tenant isolation enforced twice:
+every query names its org, and each transaction sets `relay.org_id` so the
+Row-Level Security policies (see `migrations_postgres`) hide every other org's
+rows from a query that forgets to. The server connects through a pool and
+switches to the non-owner role `relay_app` when it can; the tables FORCE RLS,
+so the owner is held to the policies as well. Only a superuser or a role with
+BYPASSRLS escapes them, which `rls_enforced` reports.
+
+Writes to one org serialise on its `orgs` row (taken first in every write
+transaction), like SQLite's single writer but per tenant, so org counters
+never deadlock. The generation is bumped in the same transaction as the write,
+so every replica's cache sees the change at its next request.
+
+Vector search: the HNSW index covers the whole table and pgvector 0.6 filters
+its results afterwards, so an org that is a small share of the table would get
+too few. Orgs up to `exact_max` passages are searched exactly (the org's rows
+through the btree, distances computed for all of them); larger ones go through
+HNSW with `hnsw.ef_search` raised in proportion to the org's share, and fall
+back to the exact scan when the share is too small or too few rows come back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import struct
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.adapt import Dumper, Loader
+from psycopg.pq import Format
+from psycopg.rows import dict_row
+from psycopg.types import TypeInfo
+from psycopg_pool import ConnectionPool
+
+from relay.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
+from relay.models import (
+    EVERYONE,
+    ApiKey,
+    Memory,
+    MemoryDraft,
+    Org,
+    Passage,
+    PassageInput,
+    Revision,
+)
+from relay.store import SaveMode
+from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
+
+log = logging.getLogger("relay.store.postgres")
+
+DIM = 384
+DEFAULT_POOL = 8
+DEFAULT_EXACT_MAX = 20_000  # passages an org may have and still be searched exactly
+MAX_EF_SEARCH = 1000  # pgvector's ceiling for hnsw.ef_search
+# Query parameters Relay reads from the URL itself; psycopg never sees them.
+RELAY_PARAMS = ("pool_size", "exact_max", "app_role")
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """psycopg's errors become Relay's, once, here."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise StoreError(f"database error: {exc}") from exc
+
+
+# -- vectors on the wire: float32 little-endian bytes <-> pgvector's binary format ------
+class Vector(bytes):
+    """A float32 little-endian vector, sent to PostgreSQL as `vector`."""
+
+    @classmethod
+    def of(cls, value: np.ndarray | bytes) -> Vector:
+        if isinstance(value, bytes):
+            return cls(value)
+        return cls(np.asarray(value, dtype="<f4").tobytes())
+
+
+class _VectorDumper(Dumper):
+    format = Format.BINARY
+
+    def dump(self, obj: bytes) -> bytes:
+        dim = len(obj) // 4
+        return struct.pack(">HH", dim, 0) + np.frombuffer(obj, dtype="<f4").astype(">f4").tobytes()
+
+
+class _VectorLoader(Loader):
+    format = Format.BINARY
+
+    def load(self, data: Any) -> bytes:
+        dim = struct.unpack_from(">H", data)[0]
+        return np.frombuffer(bytes(data)[4 : 4 + 4 * dim], dtype=">f4").astype("<f4").tobytes()
+
+
+@dataclass(frozen=True)
+class PgOptions:
+    conninfo: str
+    pool_size: int
+    exact_max: int
+    app_role: str
+
+
+def parse_url(url: str) -> PgOptions:
+    """Split Relay's own options (`?pool_size=&exact_max=&app_role=`) from the libpq URL."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    own = {k: v for k, v in query if k in RELAY_PARAMS}
+    rest = [(k, v) for k, v in query if k not in RELAY_PARAMS]
+    try:
+        pool = int(own.get("pool_size") or os.environ.get("RELAY_PG_POOL") or DEFAULT_POOL)
+        exact = int(
+            own.get("exact_max") or os.environ.get("RELAY_PG_EXACT_MAX") or DEFAULT_EXACT_MAX
+        )
+    except ValueError as exc:
+        raise InvalidRequestError(f"bad PostgreSQL URL option: {exc}") from exc
+    if pool < 1:
+        raise InvalidRequestError("pool_size must be at least 1")
+    conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
+    return PgOptions(conninfo, pool, exact, own.get("app_role") or APP_ROLE)
+
+
+def passage_rank_sql(audience_filter: bool) -> str:
+    """BM25 over the org's own statistics, for passages matching any query term."""
+    return (
+        "WITH q AS (SELECT t.term, ln(1 + (%(n)s::float8 - coalesce(ot.df, 0) + 0.5)"
+        " / (coalesce(ot.df, 0) + 0.5)) AS idf FROM unnest(%(terms)s::text[]) AS t(term)"
+        " LEFT JOIN org_terms ot ON ot.org_id = %(org)s AND ot.term = t.term),"
+        " hits AS (SELECT p.id, p.tsv, p.token_count FROM passages p"
+        " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+        " WHERE p.tsv @@ to_tsquery('simple', %(match)s) AND p.org_id = %(org)s"
+        f" AND {visible_sql(audience_filter)})"
+        " SELECT h.id, sum(q.idf * u.tf * 2.2 / (u.tf + 1.2 * (0.25 + 0.75 * h.token_count"
+        " / %(avgdl)s))) AS score FROM hits h"
+        " CROSS JOIN LATERAL (SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf"
+        " FROM unnest(h.tsv)) AS u JOIN q ON q.term = u.lexeme"
+        " GROUP BY h.id ORDER BY score DESC, h.id LIMIT %(limit)s"
+    )
+
+
+def visible_sql(audience_filter: bool) -> str:
+    """The recall filter on `memories m` for one org: live, current, unexpired, audience."""
+    clauses = [
+        "m.org_id = %(org)s",
+        "m.deleted_at IS NULL",
+        "m.superseded_by IS NULL",
+        "(m.valid_until IS NULL OR m.valid_until > %(now)s)",
+    ]
+    if audience_filter:
+        clauses.append(
+            "EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
+            " AND ma.memory_id = m.id AND ma.audience = ANY(%(aud)s))"
+        )
+    return " AND ".join(clauses)
+
+
+def managed_sql(audiences: frozenset[str] | None) -> str:
+    """Management reads see expired and superseded memories too (so they can be tended)."""
+    clauses = ["m.org_id = %(org)s", "m.deleted_at IS NULL"]
+    if audiences is not None:
+        clauses.append(
+            "EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
+            " AND ma.memory_id = m.id AND ma.audience = ANY(%(aud)s))"
+        )
+    return " AND ".join(clauses)
+
+
+def exact_vector_sql() -> str:
+    """Every visible passage of the org ranked by true cosine distance.
+
+    `+ 0` keeps the planner off the HNSW index (which would post-filter) and on
+    the org's btree: exact, and fast for an org of up to `exact_max` passages.
+    """
+    return (
+        "SELECT p.id, 1 - (p.embedding <=> %(q)s) AS cosine FROM passages p"
+        " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+        f" WHERE p.org_id = %(org)s AND {visible_sql(True)}"
+        " ORDER BY (p.embedding <=> %(q)s) + 0, p.id LIMIT %(limit)s"
+    )
+
+
+def hnsw_vector_sql() -> str:
+    """Nearest passages through the HNSW index, then the recall filter on what came back."""
+    return (
+        "SELECT c.id, 1 - c.d AS cosine FROM (SELECT p.id, p.memory_id, p.embedding <=> %(q)s AS d"
+        " FROM passages p WHERE p.org_id = %(org)s ORDER BY p.embedding <=> %(q)s"
+        " LIMIT %(ef)s) AS c JOIN memories m ON m.org_id = %(org)s AND m.id = c.memory_id"
+        f" WHERE {visible_sql(True)} ORDER BY c.d, c.id LIMIT %(limit)s"
+    )
+
+
+def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:
+    """The `hnsw.ef_search` that should leave `limit` of the org's rows after filtering,
+    or None when even pgvector's maximum would not (the org is too small a share)."""
+    if table_rows <= 0 or org_rows <= 0:
+        return None
+    share = min(1.0, org_rows / table_rows)
+    ef = math.ceil(3 * limit / share)
+    return max(ef, 40) if ef <= MAX_EF_SEARCH else None
+
+
+class PostgresStore:
+    """The shared store (see module docstring)."""
+
+    def __init__(self, url: str, pool_size: int | None = None, exact_max: int | None = None):
+        opts = parse_url(url)
+        self.url = url
+        self.conninfo = opts.conninfo
+        self.exact_max = opts.exact_max if exact_max is None else exact_max
+        self.app_role = opts.app_role
+        self._vector_oid: int | None = None
+        self._migrate()
+        with translate_errors():
+            self.pool = ConnectionPool(
+                opts.conninfo,
+                min_size=1,
+                max_size=pool_size or opts.pool_size,
+                kwargs={"autocommit": True, "row_factory": dict_row},
+                configure=self._configure,
+                open=True,
+                name="relay",
+            )
+            with self.pool.connection() as conn:
+                row = conn.execute(
+                    "SELECT current_user AS role, rolsuper OR rolbypassrls AS bypass FROM pg_roles"
+                    " WHERE rolname = current_user"
+                ).fetchone()
+        self.role, bypass = (row["role"], bool(row["bypass"])) if row else ("?", True)
+        self.rls_enforced = not bypass
+        if bypass:
+            log.warning(
+                "connected as %s, which bypasses row-level security; create role %s"
+                " and grant it to the connecting user so the policies apply",
+                self.role,
+                self.app_role,
+            )
+
+    # -- connections -----------------------------------------------------------
+    def _configure(self, conn: psycopg.Connection) -> None:
+        conn.execute("SET TIME ZONE 'UTC'")
+        member = conn.execute(
+            "SELECT pg_has_role(current_user, oid, 'MEMBER') AS yes FROM pg_roles"
+            " WHERE rolname = %s",
+            (self.app_role,),
+        ).fetchone()
+        if member and member["yes"]:
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.app_role)))
+        info = TypeInfo.fetch(conn, "vector")
+        if info is None:
+            raise StoreError("the pgvector extension is not installed in this database")
+        conn.adapters.register_dumper(Vector, _make_dumper(info.oid))
+        conn.adapters.register_loader(info.oid, _VectorLoader)
+
+    @contextmanager
+    def _tx(
+        self, org_id: str | None = None, key_id: str | None = None, directory: bool = False
+    ) -> Iterator[psycopg.Connection]:
+        """One transaction, its tenant settings set for it alone (`set_config(..., true)`)."""
+        with translate_errors(), self.pool.connection() as conn, conn.transaction():
+            conn.execute(
+                "SELECT set_config('relay.org_id', %s, true), set_config('relay.key_id', %s, true),"
+                " set_config('relay.directory', %s, true)",
+                (org_id or "", key_id or "", "on" if directory else ""),
+            )
+            yield conn
+
+    @contextmanager
+    def _write(self, org_id: str) -> Iterator[psycopg.Connection]:
+        """A write transaction on one org: its row locked first, so writes never deadlock."""
+        with self._tx(org_id) as conn:
+            if not conn.execute(
+                "SELECT 1 FROM orgs WHERE id = %s FOR UPDATE", (org_id,)
+            ).fetchone():
+                raise NotFoundError(f"no organisation {org_id!r}")
+            yield conn
+
+    def _migrate(self) -> None:
+        """Apply pending migrations as the owner, one transaction each, under an advisory lock."""
+        with translate_errors(), psycopg.connect(self.conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_advisory_lock(hashtext('relay schema'))")
+            try:
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations"
+                    " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"
+                )
+                done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+                for version, script in enumerate(MIGRATIONS, start=1):
+                    if version in done:
+                        continue
+                    with conn.transaction():
+                        conn.execute(script)
+                        conn.execute("INSERT INTO schema_migrations VALUES (%s, now())", (version,))
+                self._ensure_role(conn)
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(hashtext('relay schema'))")
+
+    def _ensure_role(self, conn: psycopg.Connection) -> None:
+        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (self.app_role,))
+        if not exists.fetchone():
+            try:
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(self.app_role))
+                )
+            except psycopg.errors.InsufficientPrivilege:
+                log.warning("cannot create role %s; connecting as the owner", self.app_role)
+                return
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]  # type: ignore[index]
+        ident = sql.Identifier(schema).as_string(conn)
+        role = sql.Identifier(self.app_role).as_string(conn)
+        conn.execute(GRANTS.format(schema=ident).replace("relay_app", role))
+        try:
+            conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(self.app_role)))
+        except psycopg.errors.Error:
+            pass  # already a member, or not allowed: then the owner connects under FORCE RLS
+
+    def schema_version(self) -> int:
+        with self._tx() as conn:
+            return conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]  # type: ignore[index]
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # -- organisations and keys ---------------------------------------------------
+    def create_org(self, name: str) -> Org:
+        name = name.strip()
+        if not name:
+            raise InvalidRequestError("organisation name is empty")
+        org = Org(id="org_" + secrets.token_hex(6), name=name, created_at=datetime.now(UTC))
+        try:
+            with self._tx(org.id) as conn:
+                conn.execute(
+                    "INSERT INTO orgs (id, name, created_at) VALUES (%s, %s, %s)",
+                    (org.id, org.name, org.created_at),
+                )
+        except StoreError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise ConflictError(f"an organisation named {name!r} already exists") from None
+            raise
+        return org
+
+    def get_org(self, org_id: str) -> Org:
+        with self._tx(org_id) as conn:
+            row = conn.execute("SELECT * FROM orgs WHERE id = %s", (org_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no organisation {org_id!r}")
+        return _org(row)
+
+    def find_org(self, name_or_id: str) -> Org | None:
+        with self._tx(directory=True) as conn:
+            row = conn.execute(
+                "SELECT * FROM orgs WHERE id = %s OR name = %s", (name_or_id, name_or_id)
+            ).fetchone()
+        return None if row is None else _org(row)
+
+    def list_orgs(self) -> list[Org]:
+        with self._tx(directory=True) as conn:
+            rows = conn.execute("SELECT * FROM orgs ORDER BY created_at").fetchall()
+        return [_org(r) for r in rows]
+
+    def create_key(
+        self,
+        org_id: str,
+        key_id: str,
+        secret_hash: str,
+        name: str,
+        scopes: frozenset[str],
+        roles: frozenset[str],
+        expires_at: datetime | None,
+    ) -> ApiKey:
+        key = ApiKey(
+            id=key_id,
+            org_id=org_id,
+            name=name,
+            scopes=scopes,
+            roles=roles,
+            created_at=datetime.now(UTC),
+            expires_at=expires_at,
+        )
+        with self._write(org_id) as conn:
+            conn.execute(
+                "INSERT INTO api_keys (id, org_id, secret_hash, name, scopes, roles, created_at,"
+                " expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    key.id,
+                    org_id,
+                    secret_hash,
+                    name,
+                    sorted(scopes),
+                    sorted(roles),
+                    key.created_at,
+                    expires_at,
+                ),
+            )
+            _bump(conn, org_id)
+        return key
+
+    def key_for_auth(self, key_id: str) -> tuple[ApiKey, str] | None:
+        # The org is not known yet: the `key_lookup` policy shows this one key and no other.
+        with self._tx(key_id=key_id) as conn:
+            row = conn.execute("SELECT * FROM api_keys WHERE id = %s", (key_id,)).fetchone()
+        return None if row is None else (_key(row), row["secret_hash"])
+
+    def list_keys(self, org_id: str) -> list[ApiKey]:
+        with self._tx(org_id) as conn:
+            rows = conn.execute(
+                "SELECT * FROM api_keys WHERE org_id = %s ORDER BY created_at", (org_id,)
+            ).fetchall()
+        return [_key(r) for r in rows]
+
+    def revoke_key(self, org_id: str, key_id: str) -> ApiKey:
+        with self._write(org_id) as conn:
+            row = conn.execute(
+                "SELECT * FROM api_keys WHERE id = %s AND org_id = %s", (key_id, org_id)
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no key {key_id!r} in this organisation")
+            if row["revoked_at"] is None:
+                row = conn.execute(
+                    "UPDATE api_keys SET revoked_at = now() WHERE id = %s AND org_id = %s"
+                    " RETURNING *",
+                    (key_id, org_id),
+                ).fetchone()
+                _bump(conn, org_id)
+        return _key(row)
+
+    def known_audiences(self, org_id: str) -> set[str]:
+        """The roles that some live key of the org carries: the audiences a memory may name."""
+        with self._tx(org_id) as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT unnest(roles) FROM api_keys"
+                " WHERE org_id = %s AND revoked_at IS NULL",
+                (org_id,),
+            ).fetchall()
+        return {r["unnest"] for r in rows}
+
+    # -- memories ------------------------------------------------------------------
+    def save_memory(
+        self,
+        org_id: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        author: str | None,
+        passages: Sequence[PassageInput],
+        mode: SaveMode,
+        expected_revision: int | None = None,
+        audiences: frozenset[str] | None = None,
+    ) -> tuple[Memory, bool]:
+        (saved,) = self._save_many(
+            org_id, [(memory_id, draft, passages)], author, mode, expected_revision, audiences
+        )
+        return saved
+
+    def save_memories(
+        self,
+        org_id: str,
+        items: Sequence[tuple[str, MemoryDraft, Sequence[PassageInput]]],
+        author: str | None,
+        mode: SaveMode,
+        audiences: frozenset[str] | None = None,
+    ) -> list[tuple[Memory, bool]]:
+        """Many writes in one transaction: all land, or none do."""
+        return self._save_many(org_id, items, author, mode, None, audiences)
+
+    def _save_many(
+        self,
+        org_id: str,
+        items: Sequence[tuple[str, MemoryDraft, Sequence[PassageInput]]],
+        author: str | None,
+        mode: SaveMode,
+        expected_revision: int | None,
+        audiences: frozenset[str] | None,
+    ) -> list[tuple[Memory, bool]]:
+        try:
+            with self._write(org_id) as conn:
+                terms = _TermDelta()
+                out = [
+                    self._save(
+                        conn, terms, org_id, mid, d, author, ps, mode, expected_revision, audiences
+                    )
+                    for mid, d, ps in items
+                ]
+                if any(changed for _, changed in out):
+                    terms.apply(conn, org_id)
+                    _bump(conn, org_id)
+                return out
+        except StoreError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise ConflictError("the memory was written concurrently; retry") from None
+            raise
+
+    def _save(
+        self,
+        conn: psycopg.Connection,
+        terms: _TermDelta,
+        org_id: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        author: str | None,
+        passages: Sequence[PassageInput],
+        mode: SaveMode,
+        expected_revision: int | None,
+        audiences: frozenset[str] | None,
+    ) -> tuple[Memory, bool]:
+        row = conn.execute(
+            "SELECT * FROM memories WHERE org_id = %s AND id = %s", (org_id, memory_id)
+        ).fetchone()
+        current = None if row is None else _memory(row)
+        if row is not None and row["deleted_at"] is not None:
+            raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
+        if (
+            current is not None
+            and audiences is not None
+            and not (set(current.audiences) & (audiences | {EVERYONE}))
+        ):
+            # Invisible to this writer: answer exactly as if it did not exist.
+            raise NotFoundError(f"no memory {memory_id!r}")
+        if mode == "create" and current is not None:
+            raise ConflictError(f"memory {memory_id!r} already exists")
+        if mode == "edit" and current is None:
+            raise NotFoundError(f"no memory {memory_id!r}")
+        if expected_revision is not None and (
+            current is None or current.revision != expected_revision
+        ):
+            have = None if current is None else current.revision
+            raise ConflictError(
+                f"memory {memory_id!r} is at revision {have}, not {expected_revision}"
+            )
+        _check_supersedes(conn, org_id, memory_id, draft.supersedes)
+        if current is not None and _same_content(current, draft):
+            return current, False
+        now = datetime.now(UTC)
+        values = {
+            "org_id": org_id,
+            "id": memory_id,
+            "revision": 1 if current is None else current.revision + 1,
+            "title": draft.title,
+            "body": draft.body,
+            "source": draft.source,
+            "tags": list(draft.tags),
+            "audiences": list(draft.audiences),
+            "author": author,
+            "created_at": now if current is None else current.created_at,
+            "updated_at": now,
+            "valid_until": draft.valid_until,
+            "supersedes": list(draft.supersedes),
+            "pinned": draft.pinned,
+            "action": "create" if current is None else "edit",
+        }
+        saved = conn.execute(
+            "INSERT INTO memories (org_id, id, revision, title, body, source, tags, audiences,"
+            " author, created_at, updated_at, valid_until, supersedes, pinned) VALUES"
+            " (%(org_id)s, %(id)s, %(revision)s, %(title)s, %(body)s, %(source)s, %(tags)s,"
+            " %(audiences)s, %(author)s, %(created_at)s, %(updated_at)s, %(valid_until)s,"
+            " %(supersedes)s, %(pinned)s)"
+            " ON CONFLICT (org_id, id) DO UPDATE SET revision = excluded.revision,"
+            " title = excluded.title, body = excluded.body, source = excluded.source,"
+            " tags = excluded.tags, audiences = excluded.audiences, author = excluded.author,"
+            " updated_at = excluded.updated_at, valid_until = excluded.valid_until,"
+            " supersedes = excluded.supersedes, pinned = excluded.pinned RETURNING *",
+            values,
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author,"
+            " title, body, source, tags, audiences, valid_until, supersedes) VALUES"
+            " (%(org_id)s, %(id)s, %(revision)s, %(action)s, %(updated_at)s, %(author)s,"
+            " %(title)s, %(body)s, %(source)s, %(tags)s, %(audiences)s, %(valid_until)s,"
+            " %(supersedes)s)",
+            values,
+        )
+        conn.execute(
+            "DELETE FROM memory_audiences WHERE org_id = %s AND memory_id = %s",
+            (org_id, memory_id),
+        )
+        conn.execute(
+            "INSERT INTO memory_audiences (org_id, memory_id, audience)"
+            " SELECT %s, %s, unnest(%s::text[])",
+            (org_id, memory_id, sorted(set(draft.audiences))),
+        )
+        old = conn.execute(
+            "DELETE FROM passages WHERE org_id = %s AND memory_id = %s RETURNING lexical",
+            (org_id, memory_id),
+        ).fetchall()
+        terms.change(removed=[r["lexical"] for r in old], added=[p.lexical for p in passages])
+        if passages:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical,"
+                    " token_count, content_hash, embedding)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    [
+                        (
+                            org_id,
+                            memory_id,
+                            values["revision"],
+                            p.seq,
+                            p.text,
+                            p.lexical,
+                            len(p.lexical.split()),
+                            p.content_hash,
+                            Vector.of(p.embedding),
+                        )
+                        for p in passages
+                    ],
+                )
+        # Supersession is a relation between live memories: recompute both directions.
+        conn.execute(
+            "UPDATE memories SET superseded_by = NULL WHERE org_id = %s AND superseded_by = %s",
+            (org_id, memory_id),
+        )
+        if draft.supersedes:
+            conn.execute(
+                "UPDATE memories SET superseded_by = %s WHERE org_id = %s AND id = ANY(%s)",
+                (memory_id, org_id, list(draft.supersedes)),
+            )
+        return _memory(saved), True
+
+    def current_memory(self, org_id: str, memory_id: str) -> Memory | None:
+        with self._tx(org_id) as conn:
+            row = conn.execute(
+                "SELECT * FROM memories WHERE org_id = %s AND id = %s AND deleted_at IS NULL",
+                (org_id, memory_id),
+            ).fetchone()
+        return None if row is None else _memory(row)
+
+    def delete_memory(
+        self, org_id: str, memory_id: str, author: str | None, audiences: frozenset[str] | None
+    ) -> None:
+        params = _params(org_id, audiences, id=memory_id)
+        with self._write(org_id) as conn:
+            row = conn.execute(
+                f"SELECT m.* FROM memories m WHERE {managed_sql(audiences)} AND m.id = %(id)s",
+                params,
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            old = conn.execute(
+                "DELETE FROM passages WHERE org_id = %s AND memory_id = %s RETURNING lexical",
+                (org_id, memory_id),
+            ).fetchall()
+            terms = _TermDelta()
+            terms.change(removed=[r["lexical"] for r in old], added=[])
+            terms.apply(conn, org_id)
+            # The history keeps a tombstone, not the text.
+            conn.execute(
+                "UPDATE memory_revisions SET title = NULL, body = NULL"
+                " WHERE org_id = %s AND id = %s",
+                (org_id, memory_id),
+            )
+            now = datetime.now(UTC)
+            conn.execute(
+                "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author)"
+                " VALUES (%s, %s, %s, 'delete', %s, %s)",
+                (org_id, memory_id, row["revision"] + 1, now, author),
+            )
+            conn.execute(
+                "UPDATE memories SET deleted_at = %s, revision = revision + 1, title = NULL,"
+                " body = NULL, updated_at = %s WHERE org_id = %s AND id = %s",
+                (now, now, org_id, memory_id),
+            )
+            conn.execute(
+                "UPDATE memories SET superseded_by = NULL WHERE org_id = %s AND superseded_by = %s",
+                (org_id, memory_id),
+            )
+            _bump(conn, org_id)
+
+    def get_memory(self, org_id: str, memory_id: str, audiences: frozenset[str] | None) -> Memory:
+        params = _params(org_id, audiences, id=memory_id)
+        with self._tx(org_id) as conn:
+            row = conn.execute(
+                f"SELECT m.* FROM memories m WHERE {managed_sql(audiences)} AND m.id = %(id)s",
+                params,
+            ).fetchone()
+        if row is None:
+            raise NotFoundError(f"no memory {memory_id!r}")
+        return _memory(row)
+
+    def list_memories(
+        self,
+        org_id: str,
+        audiences: frozenset[str] | None,
+        limit: int,
+        cursor: str | None = None,
+        source: str | None = None,
+        tag: str | None = None,
+    ) -> tuple[list[Memory], str | None]:
+        params = _params(org_id, audiences, limit=limit + 1)
+        query = f"SELECT m.* FROM memories m WHERE {managed_sql(audiences)}"
+        if cursor:
+            query += " AND m.id > %(cursor)s"
+            params["cursor"] = cursor
+        if source:
+            query += " AND m.source = %(source)s"
+            params["source"] = source
+        if tag:
+            query += " AND %(tag)s = ANY(m.tags)"
+            params["tag"] = tag
+        query += " ORDER BY m.id LIMIT %(limit)s"
+        with self._tx(org_id) as conn:
+            rows = conn.execute(query, params).fetchall()
+        items = [_memory(r) for r in rows[:limit]]
+        return items, (items[-1].id if len(rows) > limit else None)
+
+    def history(
+        self, org_id: str, memory_id: str, audiences: frozenset[str] | None
+    ) -> list[Revision]:
+        params = _params(org_id, audiences, id=memory_id)
+        # Visibility follows the memory's current (or last) audiences; tombstones stay listable.
+        query = "SELECT 1 FROM memories m WHERE m.org_id = %(org)s AND m.id = %(id)s"
+        if audiences is not None:
+            query += (
+                " AND (m.deleted_at IS NOT NULL OR EXISTS (SELECT 1 FROM memory_audiences ma"
+                " WHERE ma.org_id = m.org_id AND ma.memory_id = m.id"
+                " AND ma.audience = ANY(%(aud)s)))"
+            )
+        with self._tx(org_id) as conn:
+            if conn.execute(query, params).fetchone() is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            rows = conn.execute(
+                "SELECT * FROM memory_revisions WHERE org_id = %(org)s AND id = %(id)s"
+                " ORDER BY revision",
+                params,
+            ).fetchall()
+        return [_revision(r) for r in rows]
+
+    def pinned(self, org_id: str, audiences: frozenset[str], now: datetime) -> list[Memory]:
+        params = _params(org_id, audiences, now=now)
+        with self._tx(org_id) as conn:
+            rows = conn.execute(
+                f"SELECT m.* FROM memories m WHERE {visible_sql(True)} AND m.pinned"
+                " ORDER BY m.updated_at DESC LIMIT 20",
+                params,
+            ).fetchall()
+        return [_memory(r) for r in rows]
+
+    # -- search ----------------------------------------------------------------------
+    def lexical_search(
+        self,
+        org_id: str,
+        audiences: frozenset[str],
+        now: datetime,
+        terms: Sequence[str],
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        if not terms:
+            return []
+        params = _params(
+            org_id, audiences, now=now, terms=list(terms), match=tsquery(terms), limit=limit
+        )
+        with self._tx(org_id) as conn:
+            stats = conn.execute(
+                "SELECT passage_count, token_count FROM orgs WHERE id = %s", (org_id,)
+            ).fetchone()
+            if not stats or not stats["passage_count"]:
+                return []
+            params["n"] = stats["passage_count"]
+            params["avgdl"] = max(1.0, stats["token_count"] / stats["passage_count"])
+            rows = conn.execute(passage_rank_sql(True), params).fetchall()
+        return [(r["id"], float(r["score"])) for r in rows]
+
+    def semantic_search(
+        self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
+    ) -> list[tuple[int, float]]:
+        params = _params(org_id, audiences, now=now, q=Vector.of(vector), limit=limit)
+        with self._tx(org_id) as conn:
+            ef = self._ef_search(conn, org_id, limit)
+            rows: list[dict[str, Any]] = []
+            if ef is not None:
+                conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
+                rows = conn.execute(hnsw_vector_sql(), {**params, "ef": ef}).fetchall()
+            if len(rows) < limit:  # too few survived the filter: the exact answer instead
+                rows = conn.execute(exact_vector_sql(), params).fetchall()
+        return [(r["id"], float(r["cosine"])) for r in rows]
+
+    def _ef_search(self, conn: psycopg.Connection, org_id: str, limit: int) -> int | None:
+        """None: search the org exactly; else the ef_search that HNSW needs for this org."""
+        row = conn.execute(
+            "SELECT passage_count AS org_rows, (SELECT reltuples FROM pg_class"
+            " WHERE oid = 'passages'::regclass) AS table_rows FROM orgs WHERE id = %s",
+            (org_id,),
+        ).fetchone()
+        if row is None or row["org_rows"] <= self.exact_max:
+            return None
+        return ef_search_for(limit, row["org_rows"], row["table_rows"])
+
+    def vector_plan(self, org_id: str, limit: int = 40) -> str:
+        """Which vector path an org's searches take: 'exact' or 'hnsw(ef_search=N)'."""
+        with self._tx(org_id) as conn:
+            ef = self._ef_search(conn, org_id, limit)
+        return "exact" if ef is None else f"hnsw(ef_search={ef})"
+
+    def exact_semantic_search(
+        self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
+    ) -> list[tuple[int, float]]:
+        """The exact answer, whatever the org's size: the yardstick for recall."""
+        params = _params(org_id, audiences, now=now, q=Vector.of(vector), limit=limit)
+        with self._tx(org_id) as conn:
+            rows = conn.execute(exact_vector_sql(), params).fetchall()
+        return [(r["id"], float(r["cosine"])) for r in rows]
+
+    def passages(
+        self, org_id: str, audiences: frozenset[str], now: datetime, rowids: Sequence[int]
+    ) -> list[Passage]:
+        if not rowids:
+            return []
+        params = _params(org_id, audiences, now=now, ids=[int(r) for r in rowids])
+        with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
+            rows = cur.execute(
+                "SELECT p.id, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
+                " m.source, m.updated_at, m.supersedes, p.embedding FROM passages p"
+                " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+                f" WHERE p.id = ANY(%(ids)s) AND p.org_id = %(org)s AND {visible_sql(True)}",
+                params,
+            ).fetchall()
+        return [
+            Passage(
+                rowid=r["id"],
+                memory_id=r["memory_id"],
+                revision=r["revision"],
+                seq=r["seq"],
+                title=r["title"],
+                source=r["source"],
+                text=r["text"],
+                lexical=r["lexical"],
+                updated_at=r["updated_at"],
+                supersedes=tuple(r["supersedes"]),
+                embedding=r["embedding"],
+            )
+            for r in rows
+        ]
+
+    def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
+        with self._tx(org_id) as conn:
+            total = conn.execute(
+                "SELECT passage_count FROM orgs WHERE id = %s", (org_id,)
+            ).fetchone()
+            rows = (
+                conn.execute(
+                    "SELECT term, df FROM org_terms WHERE org_id = %s AND term = ANY(%s)",
+                    (org_id, list(terms)),
+                ).fetchall()
+                if terms
+                else []
+            )
+        return (0 if total is None else total["passage_count"]), {r["term"]: r["df"] for r in rows}
+
+    def generation(self, org_id: str) -> int:
+        with self._tx(org_id) as conn:
+            row = conn.execute("SELECT generation FROM orgs WHERE id = %s", (org_id,)).fetchone()
+        return -1 if row is None else row["generation"]
+
+    def next_expiry(self, org_id: str, now: datetime) -> datetime | None:
+        with self._tx(org_id) as conn:
+            row = conn.execute(
+                "SELECT min(valid_until) AS t FROM memories WHERE org_id = %s"
+                " AND deleted_at IS NULL AND valid_until > %s",
+                (org_id, now),
+            ).fetchone()
+        return None if row is None else row["t"]
+
+    # -- embedding cache -------------------------------------------------------------
+    def cached_embeddings(self, model: str, hashes: Sequence[str]) -> dict[str, bytes]:
+        if not hashes:
+            return {}
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT content_hash, embedding FROM embedding_cache"
+                " WHERE model = %s AND content_hash = ANY(%s)",
+                (model, list(hashes)),
+            ).fetchall()
+        return {r["content_hash"]: bytes(r["embedding"]) for r in rows}
+
+    def cache_embeddings(self, model: str, items: dict[str, bytes]) -> None:
+        if not items:
+            return
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO embedding_cache (model, content_hash, embedding)"
+                " SELECT %s, h, e FROM unnest(%s::text[], %s::bytea[]) AS t(h, e)"
+                " ON CONFLICT DO NOTHING",
+                (model, list(items), list(items.values())),
+            )
+
+
+# -- helpers -----------------------------------------------------------------------
+def _make_dumper(oid: int) -> type[Dumper]:
+    return type("VectorDumper", (_VectorDumper,), {"oid": oid})
+
+
+def tsquery(terms: Sequence[str]) -> str:
+    """A tsquery OR of quoted terms (quoting keeps operators in user text inert)."""
+    return " | ".join("'" + t.replace("\\", "\\\\").replace("'", "''") + "'" for t in terms)
+
+
+def _params(org_id: str, audiences: frozenset[str] | None, **extra: Any) -> dict[str, Any]:
+    params: dict[str, Any] = {"org": org_id, **extra}
+    if audiences is not None:
+        params["aud"] = sorted(audiences | {EVERYONE})
+    return params
+
+
+def _check_supersedes(
+    conn: psycopg.Connection, org_id: str, memory_id: str, targets: Sequence[str]
+) -> None:
+    if memory_id in targets:
+        raise InvalidRequestError("a memory cannot supersede itself")
+    if not targets:
+        return
+    rows = conn.execute(
+        "SELECT id FROM memories WHERE org_id = %s AND id = ANY(%s) AND deleted_at IS NULL",
+        (org_id, list(targets)),
+    ).fetchall()
+    found = {r["id"] for r in rows}
+    for target in targets:
+        if target not in found:
+            raise InvalidRequestError(
+                f"supersedes names {target!r}, which is not a memory of this organisation"
+            )
+
+
+def _bump(conn: psycopg.Connection, org_id: str) -> None:
+    conn.execute("UPDATE orgs SET generation = generation + 1 WHERE id = %s", (org_id,))
+
+
+class _TermDelta:
+    """Per-org document frequencies and sizes, summed over a transaction and applied once."""
+
+    def __init__(self) -> None:
+        self.df: Counter[str] = Counter()
+        self.passages = 0
+        self.tokens = 0
+
+    def change(self, removed: Sequence[str], added: Sequence[str]) -> None:
+        for lexical in removed:
+            tokens = lexical.split()
+            self.df.subtract(set(tokens))
+            self.passages -= 1
+            self.tokens -= len(tokens)
+        for lexical in added:
+            tokens = lexical.split()
+            self.df.update(set(tokens))
+            self.passages += 1
+            self.tokens += len(tokens)
+
+    def apply(self, conn: psycopg.Connection, org_id: str) -> None:
+        changes = sorted((t, d) for t, d in self.df.items() if d)
+        if changes:
+            conn.execute(
+                "INSERT INTO org_terms (org_id, term, df)"
+                " SELECT %s, t, d FROM unnest(%s::text[], %s::int[]) AS c(t, d)"
+                " ON CONFLICT (org_id, term) DO UPDATE SET df = org_terms.df + excluded.df",
+                (org_id, [t for t, _ in changes], [d for _, d in changes]),
+            )
+            if any(d < 0 for _, d in changes):
+                conn.execute(
+                    "DELETE FROM org_terms WHERE org_id = %s AND term = ANY(%s) AND df <= 0",
+                    (org_id, [t for t, d in changes if d < 0]),
+                )
+        if self.passages or self.tokens:
+            conn.execute(
+                "UPDATE orgs SET passage_count = passage_count + %s,"
+                " token_count = token_count + %s WHERE id = %s",
+                (self.passages, self.tokens, org_id),
+            )
+        self.df.clear()
+        self.passages = self.tokens = 0
+
+
+def _same_content(current: Memory, draft: MemoryDraft) -> bool:
+    return (
+        current.body == draft.body
+        and current.title == draft.title
+        and current.source == draft.source
+        and tuple(current.audiences) == tuple(draft.audiences)
+        and tuple(current.tags) == tuple(draft.tags)
+        and current.valid_until == draft.valid_until
+        and tuple(current.supersedes) == tuple(draft.supersedes)
+        and current.pinned == draft.pinned
+    )
+
+
+def _org(row: dict[str, Any]) -> Org:
+    return Org(id=row["id"], name=row["name"], created_at=row["created_at"])
+
+
+def _key(row: dict[str, Any]) -> ApiKey:
+    return ApiKey(
+        id=row["id"],
+        org_id=row["org_id"],
+        name=row["name"],
+        scopes=frozenset(row["scopes"]),
+        roles=frozenset(row["roles"]),
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+    )
+
+
+def _memory(row: dict[str, Any]) -> Memory:
+    return Memory(
+        org_id=row["org_id"],
+        id=row["id"],
+        revision=row["revision"],
+        body=row["body"],
+        title=row["title"],
+        source=row["source"],
+        audiences=tuple(row["audiences"]),
+        tags=tuple(row["tags"]),
+        author=row["author"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        valid_until=row["valid_until"],
+        supersedes=tuple(row["supersedes"]),
+        pinned=bool(row["pinned"]),
+        superseded_by=row["superseded_by"],
+    )
+
+
+def _revision(row: dict[str, Any]) -> Revision:
+    def tup(v: list[str] | None) -> tuple[str, ...]:
+        return () if v is None else tuple(v)
+
+    return Revision(
+        id=row["id"],
+        revision=row["revision"],
+        action=row["action"],
+        recorded_at=row["recorded_at"],
+        author=row["author"],
+        title=row["title"],
+        body=row["body"],
+        source=row["source"],
+        audiences=tup(row["audiences"]),
+        tags=tup(row["tags"]),
+        valid_until=row["valid_until"],
+        supersedes=tup(row["supersedes"]),
+    )

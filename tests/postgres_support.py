@@ -1,0 +1,70 @@
+"""PostgreSQL for the tests: one real server per session, a clean database for each test.
+
+`pg_url` starts PostgreSQL 16 + pgvector from the PyPI package `pgserver` in a
+temporary folder (or takes RELAY_TEST_POSTGRES_URL, which must name a
+throwaway database: every test empties it). `pg_store` hands each test a
+`PostgresStore` over emptied tables (TRUNCATE, a few ms), so tests stay
+independent without paying for a new database each.
+
+Hook in from tests/conftest.py with `from postgres_support import *  # noqa: F403`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+__all__ = ["pg_url", "pg_store", "truncate_all"]
+
+
+@pytest.fixture(scope="session")
+def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    given = os.environ.get("RELAY_TEST_POSTGRES_URL")
+    if given:
+        yield given
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on import
+        import pgserver
+
+        server = pgserver.get_server(tmp_path_factory.mktemp("pg") / "data", cleanup_mode="delete")
+    import psycopg
+
+    base = server.get_uri()
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE relay_test")
+    yield base.replace("/postgres?", "/relay_test?", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server.cleanup()
+
+
+def truncate_all(url: str) -> None:
+    """Empty every Relay table (as the owner: TRUNCATE is not subject to row security)."""
+    import psycopg
+
+    from relay.store.postgres import parse_url
+
+    with psycopg.connect(parse_url(url).conninfo, autocommit=True) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = current_schema()"
+                " AND tablename <> 'schema_migrations'"
+            )
+        ]
+        if tables:
+            conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture
+def pg_store(pg_url: str):  # noqa: ANN201
+    from relay.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, pool_size=4)
+    truncate_all(pg_url)
+    yield store
+    store.close()
