@@ -34,8 +34,9 @@ class Request:
 class FakeRelay:
     """A loopback server answering every connection with `self.handler(conn, request)`."""
 
-    def __init__(self, handler=None) -> None:
+    def __init__(self, handler=None, tls=None) -> None:
         self.handler = handler or reply(200, {"results": []})
+        self.tls = tls  # an ssl.SSLContext for the server side, or None for plain HTTP
         self.requests: list[Request] = []
         self.connections = 0
         self.stopping = threading.Event()
@@ -44,7 +45,8 @@ class FakeRelay:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(128)
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._sock.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -60,6 +62,8 @@ class FakeRelay:
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(10)
+            if self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
             data = b""
             while b"\r\n\r\n" not in data:
                 chunk = conn.recv(65536)

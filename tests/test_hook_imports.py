@@ -123,3 +123,28 @@ def test_relay_package_is_import_free():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "['relay']"
+
+
+def test_https_hit_through_tls_with_a_trusted_certificate(tmp_path):
+    import ssl
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True,
+        capture_output=True,
+    )
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    with FakeRelay(reply(200, results(record("mem_tls"))), tls=tls) as server:
+        assert server.url.startswith("https://")
+        hook = Hook(tmp_path, server.url, SSL_CERT_FILE=str(cert), SSL_CERT_DIR=str(tmp_path))
+        names, out = imported_modules(hook, hook.payload("how do we run the database migrations?"))
+        assert b"mem_tls" in out, hook.last()
+        assert "ssl" in names
+        # the same server is refused when its certificate is not trusted
+        hook = Hook(tmp_path / "untrusted", server.url, SSL_CERT_DIR=str(tmp_path))
+        run = hook.prompt("how do we run the database migrations?")
+        assert run.out == b"" and hook.last()["outcome"] == "unavailable"
