@@ -70,10 +70,14 @@ def _read_stdin(until: float) -> tuple[bytes | None, str | None]:
         chunks.append(chunk)
 
 
-def _write_stdout(obj: dict) -> None:
+def _emit(inv: Invocation, obj: dict) -> bool:
+    """Print the hook's one JSON object, unless the deadline has passed: late output is dropped."""
+    if time.monotonic() > inv.until:
+        return False
     view = memoryview(codec.dumps(obj).encode())
     while view:
         view = view[os.write(1, view) :]
+    return True
 
 
 class Invocation:
@@ -87,7 +91,6 @@ class Invocation:
         self.until = self.start + self.cfg.deadline_ms / 1000
         self.ms: dict = {"start": _ms(t_main - self.start)}
         self.log: dict = {"event": self.event, "outcome": "skipped"}
-        self.output: dict | None = None
 
     def finish(self, outcome: str, reason: str | None = None) -> None:
         self.log["outcome"] = outcome
@@ -107,12 +110,6 @@ def run(argv: list[str], t_main: float, environ=None) -> None:
     inv = Invocation(argv, t_main, os.environ if environ is None else environ)
     try:
         _dispatch(inv)
-        if inv.output is not None:
-            if time.monotonic() > inv.until:
-                inv.finish("timeout", "late")  # a late answer is never injected
-                inv.log["records"] = inv.log["tokens"] = 0
-            else:
-                _write_stdout(inv.output)
     finally:
         try:
             inv.write_log()
@@ -300,13 +297,14 @@ def _maybe_tell_unauthorized(inv: Invocation, session_id: str | None) -> None:
         return
     with _session(inv, session_id) as session:
         if session.held and not session.data["told_unauthorized"]:
-            session.data["told_unauthorized"] = True
-            session.save()
             status = inv.log.get("http_status", 401)
-            inv.output = {"systemMessage": UNAUTHORIZED_MESSAGE.format(status=status)}
+            if _emit(inv, {"systemMessage": UNAUTHORIZED_MESSAGE.format(status=status)}):
+                session.data["told_unauthorized"] = True
+                session.save()
 
 
 def _inject(inv, session_id, records, max_records, max_tokens, intro, event_name, words) -> None:
+    """Pack what the ledger lacks, print it, then record it: the ledger is what was shown."""
     t = time.monotonic()
     inv.log["results"] = len(records)
     with _session(inv, session_id) as session:
@@ -314,22 +312,26 @@ def _inject(inv, session_id, records, max_records, max_tokens, intro, event_name
             return inv.finish("skipped", "state_busy")
         data = session.data
         context, injected, dupes = pack(records, data["ledger"], max_records, max_tokens, intro)
-        ledger = data["ledger"]
-        for record in injected:
-            known = ledger.pop(record["id"], 0)  # re-inserted so the newest entries sit at the end
-            ledger[record["id"]] = max(known, record["revision"])
+        inv.ms["pack"] = _ms(time.monotonic() - t)
+        inv.log["duplicates"] = dupes
+        inv.log["records"] = inv.log["tokens"] = 0
         if words is not None:
             data["keywords"] = words
+        if context is None:
+            inv.finish("no_match")
+        else:
+            output = {"hookEventName": event_name, "additionalContext": context}
+            if not _emit(inv, {"hookSpecificOutput": output}):
+                return inv.finish("timeout", "late")  # nothing shown, so nothing enters the ledger
+            inv.finish("hit")
+            inv.log["records"] = len(injected)
+            inv.log["tokens"] = tokens(context)
+            inv.log["injected"] = [[r["id"], r["revision"]] for r in injected]
+            ledger = data["ledger"]
+            for record in injected:
+                known = ledger.pop(record["id"], 0)  # re-inserted: the newest entries sit last
+                ledger[record["id"]] = max(known, record["revision"])
         session.save()
-    inv.ms["pack"] = _ms(time.monotonic() - t)
-    inv.log["duplicates"] = dupes
-    inv.log["records"] = len(injected)
-    inv.log["tokens"] = tokens(context) if context else 0
-    if context is None:
-        return inv.finish("no_match")
-    inv.log["injected"] = [[r["id"], r["revision"]] for r in injected]
-    inv.output = {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": context}}
-    inv.finish("hit")
 
 
 def _session(inv: Invocation, session_id: str | None):
