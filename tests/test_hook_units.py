@@ -131,10 +131,11 @@ def test_pack_never_exceeds_its_limits(records, max_records, max_tokens):
 
 
 def test_pack_drops_ledger_duplicates_and_keeps_newer_revisions():
-    records = [rec("a", 1), rec("b", 2), rec("c", 1)]
+    records = [rec("a", 1), rec("b", 2), rec("c", 1), rec("c", 1, "second passage")]
     context, injected, dupes = pack(records, {"a": 1, "b": 1}, 3, 600, PROMPT_INTRO)
     assert [(r["id"], r["revision"]) for r in injected] == [("b", 2), ("c", 1)]
-    assert dupes == 1
+    assert dupes == 1  # "a"; the second passage of "c" is not a conversation duplicate
+    assert "second passage" not in context
 
 
 def test_pack_labels_each_record_with_provenance():

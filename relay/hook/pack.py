@@ -157,16 +157,21 @@ def _groups(records: list[dict]) -> list[list[dict]]:
 def pack(
     records: list[dict], ledger: dict, max_records: int, max_tokens: int, intro: str
 ) -> tuple[str | None, list[dict], int]:
-    """(context or None, records injected, duplicates dropped) under the record and token limits."""
+    """(context or None, records injected, ledger duplicates dropped) within the limits.
+
+    Only the best-ranked passage of each (id, revision) is kept; later passages of
+    the same revision are not counted as duplicates of the conversation.
+    """
     seen: set[tuple[str, int]] = set()
     fresh = []
+    dupes = 0
     for record in records:
         pair = (record["id"], record["revision"])
-        if ledger.get(record["id"], 0) >= record["revision"] or pair in seen:
-            continue
-        seen.add(pair)
-        fresh.append(record)
-    dupes = len(records) - len(fresh)
+        if ledger.get(record["id"], 0) >= record["revision"]:
+            dupes += 1
+        elif pair not in seen:
+            seen.add(pair)
+            fresh.append(record)
     used = tokens(intro) + 1
     blocks: list[str] = []
     injected: list[dict] = []
