@@ -145,7 +145,9 @@ MIGRATIONS: list[str] = [
         org_id text COLLATE "C" NOT NULL,
         source text NOT NULL,
         step text NOT NULL,
-        done_at timestamptz NOT NULL,
+        position text,
+        done boolean NOT NULL DEFAULT false,
+        updated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (org_id, source, step)
     );
     """

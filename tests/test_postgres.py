@@ -1,0 +1,131 @@
+"""What only the PostgreSQL store has: row-level security, vector search routing, URL options."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+import psycopg
+import pytest
+
+from relay.models import MemoryDraft, PassageInput
+from relay.store.postgres import PostgresStore, ef_search_for, parse_url
+
+pytestmark = pytest.mark.postgres
+EVERY = frozenset({"all"})
+
+
+def _vectors(n: int, seed: int) -> np.ndarray:
+    m = np.random.default_rng(seed).normal(size=(n, 384)).astype("<f4")
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+
+def _fill(store: PostgresStore, org: str, vectors: np.ndarray, prefix: str) -> None:
+    items = [
+        (
+            f"{prefix}{i}",
+            MemoryDraft(body=f"note {prefix} {i}"),
+            [PassageInput(0, f"note {i}", f"note {i}", f"{prefix}{i}", v.tobytes())],
+        )
+        for i, v in enumerate(vectors)
+    ]
+    for start in range(0, len(items), 500):
+        store.save_memories(org, items[start : start + 500], "t", "upsert")
+
+
+def test_a_query_that_forgets_the_org_filter_sees_nothing(pg_store: PostgresStore):
+    a, b = pg_store.create_org("acme").id, pg_store.create_org("globex").id
+    for org in (a, b):
+        _fill(pg_store, org, _vectors(3, 1), "m")
+        pg_store.create_key(org, f"k{org}", "h", "n", frozenset({"admin"}), frozenset(), None)
+    assert pg_store.rls_enforced and pg_store.role == "relay_app"
+    tables = ["orgs", "api_keys", "memories", "memory_audiences", "memory_revisions", "passages"]
+    unfiltered = [f"SELECT count(*) AS n FROM {t}" for t in tables]
+    with pg_store._tx() as conn:  # no org set: every tenant table looks empty
+        assert [conn.execute(q).fetchone()["n"] for q in unfiltered] == [0] * len(tables)
+    with pg_store._tx(a) as conn:  # org a set: only a's rows, never b's
+        assert [conn.execute(q).fetchone()["n"] for q in unfiltered] == [1, 1, 3, 3, 3, 3]
+        assert (
+            conn.execute("SELECT count(*) AS n FROM memories WHERE org_id = %s", (b,)).fetchone()[
+                "n"
+            ]
+            == 0
+        )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # nor write into b
+            conn.execute("INSERT INTO memory_audiences VALUES (%s, 'm0', 'x')", (b,))
+    with pg_store._tx(key_id=f"k{a}") as conn:  # authentication sees one key and nothing else
+        assert conn.execute("SELECT count(*) AS n FROM api_keys").fetchone()["n"] == 1
+        assert conn.execute("SELECT count(*) AS n FROM memories").fetchone()["n"] == 0
+
+
+def test_the_setting_lasts_one_transaction(pg_store: PostgresStore):
+    org = pg_store.create_org("acme").id
+    _fill(pg_store, org, _vectors(2, 2), "m")
+    with pg_store.pool.connection() as conn:
+        with conn.transaction():
+            conn.execute("SELECT set_config('relay.org_id', %s, true)", (org,))
+            assert conn.execute("SELECT count(*) AS n FROM memories").fetchone()["n"] == 2
+        # Same pooled connection, next transaction: the org is gone with the last one.
+        assert conn.execute("SELECT count(*) AS n FROM memories").fetchone()["n"] == 0
+
+
+def test_small_org_gets_its_true_top_results_beside_a_big_one(pg_url: str):
+    store = PostgresStore(pg_url, pool_size=2, exact_max=100)
+    try:
+        from postgres_support import truncate_all
+
+        truncate_all(pg_url)
+        owner = psycopg.connect(parse_url(pg_url).conninfo, autocommit=True)
+        # Bulk-load, then build the index once: far faster than growing it row by row.
+        owner.execute("DROP INDEX passages_embedding")
+        big, mid, small = (store.create_org(n).id for n in ("big", "mid", "small"))
+        _fill(store, big, _vectors(2400, 3), "b")
+        _fill(store, mid, _vectors(900, 4), "m")  # 27%: HNSW with a raised ef_search
+        _fill(store, small, _vectors(60, 5), "s")  # 2%: exact
+        owner.execute(
+            "CREATE INDEX passages_embedding ON passages USING hnsw (embedding vector_cosine_ops)"
+        )
+        owner.execute("ANALYZE passages")
+        owner.close()
+        assert store.vector_plan(small, 40) == "exact"
+        assert store.vector_plan(mid, 40).startswith("hnsw")
+        now = datetime.now(UTC)
+        queries = _vectors(20, 6)
+        for org, want in ((small, 1.0), (mid, 0.9)):
+            found = total = 0
+            for q in queries:
+                got = [r for r, _ in store.semantic_search(org, EVERY, now, q, 40)]
+                exact = [r for r, _ in store.exact_semantic_search(org, EVERY, now, q, 5)]
+                found += len(set(got[:5]) & set(exact))
+                total += len(exact)
+            assert found / total >= want
+        # What the routing avoids: the plain HNSW query starves the small org.
+        with store._tx(small) as conn:
+            conn.execute("SET LOCAL enable_sort = off")  # the plan a larger org would get
+            rows = conn.execute(
+                "SELECT id FROM passages WHERE org_id = %s ORDER BY embedding <=> %s LIMIT 5",
+                (small, _vector_param(queries[0])),
+            ).fetchall()
+        assert len(rows) < 5
+    finally:
+        store.close()
+
+
+def _vector_param(v: np.ndarray):  # noqa: ANN202
+    from relay.store.postgres import Vector
+
+    return Vector.of(v)
+
+
+def test_ef_search_grows_with_a_shrinking_share():
+    assert ef_search_for(40, 500_000, 1_000_000) == 240
+    assert ef_search_for(40, 100_000, 1_000_000) is None  # 10%: beyond pgvector's ceiling
+    assert ef_search_for(40, 10, 0) is None
+
+
+def test_relay_options_are_taken_out_of_the_url(monkeypatch):
+    monkeypatch.setenv("RELAY_PG_POOL", "3")
+    opts = parse_url("postgresql://u@/db?host=/tmp/x&exact_max=7&app_role=r")
+    assert (opts.pool_size, opts.exact_max, opts.app_role) == (3, 7, "r")
+    assert opts.conninfo == "postgresql://u@/db?host=%2Ftmp%2Fx"
+    assert parse_url("postgresql://u@h/db?pool_size=12").pool_size == 12
