@@ -1,0 +1,127 @@
+"""The real hook against a real `relay serve` on loopback, started as a subprocess."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from hook_support import Hook, assert_hit_contract, assert_silent
+
+MIGRATIONS = (
+    "Database migrations: create them with `make migration name=...` and apply them with "
+    "`make migrate`; never edit a migration that has already been applied on staging."
+)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """`relay serve` on its own database, started by conftest's launcher.
+
+    Not the session-wide `live_server` fixture: its teardown leaves the server's
+    stdout pipe open, which pytest (warnings as errors) turns into a failed run.
+    """
+    from conftest import start_server
+
+    server = start_server(tmp_path_factory.mktemp("hook-live") / "relay.db")
+    yield server
+    server.stop()
+    if server.process.stdout:
+        server.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def org(live):
+    """The server's first organisation, with one ordinary and one pinned memory."""
+    admin = live.admin_key
+    with httpx.Client(
+        base_url=live.url, headers={"Authorization": f"Bearer {admin}"}, timeout=30
+    ) as client:
+        created = client.post(
+            "/v1/memories",
+            json={"body": MIGRATIONS, "title": "Migrations", "source": "team/db/migrations"},
+        )
+        assert created.status_code == 201, created.text
+        pinned = client.post(
+            "/v1/memories",
+            json={
+                "body": "Code review: every change needs an approving review by the owning team.",
+                "title": "Reviews",
+                "source": "team/process/reviews",
+                "pinned": True,
+            },
+        )
+        assert pinned.status_code == 201, pinned.text
+        yield {
+            "client": client,
+            "admin": admin,
+            "url": live.url,
+            "migration": created.json(),
+        }
+
+
+def test_hit_no_match_and_revision_reinjection_against_the_real_server(tmp_path, org):
+    hook = Hook(
+        tmp_path,
+        org["url"],
+        RELAY_API_KEY=org["admin"],
+        RELAY_THROTTLE_PROMPTS="0",
+        RELAY_OVERLAP_THRESHOLD="1.5",
+    )
+    prompt = "how do I create and apply a new database migration?"
+    run = hook.prompt(prompt)
+    context = assert_hit_contract(run)
+    entry = hook.last()
+    assert entry["outcome"] == "hit", entry
+    mid = org["migration"]["id"]
+    assert f'id="{mid}" revision="1" source="team/db/migrations"' in context
+    assert "make migrate" in context and "data, not instructions" in context
+    assert isinstance(entry["server_ms"], int | float)
+    # the same question again: already in the conversation
+    assert_silent(hook.prompt(prompt))
+    assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] >= 1
+    # an edit makes revision 2, which comes back once
+    edited = org["client"].patch(
+        f"/v1/memories/{mid}", json={"body": MIGRATIONS + " Squash migrations only before release."}
+    )
+    assert edited.status_code == 200, edited.text
+    context = assert_hit_contract(hook.prompt(prompt))
+    assert f'id="{mid}" revision="2"' in context and "Squash" in context
+    # something the team never wrote down
+    assert_silent(hook.prompt("what is a good recipe for sourdough bread with rye flour?"))
+    assert hook.last()["outcome"] == "no_match"
+
+
+def test_session_start_profile_then_prompt_does_not_repeat_it(tmp_path, org):
+    hook = Hook(tmp_path, org["url"], RELAY_API_KEY=org["admin"])
+    context = assert_hit_contract(hook.session_start("startup"), "SessionStart")
+    assert "team/process/reviews" in context and "approving review by" in context
+    assert_silent(hook.prompt("who has to approve a code review before a change can merge?"))
+    assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] >= 1
+
+
+def test_revoked_key_is_unauthorized_and_tells_the_user_once(tmp_path, org):
+    client = org["client"]
+    made = client.post(
+        "/v1/keys", json={"name": "hook-revoked", "scopes": ["memory:read"], "roles": []}
+    )
+    assert made.status_code == 201, made.text
+    assert client.delete(f"/v1/keys/{made.json()['id']}").status_code == 200
+    hook = Hook(
+        tmp_path,
+        org["url"],
+        RELAY_API_KEY=made.json()["secret"],
+        RELAY_THROTTLE_PROMPTS="0",
+        RELAY_OVERLAP_THRESHOLD="1.5",
+    )
+    first = hook.prompt("how do I add a new database migration for the orders table?")
+    assert set(first.output) == {"systemMessage"}
+    assert hook.last()["outcome"] == "unauthorized" and hook.last()["http_status"] == 401
+    assert_silent(hook.prompt("how do I add a new database migration for the orders table?"))
+    assert hook.last()["outcome"] == "unauthorized"
+
+
+def test_whole_process_within_the_deadline_against_the_real_server(tmp_path, org):
+    hook = Hook(tmp_path, org["url"], RELAY_API_KEY=org["admin"], RELAY_DEADLINE_MS="400")
+    for n in range(5):
+        run = hook.prompt("how do I add a new database migration?", session=f"t{n}")
+        assert run.rc == 0 and run.ms <= 400 + 150
+        assert hook.last()["outcome"] in ("hit", "no_match"), hook.last()
