@@ -81,6 +81,16 @@ def build_services(conf: dict[str, Any]) -> Services:
     return Services(store, Searcher(store, embedder, cache=cache), embedder, Metrics())
 
 
+def _principal(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    """Authorize first, before any route or cache lookup runs."""
+    return auth.authorize(request.app.state.services.store, authorization)
+
+
+Auth = Annotated[Principal, Depends(_principal)]
+
+
 # -- request bodies -------------------------------------------------------------
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -204,11 +214,6 @@ def create_app(services: Services) -> FastAPI:
             time.perf_counter() - start,
         )
         return response
-
-    def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
-        return auth.authorize(store, authorization)
-
-    Auth = Annotated[Principal, Depends(principal)]
 
     @app.get("/healthz", tags=["operations"])
     def healthz() -> dict[str, Any]:

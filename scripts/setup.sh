@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up Relay in ./.venv. Plain: the server and CLI (ONNX embeddings, no torch).
+# --dev: also everything the tests need (torch 2.13.0 CPU first, then the extras).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3.11}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+"${pip[@]}" --upgrade pip
+if [ "${1:-}" = "--dev" ]; then
+  # torch first and pinned: that CPU build is on this machine's disk; any other version
+  # (or an unpinned dependency resolving it) downloads gigabytes.
+  "${pip[@]}" torch==2.13.0
+  "${pip[@]}" -e ".[dev,torch,postgres,mcp]"
+else
+  "${pip[@]}" -e .
+fi
