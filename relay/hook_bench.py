@@ -392,7 +392,7 @@ def run(
         if url is None:
             if progress:
                 progress(f"building a database of {memories} memories and starting relay serve")
-            server = LocalServer(memories, progress)
+            server = LocalServer(memories or 10_000, progress)
             url, key, queries = server.url, server.key, server.queries
         else:
             queries = bench_queries()

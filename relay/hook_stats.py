@@ -161,7 +161,7 @@ def summarise(state_dir: str, since_s: float | None = 86400, now: float | None =
         tokens += _num(entry.get("tokens"))
         dupes += _num(entry.get("duplicates"))
     cfg = hook_config.load()
-    summary = {
+    summary: dict[str, Any] = {
         "state_dir": state_dir,
         "since": None if since is None else _iso(since),
         "until": _iso(now),

@@ -94,7 +94,8 @@ def test_failed_probe_reopens_for_another_cool_down(tmp_path):
 def test_unavailable_counts_and_answers_reset(tmp_path):
     server = FakeRelay(reply(500, {"error": "boom"}))
     with server:
-        hook = breaker_hook(tmp_path, server.url)
+        # nothing hangs here: a roomy deadline keeps machine load from faking timeouts
+        hook = breaker_hook(tmp_path, server.url, deadline_ms=2000)
         assert_silent(hook.prompt(PROMPT))
         assert hook.last()["outcome"] == "unavailable"
         # any answer from the server (here a 401) means it is reachable: failures reset
@@ -111,9 +112,9 @@ def test_unavailable_counts_and_answers_reset(tmp_path):
 def test_breaker_state_for_another_url_is_ignored(tmp_path):
     server = FakeRelay(reply(500, {"error": "boom"}))
     with server:
-        hook = breaker_hook(tmp_path, server.url)
+        hook = breaker_hook(tmp_path, server.url, deadline_ms=2000)
         hook.prompt(PROMPT)
         hook.prompt(PROMPT)
         with FakeRelay(reply(200, results(record("mem_a")))) as other:
-            moved = breaker_hook(tmp_path, other.url)
+            moved = breaker_hook(tmp_path, other.url, deadline_ms=2000)
             assert_hit_contract(moved.prompt(PROMPT, session="moved"))

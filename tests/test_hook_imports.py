@@ -34,6 +34,7 @@ HEAVY = {
     "logging",
     "asyncio",
     "email",
+    "typing",  # a few milliseconds on its own; type-only imports stay behind TYPE_CHECKING
 }
 
 

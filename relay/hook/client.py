@@ -15,6 +15,10 @@ import _socket
 import _thread
 import time
 
+TYPE_CHECKING = False  # `import typing` would cost the hook a few milliseconds
+if TYPE_CHECKING:
+    from typing import Any
+
 MAX_HEADER_BYTES = 16 * 1024
 USER_AGENT = "relay-hook/0.1"
 
@@ -92,6 +96,7 @@ def resolve(host: str, port: int, until: float) -> list[tuple[int, tuple]]:
 def _connect(scheme: str, host: str, addrs: list, until: float):
     last: BaseException | None = None
     for family, addr in addrs:
+        sock: Any  # socket.socket for TLS, the lighter _socket.socket otherwise
         if scheme == "https":
             import socket  # ssl wraps socket.socket objects
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 _WHITESPACE = " \t\n\r"
 
 try:
-    from _json import encode_basestring_ascii as _quote
-    from _json import make_scanner as _make_scanner
+    import _json
 except ImportError:  # pragma: no cover - every CPython has _json
-    _quote = _make_scanner = None
+    _json = None  # type: ignore[assignment]
 
 
 class _Context:
@@ -32,7 +31,8 @@ class _Context:
         raise ValueError(f"non-standard JSON constant {name}")
 
 
-_scan = _make_scanner(_Context()) if _make_scanner is not None else None
+# typeshed types the context as a JSONDecoder; _json reads only the attributes above.
+_scan = _json.make_scanner(_Context()) if _json is not None else None  # type: ignore[arg-type]
 
 
 def loads(text: str | bytes) -> object:
@@ -57,7 +57,7 @@ def loads(text: str | bytes) -> object:
 
 def dumps(value: object) -> str:
     """Serialise dicts, lists, strings, numbers, booleans and None as compact ASCII JSON."""
-    if _quote is None:  # pragma: no cover
+    if _json is None:  # pragma: no cover
         import json
 
         return json.dumps(value, separators=(",", ":"), allow_nan=False)
@@ -68,7 +68,7 @@ def dumps(value: object) -> str:
 
 def _write(value: object, out: list[str]) -> None:
     if isinstance(value, str):
-        out.append(_quote(value))
+        out.append(_json.encode_basestring_ascii(value))
     elif value is None:
         out.append("null")
     elif value is True:
@@ -87,7 +87,7 @@ def _write(value: object, out: list[str]) -> None:
             if not first:
                 out.append(",")
             first = False
-            out.append(_quote(str(key)))
+            out.append(_json.encode_basestring_ascii(str(key)))
             out.append(":")
             _write(item, out)
         out.append("}")

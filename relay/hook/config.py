@@ -13,6 +13,12 @@ import os
 
 from relay.hook import codec
 
+TYPE_CHECKING = False  # `import typing` would cost the hook a few milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    Parser = Callable[[object], object]
+
 
 def _bool(raw: object) -> bool:
     if isinstance(raw, bool):
@@ -58,7 +64,7 @@ def _text(raw: object) -> str:
 
 
 # name, default, parser, help. Environment variable: RELAY_<NAME upper-cased>.
-SETTINGS: tuple[tuple[str, object, object, str], ...] = (
+SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
     ("url", "", _text, "Base URL of the Relay server, http:// or https://."),
     ("api_key", "", _text, "API key (relay_<id>_<secret>); prefer api_key_file."),
     (
@@ -111,10 +117,34 @@ DEFAULTS: dict[str, object] = {name: default for name, default, _, _ in SETTINGS
 class Config(dict):
     """Resolved settings; attribute access for readability at call sites."""
 
-    __getattr__ = dict.__getitem__
+    url: str
+    api_key: str
+    api_key_file: str
+    state_dir: str
+    memory_off: bool
+    deadline_ms: int
+    min_prompt_len: int
+    throttle_prompts: int
+    overlap_threshold: float
+    max_records: int
+    max_tokens: int
+    profile: bool
+    profile_max_records: int
+    profile_max_tokens: int
+    breaker_failures: int
+    breaker_cooldown_s: float
+    log_prompt_text: bool
+    log_max_bytes: int
+    log_keep: int
+
+    def __getattr__(self, name: str) -> object:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
-def config_path(environ) -> str:
+def config_path(environ: Mapping[str, str]) -> str:
     """Where the config file lives: $RELAY_CONFIG, else ~/.relay/config.json."""
     return os.path.expanduser(environ.get("RELAY_CONFIG") or "~/.relay/config.json")
 
@@ -129,7 +159,7 @@ def _read_file(path: str) -> dict:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def load(environ=None) -> Config:
+def load(environ: Mapping[str, str] | None = None) -> Config:
     """Defaults, then the config file, then RELAY_* variables; a bad value keeps the layer below."""
     environ = os.environ if environ is None else environ
     from_file = _read_file(config_path(environ))

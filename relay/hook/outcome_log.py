@@ -18,7 +18,7 @@ from relay.hook.files import Lock
 LOG_NAME = "outcomes.jsonl"
 
 try:
-    from _sha256 import sha256 as _sha256
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - hashlib is the slower, portable spelling
     from hashlib import sha256 as _sha256
 

@@ -190,9 +190,10 @@ def pack(
         if used + cost > max_tokens:
             if len(group) > 1:
                 continue  # both sides or neither
-            text = _truncate(group[0], max_tokens - used - 1)
-            if text is None:
+            cut = _truncate(group[0], max_tokens - used - 1)
+            if cut is None:
                 continue
+            text = cut
             cost = tokens(text) + 1
         blocks.append(text)
         injected.extend(group)

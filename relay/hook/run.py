@@ -56,7 +56,8 @@ def _read_stdin(until: float) -> tuple[bytes | None, str | None]:
     """(all of stdin, None), or (None, why) when it is too large or not closed in time."""
     import select
 
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         left = until - time.monotonic()
         if left <= 0 or not select.select([0], [], [], left)[0]:
@@ -276,8 +277,8 @@ def _fetch(
             payload = codec.loads(raw)
         except ValueError:
             raise HookFailure("invalid_response", "body is not JSON") from None
-        records = validate(payload)
-        took = payload.get("took_ms")
+        records = validate(payload)  # so payload is a dict
+        took = payload.get("took_ms")  # type: ignore[attr-defined]
         if took is not None:
             inv.log["server_ms"] = took
         inv.ms["parse"] = _ms(time.monotonic() - t)
