@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -311,20 +312,39 @@ def _free_port() -> int:
 
 
 class LocalServer:
-    """`relay serve` on loopback over a fresh database of `memories` bench memories."""
+    """`relay serve` on loopback over `memories` bench memories.
 
-    def __init__(self, memories: int, progress: Callable[[str], None] | None) -> None:
+    The database is built in a temporary folder, or at `db` where it is kept and,
+    on later runs, reused (its "bench" organisation gets a fresh read key).
+    """
+
+    def __init__(
+        self, memories: int, progress: Callable[[str], None] | None, db: str | None
+    ) -> None:
         from relay import bench_search
-        from relay.embedding import load_embedder
+        from relay.auth import mint_key
         from relay.store import open_store
 
-        self.tmp = tempfile.TemporaryDirectory(prefix="relay-bench-hook-db-")
-        db = str(Path(self.tmp.name) / "bench.db")
+        self.tmp = None
+        if db is None:
+            self.tmp = tempfile.TemporaryDirectory(prefix="relay-bench-hook-db-")
+            db = str(Path(self.tmp.name) / "bench.db")
         store = open_store(db)
         try:
-            _, self.key = bench_search.populate(
-                store, load_embedder("onnx", 1), memories, bench_search.BENCH, progress
-            )
+            bench_org = [o for o in store.list_orgs() if o.name == "bench"]
+            if bench_org:
+                if progress:
+                    progress(f"reusing the bench organisation in {db}")
+                minted = mint_key(
+                    store, bench_org[0].id, "bench-hook", frozenset({"memory:read"}), frozenset()
+                )
+                self.key = minted.secret
+            else:
+                from relay.embedding import load_embedder
+
+                _, self.key = bench_search.populate(
+                    store, load_embedder("onnx", 1), memories, bench_search.BENCH, progress
+                )
         finally:
             store.close()
         self.queries = bench_queries()
@@ -351,7 +371,8 @@ class LocalServer:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        self.tmp.cleanup()
+        if self.tmp is not None:
+            self.tmp.cleanup()
 
 
 def bench_queries(bench: Path = BENCH) -> list[str]:
@@ -381,6 +402,7 @@ def run(
     fault_runs: int,
     deadline_ms: int,
     progress: Callable[[str], None] | None = None,
+    db: str | None = None,
 ) -> dict[str, Any]:
     compile_hook()
     hook_cmd = [str(HOOK)]
@@ -392,7 +414,7 @@ def run(
         if url is None:
             if progress:
                 progress(f"building a database of {memories} memories and starting relay serve")
-            server = LocalServer(memories or 10_000, progress)
+            server = LocalServer(memories or 10_000, progress, db)
             url, key, queries = server.url, server.key, server.queries
         else:
             queries = bench_queries()
@@ -472,6 +494,11 @@ def render(result: dict[str, Any], deadline_ms: int) -> str:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the figures as JSON here.",
 )
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    help="Build the bench database here and keep it; reuse it when it exists.",
+)
 def hook(
     url: str | None,
     key: str | None,
@@ -480,12 +507,18 @@ def hook(
     fault_runs: int,
     deadline_ms: int,
     json_path: Path | None,
+    db: str | None,
 ) -> None:
     """Recall hook wall time (hit, skip) beside curl and Python floors, and the fault drill."""
     if url and not key:
         raise click.UsageError("--url needs --key")
+    # A terminated benchmark must still stop the server it started (finally blocks run on exit).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     progress = lambda message: click.echo(message, err=True)  # noqa: E731
-    result = run(memories, url, key, runs, fault_runs, deadline_ms, progress)
+    try:
+        result = run(memories, url, key, runs, fault_runs, deadline_ms, progress, db)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if json_path:
         json_path.write_text(json.dumps(public(result), indent=2) + "\n")
     click.echo(render(result, deadline_ms))
