@@ -201,6 +201,16 @@ def compile_hook() -> None:
     compileall.compile_file(str(Path(__file__).parent / "__init__.py"), quiet=1)
 
 
+def _last_log(home: str) -> str:
+    """The hook's own account of a run (phases in ms), to tell its time from the machine's."""
+    try:
+        with open(os.path.join(home, "state", "outcomes.jsonl")) as fh:
+            entry = json.loads(fh.read().splitlines()[-1])
+        return f"outcome {entry.get('outcome')}, hook phases {entry.get('ms')}"
+    except (OSError, ValueError, IndexError):
+        return "no log line"
+
+
 def run_faults(
     runs: int, deadline_ms: int, hook_cmd: list[str], progress: Callable[[str], None] | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -224,7 +234,10 @@ def run_faults(
                     payload = prompt_payload(FAULT_PROMPT, f"{kind}-{n}", home)
                     rc, out, ms = timed(hook_cmd, payload, env)
                     worst = max(worst, ms)
-                    ok += rc == 0 and quiet(out) and ms <= deadline_ms + ON_TIME_SLACK_MS
+                    good = rc == 0 and quiet(out) and ms <= deadline_ms + ON_TIME_SLACK_MS
+                    ok += good
+                    if not good and progress:
+                        progress(f"fault {kind} run {n}: exit {rc}, {ms:.0f} ms, {_last_log(home)}")
             finally:
                 if server:
                     server.close()
@@ -286,9 +299,12 @@ def run_latency(
             if progress and (i + 1) % 50 == 0:
                 progress(f"latency: {i + 1}/{runs} rounds")
         server_ms = []
+        outcomes: dict[str, int] = {}
         with open(os.path.join(home, "state", "outcomes.jsonl")) as fh:
             for line in fh:
                 entry = json.loads(line)
+                if entry.get("reason") != "short_prompt":  # the skip series
+                    outcomes[entry["outcome"]] = outcomes.get(entry["outcome"], 0) + 1
                 if entry.get("outcome") == "hit" and isinstance(
                     entry.get("server_ms"), int | float
                 ):
@@ -301,6 +317,7 @@ def run_latency(
         "server_search_ms": percentiles(server_ms),
         "_hits": len(hit),
         "_misses": no_match,
+        "_outcomes": outcomes,
     }
 
 
@@ -459,6 +476,7 @@ def render(result: dict[str, Any], deadline_ms: int) -> str:
             f"{hit / floor if floor else 0:.2f}; target hit p50 <= 1.3 x floor + server = "
             f"{1.3 * floor + server:.1f}"
         )
+        lines.append(f"hook outcomes on the hit series: {result['_outcomes']}")
     if result.get("faults"):
         lines.append(f"faults (ok = exit 0, quiet, within {deadline_ms} + {ON_TIME_SLACK_MS} ms)")
         for kind, f in result["faults"].items():
