@@ -403,6 +403,34 @@ def bench_queries(bench: Path = BENCH) -> list[str]:
     return out or [FAULT_PROMPT]
 
 
+def hitting_queries(url: str, key: str, queries: list[str], want: int = 100) -> list[str]:
+    """Queries the server answers with at least one result: the hit series needs hits.
+
+    The server abstains when nothing is relevant enough; those prompts would
+    measure `no_match`, which the skip and no-match paths already cover.
+    """
+    import http.client
+
+    host, _, port = url.removeprefix("http://").rstrip("/").rpartition(":")
+    found = []
+    for query in queries:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            body = json.dumps({"query": query, "k": 6, "deadline_ms": 1000})
+            headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+            conn.request("POST", "/v1/search", body, headers)
+            response = conn.getresponse()
+            if response.status == 200 and json.loads(response.read()).get("results"):
+                found.append(query)
+        except (OSError, ValueError):
+            pass
+        finally:
+            conn.close()
+        if len(found) >= want:
+            break
+    return found or queries
+
+
 def warm_up(url: str, key: str, queries: list[str], hook_cmd: list[str], deadline_ms: int) -> None:
     """A few hook runs first: server caches, page cache and the first connections."""
     with tempfile.TemporaryDirectory(prefix="relay-bench-warm-") as home:
@@ -437,6 +465,10 @@ def run(
             queries = bench_queries()
         try:
             queries = [q for q in queries if len(q) >= 20]
+            if url.startswith("http://"):
+                queries = hitting_queries(url, key or "", queries)
+                if progress:
+                    progress(f"{len(queries)} prompts the server answers")
             warm_up(url, key or "", queries, hook_cmd, deadline_ms)
             result.update(
                 run_latency(url, key or "", queries, runs, deadline_ms, hook_cmd, progress)
