@@ -1,0 +1,99 @@
+"""Two `relay serve` processes over one PostgreSQL: a change through one is seen through the other
+at once, although each keeps its own search cache (the generation lives in the database)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from conftest import LiveServer, start_server
+from postgres_support import truncate_all
+
+pytestmark = pytest.mark.postgres
+
+
+def call(server: LiveServer, method: str, path: str, key: str, body: object = None):  # noqa: ANN201
+    req = urllib.request.Request(
+        server.url + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            raw = resp.read()
+            return resp.status, (json.loads(raw) if raw else None)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def found(server: LiveServer, key: str, query: str) -> list[str]:
+    status, body = call(server, "POST", "/v1/search", key, {"query": query, "deadline_ms": 5000})
+    assert status == 200, body
+    return [r["id"] for r in body["results"]]
+
+
+def wait_healthy(server: LiveServer) -> None:
+    """start_server may return on 'startup complete', a moment before the port is bound."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(server.url + "/healthz", timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def replicas(pg_url: str) -> Iterator[tuple[LiveServer, LiveServer]]:
+    truncate_all(pg_url)
+    env = {"RELAY_PG_POOL": "4"}
+    a = start_server(pg_url, env)  # type: ignore[arg-type]  (a URL where a path usually goes)
+    b = start_server(pg_url, env)  # type: ignore[arg-type]
+    try:
+        for server in (a, b):
+            wait_healthy(server)
+        yield a, b
+    finally:
+        for server in (a, b):
+            server.stop()
+        time.sleep(0.2)  # let start_server's reader threads see EOF, then close the pipes
+        for server in (a, b):
+            if server.process.stdout:
+                server.process.stdout.close()
+
+
+def test_write_delete_and_revocation_through_one_replica_are_seen_through_the_other(replicas):
+    a, b = replicas
+    admin = a.admin_key
+    assert admin and not b.admin_key  # the second replica found the org the first created
+    query = "which cluster is staging on?"
+    assert found(b, admin, query) == []  # b caches this empty answer ...
+    assert found(b, admin, query) == []
+
+    status, memory = call(
+        a, "POST", "/v1/memories", admin, {"body": "Staging is the blue cluster; prod is green."}
+    )
+    assert status == 201, memory
+    assert found(b, admin, query) == [memory["id"]]  # ... and drops it at a's write
+
+    status, _ = call(a, "DELETE", f"/v1/memories/{memory['id']}", admin)
+    assert status == 204
+    assert found(b, admin, query) == []  # the delete, at once
+
+    status, minted = call(
+        a, "POST", "/v1/keys", admin, {"name": "laptop", "scopes": ["memory:read"]}
+    )
+    assert status == 201, minted
+    secret = minted["secret"]
+    assert found(b, secret, query) == []
+    status, _ = call(a, "DELETE", f"/v1/keys/{minted['id']}", admin)
+    assert status == 200
+    status, body = call(b, "POST", "/v1/search", secret, {"query": query})
+    assert status == 401 and body["error"]["code"] == "unauthorized"  # revoked everywhere
