@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-__all__ = ["pg_url", "pg_store", "truncate_all"]
+__all__ = ["pg_url", "pg_store", "raw_count", "truncate_all"]
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +68,17 @@ def pg_store(pg_url: str):  # noqa: ANN201
     truncate_all(pg_url)
     yield store
     store.close()
+
+
+def raw_count(store, query: str, params: tuple = ()) -> int:  # noqa: ANN001
+    """A count straight from the tables, beneath the store's API: SQLite's own connection, or
+    PostgreSQL as the connecting user (the tests' superuser, so row-level security is bypassed
+    and rows of every org are counted)."""
+    conninfo = getattr(store, "conninfo", None)
+    if conninfo is None:
+        with store._read() as conn:
+            return conn.execute(query, params).fetchone()[0]
+    import psycopg
+
+    with psycopg.connect(conninfo) as conn:
+        return conn.execute(query.replace("?", "%s"), params).fetchone()[0]  # type: ignore[index]
