@@ -33,7 +33,11 @@ class RelayError(Exception):
         self.details = details
 
     def to_dict(self) -> dict[str, object]:
-        body: dict[str, object] = {"code": self.code, "message": self.message, "status": self.status}
+        body: dict[str, object] = {
+            "code": self.code,
+            "message": self.message,
+            "status": self.status,
+        }
         if self.details:
             body["details"] = self.details
         return {"error": body}
