@@ -23,7 +23,7 @@ RESPONSE_MAX = 256 * 1024
 QUERY_MAX_CHARS = 2000
 EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
 PACK_RESERVE_S = 0.050  # kept back from the server: transfer, validate, pack (DESIGN.md)
-EXIT_RESERVE_S = 0.010  # kept back from the network: log and exit
+EXIT_RESERVE_S = 0.025  # kept back from the network: breaker, log and exit, slower under load
 MIN_SERVER_MS = 20
 SOURCES = ("startup", "resume", "clear", "compact")
 UNAUTHORIZED_MESSAGE = (
@@ -201,6 +201,8 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
     records = _fetch(inv, "POST", "/v1/search", body, probe)
     if records is None:
         return _maybe_tell_unauthorized(inv, session_id)
+    if cfg.min_score:
+        records = [r for r in records if (r["score"] or 0.0) >= cfg.min_score]
     _inject(
         inv,
         session_id,
