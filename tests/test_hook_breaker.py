@@ -19,7 +19,7 @@ from hook_support import (
 PROMPT = "how do we write a database migration for the orders table?"
 
 
-def breaker_hook(tmp_path, url: str, deadline_ms: int = 250) -> Hook:
+def breaker_hook(tmp_path, url: str, deadline_ms: int = 400) -> Hook:
     return Hook(
         tmp_path,
         url,
