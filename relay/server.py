@@ -6,6 +6,7 @@ Every error leaves through `error_response()`, so clients see one shape.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -322,9 +323,13 @@ def create_app(services: Services) -> FastAPI:
     def edit_memory(memory_id: str, body: MemoryPatch, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:write")
         current = store.get_memory(p.org_id, memory_id, _management_view(p))
-        fields = current.to_dict()
-        fields.update(body.model_dump(exclude_unset=True, exclude={"expected_revision"}))
+        changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})
+        fields = {**current.to_dict(), **changes, "valid_until": changes.get("valid_until")}
         draft = writes.draft_from_fields(fields, store.known_audiences(p.org_id))
+        if "valid_until" not in changes:
+            # An untouched expiry stays as it was, even if it has passed: editing an expired
+            # memory's text must not require inventing a new date.
+            draft = dataclasses.replace(draft, valid_until=current.valid_until)
         memory, _ = writes.save(
             store,
             services.embedder,
@@ -373,6 +378,12 @@ def create_app(services: Services) -> FastAPI:
         auth.require(p, "admin")
         return store.revoke_key(p.org_id, key_id).to_dict()
 
+    from relay.mcp_server import mount_mcp
+
+    mount_mcp(app, services)  # MCP over streamable HTTP at /mcp, same keys as the API
+    from relay.console import mount_console
+
+    mount_console(app, services)  # the team console at /console (relay/console/)
     return app
 
 

@@ -398,3 +398,17 @@ def test_health_metrics_and_openapi(api):
     assert "relay_search_total" in text and "relay_http_request_seconds_bucket" in text
     spec = api.client.get("/openapi.json").json()
     assert "/v1/search" in spec["paths"] and "/v1/memories/{memory_id}/revisions" in spec["paths"]
+
+
+def test_editing_an_expired_memory_keeps_its_expiry_unless_changed(api):
+    soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    m = remember(api, "acme_dev", "The 4.1 freeze is on.", valid_until=soon)
+    time.sleep(1.2)
+    h = api.headers("acme_dev")
+    r = api.client.patch(f"/v1/memories/{m['id']}", json={"body": "The 4.1 freeze was on."}, headers=h)
+    assert r.status_code == 200, r.text
+    assert r.json()["valid_until"] == m["valid_until"] and r.json()["revision"] == 2
+    past = api.client.patch(
+        f"/v1/memories/{m['id']}", json={"valid_until": "2001-01-01T00:00:00Z"}, headers=h
+    )
+    assert_error(past, 400, "invalid_request")
