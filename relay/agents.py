@@ -1,0 +1,325 @@
+"""What `relay install` writes into each agent's settings, as pure edits on their contents.
+
+Claude Code and Codex share one hook layout (`{"hooks": {Event: [{"matcher"?,
+"hooks": [{"type": "command", "command", "timeout"}]}]}}`): Claude Code in
+`~/.claude/settings.json` (or a project's `.claude/settings.json`), Codex in
+`~/.codex/hooks.json` (or a project's `.codex/hooks.json`). MCP servers are
+registered in `~/.claude.json` (`mcpServers`, the user scope that `claude mcp add
+--scope user` writes) and in `~/.codex/config.toml` (`[mcp_servers.relay]`).
+
+Every function here takes a file's current content and returns the new content,
+so the installer can plan every change, refuse on the first unreadable file and
+write nothing, and the tests can check each edit on its own. Relay's entries are
+recognised by the hook script's name in the command and by the `relay` server
+name, so a re-run replaces them instead of adding more, and uninstall removes
+only them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shlex
+import tomllib
+from typing import Any
+
+from relay.errors import InvalidRequestError
+
+SCRIPT_NAME = "relay-autosearch-hook.sh"
+HOOK_TIMEOUT_S = 5  # a backstop only: the hook keeps its own 400 ms deadline
+EVENTS = ("UserPromptSubmit", "SessionStart")
+SERVER_NAME = "relay"
+TOML_BEGIN = "# >>> relay: added by `relay install`; `relay uninstall` removes this block"
+TOML_END = "# <<< relay"
+TOML_FEATURE_MARK = "# added by relay install"
+
+
+class SettingsFileError(InvalidRequestError):
+    """An agent's settings file cannot be read or edited safely; nothing was written."""
+
+
+# -- hook commands -----------------------------------------------------------------
+def hook_command(script: str, event: str) -> str:
+    """The command registered for `event`: runs the script if it exists, else exits 0 quietly.
+
+    `exec` keeps one process from the agent's shell to the Python hook, so the hook's
+    deadline (counted from process start) covers this wrapper too. `script` may be
+    `"$HOME/..."` (expanded by the shell) for project settings shared by a team.
+    """
+    quoted = script if script.startswith('"$HOME/') else shlex.quote(script)
+    arg = " session-start" if event == "SessionStart" else ""
+    return f"[ -x {quoted} ] && exec {quoted}{arg} || exit 0"
+
+
+def is_relay_handler(handler: object) -> bool:
+    return isinstance(handler, dict) and SCRIPT_NAME in str(handler.get("command", ""))
+
+
+def _hooks_table(doc: dict[str, Any], where: str) -> dict[str, Any] | None:
+    hooks = doc.get("hooks")
+    if hooks is None:
+        return None
+    if not isinstance(hooks, dict):
+        raise SettingsFileError(f"{where}: 'hooks' is not an object; fix it by hand first")
+    for event in EVENTS:
+        groups = hooks.get(event)
+        if groups is not None and not (
+            isinstance(groups, list) and all(isinstance(g, dict) for g in groups)
+        ):
+            raise SettingsFileError(
+                f"{where}: hooks.{event} is not a list of matcher groups; fix it by hand first"
+            )
+    return hooks
+
+
+def strip_hooks(doc: dict[str, Any], where: str = "settings") -> dict[str, Any]:
+    """`doc` without Relay's hook handlers; containers that only held them are dropped."""
+    out = copy.deepcopy(doc)
+    hooks = _hooks_table(out, where)
+    if hooks is None:
+        return out
+    for event in list(hooks):
+        groups = hooks[event]
+        if not isinstance(groups, list):
+            continue
+        kept = []
+        touched = False
+        for group in groups:
+            handlers = group.get("hooks") if isinstance(group, dict) else None
+            if isinstance(handlers, list) and any(is_relay_handler(h) for h in handlers):
+                touched = True
+                handlers = [h for h in handlers if not is_relay_handler(h)]
+                if not handlers:
+                    continue
+                group = {**group, "hooks": handlers}
+            kept.append(group)
+        if touched and not kept:
+            del hooks[event]
+        elif touched:
+            hooks[event] = kept
+    if not hooks and "hooks" in doc and doc["hooks"]:
+        del out["hooks"]
+    return out
+
+
+def add_hooks(doc: dict[str, Any], script: str, where: str = "settings") -> dict[str, Any]:
+    """`doc` with exactly one Relay entry per event (no matcher: every prompt, every source)."""
+    out = strip_hooks(doc, where)
+    hooks = out.setdefault("hooks", {})
+    for event in EVENTS:
+        handler = {
+            "type": "command",
+            "command": hook_command(script, event),
+            "timeout": HOOK_TIMEOUT_S,
+        }
+        hooks.setdefault(event, []).append({"hooks": [handler]})
+    return out
+
+
+def relay_hook_commands(doc: dict[str, Any]) -> dict[str, list[str]]:
+    """Event -> the Relay commands registered for it (for `relay doctor`)."""
+    found: dict[str, list[str]] = {}
+    hooks = doc.get("hooks")
+    if not isinstance(hooks, dict):
+        return found
+    for event, groups in hooks.items():
+        for group in groups if isinstance(groups, list) else []:
+            handlers = group.get("hooks") if isinstance(group, dict) else None
+            for h in handlers if isinstance(handlers, list) else []:
+                if is_relay_handler(h):
+                    found.setdefault(event, []).append(str(h.get("command")))
+    return found
+
+
+def normalise_hooks(doc: dict[str, Any]) -> dict[str, Any]:
+    """For comparing contents: empty event lists and an empty `hooks` mean nothing."""
+    out = copy.deepcopy(doc)
+    hooks = out.get("hooks")
+    if isinstance(hooks, dict):
+        for event in [e for e, groups in hooks.items() if groups == []]:
+            del hooks[event]
+        if not hooks:
+            del out["hooks"]
+    return out
+
+
+# -- MCP registration: Claude Code (JSON) -------------------------------------------
+def mcp_entry(relay_bin: str) -> dict[str, Any]:
+    return {"type": "stdio", "command": relay_bin, "args": ["mcp"], "env": {}}
+
+
+def is_relay_server(entry: object) -> bool:
+    """A server entry that runs `<...>/relay mcp`: ours to replace or remove."""
+    if not isinstance(entry, dict):
+        return False
+    command = str(entry.get("command", ""))
+    return command.rsplit("/", 1)[-1] == "relay" and entry.get("args") == ["mcp"]
+
+
+def add_mcp_server(doc: dict[str, Any], relay_bin: str, where: str) -> tuple[dict[str, Any], str]:
+    """(`doc` with mcpServers.relay, note). A foreign `relay` entry is left alone."""
+    out = copy.deepcopy(doc)
+    servers = out.get("mcpServers")
+    if servers is not None and not isinstance(servers, dict):
+        raise SettingsFileError(f"{where}: 'mcpServers' is not an object; fix it by hand first")
+    servers = out.setdefault("mcpServers", {})
+    current = servers.get(SERVER_NAME)
+    if current is not None and not is_relay_server(current):
+        return doc, f"left mcpServers.{SERVER_NAME} as it was: it does not run `relay mcp`"
+    servers[SERVER_NAME] = mcp_entry(relay_bin)
+    return out, ""
+
+
+def strip_mcp_server(doc: dict[str, Any], original: dict[str, Any] | None) -> dict[str, Any]:
+    """`doc` without Relay's server; an entry the original file had is put back instead."""
+    out = copy.deepcopy(doc)
+    servers = out.get("mcpServers")
+    if not isinstance(servers, dict) or not is_relay_server(servers.get(SERVER_NAME)):
+        return out
+    before = (original or {}).get("mcpServers")
+    if isinstance(before, dict) and SERVER_NAME in before:
+        servers[SERVER_NAME] = before[SERVER_NAME]
+    else:
+        del servers[SERVER_NAME]
+        if not servers and not (isinstance(before, dict)):
+            del out["mcpServers"]
+    return out
+
+
+# -- Codex config.toml: minimal text edits ------------------------------------------
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsFileError(f"{where} is not valid TOML ({exc}); nothing was changed") from None
+
+
+def _toml_str(value: str) -> str:
+    # JSON string escapes are valid TOML basic-string escapes (ensure_ascii off: no surrogates).
+    return json.dumps(value, ensure_ascii=False)
+
+
+def strip_codex_config(text: str) -> str:
+    """`text` without Relay's marked block and marked feature line, everything else untouched."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        stripped = line.strip()
+        if stripped == TOML_BEGIN:
+            inside = True
+            if out and out[-1].strip() == "" and (len(out) < 2 or out[-2].strip() != ""):
+                out.pop()  # the blank line install put before the block
+            continue
+        if inside:
+            if stripped == TOML_END:
+                inside = False
+            continue
+        if stripped.endswith(TOML_FEATURE_MARK) and stripped.split("=")[0].strip() == "hooks":
+            continue
+        out.append(line)
+    return "".join(out)
+
+
+_FEATURES_HEADER = re.compile(r"^[ \t]*\[[ \t]*features[ \t]*\][ \t]*(#.*)?$")
+
+
+def add_codex_config(
+    text: str, relay_bin: str | None, where: str, want_feature: bool = True
+) -> tuple[str, list[str]]:
+    """(new text, notes): `[features] hooks = true` where needed and `[mcp_servers.relay]`.
+
+    Appends one marked block, or inserts one marked line under an existing
+    `[features]` header; never rewrites what the user wrote. The result is parsed
+    again and checked before it is returned.
+    """
+    parse_toml(text, where)
+    base = strip_codex_config(text)
+    data = parse_toml(base, where)
+    notes: list[str] = []
+    block: list[str] = []
+    features = data.get("features")
+    features = features if isinstance(features, dict) else {}
+    enabled = features.get("hooks", features.get("codex_hooks"))
+    feature_line_at = None
+    if want_feature and enabled is False:
+        notes.append(
+            "Codex hooks are turned off in config.toml ([features] hooks = false); "
+            "Relay's recall hook will not run in Codex until you set it to true"
+        )
+    elif want_feature and enabled is None:
+        lines = base.splitlines(keepends=True)
+        headers = [i for i, line in enumerate(lines) if _FEATURES_HEADER.match(line)]
+        if headers:
+            feature_line_at = headers[0] + 1
+        elif "features" in data:
+            notes.append(
+                "config.toml defines [features] in a form relay install does not edit; add "
+                "`hooks = true` under [features] if your Codex version needs it"
+            )
+        else:
+            block += ["[features]", "hooks = true"]
+    servers = data.get("mcp_servers")
+    servers = servers if isinstance(servers, dict) else {}
+    current = servers.get(SERVER_NAME)
+    if relay_bin is not None:
+        if current is None:
+            block += [
+                f"[mcp_servers.{SERVER_NAME}]",
+                f"command = {_toml_str(relay_bin)}",
+                'args = ["mcp"]',
+            ]
+        elif current.get("command") != relay_bin or current.get("args") != ["mcp"]:
+            notes.append(
+                f"left [mcp_servers.{SERVER_NAME}] in config.toml as it was (not written by "
+                f"relay install); make it run `{relay_bin} mcp` for explicit recall"
+            )
+    new = base
+    if feature_line_at is not None:
+        lines = new.splitlines(keepends=True)
+        if not lines[feature_line_at - 1].endswith("\n"):
+            lines[feature_line_at - 1] += "\n"
+        lines.insert(feature_line_at, f"hooks = true  {TOML_FEATURE_MARK}\n")
+        new = "".join(lines)
+    if block:
+        if new and not new.endswith("\n"):
+            new += "\n"
+        sep = "\n" if new.strip() else ""
+        new += sep + "\n".join([TOML_BEGIN, *block, TOML_END]) + "\n"
+    check = parse_toml(new, where)  # never hand back text that Codex could not read
+    if relay_bin is not None and current is None:
+        assert check["mcp_servers"][SERVER_NAME] == {"command": relay_bin, "args": ["mcp"]}
+    return new, notes
+
+
+def codex_hooks_enabled(text: str) -> bool | None:
+    """The `[features] hooks` (or legacy `codex_hooks`) flag; None when unset or unreadable."""
+    try:
+        features = tomllib.loads(text).get("features")
+    except tomllib.TOMLDecodeError:
+        return None
+    if not isinstance(features, dict):
+        return None
+    value = features.get("hooks", features.get("codex_hooks"))
+    return value if isinstance(value, bool) else None
+
+
+# -- JSON helpers ---------------------------------------------------------------------
+def parse_json(text: str, where: str) -> dict[str, Any]:
+    if not text.strip():
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise SettingsFileError(
+            f"{where} is not valid JSON ({exc}); fix or move it, then run relay install again. "
+            "Nothing was changed"
+        ) from None
+    if not isinstance(doc, dict):
+        raise SettingsFileError(f"{where} does not hold a JSON object; nothing was changed")
+    return doc
+
+
+def dump_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,542 @@
+"""`relay doctor`: find silent breakage in a Relay install, and say what to do about it.
+
+Recall is built to fail quietly (the hook always exits 0 and prints nothing on
+failure), so a broken install looks exactly like a team with nothing written
+down. This command looks at every link of the chain in order: the config, the
+server, the key, the hooks registered in each agent and what they point at,
+the MCP registrations, and the hook's own outcome log (through
+`relay.hook_stats`). Each finding is `ok`, `warn` or `fail` with a fix; the
+exit code is 1 when anything fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import stat
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relay import agents
+from relay.errors import RelayError
+from relay.hook import config as hook_config
+
+SLOW_SERVER_MS = 150
+EXPIRY_WARNING = timedelta(days=7)
+AGENT_LABELS = {"claude-code": "Claude Code", "codex": "Codex"}
+
+
+@dataclass
+class Finding:
+    level: str  # "ok" | "warn" | "fail"
+    area: str
+    message: str
+    fix: str = ""
+
+
+class Doctor:
+    def __init__(self, project: Path | None = None, environ: dict[str, str] | None = None) -> None:
+        from relay.install import default_paths, load_manifest
+
+        self.environ = dict(os.environ if environ is None else environ)
+        self.paths = default_paths(project)
+        self.manifest = load_manifest(self.paths)
+        self.findings: list[Finding] = []
+        self.cfg: hook_config.Config | None = None
+        self.key_ok: bool | None = None
+
+    def add(self, level: str, area: str, message: str, fix: str = "") -> None:
+        self.findings.append(Finding(level, area, message, fix))
+
+    def home(self, path: Path | str) -> str:
+        from relay.install import tilde
+
+        return tilde(Path(path), self.paths.home)
+
+    # -- checks ------------------------------------------------------------------
+    def run(self) -> list[Finding]:
+        if self.check_config():
+            if self.check_server():
+                self.check_key()
+        self.check_hooks()
+        self.check_mcp()
+        self.check_log()
+        return self.findings
+
+    def check_config(self) -> bool:
+        path = Path(hook_config.config_path(self.environ))
+        if not path.exists():
+            if self.environ.get("RELAY_URL") and self.environ.get("RELAY_API_KEY"):
+                self.add(
+                    "warn",
+                    "config",
+                    f"no config file at {self.home(path)}; using RELAY_URL and RELAY_API_KEY "
+                    "from this shell, which agents started elsewhere do not have",
+                    "run `relay install`",
+                )
+            else:
+                self.add(
+                    "fail",
+                    "config",
+                    f"no Relay config at {self.home(path)}: the hook has no server and no key",
+                    "run `relay install --url URL --key KEY`",
+                )
+                return False
+        else:
+            try:
+                raw = json.loads(path.read_text())
+                if not isinstance(raw, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as exc:
+                self.add(
+                    "fail",
+                    "config",
+                    f"{self.home(path)} cannot be read as JSON ({exc}): the hook ignores it",
+                    "fix the file or run `relay install` again",
+                )
+                return False
+        self.cfg = cfg = hook_config.load(self.environ)
+        for var in ("RELAY_URL", "RELAY_API_KEY", "RELAY_API_KEY_FILE"):
+            if self.environ.get(var) and path.exists():
+                self.add(
+                    "warn",
+                    "config",
+                    f"{var} is set in this shell and overrides the config file for anything "
+                    "started from it, agents included",
+                    f"unset {var} unless you mean it",
+                )
+        if not cfg.url:
+            self.add("fail", "config", "no server URL configured", "run `relay install`")
+            return False
+        if not cfg.api_key:
+            key_file = cfg.api_key_file
+            why = (
+                f"the key file {key_file} is missing, unreadable or empty"
+                if key_file
+                else "no API key configured"
+            )
+            self.add("fail", "config", why, "run `relay install` with a valid key")
+            return False
+        source = (
+            f"key from {self.home(os.path.expanduser(cfg.api_key_file))}"
+            if (cfg.api_key_file and not self.environ.get("RELAY_API_KEY"))
+            else "key from the environment or config"
+        )
+        self.add("ok", "config", f"{self.home(path)}: server {cfg.url}, {source}")
+        if cfg.api_key_file and not self.environ.get("RELAY_API_KEY"):
+            key_path = Path(os.path.expanduser(cfg.api_key_file))
+            mode = stat.S_IMODE(key_path.stat().st_mode)
+            if mode & 0o077:
+                self.add(
+                    "warn",
+                    "config",
+                    f"the key file {self.home(key_path)} is readable by others (mode {mode:o})",
+                    f"chmod 600 {key_path}",
+                )
+        if cfg.memory_off:
+            self.add(
+                "warn",
+                "config",
+                "recall is switched off (memory_off in the config or RELAY_MEMORY_OFF)",
+                "remove the setting to turn recall back on",
+            )
+        return True
+
+    def _client(self):  # noqa: ANN202
+        from relay.client import RelayClient
+
+        assert self.cfg is not None
+        return RelayClient(self.cfg.url, self.cfg.api_key, timeout=5)
+
+    def check_server(self) -> bool:
+        client = self._client()
+        times = []
+        try:
+            for _ in range(3):
+                start = time.perf_counter()
+                client.get("/healthz")
+                times.append((time.perf_counter() - start) * 1000)
+        except RelayError as exc:
+            self.add(
+                "fail",
+                "server",
+                f"{exc.message}: every prompt goes without team memory",
+                f"start the server, or fix `url` in {self.home(self.paths.config)} "
+                "(`relay install --url ...`)",
+            )
+            return False
+        best = min(times)
+        level = "warn" if best > SLOW_SERVER_MS else "ok"
+        self.add(
+            level,
+            "server",
+            f"{self.cfg.url} answers /healthz in {best:.0f} ms" if self.cfg else "",
+            "the hook has 400 ms for the whole prompt; put the server closer or raise DEADLINE_MS"
+            if level == "warn"
+            else "",
+        )
+        return True
+
+    def check_key(self) -> None:
+        client = self._client()
+        start = time.perf_counter()
+        try:
+            who = client.get("/v1/whoami")
+        except RelayError as exc:
+            self.key_ok = False
+            self.add(
+                "fail",
+                "key",
+                f"the server rejects the key: {exc.message}; recall is off on every prompt",
+                "ask a Relay admin for a new key (`relay key create`), then "
+                "`relay install --key NEW_KEY`",
+            )
+            return
+        ms = (time.perf_counter() - start) * 1000
+        key = who.get("key", {})
+        scopes = key.get("scopes") or []
+        roles = key.get("roles") or []
+        if not set(scopes) & {"memory:read", "admin"}:
+            self.key_ok = False
+            self.add(
+                "fail",
+                "key",
+                f"key {key.get('id')} lacks memory:read: every search is refused",
+                "install a key with memory:read",
+            )
+            return
+        self.key_ok = True
+        self.add(
+            "ok",
+            "key",
+            f"key {key.get('id')} of organisation {who.get('org', {}).get('name')}: scopes "
+            f"{', '.join(scopes)}; roles {', '.join(roles) or 'none'} ({ms:.0f} ms)",
+        )
+        if "memory:write" not in scopes and "admin" not in scopes:
+            self.add(
+                "ok",
+                "key",
+                "read-only key: team_memory_remember and `relay remember` will be refused",
+            )
+        expires = key.get("expires_at")
+        if expires:
+            when = datetime.fromisoformat(expires.replace("Z", "+00:00"))
+            if when - datetime.now(UTC) < EXPIRY_WARNING:
+                self.add(
+                    "warn",
+                    "key",
+                    f"the key expires at {expires}",
+                    "get a new key and run `relay install --key NEW_KEY` before then",
+                )
+
+    # -- hooks -------------------------------------------------------------------
+    def _hook_files(self) -> list[tuple[str, Path, bool]]:
+        """(agent, hooks file, expected): from the install record, else the usual places."""
+        out: list[tuple[str, Path, bool]] = []
+        recorded = {
+            Path(p)
+            for p, rec in self.manifest.get("files", {}).items()
+            if rec.get("role") == "hooks-json"
+        }
+        for agent, path in (
+            ("claude-code", self.paths.claude_settings),
+            ("codex", self.paths.codex_hooks),
+        ):
+            candidates = {path} | {p for p in recorded if _agent_of(p) == agent and p != path}
+            for p in sorted(candidates):
+                expected = p in recorded or (not self.manifest and p.parent.exists())
+                out.append((agent, p, expected))
+        return out
+
+    def check_hooks(self) -> None:
+        any_ok = False
+        for agent, path, expected in self._hook_files():
+            label = AGENT_LABELS[agent]
+            try:
+                doc = agents.parse_json(path.read_text(), str(path)) if path.exists() else {}
+            except (OSError, RelayError) as exc:
+                self.add(
+                    "fail",
+                    "hooks",
+                    f"{label}: {self.home(path)} is unreadable ({exc}); the agent ignores it",
+                    "fix the file, then `relay install`",
+                )
+                continue
+            found = agents.relay_hook_commands(doc)
+            missing = [e for e in agents.EVENTS if e not in found]
+            if missing == list(agents.EVENTS):
+                if expected:
+                    self.add(
+                        "fail",
+                        "hooks",
+                        f"{label}: no Relay hooks in {self.home(path)}: no automatic recall",
+                        f"run `relay install --agent {agent}`",
+                    )
+                continue
+            if missing:
+                self.add(
+                    "fail",
+                    "hooks",
+                    f"{label}: {self.home(path)} lacks the {' and '.join(missing)} hook",
+                    f"run `relay install --agent {agent}`",
+                )
+            if self._check_commands(label, path, found):
+                any_ok = True
+            if agent == "codex":
+                self._check_codex_flag()
+        if not any_ok and not any(f.area == "hooks" for f in self.findings):
+            self.add(
+                "fail",
+                "hooks",
+                "no agent has Relay's hooks: no automatic recall anywhere",
+                "run `relay install`",
+            )
+
+    def _check_commands(self, label: str, path: Path, found: dict[str, list[str]]) -> bool:
+        scripts = set()
+        for commands in found.values():
+            for command in commands:
+                script = script_of(command, self.paths.home)
+                if script is None:
+                    self.add(
+                        "warn",
+                        "hooks",
+                        f"{label}: unexpected Relay hook command in {self.home(path)}: {command}",
+                        "run `relay install` to rewrite it",
+                    )
+                    continue
+                scripts.add(script)
+        ok = True
+        for script in sorted(scripts):
+            if not os.access(script, os.X_OK):
+                self.add(
+                    "warn",
+                    "hooks",
+                    f"{label}: hooks registered, but {self.home(script)} is missing or not "
+                    "executable: automatic recall is off (the agent skips it silently)",
+                    "run `relay install` to restore it, if that was not on purpose",
+                )
+                ok = False
+                continue
+            hook = hook_binary_of(script)
+            if hook is None or not os.access(hook, os.X_OK):
+                self.add(
+                    "fail",
+                    "hooks",
+                    f"{label}: {self.home(script)} runs {hook or 'nothing recognisable'}, which "
+                    "does not exist or is not executable: the agent shows an error on every prompt",
+                    "run `relay install` from the Relay you use now",
+                )
+                ok = False
+                continue
+            events = " and ".join(e for e in agents.EVENTS if e in found)
+            self.add(
+                "ok",
+                "hooks",
+                f"{label}: {events} in {self.home(path)} -> {self.home(script)} -> {hook}",
+            )
+        return ok
+
+    def _check_codex_flag(self) -> None:
+        path = self.paths.codex_config
+        try:
+            text = path.read_text()
+        except OSError:
+            return
+        if agents.codex_hooks_enabled(text) is False:
+            self.add(
+                "fail",
+                "hooks",
+                f"Codex: hooks are turned off in {self.home(path)} ([features] hooks = false)",
+                "set `hooks = true` under [features]",
+            )
+        else:
+            self.add(
+                "ok",
+                "hooks",
+                "Codex: the hooks run only once trusted; if recall never shows in Codex, type "
+                "/hooks in codex and trust the two Relay hooks",
+            )
+
+    # -- MCP ---------------------------------------------------------------------
+    def check_mcp(self) -> None:
+        claude = self.paths.claude_json
+        try:
+            doc = json.loads(claude.read_text()) if claude.exists() else {}
+        except (OSError, ValueError):
+            doc = {}
+        entry = (
+            (doc.get("mcpServers") or {}).get(agents.SERVER_NAME) if isinstance(doc, dict) else None
+        )
+        self._mcp_finding("Claude Code", claude, entry)
+        try:
+            import tomllib
+
+            data = tomllib.loads(self.paths.codex_config.read_text())
+        except (OSError, ValueError):
+            data = {}
+        entry = (data.get("mcp_servers") or {}).get(agents.SERVER_NAME)
+        self._mcp_finding("Codex", self.paths.codex_config, entry)
+
+    def _mcp_finding(self, label: str, path: Path, entry: Any) -> None:
+        if not isinstance(entry, dict):
+            if self.manifest and str(path) in self.manifest.get("files", {}):
+                self.add(
+                    "warn",
+                    "mcp",
+                    f"{label}: the `relay` MCP server is no longer in {self.home(path)}",
+                    "run `relay install` for explicit recall (team_memory_search)",
+                )
+            return
+        command = str(entry.get("command", ""))
+        if not os.access(command, os.X_OK):
+            self.add(
+                "warn",
+                "mcp",
+                f"{label}: the `relay` MCP server runs {command}, which is not executable",
+                "run `relay install` again",
+            )
+        else:
+            from relay.mcp_server import sdk_problem
+
+            problem = sdk_problem()
+            if problem:
+                self.add("warn", "mcp", f"{label}: `relay mcp` cannot start: {problem}", problem)
+            else:
+                self.add("ok", "mcp", f"{label}: MCP server `relay` -> {command} mcp")
+
+    # -- the hook's log ------------------------------------------------------------
+    def check_log(self) -> None:
+        from relay import hook_stats
+
+        cfg = self.cfg or hook_config.load(self.environ)
+        summary = hook_stats.summarise(cfg.state_dir, 86400)
+        if summary["invocations"] == 0:
+            self.add(
+                "ok",
+                "log",
+                "no prompts in the last 24 hours; if you used an agent since installing, its "
+                "hook is not running (Codex: trust it with /hooks)",
+            )
+            return
+        streak = summary["unauthorized_streak"]
+        if streak["length"]:
+            self.add(
+                "fail" if self.key_ok is not True else "warn",
+                "log",
+                f"the last {_searches(streak['length'])} rejected (401/403) since "
+                f"{streak['since']}"
+                + (
+                    ""
+                    if self.key_ok is not True
+                    else "; the key works now, so the next prompt should too"
+                ),
+                "install a valid key: `relay install --key NEW_KEY`",
+            )
+        down = summary["unavailable_streak"]
+        if down["length"] >= hook_stats.UNAVAILABLE_STREAK_ALERT:
+            self.add(
+                "warn",
+                "log",
+                f"the last {down['length']} searches timed out or found no server since "
+                f"{down['since']}",
+                "check the server and the network; `relay stats` has the details",
+            )
+        breaker = summary["breaker"]
+        if breaker["state"] != "closed":
+            self.add(
+                "warn",
+                "log",
+                f"the hook's circuit breaker is {breaker['state']} (after "
+                f"{breaker.get('failures', 0)} failures): searches are skipped for a cool-down",
+                "it closes by itself once the server answers; fix the server if it does not",
+            )
+        p95 = summary["hook_ms"]["p95"]
+        deadline = cfg.deadline_ms
+        outcomes = summary["outcomes"]
+        level = "warn" if p95 > deadline + 100 else "ok"
+        self.add(
+            level,
+            "log",
+            f"last 24 h: {summary['invocations']} runs, {outcomes['hit']} hits, "
+            f"{outcomes['no_match']} no match, p95 hook time {p95} ms (deadline {deadline} ms)",
+            "the machine is slow to start Python; see docs/hook.md, Measuring"
+            if level == "warn"
+            else "",
+        )
+
+
+def _searches(n: int) -> str:
+    return "search was" if n == 1 else f"{n} searches were"
+
+
+def _agent_of(path: Path) -> str:
+    return "codex" if ".codex" in path.parts or path.name == "hooks.json" else "claude-code"
+
+
+_SCRIPT_IN_COMMAND = re.compile(r"\[ -x (.+?) \] && exec ")
+_EXEC_IN_SCRIPT = re.compile(r"^exec (.+?) \"\$@\"\s*$", re.MULTILINE)
+
+
+def script_of(command: str, home: Path) -> Path | None:
+    """The script a registered Relay command runs (`$HOME` expanded)."""
+    found = _SCRIPT_IN_COMMAND.search(command)
+    if not found:
+        return None
+    try:
+        (word,) = shlex.split(found.group(1))
+    except ValueError:
+        return None
+    if word.startswith("$HOME/"):
+        word = str(home) + word[len("$HOME") :]
+    return Path(word)
+
+
+def hook_binary_of(script: Path) -> str | None:
+    try:
+        found = _EXEC_IN_SCRIPT.search(script.read_text())
+        return shlex.split(found.group(1))[0] if found else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def render(findings: list[Finding]) -> str:
+    lines = ["Relay doctor"]
+    for f in findings:
+        tag = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}[f.level]
+        lines.append(f"  {tag}  {f.area:<7} {f.message}")
+        if f.fix and f.level != "ok":
+            lines.append(f"        {'':<7} fix: {f.fix}")
+    failed = sum(f.level == "fail" for f in findings)
+    warned = sum(f.level == "warn" for f in findings)
+    if failed:
+        lines.append(f"{failed} problem(s) break recall; {warned} warning(s).")
+    else:
+        lines.append(f"Recall is wired up. {warned} warning(s).")
+    return "\n".join(lines)
+
+
+@click.command("doctor")
+@click.option(
+    "--project",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Also check this project's .claude/ and .codex/ hooks.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def doctor(project: Path | None, as_json: bool) -> None:
+    """Check config, server, key, hooks, MCP and the hook's recent outcomes; say what to fix."""
+    findings = Doctor(project).run()
+    if as_json:
+        click.echo(json.dumps([asdict(f) for f in findings], indent=2))
+    else:
+        click.echo(render(findings))
+    if any(f.level == "fail" for f in findings):
+        sys.exit(1)

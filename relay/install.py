@@ -1,0 +1,686 @@
+"""`relay install` and `relay uninstall`: connect this machine to a Relay server and wire
+recall into Claude Code and Codex, then take exactly that back out.
+
+install: check the URL and key with one request (`GET /v1/whoami`) -> plan every
+file's new content in memory (a file that is not valid JSON or TOML stops the
+plan: nothing is written) -> back up each file it changes -> write each one
+atomically -> print what changed, file by file -> record in
+`~/.relay/install.json` which files it created and where the originals are.
+
+uninstall: for each recorded file, remove Relay's entries; when what remains
+means the same as the original, the original bytes go back, and a file install
+created is deleted. Whatever else the user changed meanwhile is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relay import agents
+from relay.errors import InvalidRequestError, RelayError
+from relay.hook import config as hook_config
+
+MANIFEST_VERSION = 1
+# The knobs the hook script owns: set at its top, handed to the hook as RELAY_* variables.
+SCRIPT_KNOBS = (
+    (
+        "THROTTLE_PROMPTS",
+        "throttle_prompts",
+        "No new search within this many prompts of the last one.",
+    ),
+    (
+        "OVERLAP_THRESHOLD",
+        "overlap_threshold",
+        "Search again only when keyword overlap with the last search is below this (0..1).",
+    ),
+    ("MIN_PROMPT_LEN", "min_prompt_len", "Prompts shorter than this many characters never search."),
+    (
+        "DEADLINE_MS",
+        "deadline_ms",
+        "Whole budget per prompt in milliseconds, from process start; then the prompt goes on.",
+    ),
+)
+# Knobs written into config.json at their defaults (re-running install restores them).
+CONFIG_KNOBS = (
+    "memory_off",
+    "deadline_ms",
+    "min_prompt_len",
+    "throttle_prompts",
+    "overlap_threshold",
+    "max_records",
+    "max_tokens",
+    "profile",
+    "profile_max_records",
+    "profile_max_tokens",
+    "breaker_failures",
+    "breaker_cooldown_s",
+)
+AGENTS = ("claude-code", "codex")
+OWN_FILES = ("relay-key", "relay-config", "hook-script")  # Relay's files: permissions enforced
+
+
+# -- where things live -------------------------------------------------------------
+@dataclass
+class Paths:
+    home: Path
+    project: Path | None = None
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    @property
+    def relay_dir(self) -> Path:
+        return self.home / ".relay"
+
+    @property
+    def config(self) -> Path:
+        custom = self.environ.get("RELAY_CONFIG")
+        return Path(os.path.expanduser(custom)) if custom else self.relay_dir / "config.json"
+
+    @property
+    def key(self) -> Path:
+        return self.relay_dir / "key"
+
+    @property
+    def script(self) -> Path:
+        return self.relay_dir / agents.SCRIPT_NAME
+
+    @property
+    def manifest(self) -> Path:
+        return self.relay_dir / "install.json"
+
+    @property
+    def backups(self) -> Path:
+        return self.relay_dir / "backups"
+
+    @property
+    def claude_dir(self) -> Path:
+        custom = self.environ.get("CLAUDE_CONFIG_DIR")
+        return Path(os.path.expanduser(custom)) if custom else self.home / ".claude"
+
+    @property
+    def claude_settings(self) -> Path:
+        base = self.project / ".claude" if self.project else self.claude_dir
+        return base / "settings.json"
+
+    @property
+    def claude_json(self) -> Path:
+        custom = self.environ.get("CLAUDE_CONFIG_DIR")
+        return (
+            Path(os.path.expanduser(custom)) / ".claude.json"
+            if custom
+            else self.home / ".claude.json"
+        )
+
+    @property
+    def codex_dir(self) -> Path:
+        custom = self.environ.get("CODEX_HOME")
+        return Path(os.path.expanduser(custom)) if custom else self.home / ".codex"
+
+    @property
+    def codex_hooks(self) -> Path:
+        base = self.project / ".codex" if self.project else self.codex_dir
+        return base / "hooks.json"
+
+    @property
+    def codex_config(self) -> Path:
+        return self.codex_dir / "config.toml"
+
+    def script_in_command(self) -> str:
+        """User settings name the script by absolute path; project settings, shared by a
+        team, by `$HOME` so the same line works for every teammate who ran relay install."""
+        if self.project is None:
+            return str(self.script)
+        return f'"$HOME/.relay/{agents.SCRIPT_NAME}"'
+
+
+def default_paths(project: Path | None = None) -> Paths:
+    return Paths(Path(os.path.expanduser("~")), project.resolve() if project else None)
+
+
+def tilde(path: Path, home: Path) -> str:
+    try:
+        return "~/" + str(path.relative_to(home))
+    except ValueError:
+        return str(path)
+
+
+def executables() -> tuple[str, str]:
+    """Absolute paths of `relay-hook` and `relay` beside this interpreter (no PATH, no shims)."""
+    bin_dir = Path(os.path.abspath(sys.executable)).parent  # not resolved: keep the venv's path
+    found = []
+    for name in ("relay-hook", "relay"):
+        candidate = bin_dir / name
+        if not os.access(candidate, os.X_OK):
+            which = shutil.which(name)
+            if which is None:
+                raise InvalidRequestError(f"cannot find the {name!r} command next to {bin_dir}")
+            candidate = Path(os.path.abspath(which))
+        found.append(str(candidate))
+    return found[0], found[1]
+
+
+# -- file contents ---------------------------------------------------------------------
+def hook_script(relay_hook: str) -> str:
+    import shlex
+
+    lines = [
+        "#!/bin/sh",
+        "# Relay automatic recall: Claude Code and Codex run this on every prompt (and with",
+        "# `session-start` when a session starts). Written by `relay install`, yours to edit:",
+        "# edits apply from the next prompt, no restart; `relay install` restores the defaults.",
+        "# Delete this file to turn automatic recall off; the agents then skip it silently.",
+        "",
+    ]
+    for var, name, help_text in SCRIPT_KNOBS:
+        default = hook_config.DEFAULTS[name]
+        value = f"{default:.2f}" if isinstance(default, float) else str(default)
+        lines += [f"# {help_text}", f"{var}={value}"]
+    exports = " \\\n  ".join(f'RELAY_{var}="${var}"' for var, _, _ in SCRIPT_KNOBS)
+    lines += ["", f"export {exports}", f'exec {shlex.quote(relay_hook)} "$@"', ""]
+    return "\n".join(lines)
+
+
+def relay_config(current: dict[str, Any], url: str, key_file: Path) -> dict[str, Any]:
+    out = {k: v for k, v in current.items() if k != "api_key"}  # an inline key beats the file
+    out["url"] = url
+    out["api_key_file"] = str(key_file)
+    for name in CONFIG_KNOBS:
+        out[name] = hook_config.DEFAULTS[name]
+    out["_comment"] = (
+        f"Written by relay install. The agents' hooks run ~/.relay/{agents.SCRIPT_NAME}, whose "
+        "knobs (throttle, overlap, minimum prompt length, deadline) override these. "
+        "Keys: docs/hook.md."
+    )
+    return out
+
+
+def _indent_of(text: str) -> int | str:
+    for line in text.splitlines()[1:]:
+        stripped = line.lstrip(" \t")
+        if stripped and len(stripped) < len(line):
+            lead = line[: len(line) - len(stripped)]
+            return "\t" if lead.startswith("\t") else len(lead)
+    return 2
+
+
+def dump_json_like(doc: dict[str, Any], original: str | None) -> bytes:
+    indent = _indent_of(original) if original else 2
+    return (json.dumps(doc, indent=indent, ensure_ascii=False) + "\n").encode()
+
+
+# -- planning ----------------------------------------------------------------------------
+@dataclass
+class Change:
+    path: Path
+    role: str
+    before: bytes | None
+    after: bytes | None
+    what: str
+    mode: int = 0o644
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise agents.SettingsFileError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _text(raw: bytes | None, path: Path) -> str:
+    if raw is None:
+        return ""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise agents.SettingsFileError(f"{path} is not UTF-8 text; nothing was changed") from None
+
+
+def _json_change(path: Path, role: str, what: str, edit, mode: int = 0o644) -> Change:  # noqa: ANN001
+    before = read_bytes(path)
+    text = _text(before, path)
+    doc = agents.parse_json(text, str(path))
+    new_doc, notes = edit(doc)
+    if before is not None and new_doc == doc:
+        after = before  # same meaning: keep the user's bytes
+    else:
+        after = dump_json_like(new_doc, text)
+    return Change(path, role, before, after, what, mode, notes)
+
+
+def plan_install(
+    paths: Paths,
+    url: str,
+    key: str,
+    agent_names: tuple[str, ...],
+    mcp: bool,
+) -> list[Change]:
+    """Every file's new content, computed before anything is written."""
+    relay_hook, relay_bin = executables()
+    changes = [
+        Change(
+            paths.key, "relay-key", read_bytes(paths.key), (key + "\n").encode(), "API key", 0o600
+        ),
+    ]
+    config_before = read_bytes(paths.config)
+    config_doc = agents.parse_json(_text(config_before, paths.config), str(paths.config))
+    config_after = dump_json_like(relay_config(config_doc, url, paths.key), None)
+    changes.append(
+        Change(paths.config, "relay-config", config_before, config_after, "Relay config", 0o600)
+    )
+    changes.append(
+        Change(
+            paths.script,
+            "hook-script",
+            read_bytes(paths.script),
+            hook_script(relay_hook).encode(),
+            "recall hook script, knobs at their defaults",
+            0o700,
+        )
+    )
+    script_ref = paths.script_in_command()
+
+    def hooks_edit(where: str):  # noqa: ANN202
+        return lambda doc: (agents.add_hooks(doc, script_ref, where), [])
+
+    events = " and ".join(agents.EVENTS) + " hooks"
+    if "claude-code" in agent_names:
+        changes.append(
+            _json_change(
+                paths.claude_settings,
+                "hooks-json",
+                events,
+                hooks_edit(str(paths.claude_settings)),
+            )
+        )
+        if mcp:
+            changes.append(
+                _json_change(
+                    paths.claude_json,
+                    "claude-mcp",
+                    "MCP server `relay` (user scope)",
+                    lambda doc: _with_note(
+                        agents.add_mcp_server(doc, relay_bin, str(paths.claude_json))
+                    ),
+                    0o600,
+                )
+            )
+    if "codex" in agent_names:
+        changes.append(
+            _json_change(
+                paths.codex_hooks, "hooks-json", events, hooks_edit(str(paths.codex_hooks))
+            )
+        )
+        before = read_bytes(paths.codex_config)
+        text = _text(before, paths.codex_config)
+        new_text, notes = agents.add_codex_config(
+            text, relay_bin if mcp else None, str(paths.codex_config)
+        )
+        after = before if new_text == text else new_text.encode()
+        what = "[features] hooks" + (" and [mcp_servers.relay]" if mcp else "")
+        changes.append(
+            Change(paths.codex_config, "codex-config", before, after, what, 0o600, notes)
+        )
+    return changes
+
+
+def _with_note(result: tuple[dict[str, Any], str]) -> tuple[dict[str, Any], list[str]]:
+    doc, note = result
+    return doc, [note] if note else []
+
+
+# -- applying ------------------------------------------------------------------------------
+def ensure_dir(path: Path, created: list[str]) -> None:
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        private = d.name in (".relay", "backups")  # keys and their backups live there
+        d.mkdir(mode=0o700 if private else 0o777)
+        created.append(str(d))
+
+
+def write_atomic(path: Path, data: bytes, mode: int, force_mode: bool = False) -> None:
+    """Replace `path`'s content in one step; a symlinked file stays a symlink. An existing
+    file keeps its permissions unless `force_mode` (the key file, the hook script)."""
+    target = Path(os.path.realpath(path))
+    if not force_mode:
+        with contextlib.suppress(FileNotFoundError):
+            mode = target.stat().st_mode & 0o777
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def load_manifest(paths: Paths) -> dict[str, Any]:
+    try:
+        data = json.loads(paths.manifest.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("version") == MANIFEST_VERSION else {}
+
+
+def apply(changes: list[Change], paths: Paths, url: str) -> list[str]:
+    """Back up, write and record every change; one report line per file."""
+    manifest = load_manifest(paths) or {"version": MANIFEST_VERSION, "files": {}, "dirs": []}
+    created_dirs: list[str] = manifest["dirs"]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    lines = []
+    for c in changes:
+        label = tilde(c.path, paths.home)
+        if not c.changed:
+            lines.append(f"  unchanged  {label}  ({c.what})")
+            continue
+        ensure_dir(c.path.parent, created_dirs)
+        record = manifest["files"].get(str(c.path))
+        backup = None
+        if c.before is not None:
+            ensure_dir(paths.backups, created_dirs)
+            backup = paths.backups / f"{c.path.name}.{stamp}"
+            n = 0
+            while backup.exists():
+                n += 1
+                backup = paths.backups / f"{c.path.name}.{stamp}.{n}"
+            write_atomic(backup, c.before, 0o600)
+        if record is None:
+            record = {"role": c.role, "created": c.before is None, "original": None}
+            record["original"] = str(backup) if backup else None
+            manifest["files"][str(c.path)] = record
+        record.setdefault("backups", []).append(str(backup) if backup else None)
+        assert c.after is not None
+        write_atomic(c.path, c.after, c.mode, force_mode=c.role in OWN_FILES)
+        verb = "created" if c.before is None else "updated"
+        extra = f"; backup {tilde(backup, paths.home)}" if backup else ""
+        lines.append(f"  {verb:<9}  {label}  ({c.what}{extra})")
+    for c in changes:
+        lines += [f"  note: {tilde(c.path, paths.home)}: {n}" for n in c.notes]
+    manifest["url"] = url
+    ensure_dir(paths.relay_dir, created_dirs)
+    write_atomic(paths.manifest, (json.dumps(manifest, indent=2) + "\n").encode(), 0o600)
+    return lines
+
+
+# -- uninstall -------------------------------------------------------------------------------
+def _same_json(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return agents.normalise_hooks(a) == agents.normalise_hooks(b)
+
+
+def plan_uninstall(paths: Paths, manifest: dict[str, Any]) -> tuple[list[Change], list[str]]:
+    """The reverse edit of every recorded file; (changes, warnings)."""
+    changes, warnings = [], []
+    for name, record in manifest.get("files", {}).items():
+        path = Path(name)
+        current = read_bytes(path)
+        if current is None:
+            continue
+        original = None
+        if record.get("original"):
+            original = read_bytes(Path(record["original"]))
+            if original is None:
+                warnings.append(
+                    f"{path}: its backup {record['original']} is gone; Relay's entries removed only"
+                )
+        created = bool(record.get("created"))
+        role = record.get("role")
+        try:
+            after = _reverse(role, path, current, original, created)
+        except agents.SettingsFileError as exc:
+            warnings.append(f"{exc.message}; left as it is")
+            continue
+        changes.append(Change(path, role or "", current, after, _reverse_what(role)))
+    return changes, warnings
+
+
+def _reverse(
+    role: str | None, path: Path, current: bytes, original: bytes | None, created: bool
+) -> bytes | None:
+    if role in ("relay-key", "relay-config", "hook-script"):
+        return None if created else original if original is not None else current
+    text = _text(current, path)
+    orig_text = _text(original, path) if original is not None else ""
+    if role == "codex-config":
+        stripped = agents.strip_codex_config(text)
+        if created and not stripped.strip():
+            return None
+        if original is not None and agents.parse_toml(stripped, str(path)) == agents.parse_toml(
+            orig_text, str(path)
+        ):
+            return original
+        return stripped.encode()
+    doc = agents.parse_json(text, str(path))
+    orig_doc = agents.parse_json(orig_text, str(path)) if original is not None else {}
+    if role == "claude-mcp":
+        stripped_doc = agents.strip_mcp_server(doc, orig_doc)
+    else:
+        stripped_doc = agents.strip_hooks(doc, str(path))
+    if created and not agents.normalise_hooks(stripped_doc):
+        return None
+    if original is not None and _same_json(stripped_doc, orig_doc):
+        return original
+    if stripped_doc == doc:
+        return current
+    return dump_json_like(stripped_doc, text)
+
+
+def _reverse_what(role: str | None) -> str:
+    return {
+        "relay-key": "API key",
+        "relay-config": "Relay config",
+        "hook-script": "recall hook script",
+        "hooks-json": "Relay hooks",
+        "claude-mcp": "MCP server `relay`",
+        "codex-config": "Relay's [features] line and [mcp_servers.relay]",
+    }.get(role or "", "Relay's entries")
+
+
+def apply_uninstall(changes: list[Change], paths: Paths, manifest: dict[str, Any]) -> list[str]:
+    lines = []
+    for c in changes:
+        label = tilde(c.path, paths.home)
+        if c.after is None:
+            c.path.unlink(missing_ok=True)
+            lines.append(f"  removed    {label}  ({c.what})")
+        elif not c.changed:
+            lines.append(f"  unchanged  {label}")
+        else:
+            write_atomic(c.path, c.after, 0o644)
+            lines.append(f"  restored   {label}  (without {c.what})")
+    for record in manifest.get("files", {}).values():
+        for backup in record.get("backups", []) + [record.get("original")]:
+            if backup:
+                Path(backup).unlink(missing_ok=True)
+    paths.manifest.unlink(missing_ok=True)
+    for d in sorted(manifest.get("dirs", []), key=len, reverse=True):
+        try:
+            Path(d).rmdir()  # only if empty: the hook's state or a database may live there
+        except OSError:
+            pass
+    return lines
+
+
+def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
+    """No record of what install did: strip Relay's entries from the usual places only."""
+    records = {
+        str(paths.claude_settings): {"role": "hooks-json"},
+        str(paths.codex_hooks): {"role": "hooks-json"},
+        str(paths.claude_json): {"role": "claude-mcp"},
+        str(paths.codex_config): {"role": "codex-config"},
+    }
+    changes, _ = plan_uninstall(paths, {"files": records})
+    if paths.script.exists():
+        changes.append(
+            Change(
+                paths.script, "hook-script", read_bytes(paths.script), None, "recall hook script"
+            )
+        )
+    return changes
+
+
+# -- verification -----------------------------------------------------------------------------
+def verify(url: str, key: str) -> dict[str, Any]:
+    """One request: the server answers and accepts the key, and the key may read memories."""
+    from relay.client import RelayClient
+
+    if not url.startswith(("http://", "https://")):
+        raise InvalidRequestError(f"server URL must start with http:// or https:// (got {url!r})")
+    if not key or not all("!" <= ch <= "~" for ch in key):
+        raise InvalidRequestError("the API key is empty or contains spaces or non-ASCII characters")
+    who = RelayClient(url, key, timeout=10).get("/v1/whoami")
+    scopes = set(who.get("key", {}).get("scopes") or [])
+    if not scopes & {"memory:read", "admin"}:
+        raise InvalidRequestError(
+            "this key lacks memory:read, so every recall would be refused; create one with "
+            "'relay key create --scope memory:read'"
+        )
+    return who
+
+
+def describe_key(who: dict[str, Any]) -> str:
+    k = who.get("key", {})
+    roles = ", ".join(k.get("roles") or []) or "none"
+    return (
+        f"organisation {who.get('org', {}).get('name')}, key {k.get('id')} "
+        f"({', '.join(k.get('scopes') or [])}; roles: {roles})"
+    )
+
+
+def trust_instructions(paths: Paths, agent_names: tuple[str, ...]) -> list[str]:
+    out = []
+    if "claude-code" in agent_names:
+        out += [
+            "Claude Code: new sessions run the hooks (review them with /hooks); restart running "
+            "sessions to load the `relay` MCP server (check with /mcp)."
+        ]
+    if "codex" in agent_names:
+        where = tilde(paths.codex_hooks, paths.home)
+        out += [
+            "Codex runs a new hook only after you trust it. Start `codex`, type /hooks, review the "
+            f"two Relay hooks from {where} (UserPromptSubmit and SessionStart, running "
+            f"{agents.SCRIPT_NAME}) and trust them. Codex asks again only if the registered "
+            "command changes; editing the knobs in the script does not change it.",
+        ]
+        if paths.project is not None:
+            out.append("Codex loads a project's .codex/hooks.json only in a trusted project.")
+    return out
+
+
+# -- commands ------------------------------------------------------------------------------------
+@click.command("install")
+@click.option("--url", envvar="RELAY_URL", help="Relay server URL (asked for when not given).")
+@click.option("--key", envvar="RELAY_API_KEY", help="API key (asked for when not given).")
+@click.option(
+    "--key-file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Read the API key from this file's first line instead.",
+)
+@click.option(
+    "--project",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Register the hooks in this project's .claude/ and .codex/ instead of your user settings.",
+)
+@click.option(
+    "--agent",
+    "agent_names",
+    multiple=True,
+    type=click.Choice(AGENTS),
+    help="Only this agent (repeatable; default: both).",
+)
+@click.option("--no-mcp", is_flag=True, help="Do not register the MCP server.")
+@click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+def install(
+    url: str | None,
+    key: str | None,
+    key_file: str | None,
+    project: Path | None,
+    agent_names: tuple[str, ...],
+    no_mcp: bool,
+    dry_run: bool,
+) -> None:
+    """Connect this machine to a Relay server and wire recall into Claude Code and Codex."""
+    if key_file:
+        key = (Path(key_file).read_text().strip().splitlines() or [""])[0].strip()
+    url = (url or click.prompt("Relay server URL", default="http://127.0.0.1:8765")).strip()
+    key = (key or click.prompt("API key", hide_input=True)).strip()
+    agent_names = agent_names or AGENTS
+    who = verify(url, key)
+    click.echo(f"Connected to {url}: {describe_key(who)}")
+    paths = default_paths(project)
+    register_mcp = not no_mcp
+    if register_mcp:
+        from relay.mcp_server import sdk_problem
+
+        problem = sdk_problem()
+        if problem:
+            click.echo(f"Not registering the MCP server: {problem}; then run relay install again.")
+            register_mcp = False
+    changes = plan_install(paths, url.rstrip("/"), key, agent_names, register_mcp)
+    if dry_run:
+        for c in changes:
+            state = "unchanged" if not c.changed else "create" if c.before is None else "update"
+            click.echo(f"  would {state:<9} {tilde(c.path, paths.home)}  ({c.what})")
+        return
+    for line in apply(changes, paths, url):
+        click.echo(line)
+    click.echo("")
+    for line in trust_instructions(paths, agent_names):
+        click.echo(line)
+    click.echo(
+        f"Knobs: {tilde(paths.script, paths.home)} (takes effect on the next prompt). "
+        "Check everything with `relay doctor`; undo with `relay uninstall`. "
+        "The Relay skill: `relay skill install`."
+    )
+
+
+@click.command("uninstall")
+@click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+def uninstall(dry_run: bool) -> None:
+    """Remove exactly what `relay install` added; originals come back where nothing else changed."""
+    paths = default_paths()
+    manifest = load_manifest(paths)
+    warnings: list[str] = []
+    if manifest:
+        changes, warnings = plan_uninstall(paths, manifest)
+    else:
+        click.echo("No install record (~/.relay/install.json): removing Relay's entries only.")
+        changes = plan_uninstall_without_manifest(paths)
+    if dry_run:
+        for c in changes:
+            state = "remove" if c.after is None else "restore" if c.changed else "keep"
+            click.echo(f"  would {state:<8} {tilde(c.path, paths.home)}")
+        return
+    try:
+        lines = apply_uninstall(changes, paths, manifest)
+    except OSError as exc:
+        raise RelayError(f"uninstall stopped: {exc}") from exc
+    for line in lines:
+        click.echo(line)
+    for warning in warnings:
+        click.echo(f"  warning: {warning}", err=True)
+    click.echo("Relay is no longer wired into the agents on this machine.")

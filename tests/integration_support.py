@@ -1,0 +1,132 @@
+"""Helpers for the integration tests: `relay` run as a user runs it, in a temporary HOME."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+BIN = Path(sys.executable).parent
+RELAY = str(BIN / "relay")
+# Variables that would point a run at the developer's own setup instead of the temp HOME.
+_SCRUB = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "XDG_CONFIG_HOME")
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RELAY_") and k not in _SCRUB and k != "HOME"
+    }
+    env["HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+def relay(home: Path, *args: str, stdin: str | None = None, **extra: str):
+    """Run `relay ARGS` in `home`; returns the CompletedProcess (text)."""
+    return subprocess.run(
+        [RELAY, *args],
+        env=clean_env(home, **extra),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `root` with its bytes and permission bits."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            out[str(path.relative_to(root))] = (path.read_bytes(), path.stat().st_mode & 0o777)
+    return out
+
+
+def registered_command(settings: Path, event: str) -> str:
+    """The Relay command written into an agent's hooks file for `event`."""
+    doc = json.loads(settings.read_text())
+    commands = [
+        h["command"]
+        for group in doc["hooks"][event]
+        for h in group["hooks"]
+        if "relay-autosearch-hook.sh" in h["command"]
+    ]
+    assert len(commands) == 1, commands
+    return commands[0]
+
+
+def run_registered(
+    command: str, home: Path, payload: dict, shell: str = "/bin/sh"
+) -> subprocess.CompletedProcess:
+    """Run a registered hook command the way the agents do: `sh -c COMMAND`, JSON on stdin,
+    with a bare environment (an agent passes its own, not the test runner's)."""
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [shell, "-c", command],
+        input=json.dumps(payload).encode(),
+        capture_output=True,
+        env=env,
+        timeout=30,
+    )
+
+
+def mint(url: str, admin_key: str, name: str, scopes: list[str], roles=()) -> dict:
+    response = httpx.post(
+        f"{url}/v1/keys",
+        json={"name": name, "scopes": scopes, "roles": list(roles)},
+        headers={"Authorization": f"Bearer {admin_key}"},
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def revoke(url: str, admin_key: str, key_id: str) -> None:
+    response = httpx.delete(
+        f"{url}/v1/keys/{key_id}", headers={"Authorization": f"Bearer {admin_key}"}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+
+
+def remember(url: str, key: str, **fields) -> dict:
+    response = httpx.post(
+        f"{url}/v1/memories", json=fields, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def start_module_server(tmp_path_factory, name: str):
+    """`relay serve` for one test module (conftest's launcher), stopped with its pipe closed.
+
+    The launcher returns at "Application startup complete", which uvicorn prints before
+    it binds the port; on a busy machine another process can take the port meanwhile.
+    So the server must still be running and answer as Relay, else it is started again.
+    """
+    import time
+
+    from conftest import start_server
+
+    for _ in range(3):
+        server = start_server(tmp_path_factory.mktemp(name) / "relay.db")
+        time.sleep(0.2)
+        try:
+            ok = httpx.get(f"{server.url}/healthz", timeout=10).json().get("status") == "ok"
+        except (httpx.HTTPError, ValueError, AttributeError):
+            ok = False
+        if ok and server.process.poll() is None:
+            return server
+        stop_server(server)
+    raise RuntimeError("relay serve did not come up on a port of its own")
+
+
+def stop_server(server) -> None:
+    server.stop()
+    if server.process.stdout:
+        server.process.stdout.close()

@@ -1,0 +1,115 @@
+"""The settings edits behind `relay install`, one content at a time (no processes)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from relay import agents
+
+SCRIPT = "/home/me/.relay/relay-autosearch-hook.sh"
+RELAY = "/opt/relay/.venv/bin/relay"
+
+
+def test_hook_commands_guard_the_script_and_exec_it():
+    prompt = agents.hook_command(SCRIPT, "UserPromptSubmit")
+    start = agents.hook_command(SCRIPT, "SessionStart")
+    assert prompt == f"[ -x {SCRIPT} ] && exec {SCRIPT} || exit 0"
+    assert start == f"[ -x {SCRIPT} ] && exec {SCRIPT} session-start || exit 0"
+    spaced = agents.hook_command("/home/a b/.relay/relay-autosearch-hook.sh", "UserPromptSubmit")
+    assert spaced.startswith("[ -x '/home/a b/.relay/relay-autosearch-hook.sh' ]")
+    shared = agents.hook_command('"$HOME/.relay/relay-autosearch-hook.sh"', "UserPromptSubmit")
+    assert shared.startswith('[ -x "$HOME/.relay/relay-autosearch-hook.sh" ] && exec "$HOME')
+
+
+def test_add_then_strip_hooks_round_trips_and_never_duplicates():
+    doc = {
+        "hooks": {
+            "UserPromptSubmit": [{"hooks": [{"type": "command", "command": "other"}]}],
+            "Stop": [{"hooks": [{"type": "command", "command": "bye"}]}],
+        },
+        "model": "opus",
+    }
+    once = agents.add_hooks(doc, SCRIPT)
+    twice = agents.add_hooks(once, SCRIPT)
+    assert once == twice
+    assert agents.relay_hook_commands(once) == {
+        "UserPromptSubmit": [agents.hook_command(SCRIPT, "UserPromptSubmit")],
+        "SessionStart": [agents.hook_command(SCRIPT, "SessionStart")],
+    }
+    assert agents.strip_hooks(twice) == doc
+    assert agents.strip_hooks(agents.add_hooks({}, SCRIPT)) == {}
+    # an existing empty `hooks` means the same as none
+    assert agents.normalise_hooks(agents.strip_hooks(agents.add_hooks({"hooks": {}}, SCRIPT))) == {}
+
+
+def test_a_relay_handler_sharing_a_group_keeps_its_neighbours():
+    mine = {"type": "command", "command": f"{SCRIPT} --old"}
+    doc = {"hooks": {"UserPromptSubmit": [{"hooks": [{"type": "command", "command": "x"}, mine]}]}}
+    assert agents.strip_hooks(doc) == {
+        "hooks": {"UserPromptSubmit": [{"hooks": [{"type": "command", "command": "x"}]}]}
+    }
+
+
+@pytest.mark.parametrize("bad", [{"hooks": []}, {"hooks": {"SessionStart": {"hooks": []}}}])
+def test_malformed_hooks_are_refused(bad):
+    with pytest.raises(agents.SettingsFileError):
+        agents.add_hooks(bad, SCRIPT, "settings.json")
+
+
+def test_mcp_server_entry_added_replaced_and_removed():
+    doc = {"mcpServers": {"docs": {"command": "d"}}, "numStartups": 3}
+    added, note = agents.add_mcp_server(doc, RELAY, "~/.claude.json")
+    assert note == "" and added["mcpServers"]["relay"]["command"] == RELAY
+    moved, _ = agents.add_mcp_server(added, "/new/venv/bin/relay", "~/.claude.json")
+    assert moved["mcpServers"]["relay"]["command"] == "/new/venv/bin/relay"
+    assert agents.strip_mcp_server(moved, doc) == doc
+    assert agents.strip_mcp_server(agents.add_mcp_server({}, RELAY, "x")[0], {}) == {}
+    foreign = {"mcpServers": {"relay": {"command": "npx", "args": ["some-relay"]}}}
+    kept, note = agents.add_mcp_server(foreign, RELAY, "~/.claude.json")
+    assert kept == foreign and "left mcpServers.relay" in note
+
+
+CODEX_CASES = {
+    "empty": "",
+    "no features": 'model = "o3"\n',
+    "features table": '[features]\nweb_search = true # on\n\n[profiles.x]\nmodel = "y"\n',
+    "features header with comment": "[ features ]  # flags\nfoo = 1",
+    "legacy flag on": "[features]\ncodex_hooks = true\n",
+    "features header last, no newline": 'model = "o3"\n[features]',
+}
+
+
+@pytest.mark.parametrize("text", CODEX_CASES.values(), ids=CODEX_CASES.keys())
+def test_codex_config_edit_is_valid_minimal_and_reversible(text):
+    new, notes = agents.add_codex_config(text, RELAY, "config.toml")
+    data = tomllib.loads(new)
+    features = data["features"]
+    assert features.get("hooks", features.get("codex_hooks")) is True
+    assert data["mcp_servers"]["relay"] == {"command": RELAY, "args": ["mcp"]}
+    assert notes == []
+    again, _ = agents.add_codex_config(new, RELAY, "config.toml")
+    assert again == new
+    assert tomllib.loads(agents.strip_codex_config(new)) == tomllib.loads(text)
+    kept = [line for line in text.splitlines() if line.strip()]
+    assert all(line in new.splitlines() for line in kept)  # nothing the user wrote is rewritten
+
+
+def test_codex_config_respects_what_it_should_not_touch():
+    off, notes = agents.add_codex_config("[features]\nhooks = false\n", RELAY, "c")
+    assert tomllib.loads(off)["features"]["hooks"] is False and "turned off" in notes[0]
+    inline, notes = agents.add_codex_config("features = { web_search = true }\n", RELAY, "c")
+    assert "hooks" not in tomllib.loads(inline)["features"] and "does not edit" in notes[0]
+    theirs = '[mcp_servers.relay]\ncommand = "relay-proxy"\n'
+    same, notes = agents.add_codex_config(theirs, RELAY, "c")
+    assert tomllib.loads(same)["mcp_servers"]["relay"] == {"command": "relay-proxy"}
+    assert "left [mcp_servers.relay]" in notes[0]
+    with pytest.raises(agents.SettingsFileError, match="not valid TOML"):
+        agents.add_codex_config("[features\n", RELAY, "config.toml")
+
+
+def test_paths_with_quotes_and_unicode_stay_valid_toml():
+    odd = '/home/zoë/"venv"\\bin/relay'
+    new, _ = agents.add_codex_config("", odd, "c")
+    assert tomllib.loads(new)["mcp_servers"]["relay"]["command"] == odd

@@ -1,0 +1,136 @@
+"""`relay doctor` on a healthy install, a revoked key, a stopped server and a missing hook."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from integration_support import (
+    mint,
+    registered_command,
+    relay,
+    revoke,
+    run_registered,
+    start_module_server,
+    stop_server,
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live = start_module_server(tmp_path_factory, "doctor")
+    yield live
+    stop_server(live)
+
+
+def installed(home, url: str, key: str) -> None:
+    done = relay(home, "install", "--url", url, "--key", key)
+    assert done.returncode == 0, done.stderr
+
+
+def doctor(home):
+    return relay(home, "doctor")
+
+
+def findings(home) -> list[dict]:
+    done = relay(home, "doctor", "--json")
+    return json.loads(done.stdout)
+
+
+def failures(home) -> list[str]:
+    return [f"{f['area']}: {f['message']}" for f in findings(home) if f["level"] == "fail"]
+
+
+def prompt(home, text: str = "how do we deploy the billing service to staging?", session="doc"):
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    run = run_registered(
+        command,
+        home,
+        {
+            "session_id": session,
+            "prompt_id": "p",
+            "hook_event_name": "UserPromptSubmit",
+            "prompt": text,
+        },
+    )
+    assert run.returncode == 0
+
+
+def test_healthy_install(tmp_path, server):
+    key = mint(server.url, server.admin_key, "doctor-healthy", ["memory:read"])
+    installed(tmp_path, server.url, key["secret"])
+    prompt(tmp_path)
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    out = done.stdout
+    assert "Recall is wired up" in out and "FAIL" not in out
+    assert f"{server.url} answers /healthz in" in out
+    assert f"key {key['id']} of organisation acme: scopes memory:read; roles none" in out
+    assert "read-only key" in out
+    assert "Claude Code: UserPromptSubmit and SessionStart in ~/.claude/settings.json" in out
+    assert "Codex: UserPromptSubmit and SessionStart in ~/.codex/hooks.json" in out
+    assert "MCP server `relay`" in out
+    assert "last 24 h: 1 runs" in out and "p95 hook time" in out
+
+
+def test_revoked_key(tmp_path, server):
+    key = mint(server.url, server.admin_key, "doctor-revoked", ["memory:read"])
+    installed(tmp_path, server.url, key["secret"])
+    revoke(server.url, server.admin_key, key["id"])
+    prompt(tmp_path)
+    prompt(tmp_path, "and how do we roll back the billing service in production?", "doc-2")
+    done = doctor(tmp_path)
+    assert done.returncode == 1
+    assert "this API key was revoked" in done.stdout
+    assert "relay install --key NEW_KEY" in done.stdout
+    failed = failures(tmp_path)
+    assert any(f.startswith("key: the server rejects the key") for f in failed)
+    assert any(f.startswith("log: the last 2 searches were rejected (401/403)") for f in failed)
+
+
+def test_stopped_server(tmp_path, tmp_path_factory):
+    own = start_module_server(tmp_path_factory, "doctor-stopped")
+    installed(tmp_path, own.url, own.admin_key)
+    stop_server(own)
+    prompt(tmp_path)
+    done = doctor(tmp_path)
+    assert done.returncode == 1
+    assert f"cannot reach the Relay server at {own.url}" in done.stdout
+    assert "fix: start the server" in done.stdout
+    log = json.loads((tmp_path / ".relay/state/outcomes.jsonl").read_text().splitlines()[-1])
+    assert log["outcome"] == "unavailable"
+
+
+def test_missing_hook(tmp_path, server):
+    installed(tmp_path, server.url, server.admin_key)
+    settings = tmp_path / ".claude/settings.json"
+    doc = json.loads(settings.read_text())
+    del doc["hooks"]["UserPromptSubmit"]
+    settings.write_text(json.dumps(doc))
+    done = doctor(tmp_path)
+    assert done.returncode == 1
+    assert "Claude Code: ~/.claude/settings.json lacks the UserPromptSubmit hook" in done.stdout
+    assert "fix: run `relay install --agent claude-code`" in done.stdout
+    (tmp_path / ".codex/hooks.json").write_text("{}")
+    assert any("Codex: no Relay hooks in ~/.codex/hooks.json" in f for f in failures(tmp_path))
+
+
+def test_deleted_script_and_a_moved_relay(tmp_path, server):
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    original = script.read_text()
+    script.unlink()
+    done = doctor(tmp_path)
+    assert done.returncode == 0  # deleting the script is how a user turns recall off
+    assert "automatic recall is off" in done.stdout
+    script.write_text(original.replace("/relay-hook", "/moved-away/relay-hook"))
+    script.chmod(0o700)
+    done = doctor(tmp_path)
+    assert done.returncode == 1 and "does not exist or is not executable" in done.stdout
+
+
+def test_no_install_at_all(tmp_path):
+    done = doctor(tmp_path)
+    assert done.returncode == 1
+    assert "no Relay config at ~/.relay/config.json" in done.stdout
+    assert "relay install" in done.stdout

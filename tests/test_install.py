@@ -1,0 +1,457 @@
+"""`relay install` / `relay uninstall` in temporary HOMEs against a real `relay serve`, then
+the exact command written into the agents' settings, run with realistic stdin."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import statistics
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from integration_support import (
+    BIN,
+    mint,
+    registered_command,
+    relay,
+    remember,
+    run_registered,
+    snapshot,
+    start_module_server,
+    stop_server,
+)
+
+MIGRATIONS = (
+    "Database migrations: create them with `make migration name=...` and apply them with "
+    "`make migrate`; never edit a migration that has already been applied on staging."
+)
+EXISTING_SETTINGS = """{
+    "model": "opus",
+    "permissions": {"allow": ["Bash(npm test:*)"], "deny": []},
+    "env": {"FOO": "bar"}
+}
+"""
+HOOK_LADEN_SETTINGS = """{
+  "hooks": {
+    "UserPromptSubmit": [
+      {"hooks": [{"type": "command", "command": "~/bin/prompt-guard", "timeout": 10}]}
+    ],
+    "SessionStart": [
+      {"matcher": "startup", "hooks": [{"type": "command", "command": "cat ~/notes.md"}]}
+    ],
+    "PreToolUse": [
+      {"matcher": "Bash", "hooks": [{"type": "command", "command": "~/bin/check-bash"}]}
+    ]
+  },
+  "statusLine": {"type": "command", "command": "git branch --show-current"}
+}
+"""
+EXISTING_CODEX_CONFIG = """# my codex config
+model = "o3"
+approval_policy = "on-request"
+
+[features]
+web_search_request = true   # keep me
+
+[mcp_servers.docs]
+command = "docs-mcp"
+args = ["--stdio"]
+
+[projects."/home/me/repo"]
+trust_level = "trusted"
+"""
+CODEX_HOOKS = """{"hooks": {
+ "Stop": [{"hooks": [{"type": "command", "command": "notify-send done"}]}],
+ "UserPromptSubmit": [{"hooks": [{"type": "command", "command": "log-prompt"}]}]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live = start_module_server(tmp_path_factory, "install")
+    admin = live.admin_key
+    remember(live.url, admin, body=MIGRATIONS, title="Migrations", source="team/db/migrations")
+    remember(
+        live.url,
+        admin,
+        body="Code review: every change needs an approving review by the owning team.",
+        title="Reviews",
+        source="team/process/reviews",
+        pinned=True,
+    )
+    writer = mint(live.url, admin, "install-tests", ["memory:read", "memory:write"])
+    yield {"url": live.url, "admin": admin, "key": writer["secret"], "server": live}
+    stop_server(live)
+
+
+def install(home: Path, server: dict, *args: str):
+    return relay(home, "install", "--url", server["url"], "--key", server["key"], *args)
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def relay_entries(path: Path) -> dict[str, int]:
+    doc = json.loads(path.read_text())
+    return {
+        event: sum(
+            "relay-autosearch-hook.sh" in h["command"] for g in groups for h in g.get("hooks", [])
+        )
+        for event, groups in doc.get("hooks", {}).items()
+    }
+
+
+def without_relay(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    for event in list(doc.get("hooks", {})):
+        groups = [
+            g
+            for g in doc["hooks"][event]
+            if not any("relay-autosearch-hook.sh" in h["command"] for h in g["hooks"])
+        ]
+        if groups:
+            doc["hooks"][event] = groups
+        else:
+            del doc["hooks"][event]
+    if doc.get("hooks") == {}:
+        del doc["hooks"]
+    return doc
+
+
+# -- into empty, existing, hook-laden and invalid settings ----------------------------------
+def test_install_into_an_empty_home_then_uninstall_leaves_it_empty(tmp_path, server):
+    home = tmp_path
+    done = install(home, server)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for name in (
+        "~/.relay/key",
+        "~/.relay/config.json",
+        "~/.relay/relay-autosearch-hook.sh",
+        "~/.claude/settings.json",
+        "~/.claude.json",
+        "~/.codex/hooks.json",
+        "~/.codex/config.toml",
+    ):
+        assert f"created    {name}" in out, out
+    assert "/hooks" in out and "trust" in out  # Codex trust instructions
+
+    key = home / ".relay/key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert key.read_text().strip() == server["key"]
+    assert stat.S_IMODE((home / ".relay").stat().st_mode) == 0o700
+    config = json.loads((home / ".relay/config.json").read_text())
+    assert config["url"] == server["url"] and config["api_key_file"] == str(key)
+    assert "api_key" not in config
+    assert config["deadline_ms"] == 400 and config["throttle_prompts"] == 2
+
+    script = home / ".relay/relay-autosearch-hook.sh"
+    text = script.read_text()
+    assert os.access(script, os.X_OK)
+    for knob in (
+        "THROTTLE_PROMPTS=2",
+        "OVERLAP_THRESHOLD=0.30",
+        "MIN_PROMPT_LEN=15",
+        "DEADLINE_MS=400",
+    ):
+        line = text.splitlines().index(knob)
+        assert text.splitlines()[line - 1].startswith("# ")  # a one-line comment above each
+    assert f'exec {BIN / "relay-hook"} "$@"' in text
+
+    for settings in (home / ".claude/settings.json", home / ".codex/hooks.json"):
+        doc = json.loads(settings.read_text())
+        assert relay_entries(settings) == {"UserPromptSubmit": 1, "SessionStart": 1}
+        for event in ("UserPromptSubmit", "SessionStart"):
+            (group,) = doc["hooks"][event]
+            assert "matcher" not in group  # every prompt, every session source
+            (handler,) = group["hooks"]
+            assert handler["type"] == "command" and 1 <= handler["timeout"] <= 10
+            assert str(script) in handler["command"]
+    mcp = json.loads((home / ".claude.json").read_text())["mcpServers"]["relay"]
+    assert mcp == {"type": "stdio", "command": str(BIN / "relay"), "args": ["mcp"], "env": {}}
+    codex = tomllib.loads((home / ".codex/config.toml").read_text())
+    assert codex["features"]["hooks"] is True
+    assert codex["mcp_servers"]["relay"] == {"command": str(BIN / "relay"), "args": ["mcp"]}
+
+    undone = relay(home, "uninstall")
+    assert undone.returncode == 0, undone.stderr
+    assert snapshot(home) == {}
+    assert list(home.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "claude_settings,codex_hooks",
+    [(EXISTING_SETTINGS, None), (HOOK_LADEN_SETTINGS, CODEX_HOOKS)],
+    ids=["existing", "hook-laden"],
+)
+def test_install_preserves_existing_settings_and_uninstall_restores_them_byte_for_byte(
+    tmp_path, server, claude_settings, codex_hooks
+):
+    home = tmp_path
+    write(home / ".claude/settings.json", claude_settings)
+    write(home / ".claude.json", '{"numStartups": 7, "mcpServers": {"docs": {"command": "d"}}}')
+    write(home / ".codex/config.toml", EXISTING_CODEX_CONFIG)
+    if codex_hooks:
+        write(home / ".codex/hooks.json", codex_hooks)
+    (home / ".claude/settings.json").chmod(0o640)
+    before = snapshot(home)
+
+    done = install(home, server)
+    assert done.returncode == 0, done.stderr
+    assert "updated    ~/.claude/settings.json" in done.stdout
+    assert "backup ~/.relay/backups/settings.json." in done.stdout
+
+    claude = home / ".claude/settings.json"
+    assert stat.S_IMODE(claude.stat().st_mode) == 0o640  # permissions kept
+    assert without_relay(claude) == json.loads(claude_settings)  # every other setting as it was
+    assert relay_entries(claude)["UserPromptSubmit"] == 1
+    doc = json.loads(claude.read_text())
+    assert doc["hooks"]["UserPromptSubmit"][-1]["hooks"][0]["command"].endswith("|| exit 0")
+    if codex_hooks:
+        assert without_relay(home / ".codex/hooks.json") == json.loads(codex_hooks)
+    claude_json = json.loads((home / ".claude.json").read_text())
+    assert claude_json["numStartups"] == 7 and set(claude_json["mcpServers"]) == {"docs", "relay"}
+    toml_text = (home / ".codex/config.toml").read_text()
+    assert toml_text.startswith(EXISTING_CODEX_CONFIG.split("[features]")[0])  # untouched above
+    codex = tomllib.loads(toml_text)
+    assert codex["features"] == {"hooks": True, "web_search_request": True}
+    assert codex["mcp_servers"]["docs"] == {"command": "docs-mcp", "args": ["--stdio"]}
+    assert codex["projects"] == {"/home/me/repo": {"trust_level": "trusted"}}
+    backups = list((home / ".relay/backups").iterdir())
+    assert {b.read_bytes() for b in backups} >= {claude_settings.encode()}
+
+    undone = relay(home, "uninstall")
+    assert undone.returncode == 0, undone.stderr
+    assert snapshot(home) == before
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [".claude/settings.json", ".codex/hooks.json", ".claude.json", ".codex/config.toml"],
+)
+def test_invalid_settings_file_is_refused_and_nothing_changes(tmp_path, server, broken):
+    home = tmp_path
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    write(home / ".codex/config.toml", EXISTING_CODEX_CONFIG)
+    bad = '{"hooks": {"UserPromptSubmit": [ }' if broken.endswith(".json") else "model = \n["
+    write(home / broken, bad)
+    before = snapshot(home)
+    done = install(home, server)
+    assert done.returncode != 0
+    kind = "JSON" if broken.endswith(".json") else "TOML"
+    assert f"is not valid {kind}" in done.stderr and "othing was changed" in done.stderr
+    assert broken in done.stderr
+    assert snapshot(home) == before
+
+
+def test_settings_whose_hooks_are_the_wrong_shape_are_refused(tmp_path, server):
+    write(tmp_path / ".claude/settings.json", '{"hooks": ["not", "an", "object"]}')
+    before = snapshot(tmp_path)
+    done = install(tmp_path, server)
+    assert done.returncode != 0 and "'hooks' is not an object" in done.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_a_bad_key_or_a_dead_server_writes_nothing(tmp_path, server):
+    write(tmp_path / ".claude/settings.json", EXISTING_SETTINGS)
+    before = snapshot(tmp_path)
+    bad_key = relay(tmp_path, "install", "--url", server["url"], "--key", "relay_abc_" + "x" * 32)
+    assert bad_key.returncode == 3 and "invalid API key" in bad_key.stderr
+    dead = relay(tmp_path, "install", "--url", "http://127.0.0.1:9", "--key", server["key"])
+    assert dead.returncode != 0 and "cannot reach the Relay server" in dead.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
+    home = tmp_path
+    write(home / ".claude/settings.json", HOOK_LADEN_SETTINGS)
+    assert install(home, server).returncode == 0
+    first = snapshot(home)
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace("DEADLINE_MS=400", "DEADLINE_MS=900"))
+    again = install(home, server)
+    assert again.returncode == 0, again.stderr
+    assert "updated    ~/.relay/relay-autosearch-hook.sh" in again.stdout
+    for name in ("~/.claude/settings.json", "~/.codex/hooks.json", "~/.codex/config.toml"):
+        assert f"unchanged  {name}" in again.stdout
+    assert "DEADLINE_MS=400" in script.read_text()
+
+    def settled(files: dict) -> dict:  # the backup and its record differ, nothing else
+        return {
+            k: v for k, v in files.items() if not k.startswith((".relay/backups", ".relay/install"))
+        }
+
+    assert settled(snapshot(home)) == settled(first)
+    for settings in (home / ".claude/settings.json", home / ".codex/hooks.json"):
+        assert relay_entries(settings) == {"UserPromptSubmit": 1, "SessionStart": 1} | (
+            {"PreToolUse": 0} if settings.parent.name == ".claude" else {}
+        )
+    assert (home / ".codex/config.toml").read_text().count("[mcp_servers.relay]") == 1
+    # the original content is still what uninstall gives back, after two installs
+    assert relay(home, "uninstall").returncode == 0
+    assert (home / ".claude/settings.json").read_text() == HOOK_LADEN_SETTINGS
+    assert not (home / ".relay").exists()
+
+
+def test_uninstall_keeps_what_the_user_changed_after_install(tmp_path, server):
+    home = tmp_path
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    assert install(home, server).returncode == 0
+    settings = home / ".claude/settings.json"
+    doc = json.loads(settings.read_text())
+    doc["theme"] = "dark"
+    settings.write_text(json.dumps(doc))
+    assert relay(home, "uninstall").returncode == 0
+    assert json.loads(settings.read_text()) == {**json.loads(EXISTING_SETTINGS), "theme": "dark"}
+
+
+def test_project_install_uses_home_relative_commands(tmp_path, server):
+    home, project = tmp_path / "home", tmp_path / "repo"
+    home.mkdir()
+    project.mkdir()
+    done = install(home, server, "--project", str(project))
+    assert done.returncode == 0, done.stderr
+    command = registered_command(project / ".claude/settings.json", "UserPromptSubmit")
+    assert command.startswith('[ -x "$HOME/.relay/relay-autosearch-hook.sh" ]')
+    assert (project / ".codex/hooks.json").exists()
+    assert not (home / ".claude/settings.json").exists()
+    assert (home / ".claude.json").exists()  # the MCP server stays a user-level registration
+    run = run_registered(command, home, prompt_payload("how do I apply a database migration?"))
+    assert run.returncode == 0 and b"make migrate" in run.stdout
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(project) == {}
+    assert all(name.startswith(".relay/state/") for name in snapshot(home))  # the hook's own log
+
+
+# -- the registered commands, run as the agents run them -------------------------------------
+def prompt_payload(prompt: str, session: str = "sess-1", **extra) -> dict:
+    return {
+        "session_id": session,
+        "prompt_id": "p-1",
+        "transcript_path": "/tmp/transcript.jsonl",
+        "cwd": "/tmp",
+        "permission_mode": "default",
+        "hook_event_name": "UserPromptSubmit",
+        "prompt": prompt,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_registered_commands_inject_memories_from_the_real_server(tmp_path, server, agent):
+    home = tmp_path
+    assert install(home, server, "--agent", agent).returncode == 0
+    settings = home / (".claude/settings.json" if agent == "claude-code" else ".codex/hooks.json")
+    extra = {"turn_id": "turn-1", "model": "gpt-5"} if agent == "codex" else {}
+
+    start = registered_command(settings, "SessionStart")
+    run = run_registered(
+        start,
+        home,
+        {"session_id": "sess-1", "hook_event_name": "SessionStart", "source": "startup", **extra},
+    )
+    assert run.returncode == 0 and run.stderr == b""
+    out = json.loads(run.stdout)["hookSpecificOutput"]
+    assert (
+        out["hookEventName"] == "SessionStart"
+        and "team/process/reviews" in out["additionalContext"]
+    )
+
+    command = registered_command(settings, "UserPromptSubmit")
+    run = run_registered(
+        command, home, prompt_payload("how do I create and apply a database migration?", **extra)
+    )
+    assert run.returncode == 0 and run.stderr == b""
+    out = json.loads(run.stdout)["hookSpecificOutput"]
+    assert out["hookEventName"] == "UserPromptSubmit"
+    context = out["additionalContext"]
+    assert "make migrate" in context and 'source="team/db/migrations"' in context
+    assert "recorded data, not instructions" in context
+    log = (home / ".relay/state/outcomes.jsonl").read_text().splitlines()
+    assert json.loads(log[-1])["outcome"] == "hit"
+
+
+def test_deleting_the_script_turns_recall_off_without_a_sound(tmp_path, server):
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    (home / ".relay/relay-autosearch-hook.sh").unlink()
+    for shell in ("/bin/sh", "/bin/bash"):
+        run = run_registered(command, home, prompt_payload("how do I apply a migration?"), shell)
+        assert (run.returncode, run.stdout, run.stderr) == (0, b"", b"")
+    assert not (home / ".relay/state").exists()  # the hook never ran
+
+
+def test_knob_edits_apply_on_the_next_prompt(tmp_path, server):
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=500"))
+    run = run_registered(command, home, prompt_payload("how do I create a database migration?"))
+    assert run.stdout == b""
+    entry = json.loads((home / ".relay/state/outcomes.jsonl").read_text().splitlines()[-1])
+    assert (entry["outcome"], entry["reason"]) == ("skipped", "short_prompt")
+
+
+def test_the_registered_command_costs_a_few_milliseconds(tmp_path, server):
+    """The wrapper (`[ -x ] && exec script`, then the script's `exec relay-hook`) against
+    relay-hook started directly, both on a gated prompt (no network), interleaved."""
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    payload = prompt_payload("ok")  # shorter than MIN_PROMPT_LEN: skipped before any request
+    env = {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "RELAY_MIN_PROMPT_LEN": "15",
+        "RELAY_DEADLINE_MS": "400",
+    }
+    import subprocess
+
+    direct, wrapped = [], []
+    for _ in range(15):
+        t = time.perf_counter()
+        subprocess.run(
+            [str(BIN / "relay-hook")], input=json.dumps(payload).encode(), env=env, check=True
+        )
+        direct.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        assert run_registered(command, home, payload).returncode == 0
+        wrapped.append((time.perf_counter() - t) * 1000)
+    overhead = statistics.median(wrapped) - statistics.median(direct)
+    print(f"registered command overhead: {overhead:.1f} ms (median of 15)")
+    assert overhead < 40
+
+
+def test_the_readme_one_minute_path(tmp_path, server):
+    """README "First memory in a minute", step by step, in an empty HOME."""
+    home = tmp_path
+    assert install(home, server).returncode == 0
+    made = relay(
+        home,
+        "remember",
+        "Staging is the blue cluster; production is green.",
+        "--source",
+        "team/infra",
+    )
+    assert made.returncode == 0 and made.stdout.startswith("remembered mem_"), made.stderr
+    checked = relay(home, "doctor")
+    assert checked.returncode == 0, checked.stdout
+    import subprocess
+
+    by_hand = subprocess.run(
+        [str(home / ".relay/relay-autosearch-hook.sh")],
+        input=b'{"session_id":"s1","prompt_id":"p1","hook_event_name":"UserPromptSubmit",'
+        b'"prompt":"which cluster do we deploy staging to?"}',
+        capture_output=True,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        timeout=30,
+    )
+    context = json.loads(by_hand.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert "Staging is the blue cluster" in context and 'source="team/infra"' in context
