@@ -552,3 +552,25 @@ def bench_search(
     if json_path:
         json_path.write_text(json.dumps(result, indent=2) + "\n")
     _echo_json(result)
+
+
+def _register() -> None:
+    """Commands that live beside the concept they serve."""
+    from relay.doctor import doctor
+    from relay.eval.commands import eval_group
+    from relay.hook_bench import hook as bench_hook
+    from relay.hook_stats import stats
+    from relay.install import install, uninstall
+    from relay.mcp_server import mcp_command
+    from relay.migrate import migrate
+    from relay.skill import skill
+
+    cli.add_command(stats)
+    cli.add_command(migrate)
+    cli.add_command(eval_group)
+    bench.add_command(bench_hook)
+    for command in (install, uninstall, doctor, skill, mcp_command):
+        cli.add_command(command)
+
+
+_register()
