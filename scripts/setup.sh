@@ -13,7 +13,7 @@ if [ "${1:-}" = "--dev" ]; then
   # torch first and pinned: that CPU build is on this machine's disk; any other version
   # (or an unpinned dependency resolving it) downloads gigabytes.
   "${pip[@]}" torch==2.13.0
-  "${pip[@]}" -e ".[dev,torch,postgres,mcp]"
+  "${pip[@]}" -e ".[dev,torch,postgres]"
 else
   "${pip[@]}" -e .
 fi
