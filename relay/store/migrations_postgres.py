@@ -6,14 +6,21 @@ replicas starting together migrate once. Grants to the application role are
 re-applied after every run (see `GRANTS`), so a new table never lacks them.
 
 Tenant isolation is enforced here a second time: every tenant table has Row-
-Level Security, FORCE'd so even the owner is subject to it, with policies
-keyed on the per-transaction setting `relay.org_id`. A query that forgets its
-`org_id = ...` filter sees nothing, not another organisation's rows. Two
-narrow, read-only exceptions exist, each keyed on its own per-transaction
-setting: `relay.key_id` shows exactly one API key (authentication, which runs
-before the organisation is known) and `relay.directory` lists organisations
-(administration). The embedding cache is shared on purpose: it maps a content
-hash to a vector and carries no tenant.
+Level Security with policies keyed on the per-transaction setting
+`relay.org_id`, and the server works as the non-owner role `relay_app`, so a
+query that forgets its `org_id = ...` filter sees nothing, not another
+organisation's rows. Two narrow, read-only exceptions exist, each keyed on its
+own per-transaction setting: `relay.key_id` shows exactly one API key
+(authentication, which runs before the organisation is known) and
+`relay.directory` lists organisations (administration). The embedding cache is
+shared on purpose: it maps a content hash to a vector and carries no tenant.
+
+Why not FORCE ROW LEVEL SECURITY on the owner as well: under RLS PostgreSQL
+may not use an index for an operator that is not LEAKPROOF, and the full-text
+match `@@` is not, so a GIN index is useless to a role subject to RLS. The
+lexical stage therefore runs in one SECURITY DEFINER function, owned by the
+table owner, that reads its org from the same `relay.org_id` setting (it takes
+no org argument), so it can only ever search the transaction's own org.
 """
 
 APP_ROLE = "relay_app"
@@ -36,10 +43,44 @@ _TENANT = "current_setting('relay.org_id', true)"
 def _rls(table: str, column: str) -> str:
     return f"""
     ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {table} FORCE ROW LEVEL SECURITY;
     CREATE POLICY tenant ON {table} USING ({column} = {_TENANT}) WITH CHECK ({column} = {_TENANT});
     """
 
+
+# BM25 over the org's own statistics (df from org_terms, lengths from passages),
+# for the passages of the transaction's org that match any query term and that
+# the reader may see. k1 = 1.2, b = 0.75.
+LEXICAL_FUNCTION = """
+CREATE FUNCTION relay_lexical(
+    match tsquery, terms text[], n float8, avgdl float8, aud text[], at timestamptz, lim int
+) RETURNS TABLE (id bigint, score float8)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    WITH org AS (SELECT current_setting('relay.org_id', true) AS id),
+    q AS (
+        SELECT t.term, ln(1 + (n - coalesce(ot.df, 0) + 0.5) / (coalesce(ot.df, 0) + 0.5)) AS idf
+        FROM unnest(terms) AS t(term)
+        LEFT JOIN org_terms ot ON ot.org_id = (SELECT id FROM org) AND ot.term = t.term
+    ),
+    hits AS (
+        SELECT p.id, p.tsv, p.token_count FROM passages p
+        JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id
+        WHERE p.tsv @@ match AND p.org_id = (SELECT id FROM org)
+          AND m.deleted_at IS NULL AND m.superseded_by IS NULL
+          AND (m.valid_until IS NULL OR m.valid_until > at)
+          AND EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id
+                      AND ma.memory_id = m.id AND ma.audience = ANY(aud))
+    )
+    SELECT h.id, sum(q.idf * u.tf * 2.2 / (u.tf + 1.2 * (0.25 + 0.75 * h.token_count / avgdl)))
+    FROM hits h
+    CROSS JOIN LATERAL (
+        SELECT lexeme, coalesce(array_length(positions, 1), 1)::float8 AS tf FROM unnest(h.tsv)
+    ) AS u
+    JOIN q ON q.term = u.lexeme
+    GROUP BY h.id ORDER BY 2 DESC, h.id LIMIT lim
+$$;
+REVOKE ALL ON FUNCTION relay_lexical(tsquery, text[], float8, float8, text[], timestamptz, int)
+    FROM PUBLIC;
+"""
 
 MIGRATIONS: list[str] = [
     # 1: the whole first schema
@@ -157,7 +198,8 @@ MIGRATIONS: list[str] = [
         USING (id = current_setting('relay.key_id', true));
     CREATE POLICY directory ON orgs FOR SELECT
         USING (current_setting('relay.directory', true) = 'on');
-    """,
+    """
+    + LEXICAL_FUNCTION,
 ]
 
 # Run after every migration pass; idempotent. The role itself is created when
@@ -166,4 +208,5 @@ GRANTS = f"""
 GRANT USAGE ON SCHEMA {{schema}} TO {APP_ROLE};
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {{schema}} TO {APP_ROLE};
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {{schema}} TO {APP_ROLE};
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {{schema}} TO {APP_ROLE};
 """

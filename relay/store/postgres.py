@@ -4,10 +4,10 @@ Same semantics as the SQLite store (same errors, revisions, tombstones,
 supersession and per-org `generation`), with tenant isolation enforced twice:
 every query names its org, and each transaction sets `relay.org_id` so the
 Row-Level Security policies (see `migrations_postgres`) hide every other org's
-rows from a query that forgets to. The server connects through a pool and
-switches to the non-owner role `relay_app` when it can; the tables FORCE RLS,
-so the owner is held to the policies as well. Only a superuser or a role with
-BYPASSRLS escapes them, which `rls_enforced` reports.
+rows from a query that forgets to. The server works as the non-owner role
+`relay_app` (it switches to it with SET ROLE when the connecting user may, or
+connect as a member of it); `rls_enforced` reports whether the policies apply
+to the role in use (an owner, superuser or BYPASSRLS role escapes them).
 
 Writes to one org serialise on its `orgs` row (taken first in every write
 transaction), like SQLite's single writer but per tenant, so org counters
@@ -134,21 +134,11 @@ def parse_url(url: str) -> PgOptions:
     return PgOptions(conninfo, pool, exact, own.get("app_role") or APP_ROLE)
 
 
-def passage_rank_sql(audience_filter: bool) -> str:
-    """BM25 over the org's own statistics, for passages matching any query term."""
+def lexical_sql() -> str:
+    """BM25 candidates of the transaction's org (see `relay_lexical` in the migrations)."""
     return (
-        "WITH q AS (SELECT t.term, ln(1 + (%(n)s::float8 - coalesce(ot.df, 0) + 0.5)"
-        " / (coalesce(ot.df, 0) + 0.5)) AS idf FROM unnest(%(terms)s::text[]) AS t(term)"
-        " LEFT JOIN org_terms ot ON ot.org_id = %(org)s AND ot.term = t.term),"
-        " hits AS (SELECT p.id, p.tsv, p.token_count FROM passages p"
-        " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
-        " WHERE p.tsv @@ to_tsquery('simple', %(match)s) AND p.org_id = %(org)s"
-        f" AND {visible_sql(audience_filter)})"
-        " SELECT h.id, sum(q.idf * u.tf * 2.2 / (u.tf + 1.2 * (0.25 + 0.75 * h.token_count"
-        " / %(avgdl)s))) AS score FROM hits h"
-        " CROSS JOIN LATERAL (SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf"
-        " FROM unnest(h.tsv)) AS u JOIN q ON q.term = u.lexeme"
-        " GROUP BY h.id ORDER BY score DESC, h.id LIMIT %(limit)s"
+        "SELECT id, score FROM relay_lexical(to_tsquery('simple', %(match)s), %(terms)s,"
+        " %(n)s, %(avgdl)s, %(aud)s, %(now)s, %(limit)s)"
     )
 
 
@@ -236,15 +226,16 @@ class PostgresStore:
             )
             with self.pool.connection() as conn:
                 row = conn.execute(
-                    "SELECT current_user AS role, rolsuper OR rolbypassrls AS bypass FROM pg_roles"
-                    " WHERE rolname = current_user"
+                    "SELECT current_user AS role, rolsuper OR rolbypassrls"
+                    " OR oid = (SELECT relowner FROM pg_class WHERE oid = 'passages'::regclass)"
+                    " AS bypass FROM pg_roles WHERE rolname = current_user"
                 ).fetchone()
         self.role, bypass = (row["role"], bool(row["bypass"])) if row else ("?", True)
         self.rls_enforced = not bypass
         if bypass:
             log.warning(
-                "connected as %s, which bypasses row-level security; create role %s"
-                " and grant it to the connecting user so the policies apply",
+                "working as %s, which owns the tables or bypasses row-level security; create"
+                " role %s and grant it to the connecting user so the policies apply",
                 self.role,
                 self.app_role,
             )
@@ -325,7 +316,7 @@ class PostgresStore:
         try:
             conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(self.app_role)))
         except psycopg.errors.Error:
-            pass  # already a member, or not allowed: then the owner connects under FORCE RLS
+            pass  # already a member, or not allowed: an operator grants it (see docs)
 
     def drop_vector_index(self) -> None:
         """Bulk loads: drop the HNSW index (searches stay exact meanwhile) ..."""
@@ -784,9 +775,9 @@ class PostgresStore:
             ).fetchone()
             if not stats or not stats["passage_count"]:
                 return []
-            params["n"] = stats["passage_count"]
+            params["n"] = float(stats["passage_count"])
             params["avgdl"] = max(1.0, stats["token_count"] / stats["passage_count"])
-            rows = conn.execute(passage_rank_sql(True), params).fetchall()
+            rows = conn.execute(lexical_sql(), params).fetchall()
         return [(r["id"], float(r["score"])) for r in rows]
 
     def semantic_search(
