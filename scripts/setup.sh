@@ -14,6 +14,9 @@ if [ "${1:-}" = "--dev" ]; then
   # (or an unpinned dependency resolving it) downloads gigabytes.
   "${pip[@]}" torch==2.13.0
   "${pip[@]}" -e ".[dev,torch,postgres]"
+  # Debian's headless browser and its driver, for the console's end-to-end tests.
+  { command -v chromium && command -v chromedriver; } >/dev/null \
+    || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 else
   "${pip[@]}" -e .
 fi

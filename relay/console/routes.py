@@ -1,0 +1,529 @@
+"""The console's routes: the page and its assets, a cookie session, a JSON API under /console/api.
+
+Every /console/api route authorizes the session's key exactly as the HTTP API
+authorizes a bearer key (`relay.auth.authorize`), on every request, so a revoked
+key is signed out at once on every replica. Writes go through the same functions
+as the API (`relay.writes.draft_from_fields`, `writes.save`, the store), with the
+same request models, so they fail with the same error codes and messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from relay import auth, writes
+from relay.console import curate
+from relay.console.health import (
+    HookReport,
+    HookReports,
+    SearchLog,
+    most_recalled,
+    search_series,
+    streak_rows,
+)
+from relay.errors import ForbiddenError, InvalidRequestError, NotFoundError, UnauthorizedError
+from relay.hook import codec, gate, state
+from relay.hook import config as hook_config
+from relay.hook.client import HookFailure
+from relay.hook.pack import PROMPT_INTRO, pack, tokens, validate
+from relay.hook.run import EXTRA_CANDIDATES, PACK_RESERVE_S, QUERY_MAX_CHARS
+from relay.hook_stats import OUTCOMES
+from relay.models import ApiKey, Principal, iso
+from relay.search import MAX_K, SearchResponse
+from relay.server import Auth, KeyBody, MemoryBody, MemoryPatch, Services
+
+COOKIE = "relay_console"
+CSRF_HEADER = "X-CSRF-Token"
+SESSION_MAX_AGE_S = 8 * 3600
+STATIC = Path(__file__).parent / "static"
+ASSETS = {
+    "console.js": "text/javascript; charset=utf-8",
+    "dom.js": "text/javascript; charset=utf-8",
+    "charts.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+# What the hook tells the server by default: its budget less start-up and the packing reserve.
+HOOK_SERVER_MS = int(hook_config.DEFAULTS["deadline_ms"]) - 25 - int(PACK_RESERVE_S * 1000)  # type: ignore[call-overload]
+
+
+def csrf_token(key: str) -> str:
+    """Bound to the session's key, so no replica needs a shared secret to check it."""
+    return hmac.new(key.encode(), b"relay-console-csrf", hashlib.sha256).hexdigest()
+
+
+def _same_origin(request: Request) -> None:
+    """Refuse writes a browser marks as coming from another site (belt to SameSite's braces)."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        raise ForbiddenError("cross-site request refused")
+    origin = request.headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        raise ForbiddenError("cross-origin request refused")
+
+
+def _session_principal(request: Request) -> Principal:
+    """The signed-in key, authorized now; writes also need the CSRF header and the same origin."""
+    token = request.cookies.get(COOKIE)
+    if not token:
+        raise UnauthorizedError("not signed in to the console")
+    principal = auth.authorize(request.app.state.services.store, f"Bearer {token}")
+    if request.method not in ("GET", "HEAD"):
+        _same_origin(request)
+        sent = request.headers.get(CSRF_HEADER, "")
+        if not hmac.compare_digest(sent.encode(), csrf_token(token).encode()):
+            raise ForbiddenError("missing or wrong CSRF token; reload the console")
+    return principal
+
+
+Session = Annotated[Principal, Depends(_session_principal)]
+
+
+def _no_store(request: Request, response: Response) -> None:
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+
+
+def _management_view(p: Principal) -> frozenset[str] | None:
+    """As the API: admins manage the whole org, everyone else what their roles may read."""
+    return None if "admin" in p.scopes else p.audiences
+
+
+# -- request bodies -------------------------------------------------------------
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SignIn(_Body):
+    key: str = Field(min_length=1, max_length=400)
+
+
+class ConsoleSearch(_Body):
+    query: str = Field(min_length=1, max_length=8000)
+    mode: str = Field("hybrid", pattern="^(hybrid|lexical|semantic)$")
+    k: int = Field(10, ge=1, le=MAX_K)
+
+
+class Preview(_Body):
+    prompt: str = Field(max_length=100_000)
+    key_id: str | None = Field(None, max_length=64)
+    max_records: int = Field(int(hook_config.DEFAULTS["max_records"]), ge=1, le=20)  # type: ignore[call-overload]
+    max_tokens: int = Field(int(hook_config.DEFAULTS["max_tokens"]), ge=50, le=8000)  # type: ignore[call-overload]
+    deadline_ms: int = Field(HOOK_SERVER_MS, ge=20, le=10_000)
+
+
+class Streak(BaseModel):
+    length: int = Field(0, ge=0, le=10_000_000)
+    since: str | None = Field(None, max_length=40)
+
+
+class HookOutcomes(BaseModel):
+    """`relay stats --json` as it prints; fields it has that are not listed here are dropped."""
+
+    model_config = ConfigDict(extra="ignore")
+    developer: str | None = Field(None, max_length=100)
+    since: str | None = Field(None, max_length=40)
+    until: str | None = Field(None, max_length=40)
+    invocations: int = Field(0, ge=0, le=1_000_000_000)
+    outcomes: dict[str, int] = Field(default_factory=dict, max_length=len(OUTCOMES))
+    unauthorized_streak: Streak = Streak(length=0, since=None)
+    unavailable_streak: Streak = Streak(length=0, since=None)
+    hook_ms: dict[str, float] = Field(default_factory=dict, max_length=3)
+    breaker: dict[str, Any] | None = None
+
+
+def _printable(text: str, limit: int) -> str:
+    return "".join(ch for ch in text if ch.isprintable())[:limit].strip()
+
+
+def _key_view(key: ApiKey, now: datetime) -> dict[str, Any]:
+    status = "active"
+    if key.revoked_at is not None:
+        status = "revoked"
+    elif key.expires_at is not None and key.expires_at <= now:
+        status = "expired"
+    return {**key.to_dict(), "status": status}
+
+
+def build_routers(
+    services: Services,
+    search_log: SearchLog,
+    reports: HookReports,
+    search: Callable[..., SearchResponse],
+) -> list[APIRouter]:
+    """The console's routes; `search` is the searcher's unrecorded search (console queries
+    are not recall and must not count in recall's health)."""
+    store, embedder = services.store, services.embedder
+    page = APIRouter(include_in_schema=False)
+    api = APIRouter(
+        prefix="/console/api", include_in_schema=False, dependencies=[Depends(_no_store)]
+    )
+    ingest = APIRouter()
+
+    def key_names(p: Principal) -> dict[str, str]:
+        return {k.id: k.name for k in store.list_keys(p.org_id)} if "admin" in p.scopes else {}
+
+    def memory_view(m: Any, now: datetime, names: dict[str, str]) -> dict[str, Any]:
+        return {
+            **m.to_dict(),
+            "status": curate.statuses(m, now),
+            "author_name": names.get(m.author or ""),
+        }
+
+    # -- the page ---------------------------------------------------------------
+    @page.get("/console")
+    def console_page() -> Response:
+        return Response((STATIC / "index.html").read_bytes(), 200, PAGE_HEADERS, "text/html")
+
+    @page.get("/console/")
+    def console_slash() -> Response:
+        return RedirectResponse("/console", 308)
+
+    @page.get("/console/static/{name}")
+    def asset(name: str) -> Response:
+        if name not in ASSETS:
+            raise NotFoundError(f"no asset {name!r}")
+        return Response((STATIC / name).read_bytes(), 200, PAGE_HEADERS, ASSETS[name])
+
+    # -- session ----------------------------------------------------------------
+    def session_info(p: Principal, token: str) -> dict[str, Any]:
+        org = store.get_org(p.org_id)
+        found = store.key_for_auth(p.key_id)
+        return {
+            "org": {"id": org.id, "name": org.name},
+            "key": found[0].to_dict() if found else {"id": p.key_id},
+            "csrf_token": csrf_token(token),
+            "can": {
+                "write": auth_allows(p, "memory:write"),
+                "admin": "admin" in p.scopes,
+            },
+            "audiences": sorted(p.audiences),
+            "hook": {
+                "max_records": hook_config.DEFAULTS["max_records"],
+                "max_tokens": hook_config.DEFAULTS["max_tokens"],
+                "deadline_ms": HOOK_SERVER_MS,
+            },
+        }
+
+    @api.post("/session")
+    def sign_in(body: SignIn, request: Request) -> JSONResponse:
+        _same_origin(request)
+        key = body.key.strip()
+        principal = auth.authorize(store, f"Bearer {key}")
+        response = JSONResponse(session_info(principal, key))
+        response.set_cookie(
+            COOKIE,
+            key,
+            max_age=SESSION_MAX_AGE_S,
+            path="/console",
+            secure=request.url.scheme == "https",
+            httponly=True,
+            samesite="strict",
+        )
+        return response
+
+    @api.get("/session")
+    def whoami(p: Session, request: Request) -> dict[str, Any]:
+        return session_info(p, request.cookies[COOKIE])
+
+    @api.delete("/session")
+    def sign_out(_p: Session) -> Response:
+        response = Response(status_code=204)
+        response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict")
+        return response
+
+    # -- memories ---------------------------------------------------------------
+    @api.get("/memories")
+    def list_memories(
+        p: Session,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: str | None = None,
+        source: str | None = None,
+        tag: str | None = None,
+        audience: str | None = None,
+        author: str | None = None,
+        status: str = "any",
+        expiring_days: Annotated[int, Query(ge=1, le=3650)] = 7,
+    ) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        f = curate.Filters(
+            source or None, tag or None, audience or None, author or None, status, expiring_days
+        )
+        now = datetime.now(UTC)
+        items, nxt = curate.filtered(store, p.org_id, _management_view(p), f, limit, cursor, now)
+        names = key_names(p)
+        return {"items": [memory_view(m, now, names) for m in items], "next_cursor": nxt}
+
+    @api.get("/facets")
+    def facets(p: Session) -> dict[str, Any]:
+        """Values the filters can take: the org's roles, and the authors with their key names."""
+        auth.require(p, "memory:read")
+        audiences = store.known_audiences(p.org_id) if "admin" in p.scopes else set(p.audiences)
+        return {"audiences": sorted(audiences | {"all"}), "authors": key_names(p)}
+
+    @api.post("/memories", status_code=201)
+    def create_memory(body: MemoryBody, p: Session) -> dict[str, Any]:
+        auth.require(p, "memory:write")
+        draft = writes.draft_from_fields(body.model_dump(), store.known_audiences(p.org_id))
+        memory_id = body.id or writes.new_memory_id()
+        memory, _ = writes.save(store, embedder, p.org_id, memory_id, draft, p.key_id, "create")
+        return memory_view(memory, datetime.now(UTC), key_names(p))
+
+    @api.get("/memories/{memory_id}")
+    def get_memory(memory_id: str, p: Session) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        memory = store.get_memory(p.org_id, memory_id, _management_view(p))
+        return memory_view(memory, datetime.now(UTC), key_names(p))
+
+    @api.patch("/memories/{memory_id}")
+    def edit_memory(memory_id: str, body: MemoryPatch, p: Session) -> dict[str, Any]:
+        auth.require(p, "memory:write")
+        view = _management_view(p)
+        current = store.get_memory(p.org_id, memory_id, view)
+        fields = current.to_dict()
+        fields.update(body.model_dump(exclude_unset=True, exclude={"expected_revision"}))
+        draft = writes.draft_from_fields(fields, store.known_audiences(p.org_id))
+        memory, _ = writes.save(
+            store,
+            embedder,
+            p.org_id,
+            memory_id,
+            draft,
+            p.key_id,
+            "edit",
+            body.expected_revision,
+            view,
+        )
+        return memory_view(memory, datetime.now(UTC), key_names(p))
+
+    @api.delete("/memories/{memory_id}", status_code=204)
+    def delete_memory(memory_id: str, p: Session) -> Response:
+        auth.require(p, "memory:write")
+        store.delete_memory(p.org_id, memory_id, p.key_id, _management_view(p))
+        return Response(status_code=204)
+
+    @api.get("/memories/{memory_id}/revisions")
+    def revisions(memory_id: str, p: Session) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        names = key_names(p)
+        items = store.history(p.org_id, memory_id, _management_view(p))
+        return {"items": [{**r.to_dict(), "author_name": names.get(r.author or "")} for r in items]}
+
+    @api.get("/memories/{memory_id}/diff")
+    def compare(
+        memory_id: str,
+        p: Session,
+        old: Annotated[int, Query(alias="from", ge=1)],
+        new: Annotated[int, Query(alias="to", ge=1)],
+    ) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        history = store.history(p.org_id, memory_id, _management_view(p))
+        a, b = curate.find_revision(history, old), curate.find_revision(history, new)
+        return {
+            "id": memory_id,
+            "from": a.to_dict(),
+            "to": b.to_dict(),
+            "fields": curate.diff(a, b),
+        }
+
+    # -- search and the agent's view --------------------------------------------
+    @api.post("/search")
+    def console_search(body: ConsoleSearch, p: Session) -> dict[str, Any]:
+        """The recall pipeline itself, under this key's roles (no admin widening)."""
+        auth.require(p, "memory:read")
+        response = search(p, body.query, body.k, 1000.0, body.mode, False)
+        return response.to_dict()
+
+    @api.post("/preview")
+    def preview(body: Preview, p: Session) -> dict[str, Any]:
+        """What the hook would inject for this prompt as the first of a new session."""
+        auth.require(p, "memory:read")
+        reader = p if body.key_id in (None, "", p.key_id) else _other_key(p, body.key_id)
+        return agent_view(reader, body)
+
+    def _other_key(p: Principal, key_id: str) -> Principal:
+        if "admin" not in p.scopes:
+            raise ForbiddenError("only an admin key may preview as another key")
+        now = datetime.now(UTC)
+        for key in store.list_keys(p.org_id):
+            if key.id == key_id:
+                if _key_view(key, now)["status"] != "active":
+                    raise InvalidRequestError(f"key {key_id!r} is {_key_view(key, now)['status']}")
+                return Principal(key.org_id, key.id, key.scopes, key.roles)
+        raise NotFoundError(f"no key {key_id!r}")
+
+    def agent_view(reader: Principal, body: Preview) -> dict[str, Any]:
+        cfg = hook_config.Config(hook_config.DEFAULTS)
+        cfg["max_records"], cfg["max_tokens"] = body.max_records, body.max_tokens
+        prompt = body.prompt.strip()
+        words = gate.keywords(prompt)
+        session = state.fresh("")
+        session["count"] = 1
+        out: dict[str, Any] = {"key_id": reader.key_id, "keywords": words}
+        reason = gate.skip_reason(prompt, words, session, cfg)
+        if reason is not None:
+            return {**out, "outcome": "skipped", "reason": reason}
+        query, k = prompt[:QUERY_MAX_CHARS], body.max_records + EXTRA_CANDIDATES
+        out["request"] = {"query": query, "k": k, "deadline_ms": body.deadline_ms}
+        if not auth_allows(reader, "memory:read"):
+            return {**out, "outcome": "unauthorized", "reason": "HTTP 403"}
+        if k > MAX_K:
+            return {**out, "outcome": "invalid_response", "reason": f"HTTP 422 (k above {MAX_K})"}
+        response = search(reader, query, k, body.deadline_ms, "hybrid", False)
+        # Through JSON, as the hook receives it, then the hook's own validation and packing.
+        payload = json.loads(json.dumps(response.to_dict()))
+        try:
+            records = validate(payload)
+        except HookFailure as failure:
+            return {**out, "outcome": failure.outcome, "reason": failure.detail, "server": payload}
+        context, injected, _ = pack(records, {}, body.max_records, body.max_tokens, PROMPT_INTRO)
+        out["server"] = payload
+        if context is None:
+            return {**out, "outcome": "no_match", "context": None, "tokens": 0, "injected": []}
+        stdout = codec.dumps(
+            {
+                "hookSpecificOutput": {
+                    "hookEventName": "UserPromptSubmit",
+                    "additionalContext": context,
+                }
+            }
+        )
+        return {
+            **out,
+            "outcome": "hit",
+            "context": context,
+            "tokens": tokens(context),
+            "injected": [
+                {"id": r["id"], "revision": r["revision"], "source": r["source"]} for r in injected
+            ],
+            "stdout": stdout,
+        }
+
+    # -- keys -------------------------------------------------------------------
+    @api.get("/keys")
+    def list_keys(p: Session) -> dict[str, Any]:
+        auth.require(p, "admin")
+        now = datetime.now(UTC)
+        return {"items": [_key_view(k, now) for k in store.list_keys(p.org_id)]}
+
+    @api.post("/keys", status_code=201)
+    def create_key(body: KeyBody, p: Session) -> dict[str, Any]:
+        auth.require(p, "admin")
+        minted = auth.mint_key(
+            store,
+            p.org_id,
+            body.name,
+            frozenset(body.scopes),
+            frozenset(body.roles),
+            body.expires_at,
+        )
+        return {**_key_view(minted.key, datetime.now(UTC)), "secret": minted.secret}
+
+    @api.delete("/keys/{key_id}")
+    def revoke_key(key_id: str, p: Session) -> dict[str, Any]:
+        auth.require(p, "admin")
+        return _key_view(store.revoke_key(p.org_id, key_id), datetime.now(UTC))
+
+    # -- health -----------------------------------------------------------------
+    @api.get("/health")
+    def health(
+        p: Session, hours: Annotated[float, Query(gt=0, le=24 * 30)] = 24.0
+    ) -> dict[str, Any]:
+        auth.require(p, "memory:read")
+        now = datetime.now(UTC)
+        until = now.timestamp()
+        since = until - hours * 3600
+        events = search_log.events(p.org_id, since)
+        memories = {m.id: m for m in curate.scan(store, p.org_id, _management_view(p))}
+        counts = search_log.recalls(p.org_id)
+        brief = lambda m: {"id": m.id, "title": m.title, "source": m.source}  # noqa: E731
+        live = [
+            m
+            for m in memories.values()
+            if not {"expired", "superseded"} & set(curate.statuses(m, now))
+        ]
+        never = sorted((m for m in live if not counts.get(m.id)), key=lambda m: m.created_at)
+        expired = sorted(
+            (m for m in memories.values() if m.valid_until is not None and m.valid_until <= now),
+            key=lambda m: m.valid_until,  # type: ignore[arg-type,return-value]
+        )
+        out: dict[str, Any] = {
+            "recorded_since": iso(datetime.fromtimestamp(search_log.started_at, UTC)),
+            "searches": search_series(events, since, until, 24),
+            "memories": len(memories),
+            "most_recalled": [
+                {**brief(memories[mid]), "recalls": c}
+                for mid, c in most_recalled(counts, memories, 10)
+            ],
+            "never_recalled": {
+                "total": len(never),
+                "items": [{**brief(m), "created_at": iso(m.created_at)} for m in never[:20]],
+            },
+            "past_valid_until": {
+                "total": len(expired),
+                "items": [{**brief(m), "valid_until": iso(m.valid_until)} for m in expired[:50]],
+            },
+            "developers": None,
+        }
+        if "admin" in p.scopes:
+            out["developers"] = streak_rows(reports.developers(p.org_id))
+        return out
+
+    # -- hook outcomes, sent by developers who opt in ---------------------------
+    @ingest.post("/v1/hook-outcomes", status_code=202, tags=["operations"])
+    def hook_outcomes(body: HookOutcomes, p: Auth) -> dict[str, Any]:
+        """Aggregated hook outcomes from one developer's machine (`relay stats --json`);
+        any valid key of the org may send them. Shown per developer on the console."""
+        unknown = set(body.outcomes) - set(OUTCOMES)
+        if unknown:
+            raise InvalidRequestError(f"unknown outcome(s) {', '.join(sorted(unknown))[:200]}")
+        if any(v < 0 for v in body.outcomes.values()):
+            raise InvalidRequestError("outcome counts must not be negative")
+        found = store.key_for_auth(p.key_id)
+        developer = _printable(body.developer or "", 100) or (found[0].name if found else p.key_id)
+        breaker = body.breaker.get("state") if body.breaker else None
+        report = HookReport(
+            received_at=datetime.now(UTC).timestamp(),
+            developer=developer,
+            key_id=p.key_id,
+            period_since=body.since,
+            period_until=body.until,
+            invocations=body.invocations,
+            outcomes={k: body.outcomes.get(k, 0) for k in OUTCOMES},
+            unauthorized_streak=body.unauthorized_streak.length,
+            unauthorized_since=body.unauthorized_streak.since,
+            unavailable_streak=body.unavailable_streak.length,
+            unavailable_since=body.unavailable_streak.since,
+            hook_ms={k: float(v) for k, v in body.hook_ms.items() if k in ("p50", "p95", "p99")},
+            breaker=breaker if isinstance(breaker, str) else None,
+        )
+        reports.add(p.org_id, report)
+        return {"accepted": True, "developer": developer}
+
+    return [page, api, ingest]
+
+
+def auth_allows(p: Principal, scope: str) -> bool:
+    return scope in p.scopes or "admin" in p.scopes
