@@ -249,6 +249,8 @@ def cmd_all(args: argparse.Namespace) -> dict:
         ("contention", ["contention"]),
     ]
     for name, argv in steps:
+        if name == "batch":
+            argv += ["--limit", str(args.limit), "--repeats", str(args.repeats)]
         print(name, json.dumps(fresh(*argv)), flush=True)
     return {"done": len(steps)}
 
