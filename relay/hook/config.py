@@ -84,6 +84,12 @@ SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
         _float(0.0, 2.0),
         "Search again only when keyword overlap (Jaccard) with the last search is below this.",
     ),
+    (
+        "min_score",
+        0.0,
+        _float(0.0, 1.0),
+        "Drop results the server scored below this (0: the server's own threshold only).",
+    ),
     ("max_records", 3, _int(1, 20), "Most records injected per prompt."),
     ("max_tokens", 600, _int(50, 8000), "Most tokens injected per prompt, labels included."),
     ("profile", True, _bool, "SessionStart injects the team profile (pinned memories)."),
@@ -126,6 +132,7 @@ class Config(dict):
     min_prompt_len: int
     throttle_prompts: int
     overlap_threshold: float
+    min_score: float
     max_records: int
     max_tokens: int
     profile: bool

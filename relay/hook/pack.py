@@ -86,6 +86,7 @@ def validate(payload: object) -> list[dict]:
                 "source": item.get("source") or "unknown",
                 "updated_at": item.get("updated_at") or "",
                 "conflicts_with": conflicts,
+                "score": item.get("score"),
             }
         )
     return records

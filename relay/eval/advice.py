@@ -1,0 +1,300 @@
+"""Settings a team can adopt, from its own replay: which prompt classes recall slows down
+without helping, and the gate knobs and relevance threshold that serve its memories best.
+
+The knobs are chosen by re-running the hook's own decisions offline (its gate,
+its ledger and its packer, imported from `relay.hook`) over the replayed
+conversations, with each prompt's search answered by what the real server
+returned for it (one probe per distinct prompt, after the timed replay).
+The chosen setting is the most useful one that meets the issue's other targets (at
+least 0.9 of nothing-needed prompts quiet, cumulative tokens at most a third of the
+ungated run); when none does, the one scoring best on useful_rate + quiet_rate -
+0.1 x (share of prompts that search): a search nobody needed costs the prompt its wait.
+`--apply` writes the chosen knobs into the Relay config (docs/hook.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relay.eval.conversations import MEMORY_CLASSES, QUIET_CLASSES, Conversation
+from relay.hook import config as hook_config
+from relay.hook import gate, state
+from relay.hook.pack import PROMPT_INTRO, pack, tokens, validate
+from relay.hook.run import EXTRA_CANDIDATES, QUERY_MAX_CHARS
+from relay.hook_stats import SEARCHED
+
+KNOBS = ("min_prompt_len", "throttle_prompts", "overlap_threshold", "min_score")
+GRID = {
+    "min_prompt_len": (15, 20, 25, 30, 40),
+    "throttle_prompts": (0, 1, 2, 3),
+    "overlap_threshold": (0.2, 0.3, 0.4, 0.5),
+    "min_score": (0.0, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8),
+}
+SEARCH_COST = 0.1  # score lost per prompt that searches
+QUIET_TARGET = 0.9  # of nothing-needed prompts get nothing
+TOKEN_TARGET = 1 / 3  # of the ungated cumulative tokens, at most
+NO_HELP = 0.1  # a class whose searches bring a gold memory less often than this does not help
+Probes = dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def current_knobs(config: Path | None) -> dict[str, Any]:
+    """The knobs the replay's `on` mode ran with: defaults, overridden by --config."""
+    environ = {"RELAY_CONFIG": str(config)} if config else {"RELAY_CONFIG": os.devnull}
+    cfg = hook_config.load(environ)
+    return {k: cfg[k] for k in (*KNOBS, "max_records", "max_tokens")}
+
+
+def probe(
+    conversations: list[Conversation],
+    search: Callable[[str, dict[str, Any]], tuple[int, Any]],
+    max_records: int,
+) -> Probes:
+    """What the server answers each distinct prompt, as the hook would validate it."""
+    out: Probes = {}
+    for conv in conversations:
+        for turn in conv.turns:
+            query = turn.prompt.strip()[:QUERY_MAX_CHARS]
+            if (conv.store, query) in out or not query:
+                continue
+            body = {"query": query, "k": max_records + EXTRA_CANDIDATES, "deadline_ms": 2000}
+            status, payload = search(conv.store, body)
+            out[conv.store, query] = validate(payload) if status == 200 else []
+    return out
+
+
+def simulate(
+    conversations: list[Conversation], probes: Probes, knobs: dict[str, Any]
+) -> dict[str, Any]:
+    """The hook's decisions for every turn under `knobs`; usefulness, quiet, searches, tokens."""
+    cfg = hook_config.Config(knobs)
+    useful, quiet, searched, turns, cumulative = [], [], 0, 0, 0
+    per_class: dict[str, list[int]] = {}  # class -> [turns, searched, injected]
+    for conv in conversations:
+        data = state.fresh(conv.id)
+        held: set[str] = set()
+        length = len(conv.turns)
+        for turn in conv.turns:
+            prompt = turn.prompt.strip()
+            words = gate.keywords(prompt)
+            data["count"] += 1
+            context = None
+            did_search = gate.skip_reason(prompt, words, data, cfg) is None
+            if did_search:
+                searched += 1
+                data["last_search"] = data["count"]
+                records = [
+                    r
+                    for r in probes.get((conv.store, prompt[:QUERY_MAX_CHARS]), [])
+                    if (r["score"] or 0.0) >= cfg.min_score
+                ]
+                context, injected, _ = pack(
+                    records, data["ledger"], cfg.max_records, cfg.max_tokens, PROMPT_INTRO
+                )
+                data["keywords"] = words
+                for record in injected:
+                    data["ledger"][record["id"]] = record["revision"]
+                    held.add(record["id"])
+                if context:
+                    cumulative += tokens(context) * (length - turn.no + 1)
+            turns += 1
+            counts = per_class.setdefault(turn.kind, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += did_search
+            counts[2] += context is not None
+            if turn.kind in MEMORY_CLASSES:
+                useful.append(any(g in held for g in turn.relevant))
+            if turn.kind in QUIET_CLASSES:
+                quiet.append(context is None)
+    useful_rate = sum(useful) / len(useful) if useful else 0.0
+    quiet_rate = sum(quiet) / len(quiet) if quiet else 0.0
+    return {
+        "useful_rate": round(useful_rate, 4),
+        "quiet_rate": round(quiet_rate, 4),
+        "search_share": round(searched / turns, 4) if turns else 0.0,
+        "tokens_cumulative": round(cumulative / max(len(conversations), 1), 1),
+        "searched_by_class": {k: round(v[1] / v[0], 4) for k, v in sorted(per_class.items())},
+        "injected_by_class": {k: round(v[2] / v[0], 4) for k, v in sorted(per_class.items())},
+        "score": round(useful_rate + quiet_rate - SEARCH_COST * searched / max(turns, 1), 4),
+    }
+
+
+def best_knobs(
+    conversations: list[Conversation],
+    probes: Probes,
+    current: dict[str, Any],
+    ungated_tokens: float,
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The most useful grid point that meets the quiet and token targets (fewest searches,
+    then nearest the current knobs); when none does, the one with the best score."""
+    feasible: tuple[tuple[float, ...], dict[str, Any], dict[str, Any]] | None = None
+    scored: tuple[tuple[float, ...], dict[str, Any], dict[str, Any]] | None = None
+    for values in itertools.product(*(GRID[k] for k in KNOBS)):
+        knobs = {**current, **dict(zip(KNOBS, values, strict=True))}
+        sim = simulate(conversations, probes, knobs)
+        distance = sum(
+            abs(knobs[k] - current[k]) / (max(GRID[k]) - min(GRID[k]) or 1) for k in KNOBS
+        )
+        meets = sim["quiet_rate"] >= QUIET_TARGET and (
+            sim["tokens_cumulative"] <= ungated_tokens * TOKEN_TARGET
+        )
+        if meets:
+            key = (sim["useful_rate"], -sim["search_share"], -distance)
+            if feasible is None or key > feasible[0]:
+                feasible = (key, knobs, sim)
+        rank = (sim["score"], -distance)
+        if scored is None or rank > scored[0]:
+            scored = (rank, knobs, sim)
+    if feasible is not None:
+        return (
+            feasible[1],
+            feasible[2],
+            "most useful setting that meets the quiet and token targets",
+        )
+    assert scored is not None
+    return scored[1], scored[2], "no setting meets the quiet and token targets: best score"
+
+
+def class_costs(on: list[dict[str, Any]], off: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per prompt class: how often recall searched, what it added in time, how often a search
+    brought a gold memory into context at that turn."""
+    out = []
+    for kind in sorted({r["kind"] for r in on}):
+        mine = [r for r in on if r["kind"] == kind]
+        base = [r["ms"] for r in off if r["kind"] == kind]
+        searches = [r for r in mine if r["outcome"] in SEARCHED]
+        helped = sum(bool(r.get("gold_injected")) for r in searches)
+        added = (
+            sum(r["ms"] for r in mine) / len(mine) - sum(base) / len(base) if mine and base else 0.0
+        )
+        out.append(
+            {
+                "class": kind,
+                "turns": len(mine),
+                "searched": len(searches),
+                "helped": helped,
+                "injected": sum(not r["quiet"] for r in mine),
+                "added_ms": round(added, 1),
+            }
+        )
+    return out
+
+
+# Classes the hook can tell apart before it searches, and the knob that does it. A prompt for
+# which nothing relevant exists cannot be: only the relevance threshold keeps it quiet.
+EXCLUDING_KNOB = {"follow_up": "min_prompt_len", "same_topic": "overlap_threshold"}
+
+
+def advise(
+    conversations: list[Conversation],
+    probes: Probes,
+    rows: list[dict[str, Any]],
+    current: dict[str, Any],
+    ungated_tokens: float,
+) -> dict[str, Any]:
+    on = [r for r in rows if r["mode"] == "on"]
+    off = [r for r in rows if r["mode"] == "off"]
+    costs = class_costs(on, off)
+    recommended, predicted, rule = best_knobs(conversations, probes, current, ungated_tokens)
+    baseline = simulate(conversations, probes, current)
+
+    def effect(kind: str) -> dict[str, Any]:
+        return {
+            "searched_now": baseline["searched_by_class"].get(kind, 0.0),
+            "searched_advised": predicted["searched_by_class"].get(kind, 0.0),
+            "injected_now": baseline["injected_by_class"].get(kind, 0.0),
+            "injected_advised": predicted["injected_by_class"].get(kind, 0.0),
+        }
+
+    exclude = [
+        {**c, "knob": EXCLUDING_KNOB[c["class"]], **effect(c["class"])}
+        for c in costs
+        if c["class"] in EXCLUDING_KNOB and c["searched"] and c["helped"] / c["searched"] < NO_HELP
+    ]
+    nothing = [c for c in costs if c["class"] == "nothing_relevant"]
+    threshold = (
+        {**nothing[0], "min_score": recommended["min_score"], **effect("nothing_relevant")}
+        if nothing
+        else None
+    )
+    notes = [
+        f"{c['class']}: {c['helped']} of {c['searched']} searches brought a gold memory; "
+        "what misses here is retrieval, which no hook knob fixes"
+        for c in costs
+        if c["class"] in MEMORY_CLASSES and c["searched"] and c["helped"] / c["searched"] < 0.5
+    ]
+    changed = {k: recommended[k] for k in KNOBS if recommended[k] != current[k]}
+    return {
+        "current": {k: current[k] for k in KNOBS},
+        "recommended": {k: recommended[k] for k in KNOBS},
+        "changes": changed,
+        "rule": rule,
+        "ungated_tokens_cumulative": ungated_tokens,
+        "predicted_current": baseline,
+        "predicted_recommended": predicted,
+        "classes": costs,
+        "exclude": exclude,
+        "threshold": threshold,
+        "notes": notes,
+    }
+
+
+def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> Path:
+    """Merge `settings` into the Relay config file, keeping every other key; returns its path."""
+    path = Path(hook_config.config_path(os.environ if environ is None else environ))
+    existing: dict[str, Any] = {}
+    if path.exists():
+        loaded = json.loads(path.read_text(encoding="utf-8") or "{}")
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path} does not hold a JSON object")
+        existing = loaded
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({**existing, **settings}, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def render(advice: dict[str, Any]) -> str:
+    lines = ["advice (from this team's replay):"]
+    for c in advice["exclude"]:
+        lines.append(
+            f"  exclude {c['class']}: {c['searched']} of {c['turns']} searched, "
+            f"{c['helped']} brought a gold memory, {c['added_ms']:+.0f} ms per turn; "
+            f"knob {c['knob']}; with the advised knobs it searches {c['searched_now']:.2f} -> "
+            f"{c['searched_advised']:.2f} and injects {c['injected_now']:.2f} -> "
+            f"{c['injected_advised']:.2f} of its prompts"
+        )
+    if not advice["exclude"]:
+        lines.append("  no prompt class the gate can recognise searches without helping")
+    t = advice["threshold"]
+    if t:
+        lines.append(
+            f"  nothing_relevant: {t['injected']} of {t['turns']} got something injected; "
+            f"min_score {t['min_score']} -> injects {t['injected_now']:.2f} -> "
+            f"{t['injected_advised']:.2f} of them"
+        )
+    now, new = advice["predicted_current"], advice["predicted_recommended"]
+    lines.append(
+        "  knobs: "
+        + ", ".join(f"{k} {advice['current'][k]} -> {v}" for k, v in advice["changes"].items())
+        if advice["changes"]
+        else "  knobs: keep the current ones"
+    )
+    lines.append(
+        f"  predicted useful {now['useful_rate']:.2f} -> {new['useful_rate']:.2f}, quiet "
+        f"{now['quiet_rate']:.2f} -> {new['quiet_rate']:.2f}, searching "
+        f"{now['search_share']:.2f} -> {new['search_share']:.2f} of prompts"
+    )
+    lines.append(
+        f"  ({advice['rule']}; cumulative tokens {now['tokens_cumulative']:.0f} -> "
+        f"{new['tokens_cumulative']:.0f}, ungated {advice['ungated_tokens_cumulative']:.0f})"
+    )
+    lines.extend(f"  note: {n}" for n in advice["notes"])
+    return "\n".join(lines)

@@ -1,0 +1,334 @@
+"""`relay eval replay` and `relay eval faults`: does recall help, and does it fail safely."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relay.hook_bench import BENCH
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@contextmanager
+def _stoppable() -> Iterator[None]:
+    """A terminated run still stops the server it started (finally blocks run on exit)."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _meta(dataset: str, deadline_ms: int, **more: Any) -> dict[str, Any]:
+    from relay.eval.harness import git_commit, load_average
+
+    return {
+        "dataset": dataset,
+        "deadline_ms": deadline_ms,
+        "commit": git_commit(),
+        "load_average": load_average(),
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        **more,
+    }
+
+
+def _folder_option(name: str, help_text: str):  # noqa: ANN202
+    return click.option(
+        name, type=click.Path(exists=True, file_okay=False, path_type=Path), help=help_text
+    )
+
+
+common = [
+    _folder_option(
+        "--distractors",
+        "A bench folder whose memories are loaded into every organisation as well "
+        "(e.g. ../shared/bench/cursorrules_bullets).",
+    ),
+    click.option(
+        "--seed", type=int, default=0, show_default=True, help="Seed for built conversations."
+    ),
+    click.option(
+        "--turns",
+        type=click.IntRange(2, 200),
+        default=20,
+        show_default=True,
+        help="Turns per built conversation (folders without sessions).",
+    ),
+    click.option(
+        "--deadline-ms",
+        type=click.IntRange(50, 10_000),
+        default=400,
+        show_default=True,
+        help="The hook's DEADLINE_MS.",
+    ),
+    click.option(
+        "--json",
+        "json_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Write the figures (the documented schema) here.",
+    ),
+    click.option(
+        "--report-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("relay-eval"),
+        show_default=True,
+        help="Where the HTML report and the JSON behind it go.",
+    ),
+    click.option(
+        "--workdir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Keep the database, server log and hook state here (default: a temporary folder).",
+    ),
+]
+
+
+def _common(fn):  # noqa: ANN001, ANN202
+    for option in reversed(common):
+        fn = option(fn)
+    return fn
+
+
+@click.group("eval")
+def eval_group() -> None:
+    """Does recall help? Replays through the real hook and server, fault drills, advice."""
+
+
+@eval_group.command("replay")
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--conversations",
+    "count",
+    type=click.IntRange(1),
+    help="Conversations to replay [sessions: all; built: one per store].",
+)
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A Relay config whose knobs the 'on' mode uses (e.g. after --apply).",
+)
+@click.option("--url", help="Replay a JSONL of prompts against this running server instead.")
+@click.option("--key", help="A memory:read key for --url.")
+@click.option(
+    "--apply", "apply_", is_flag=True, help="Write the advised knobs to the Relay config."
+)
+@_common
+def replay_command(
+    source: Path,
+    count: int | None,
+    config: Path | None,
+    url: str | None,
+    key: str | None,
+    apply_: bool,
+    distractors: Path | None,
+    seed: int,
+    turns: int,
+    deadline_ms: int,
+    json_path: Path | None,
+    report_dir: Path,
+    workdir: Path | None,
+) -> None:
+    """Replay SOURCE's conversations with recall on, off and ungated; report and advise.
+
+    SOURCE is a ../shared/bench-format folder (its memories are loaded into a
+    fresh `relay serve`; its sessions replayed, or conversations built from its
+    questions), or a team's JSONL of prompts replayed against --url/--key.
+    """
+    from relay.eval import advice as adv
+    from relay.eval import replay as rp
+    from relay.eval import report as rep
+    from relay.eval.conversations import load_conversations, write_jsonl
+    from relay.eval.harness import OrgKeys, Server, api, load_database
+    from relay.eval.harness import workdir as make_workdir
+    from relay.hook_bench import HOOK, compile_hook, warm_up
+
+    bench = source.is_dir()
+    if bench and not (source / "memories.jsonl").exists():
+        raise click.UsageError(f"{source} has no memories.jsonl")
+    if not bench and not (url and key):
+        raise click.UsageError("a JSONL of prompts needs --url and --key (the team's server)")
+    try:
+        conversations = load_conversations(source, count, seed, turns)
+    except (ValueError, KeyError) as exc:
+        raise click.UsageError(f"{source}: {exc}") from None
+    if not conversations:
+        raise click.UsageError(f"{source}: no conversations to replay")
+    stores = {c.store for c in conversations}
+    work, tmp = make_workdir(workdir, "relay-eval-replay-")
+    server = None
+    try:
+        with _stoppable():
+            if bench:
+                _progress(f"loading {source} into a fresh database")
+                keys = load_database(
+                    work / "relay.db",
+                    source,
+                    distractors,
+                    (*rp.MODES, "probe"),
+                    _progress,
+                    stores,
+                )
+                _progress("starting relay serve")
+                server = Server(work / "relay.db", work / "server.log")
+                base = server.url
+            else:
+                assert url and key
+                base = url
+                keys = {
+                    s: OrgKeys("", dict.fromkeys((*rp.MODES, "probe"), key), "") for s in stores
+                }
+            missing = stores - set(keys)
+            if missing:
+                raise click.UsageError(f"prompts name stores with no memories: {sorted(missing)}")
+            compile_hook()
+            first = next(iter(stores))
+            warm_up(
+                base,
+                keys[first].read["probe"],
+                [t.prompt for t in conversations[0].turns],
+                [str(HOOK)],
+                deadline_ms,
+            )
+            n_turns = sum(len(c.turns) for c in conversations)
+            _progress(f"replaying {len(conversations)} conversations, {n_turns} turns, 3 modes")
+            rows = rp.replay(
+                conversations, base, keys, work / "homes", deadline_ms, config, _progress
+            )
+            result = rp.public(rows, len(conversations))
+            more = rp.extras(rows, deadline_ms)
+            current = adv.current_knobs(config)
+            _progress(
+                "advice: one search per distinct prompt, then the hook's gate replayed offline"
+            )
+            probes = adv.probe(
+                conversations,
+                lambda store, body: api(
+                    base, "POST", "/v1/search", keys[store].read["probe"], body
+                ),
+                current["max_records"],
+            )
+            advice = adv.advise(
+                conversations, probes, rows, current, result["ungated"]["tokens_cumulative"]
+            )
+    finally:
+        if server is not None:
+            server.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    report = {
+        "figures": result,
+        "extras": more,
+        "advice": advice,
+        "meta": _meta(
+            str(source),
+            deadline_ms,
+            distractors=str(distractors) if distractors else None,
+            seed=seed,
+            config=str(config) if config else None,
+            knobs=current,
+        ),
+        "conversations": [t.to_dict() for c in conversations for t in c.turns],
+        "turns": rows,
+    }
+    html_path, report_json = rep.write(report_dir, "replay", report, rep.replay_page(report))
+    write_jsonl(report_dir / "conversations.jsonl", conversations)
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    click.echo(rp.render(result, more, deadline_ms))
+    click.echo(adv.render(advice))
+    click.echo(f"report: {html_path} (figures behind it: {report_json})")
+    if apply_:
+        path = adv.apply(advice["recommended"])
+        click.echo(f"applied to {path}: " + json.dumps(advice["recommended"]))
+
+
+@eval_group.command("faults")
+@click.argument(
+    "source",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=BENCH / "coding_prompts",
+    required=False,
+)
+@click.option(
+    "--conversations",
+    "count",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="Conversations replayed in each drill.",
+)
+@click.option(
+    "--drill-prompts",
+    type=click.IntRange(1),
+    default=6,
+    show_default=True,
+    help="Prompts in the deletion and revocation drills.",
+)
+@_common
+def faults_command(
+    source: Path,
+    count: int,
+    drill_prompts: int,
+    distractors: Path | None,
+    seed: int,
+    turns: int,
+    deadline_ms: int,
+    json_path: Path | None,
+    report_dir: Path,
+    workdir: Path | None,
+) -> None:
+    """Replay SOURCE (default ../shared/bench/coding_prompts) while injecting faults: a hung
+    connection, a slow body, a denied key, oversized content, invalid JSON, the server killed
+    and restarted; then deletion and key revocation with warm caches, and a compaction."""
+    from relay.eval import faults as fl
+    from relay.eval import report as rep
+    from relay.eval.conversations import load_conversations
+    from relay.eval.harness import Server, load_database
+    from relay.eval.harness import workdir as make_workdir
+    from relay.hook_bench import compile_hook
+
+    if not (source / "memories.jsonl").exists():
+        raise click.UsageError(f"{source} has no memories.jsonl")
+    conversations = load_conversations(source, count, seed, turns)
+    work, tmp = make_workdir(workdir, "relay-eval-faults-")
+    server = None
+    try:
+        with _stoppable():
+            _progress(f"loading {source} into a fresh database")
+            used = {c.store for c in conversations}
+            keys = load_database(work / "relay.db", source, distractors, ("on",), _progress, used)
+            server = Server(work / "relay.db", work / "server.log")
+            compile_hook()
+            drills = fl.run_drills(
+                conversations, server, keys, work / "homes", deadline_ms, drill_prompts, _progress
+            )
+    finally:
+        if server is not None:
+            server.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    report = {
+        "figures": fl.public(drills),
+        "drills": {kind: d.details() for kind, d in drills.items()},
+        "series": {kind: {"ms": d.ms} for kind, d in drills.items()},
+        "meta": _meta(str(source), deadline_ms, conversations=len(conversations), seed=seed),
+    }
+    html_path, report_json = rep.write(report_dir, "faults", report, rep.faults_page(report))
+    if json_path:
+        json_path.write_text(json.dumps(fl.public(drills), indent=2) + "\n")
+    click.echo(fl.render(drills, deadline_ms))
+    click.echo(f"report: {html_path} (figures behind it: {report_json})")
+    if not fl.all_good(drills):
+        raise click.ClickException(
+            "some drill runs were late, injected from a failure or mislogged"
+        )

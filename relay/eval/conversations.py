@@ -1,0 +1,321 @@
+"""Conversations to replay: a bench folder's sessions, ones built from its questions, or JSONL.
+
+A conversation is a list of turns, each a prompt with its class:
+  needs_memory      a remembered fact changes the answer (gold ids in `relevant`)
+  topic_shift       the same, moving the conversation to a new area
+  same_topic        already answered by what an earlier prompt put in context
+  follow_up         "continue", "ok, do it": nothing new should be injected
+  nothing_relevant  a substantive prompt no memory covers
+`coding_prompts` carries these classes and its sessions (`meta.session`, `meta.turn`).
+For question sets without sessions (`locomo_observations`) `build_conversations`
+mixes them into 20-turn conversations, deterministically for a seed: needs-memory
+questions grouped by the session their gold comes from (a new group is a topic
+shift), later questions whose gold is a subset of an earlier one's (same topic),
+follow-ups, and the folder's empty-gold questions (nothing relevant).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relay.bench_recall import read_jsonl
+
+CLASSES = ("needs_memory", "topic_shift", "same_topic", "follow_up", "nothing_relevant")
+MEMORY_CLASSES = ("needs_memory", "topic_shift")  # useful_rate: did the context hold a gold memory
+QUIET_CLASSES = ("follow_up", "nothing_relevant")  # quiet_rate: did they get nothing
+TURNS_PER_CONVERSATION = 20
+
+# The class of each of the 20 turns of a built conversation: three topics, the
+# shares of coding_prompts (needs 35%, shift 11%, same topic 15%, follow-up 20%, nothing 19%).
+PLAN = (
+    ("needs_memory", "follow_up", "needs_memory", "same_topic", "nothing_relevant", "follow_up"),
+    ("topic_shift", "needs_memory", "nothing_relevant", "same_topic", "needs_memory", "follow_up"),
+    ("topic_shift", "needs_memory", "same_topic", "nothing_relevant", "needs_memory", "follow_up"),
+    ("nothing_relevant", "needs_memory"),
+)
+FOLLOW_UPS = (
+    "continue",
+    "ok, do it",
+    "go ahead",
+    "yes please",
+    "sounds good, keep going",
+    "ok do that then",
+    "thanks, carry on with the rest",
+    "looks right to me, go on",
+    "fine, next one",
+    "great, continue from there",
+    "yep",
+    "keep going",
+)
+
+
+@dataclass(frozen=True)
+class Turn:
+    conversation: str
+    no: int  # 1-based position in the conversation
+    prompt: str
+    kind: str  # prompt class
+    relevant: tuple[str, ...] = ()
+    answer: str | None = None
+    store: str = ""
+    source_kind: str | None = None  # the data's own slice (temporal, adversarial, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "conversation": self.conversation,
+            "turn": self.no,
+            "prompt": self.prompt,
+            "kind": self.kind,
+            "relevant": list(self.relevant),
+            "answer": self.answer,
+            "store": self.store,
+            "source_kind": self.source_kind,
+        }
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    store: str
+    turns: tuple[Turn, ...]
+
+
+def _answer(meta: dict[str, Any]) -> str | None:
+    answer = meta.get("answer")
+    return None if answer is None or answer == "" else str(answer)
+
+
+def _usable(row: dict[str, Any]) -> bool:
+    meta = row.get("meta") or {}
+    return not meta.get("unscorable") and not meta.get("exclude_recommended")
+
+
+def has_sessions(rows: list[dict[str, Any]]) -> bool:
+    return bool(rows) and all((r.get("meta") or {}).get("session") is not None for r in rows)
+
+
+def from_sessions(rows: Iterable[dict[str, Any]]) -> list[Conversation]:
+    """One conversation per (store, meta.session), turns in meta.turn order."""
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        meta = row.get("meta") or {}
+        if meta.get("unscorable"):
+            continue
+        grouped[(row.get("store") or "team", str(meta["session"]))].append(row)
+    out = []
+    for (store, session), items in sorted(grouped.items()):
+        items.sort(key=lambda r: (r.get("meta") or {}).get("turn", 0))
+        cid = f"{store}/{session}"
+        turns = tuple(
+            Turn(
+                conversation=cid,
+                no=i,
+                prompt=r.get("query") or r.get("prompt") or "",
+                kind=r.get("kind") or _default_kind(r),
+                relevant=tuple(r.get("relevant") or ()),
+                answer=_answer(r.get("meta") or {}),
+                store=store,
+                source_kind=r.get("kind"),
+            )
+            for i, r in enumerate(items, 1)
+        )
+        out.append(Conversation(cid, store, turns))
+    return out
+
+
+def _default_kind(row: dict[str, Any]) -> str:
+    return "needs_memory" if row.get("relevant") else "nothing_relevant"
+
+
+def _topic(row: dict[str, Any]) -> str:
+    """The data session a question's first gold memory comes from ("S3:Caroline:1" -> "S3")."""
+    return row["relevant"][0].split(":", 1)[0]
+
+
+class _StorePool:
+    """One store's questions, drawn without replacement where possible."""
+
+    def __init__(self, rows: list[dict[str, Any]], rng: random.Random) -> None:
+        self.rng = rng
+        answerable = [r for r in rows if r.get("answerable", True) and r.get("relevant")]
+        self.empty = [r for r in rows if not r.get("answerable", True) or not r.get("relevant")]
+        self.by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in answerable:
+            self.by_topic[_topic(row)].append(row)
+        self.subsets: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for a in answerable:
+            gold = set(a["relevant"])
+            for b in answerable:
+                if b is not a and set(b["relevant"]) <= gold and b["query"] != a["query"]:
+                    self.subsets[a["qid"]].append(b)
+        rng.shuffle(self.empty)
+
+    def topics(self) -> list[str]:
+        """Topics with at least two questions, shuffled; the rest after them."""
+        rich = sorted(t for t, qs in self.by_topic.items() if len(qs) >= 2)
+        poor = sorted(t for t, qs in self.by_topic.items() if len(qs) < 2)
+        self.rng.shuffle(rich)
+        self.rng.shuffle(poor)
+        return rich + poor
+
+    def question(self, topic: str, used_gold: set[str]) -> dict[str, Any] | None:
+        """A question on `topic` whose gold is new to the conversation; ones with a same-topic
+        partner first, so the conversation's same-topic turns have something to repeat."""
+        fresh = [q for q in self.by_topic.get(topic, ()) if not set(q["relevant"]) & used_gold]
+        if not fresh:
+            return None
+        paired = [q for q in fresh if self.subsets.get(q["qid"])]
+        return self.rng.choice(paired or fresh)
+
+    def any_question(self, used_gold: set[str]) -> dict[str, Any] | None:
+        for topic in self.topics():
+            found = self.question(topic, used_gold)
+            if found is not None:
+                return found
+        return None
+
+    def nothing(self) -> dict[str, Any] | None:
+        if not self.empty:
+            return None
+        row = self.empty.pop()
+        self.empty.insert(0, row)  # cycle through them
+        return row
+
+
+def build_conversations(
+    rows: list[dict[str, Any]], count: int, seed: int, turns: int = TURNS_PER_CONVERSATION
+) -> list[Conversation]:
+    """`count` conversations of `turns` turns (stores in turn), reproducible for `seed`."""
+    rng = random.Random(seed)
+    by_store: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if _usable(row):
+            by_store[row["store"]].append(row)
+    stores = sorted(by_store)
+    if not stores:
+        return []
+    pools = {s: _StorePool(by_store[s], rng) for s in stores}
+    plan = [kind for block in PLAN for kind in block]
+    plan = (plan * (turns // len(plan) + 1))[:turns]
+    out = []
+    for n in range(count):
+        store = stores[n % len(stores)]
+        cid = f"{store}/c{n // len(stores) + 1:02d}"
+        out.append(_one(cid, store, pools[store], plan, rng))
+    return out
+
+
+def _one(
+    cid: str, store: str, pool: _StorePool, plan: list[str], rng: random.Random
+) -> Conversation:
+    topics = iter(pool.topics())
+    topic = next(topics, "")
+    used_gold: set[str] = set()
+    asked: list[dict[str, Any]] = []  # needs-memory questions so far, for same-topic repeats
+    repeated: set[str] = set()
+    turns: list[Turn] = []
+
+    def add(prompt: str, kind: str, row: dict[str, Any] | None = None) -> None:
+        turns.append(
+            Turn(
+                conversation=cid,
+                no=len(turns) + 1,
+                prompt=prompt,
+                kind=kind,
+                relevant=tuple(row.get("relevant") or ()) if row else (),
+                answer=_answer(row.get("meta") or {}) if row else None,
+                store=store,
+                source_kind=row.get("kind") if row else None,
+            )
+        )
+
+    for kind in plan:
+        if kind in MEMORY_CLASSES:
+            if kind == "topic_shift":
+                topic = next(topics, topic)
+            row = pool.question(topic, used_gold) or pool.any_question(used_gold)
+            if row is None:
+                kind = "nothing_relevant"
+            else:
+                used_gold |= set(row["relevant"])
+                asked.append(row)
+                add(row["query"], kind, row)
+                continue
+        if kind == "same_topic":
+            repeat = _same_topic(pool, asked, repeated, rng)
+            if repeat is not None:
+                add(repeat["query"], kind, repeat)
+                continue
+            kind = "follow_up"
+        if kind == "nothing_relevant":
+            row = pool.nothing()
+            if row is not None:
+                add(row["query"], kind, {**row, "relevant": ()})
+                continue
+            kind = "follow_up"
+        add(rng.choice(FOLLOW_UPS), "follow_up")
+    return Conversation(cid, store, tuple(turns))
+
+
+def _same_topic(
+    pool: _StorePool, asked: list[dict[str, Any]], repeated: set[str], rng: random.Random
+) -> dict[str, Any] | None:
+    """A question whose gold is a subset of an earlier question's, newest topic first."""
+    for earlier in reversed(asked):
+        options = [q for q in pool.subsets.get(earlier["qid"], ()) if q["qid"] not in repeated]
+        if options:
+            pick = rng.choice(options)
+            repeated.add(pick["qid"])
+            return pick
+    return None
+
+
+def load_conversations(
+    path: Path, count: int | None, seed: int, turns: int = TURNS_PER_CONVERSATION
+) -> list[Conversation]:
+    """A bench folder (its queries.jsonl) or a team's JSONL of prompts.
+
+    Rows with sessions (`meta.session` or `session`) replay as those sessions;
+    otherwise conversations are built (`count` of them, default one per store).
+    Team rows may use `prompt` for `query` and put `session`/`turn` at the top level.
+    """
+    source = path / "queries.jsonl" if path.is_dir() else path
+    rows = [_normalise(r, i) for i, r in enumerate(read_jsonl(source))]
+    if has_sessions(rows):
+        conversations = from_sessions(rows)
+        return conversations[:count] if count else conversations
+    stores = {r["store"] for r in rows}
+    return build_conversations(rows, count or len(stores), seed, turns)
+
+
+def _normalise(row: dict[str, Any], index: int) -> dict[str, Any]:
+    meta = dict(row.get("meta") or {})
+    for key in ("session", "turn", "answer"):
+        if key in row and key not in meta:
+            meta[key] = row[key]
+    query = row.get("query") or row.get("prompt")
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError(f"line {index + 1}: no prompt (a 'query' or 'prompt' string)")
+    return {
+        **row,
+        "store": row.get("store") or "team",
+        "qid": row.get("qid") or f"q{index}",
+        "query": query,
+        "relevant": list(row.get("relevant") or ()),
+        "answerable": row.get("answerable", bool(row.get("relevant"))),
+        "meta": meta,
+    }
+
+
+def write_jsonl(path: Path, conversations: list[Conversation]) -> None:
+    """The conversations as replayed, one turn a line (for inspection and reuse)."""
+    with path.open("w", encoding="utf-8") as fh:
+        for conv in conversations:
+            for turn in conv.turns:
+                fh.write(json.dumps(turn.to_dict(), ensure_ascii=False) + "\n")

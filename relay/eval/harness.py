@@ -1,0 +1,285 @@
+"""The machinery the replay and the fault drills share: a real `relay serve` over a bench
+folder, and the real `relay-hook` run as a subprocess with its own HOME and outcome log.
+
+Process handling (environment, timing, the quiet-output check, byte-compiling the
+hook) comes from `relay.hook_bench`, so the replay measures the hook exactly as
+`relay bench hook` does: wall time from spawn to exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relay.hook_bench import HOOK, _free_port, hook_env, timed
+
+Progress = Callable[[str], None]
+READ = frozenset({"memory:read"})
+ADMIN = frozenset({"admin", "memory:read", "memory:write"})
+
+
+@dataclass
+class OrgKeys:
+    """One bench store as an organisation, with the keys a run needs (secrets)."""
+
+    org_id: str
+    read: dict[str, str]  # one read key per replay mode: each mode has its own cache entries
+    admin: str
+    read_ids: dict[str, str] = field(default_factory=dict)
+
+
+def load_database(
+    db: Path,
+    folder: Path,
+    distractors: Path | None,
+    modes: tuple[str, ...],
+    progress: Progress | None = None,
+    used: set[str] | None = None,
+) -> dict[str, OrgKeys]:
+    """Every store of `folder` as an organisation (the production write path), the ones in
+    `used` (default all) also holding every memory of `distractors`; returns keys per store."""
+    from relay.auth import mint_key
+    from relay.bench_recall import load_folder, memory_draft, read_jsonl
+    from relay.embedding import load_embedder
+    from relay.store.sqlite import SQLiteStore
+    from relay.writes import save_many
+
+    store = SQLiteStore(db)
+    try:
+        embedder = load_embedder("onnx", 1)
+        principals = load_folder(store, embedder, folder, progress)
+        extra = []
+        if distractors is not None:
+            extra = [
+                (f"distractor:{row['id']}", memory_draft({**row, "store": "distractors"}))
+                for row in read_jsonl(distractors / "memories.jsonl")
+            ]
+        out = {}
+        for name, principal in principals.items():
+            if extra and (used is None or name in used):
+                save_many(store, embedder, principal.org_id, extra, author="eval", batch=1024)
+                if progress:
+                    progress(f"loaded {len(extra)} distractors into {name}")
+            keys = {
+                m: mint_key(store, principal.org_id, f"eval-{m}", READ, frozenset()) for m in modes
+            }
+            admin = mint_key(store, principal.org_id, "eval-admin", ADMIN, frozenset())
+            out[name] = OrgKeys(
+                principal.org_id,
+                {m: k.secret for m, k in keys.items()},
+                admin.secret,
+                {m: k.key.id for m, k in keys.items()},
+            )
+        return out
+    finally:
+        store.close()
+
+
+class Server:
+    """`relay serve` on a loopback port over `db`; can be killed and restarted on that port."""
+
+    def __init__(self, db: Path, log: Path) -> None:
+        self.db = db
+        self.log = log
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "RELAY_DB": str(self.db),
+            "RELAY_PORT": str(self.port),
+            "RELAY_LOG_LEVEL": "warning",
+        }
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(Path(sys.executable).parent / "relay"), "serve"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_healthy()
+
+    def _wait_healthy(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"relay serve exited; see {self.log}")
+            try:
+                if api(self.url, "GET", "/healthz", "")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"relay serve did not become healthy; see {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, as when a machine or container dies."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def request(self, method: str, path: str, key: str, body: Any = None) -> tuple[int, Any]:
+        """One API call (admin work in the drills; probes for the advice)."""
+        return api(self.url, method, path, key, body)
+
+
+def api(url: str, method: str, path: str, key: str, body: Any = None) -> tuple[int, Any]:
+    """One JSON call to a Relay server: (status, decoded body or None)."""
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    try:
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        data = None if body is None else json.dumps(body)
+        conn.request(method, parts.path.rstrip("/") + path, data, headers)
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            return response.status, json.loads(raw) if raw else None
+        except ValueError:
+            return response.status, None
+    finally:
+        conn.close()
+
+
+@dataclass
+class Run:
+    """One hook process: what it printed, how long it took, and its own log line."""
+
+    rc: int
+    out: bytes
+    ms: float
+    log: dict[str, Any]
+
+    @property
+    def context(self) -> str | None:
+        try:
+            obj = json.loads(self.out) if self.out.strip() else None
+        except ValueError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        return (obj.get("hookSpecificOutput") or {}).get("additionalContext")
+
+    @property
+    def injected(self) -> list[tuple[str, int]]:
+        return [(str(i), int(r)) for i, r in self.log.get("injected") or ()]
+
+    @property
+    def outcome(self) -> str:
+        return str(self.log.get("outcome", "missing"))
+
+    @property
+    def tokens(self) -> int:
+        value = self.log.get("tokens")
+        return value if type(value) is int else 0
+
+
+class Hook:
+    """The real `relay-hook` with its own HOME, state directory and outcome log."""
+
+    def __init__(self, home: Path, url: str, key: str, deadline_ms: int, **env: str) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.home = home
+        self.env = {**hook_env(str(home), url, key, deadline_ms), **env}
+        self.log_path = home / "state" / "outcomes.jsonl"
+        self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def prompt(self, prompt: str, session: str, prompt_id: str, **env: str) -> Run:
+        payload = {
+            "session_id": session,
+            "prompt_id": prompt_id,
+            "transcript_path": str(self.home / f"{session}.jsonl"),
+            "cwd": str(self.home),
+            "hook_event_name": "UserPromptSubmit",
+            "permission_mode": "default",
+            "prompt": prompt,
+        }
+        return self._run([str(HOOK)], payload, env)
+
+    def session_start(self, session: str, source: str, **env: str) -> Run:
+        payload = {
+            "session_id": session,
+            "transcript_path": str(self.home / f"{session}.jsonl"),
+            "cwd": str(self.home),
+            "hook_event_name": "SessionStart",
+            "source": source,
+        }
+        return self._run([str(HOOK), "session-start"], payload, env)
+
+    def _run(self, cmd: list[str], payload: dict[str, Any], env: dict[str, str]) -> Run:
+        rc, out, ms = timed(cmd, json.dumps(payload).encode(), {**self.env, **env})
+        return Run(rc, out, ms, self._new_entry())
+
+    def _new_entry(self) -> dict[str, Any]:
+        """The line this run appended (runs are sequential, so it is the only new one)."""
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(self._offset)
+                added = fh.read()
+        except OSError:
+            return {}
+        self._offset += len(added)
+        lines = [line for line in added.splitlines() if line.strip()]
+        try:
+            return json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            return {}
+
+
+def workdir(keep: Path | None, prefix: str) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        return keep, None
+    tmp = tempfile.TemporaryDirectory(prefix=prefix)
+    return Path(tmp.name), tmp
+
+
+def git_commit() -> dict[str, Any]:
+    """Which code was measured: HEAD, and whether the files that decide recall were edited."""
+    repo = Path(__file__).resolve().parent.parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    dirty = [
+        line[3:]
+        for line in git("status", "--porcelain", "--", "relay").splitlines()
+        if line[3:].endswith(".py")
+    ]
+    return {"head": git("rev-parse", "HEAD"), "uncommitted": sorted(dirty)}
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []

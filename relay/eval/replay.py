@@ -1,0 +1,298 @@
+"""`relay eval replay`: conversations through the real hook and a real server, turn by turn,
+with recall on, off and ungated in the same run.
+
+  on       the hook as installed: gates, ledger, deadline (knobs from --config if given)
+  off      the same process with the kill switch (RELAY_MEMORY_OFF=1): the floor
+  ungated  no gating and no dedupe: every prompt searches (no minimum length, no
+           throttle, an overlap threshold above 1) in a fresh session, so the ledger
+           never drops anything; the cost of injecting on every turn
+The three runs of a turn are interleaved so load on the machine hits them alike,
+and each mode reads with its own key, so no mode is served another's cached answers.
+
+What the model saw is read from the hook's stdout; the outcome from its log line.
+A duplicate is a record revision injected into a conversation that already holds
+it (no compaction happens in a replay). Cumulative tokens count what stays in
+history: a record injected at turn t of T is paid again on each of turns t..T.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from relay.eval.conversations import MEMORY_CLASSES, QUIET_CLASSES, Conversation, Turn
+from relay.eval.harness import Hook, OrgKeys, Progress, Run
+from relay.hook.pack import tokens
+from relay.hook_bench import ON_TIME_SLACK_MS
+from relay.hook_stats import OUTCOMES, SEARCHED, percentiles
+
+MODES = ("on", "off", "ungated")
+MODE_ENV = {
+    "on": {},
+    "off": {"RELAY_MEMORY_OFF": "1"},
+    "ungated": {
+        "RELAY_THROTTLE_PROMPTS": "0",
+        "RELAY_MIN_PROMPT_LEN": "0",
+        "RELAY_OVERLAP_THRESHOLD": "1.5",
+    },
+}
+_RECORD = re.compile(r'<relay-memory id="([^"]*)" revision="(\d+)"')
+
+
+def injected_records(context: str | None) -> list[tuple[str, int]]:
+    """(id, revision) of every record in an injected context, in order."""
+    return [(m[1], int(m[2])) for m in _RECORD.finditer(context or "")]
+
+
+def _normal(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
+
+
+def replay(
+    conversations: list[Conversation],
+    url: str,
+    keys: dict[str, OrgKeys],
+    homes: Path,
+    deadline_ms: int,
+    config: Path | None = None,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """Every turn of every conversation in every mode; one row per (turn, mode)."""
+    hooks: dict[tuple[str, str], Hook] = {}
+
+    def hook(store: str, mode: str) -> Hook:
+        if (store, mode) not in hooks:
+            env = dict(MODE_ENV[mode])
+            if mode == "on" and config is not None:
+                env["RELAY_CONFIG"] = str(config)
+            home = homes / f"{mode}-{len(hooks)}"
+            hooks[store, mode] = Hook(home, url, keys[store].read[mode], deadline_ms, **env)
+        return hooks[store, mode]
+
+    rows: list[dict[str, Any]] = []
+    total = sum(len(c.turns) for c in conversations)
+    done, started = 0, time.monotonic()
+    for n, conv in enumerate(conversations, 1):
+        state = {mode: _Context() for mode in MODES}
+        for turn in conv.turns:
+            for mode in MODES:
+                session = conv.id if mode != "ungated" else f"{conv.id}#{turn.no}"
+                run = hook(conv.store, mode).prompt(
+                    turn.prompt, _session_name(session), f"{conv.id}:{turn.no}:{mode}"
+                )
+                rows.append(state[mode].account(turn, mode, run, len(conv.turns)))
+            done += 1
+        if progress:
+            rate = done / max(time.monotonic() - started, 1e-9)
+            progress(
+                f"replay: conversation {n}/{len(conversations)}, {done}/{total} turns, "
+                f"{rate:.1f} turns/s, about {(total - done) / rate:.0f} s left"
+            )
+    return rows
+
+
+def _session_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)
+
+
+class _Context:
+    """What one conversation's context holds so far, in one mode."""
+
+    def __init__(self) -> None:
+        self.pairs: set[tuple[str, int]] = set()
+        self.ids: set[str] = set()
+        self.text = ""
+
+    def account(self, turn: Turn, mode: str, run: Run, length: int) -> dict[str, Any]:
+        context = run.context
+        records = injected_records(context)
+        dupes = sum(pair in self.pairs for pair in records)
+        self.pairs.update(records)
+        self.ids.update(rid for rid, _ in records)
+        if context:
+            self.text += " " + _normal(context)
+        spent = tokens(context) if context else 0
+        return {
+            "conversation": turn.conversation,
+            "turn": turn.no,
+            "turns": length,
+            "kind": turn.kind,
+            "source_kind": turn.source_kind,
+            "mode": mode,
+            "prompt_len": len(turn.prompt),
+            "ms": round(run.ms, 2),
+            "hook_total_ms": (run.log.get("ms") or {}).get("total"),
+            "rc": run.rc,
+            "outcome": run.outcome,
+            "reason": run.log.get("reason"),
+            "tokens": spent,
+            "records": len(records),
+            "injected": [list(p) for p in records],
+            "duplicates": dupes,
+            "useful": any(g in self.ids for g in turn.relevant) if turn.relevant else None,
+            "gold_injected": any(rid in turn.relevant for rid, _ in records),
+            "answered": _normal(turn.answer) in self.text if turn.answer else None,
+            "quiet": context is None,
+            "logged_hit": run.outcome == "hit",
+        }
+
+
+# -- figures -------------------------------------------------------------------------
+def _rate(values: list[bool]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def figures(rows: list[dict[str, Any]], conversations: int, classes: bool = True) -> dict[str, Any]:
+    """The issue's `R`: hook_ms, outcomes, tokens, duplicate/useful/quiet rates, by_class."""
+    counts = Counter(r["outcome"] for r in rows)
+    injected = sum(r["records"] for r in rows)
+    out: dict[str, Any] = {
+        "hook_ms": percentiles([r["ms"] for r in rows]),
+        "outcomes": {o: counts[o] for o in (*OUTCOMES, *sorted(set(counts) - set(OUTCOMES)))},
+        "tokens_per_turn": round(statistics.fmean(r["tokens"] for r in rows), 2) if rows else 0.0,
+        # each token injected at turn t of T stays in history for turns t..T
+        "tokens_cumulative": round(
+            sum(r["tokens"] * (r["turns"] - r["turn"] + 1) for r in rows) / max(conversations, 1),
+            1,
+        ),
+        "duplicate_rate": round(sum(r["duplicates"] for r in rows) / injected, 4)
+        if injected
+        else 0.0,
+    }
+    if classes:
+        out["useful_rate"] = _rate([r["useful"] for r in rows if r["kind"] in MEMORY_CLASSES])
+        out["quiet_rate"] = _rate([r["quiet"] for r in rows if r["kind"] in QUIET_CLASSES])
+        by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            by_kind[r["kind"]].append(r)
+        out["by_class"] = {k: figures(v, conversations, False) for k, v in sorted(by_kind.items())}
+    else:
+        out["useful_rate"] = _rate([r["useful"] for r in rows if r["useful"] is not None])
+        out["quiet_rate"] = _rate([r["quiet"] for r in rows])
+    return out
+
+
+def public(rows: list[dict[str, Any]], conversations: int) -> dict[str, Any]:
+    """Exactly the schema of `relay eval replay --json`."""
+    by_mode = {m: [r for r in rows if r["mode"] == m] for m in MODES}
+    turns = len(by_mode["on"])
+    return {
+        "conversations": conversations,
+        "turns": turns,
+        **{m: figures(by_mode[m], conversations) for m in MODES},
+    }
+
+
+def extras(rows: list[dict[str, Any]], deadline_ms: int) -> dict[str, Any]:
+    """Figures behind the report beyond the schema: latency per outcome, added latency,
+    uplift, answers found, the data's own slices, and the series the plots draw."""
+    by_mode = {m: [r for r in rows if r["mode"] == m] for m in MODES}
+    out: dict[str, Any] = {"modes": {}}
+    for mode, mine in by_mode.items():
+        per_outcome: dict[str, list[float]] = defaultdict(list)
+        for r in mine:
+            per_outcome[r["outcome"]].append(r["ms"])
+        totals = [r["hook_total_ms"] for r in mine if isinstance(r["hook_total_ms"], int | float)]
+        slices: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in mine:
+            slices[f"{r['kind']}:{r['source_kind'] or '-'}"].append(r)
+        out["modes"][mode] = {
+            "hook_ms_by_outcome": {o: percentiles(v) for o, v in sorted(per_outcome.items())},
+            "hook_own_clock_ms": percentiles(totals),
+            "max_ms": round(max((r["ms"] for r in mine), default=0.0), 1),
+            "over_deadline": sum(r["ms"] > deadline_ms + ON_TIME_SLACK_MS for r in mine),
+            "mean_ms": round(statistics.fmean(r["ms"] for r in mine), 2) if mine else 0.0,
+            "searched": sum(r["outcome"] in SEARCHED for r in mine),
+            "answer_rate": _rate(
+                [
+                    r["answered"]
+                    for r in mine
+                    if r["kind"] in MEMORY_CLASSES and r["answered"] is not None
+                ]
+            ),
+            "by_slice": {
+                k: {
+                    "n": len(v),
+                    "useful_rate": _rate([r["useful"] for r in v if r["useful"] is not None]),
+                    "quiet_rate": _rate([r["quiet"] for r in v]),
+                }
+                for k, v in sorted(slices.items())
+            },
+            "inconsistent": sum(r["logged_hit"] == r["quiet"] for r in mine),
+        }
+    on, off = out["modes"]["on"], out["modes"]["off"]
+    out["added_ms_per_turn"] = round(on["mean_ms"] - off["mean_ms"], 2)
+    out["added_ms_by_class"] = _added_by_class(by_mode["on"], by_mode["off"])
+    out["series"] = {
+        "latency_ms": {m: [r["ms"] for r in v] for m, v in by_mode.items()},
+        "outcome_ms": {m: [[r["outcome"], r["ms"]] for r in v] for m, v in by_mode.items()},
+        "cumulative_tokens": {m: cumulative_by_turn(v) for m, v in by_mode.items()},
+    }
+    return out
+
+
+def _added_by_class(on: list[dict[str, Any]], off: list[dict[str, Any]]) -> dict[str, float]:
+    out = {}
+    for kind in sorted({r["kind"] for r in on}):
+        a = [r["ms"] for r in on if r["kind"] == kind]
+        b = [r["ms"] for r in off if r["kind"] == kind]
+        if a and b:
+            out[kind] = round(statistics.fmean(a) - statistics.fmean(b), 2)
+    return out
+
+
+def cumulative_by_turn(rows: list[dict[str, Any]]) -> list[float]:
+    """Mean, over conversations, of the input tokens that recall has added up to turn t
+    (the sum over turns 1..t of everything injected so far)."""
+    per_conv: dict[str, list[int]] = defaultdict(list)
+    for r in sorted(rows, key=lambda r: (r["conversation"], r["turn"])):
+        per_conv[r["conversation"]].append(r["tokens"])
+    longest = max((len(v) for v in per_conv.values()), default=0)
+    out = []
+    for t in range(longest):
+        values = []
+        for series in per_conv.values():
+            if len(series) > t:
+                held = [sum(series[: s + 1]) for s in range(t + 1)]
+                values.append(sum(held))
+        out.append(round(statistics.fmean(values), 1))
+    return out
+
+
+def render(result: dict[str, Any], more: dict[str, Any], deadline_ms: int) -> str:
+    """The figures as a short text table."""
+    lines = [f"{result['conversations']} conversations, {result['turns']} turns per mode"]
+    lines.append(
+        f"{'mode':<9}{'p50':>7}{'p95':>7}{'p99':>7}{'max':>7} {'tok/turn':>9}{'cumul.':>9}"
+        f"{'dup':>6}{'useful':>8}{'quiet':>7}"
+    )
+    for mode in MODES:
+        r, e = result[mode], more["modes"][mode]
+        h = r["hook_ms"]
+        lines.append(
+            f"{mode:<9}{h['p50']:>7.0f}{h['p95']:>7.0f}{h['p99']:>7.0f}{e['max_ms']:>7.0f} "
+            f"{r['tokens_per_turn']:>9.1f}{r['tokens_cumulative']:>9.0f}{r['duplicate_rate']:>6.2f}"
+            f"{_fmt(r['useful_rate']):>8}{_fmt(r['quiet_rate']):>7}"
+        )
+    on = more["modes"]["on"]
+    lines.append(
+        f"on: {on['over_deadline']} prompts over {deadline_ms} + {ON_TIME_SLACK_MS} ms; "
+        f"added {more['added_ms_per_turn']:+.1f} ms per turn versus off; outcomes "
+        + ", ".join(f"{k} {v}" for k, v in result["on"]["outcomes"].items() if v)
+    )
+    lines.append(f"{'class':<18}" + "".join(f"{m + ' use/quiet':>20}" for m in MODES))
+    for kind in sorted(result["on"]["by_class"]):
+        cells = []
+        for mode in MODES:
+            c = result[mode]["by_class"].get(kind, {})
+            cells.append(f"{_fmt(c.get('useful_rate')) + ' / ' + _fmt(c.get('quiet_rate')):>20}")
+        lines.append(f"{kind:<18}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
