@@ -256,7 +256,16 @@ def render(summary: dict) -> str:
     default=None,
     help="The hook's state directory (default: RELAY_STATE_DIR or ~/.relay/state).",
 )
-def stats(since: str, as_json: bool, state_dir: str | None) -> None:
+@click.option(
+    "--send",
+    is_flag=True,
+    help="Also send the counts, streaks and hook times (no prompts, no paths) to the Relay "
+    "server (RELAY_URL, with the hook's key), where the team console charts broken installs.",
+)
+@click.option("--as", "developer", default=None, help="Name to send under (default: key name).")
+def stats(
+    since: str, as_json: bool, state_dir: str | None, send: bool, developer: str | None
+) -> None:
     """Summarise the recall hook's outcomes: counts, hook time, tokens, streaks, breaker."""
     try:
         since_s = None if since.strip().lower() == "all" else parse_since(since)
@@ -267,3 +276,21 @@ def stats(since: str, as_json: bool, state_dir: str | None) -> None:
         click.echo(json.dumps(summary, indent=2))
     else:
         click.echo(render(summary))
+    if send:
+        from relay.client import RelayClient
+
+        client = RelayClient.from_config()
+        answer = client.post("/v1/hook-outcomes", report(summary, developer))
+        click.echo(f"sent to {client.url} as {answer['developer']}", err=True)
+
+
+def report(summary: dict, developer: str | None = None) -> dict:
+    """What `--send` shares: aggregates only, never the state directory or prompt details."""
+    keep = ("since", "until", "invocations", "outcomes", "hook_ms")
+    out = {k: summary[k] for k in keep}
+    out["unauthorized_streak"] = summary["unauthorized_streak"]
+    out["unavailable_streak"] = summary["unavailable_streak"]
+    out["breaker"] = {"state": summary["breaker"]["state"]}
+    if developer:
+        out["developer"] = developer
+    return out

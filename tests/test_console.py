@@ -605,3 +605,43 @@ def test_csrf_cookie_and_headers(live) -> None:
     static = Path(__file__).resolve().parent.parent / "relay" / "console" / "static"
     for asset in static.iterdir():
         assert "innerHTML" not in asset.read_text().replace("never innerHTML", "")
+
+
+def test_relay_stats_send_reports_a_broken_install(live, tmp_path) -> None:
+    """The developer's side of the opt-in: `relay stats --send` posts aggregates only."""
+    state = tmp_path / "state"
+    state.mkdir()
+    lines = [
+        {"ts": "2026-01-05T09:00:00Z", "event": "prompt", "outcome": "hit", "ms": {"total": 40}}
+    ]
+    lines += [
+        {"ts": f"2026-01-05T10:0{i}:00Z", "event": "prompt", "outcome": "unauthorized"}
+        for i in range(3)
+    ]
+    (state / "outcomes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    env = {
+        **os.environ,
+        "RELAY_URL": live["url"],
+        "RELAY_API_KEY": live["keys"]["reader"],
+        "RELAY_CONFIG": str(tmp_path / "none.json"),
+    }
+    args = ["stats", "--since", "all", "--json", "--send", "--as", "carol@ci"]
+    sent = subprocess.run(
+        [str(BIN / "relay"), *args, "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert "as carol@ci" in sent.stderr
+    json.loads(sent.stdout)  # --json output stays parseable: the note goes to stderr
+
+    with httpx.Client(base_url=live["url"], timeout=30) as client:
+        token = client.post("/console/api/session", json={"key": live["keys"]["admin"]})
+        assert token.status_code == 200
+        developers = client.get("/console/api/health").json()["developers"]
+    carol = next(d for d in developers if d["developer"] == "carol@ci")
+    assert carol["broken"] == ["unauthorized"]
+    assert carol["latest"]["unauthorized_streak"]["length"] == 3
+    assert carol["latest"]["outcomes"]["hit"] == 1
