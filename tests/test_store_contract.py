@@ -193,3 +193,33 @@ def test_batch_writes_are_all_or_nothing(store):
     saved = store.save_memories(org, items[:1], "t", "upsert")
     assert [(m.id, changed) for m, changed in saved] == [("a", True)]
     assert store.doc_freq(org, ["first"]) == (1, {"first": 1})
+
+
+def test_a_batch_creates_edits_and_skips_like_single_writes(store):
+    org = store.create_org("acme").id
+    save(store, org, "a", "alpha fact", seed=1)
+    save(store, org, "b", "beta fact", seed=2, supersedes=("a",))
+    items = [
+        ("a", MemoryDraft(body="alpha fact"), passages("alpha fact", 1)),  # unchanged
+        ("b", MemoryDraft(body="beta fact, edited"), passages("beta fact, edited", 3)),
+        ("c", MemoryDraft(body="gamma fact", audiences=("sre",)), passages("gamma fact", 4)),
+    ]
+    before = store.generation(org)
+    saved = store.save_memories(org, items, "t", "upsert")
+    assert [(m.id, m.revision, changed) for m, changed in saved] == [
+        ("a", 1, False),
+        ("b", 2, True),
+        ("c", 1, True),
+    ]
+    assert store.generation(org) > before
+    # b no longer supersedes a: a is back in recall.
+    assert store.current_memory(org, "a").superseded_by is None
+    assert store.doc_freq(org, ["fact", "gamma", "beta"]) == (3, {"fact": 3, "gamma": 1, "beta": 1})
+    assert [r.action for r in store.history(org, "b", None)] == ["create", "edit"]
+    assert store.get_memory(org, "c", frozenset({"sre", "all"})).audiences == ("sre",)
+    with pytest.raises(ConflictError):
+        store.save_memories(org, items[1:], "t", "create")
+    with pytest.raises(NotFoundError):
+        store.save_memories(
+            org, [items[0], ("zz", MemoryDraft(body="z"), passages("z"))], "t", "edit"
+        )
