@@ -131,6 +131,7 @@ class Preview(_Body):
     key_id: str | None = Field(None, max_length=64)
     max_records: int = Field(int(hook_config.DEFAULTS["max_records"]), ge=1, le=20)  # type: ignore[call-overload]
     max_tokens: int = Field(int(hook_config.DEFAULTS["max_tokens"]), ge=50, le=8000)  # type: ignore[call-overload]
+    min_score: float = Field(float(hook_config.DEFAULTS.get("min_score", 0.0)), ge=0.0, le=1.0)  # type: ignore[arg-type]
     deadline_ms: int = Field(HOOK_SERVER_MS, ge=20, le=10_000)
 
 
@@ -223,6 +224,7 @@ def build_routers(
             "hook": {
                 "max_records": hook_config.DEFAULTS["max_records"],
                 "max_tokens": hook_config.DEFAULTS["max_tokens"],
+                "min_score": hook_config.DEFAULTS.get("min_score", 0.0),
                 "deadline_ms": HOOK_SERVER_MS,
             },
         }
@@ -398,6 +400,8 @@ def build_routers(
             records = validate(payload)
         except HookFailure as failure:
             return {**out, "outcome": failure.outcome, "reason": failure.detail, "server": payload}
+        if body.min_score:  # as relay.hook.run._prompt, before packing
+            records = [r for r in records if (r.get("score") or 0.0) >= body.min_score]
         context, injected, _ = pack(records, {}, body.max_records, body.max_tokens, PROMPT_INTRO)
         out["server"] = payload
         if context is None:

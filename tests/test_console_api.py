@@ -1,0 +1,125 @@
+"""The console's JSON API in-process, on both stores: sessions, filters, diffs, isolation, health.
+
+The browser-level tests are in test_console.py; these pin what the page relies on
+without a browser, and run on PostgreSQL as well as SQLite.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from relay.console.routes import COOKIE, csrf_token
+
+
+def sign_in(api, who: str) -> dict[str, str]:
+    """Sign the test client in as `who`; returns the CSRF header for writes."""
+    api.client.cookies.clear()
+    r = api.client.post("/console/api/session", json={"key": api.keys[who]})
+    assert r.status_code == 200, r.text
+    assert r.json()["csrf_token"] == csrf_token(api.keys[who])
+    return {"X-CSRF-Token": r.json()["csrf_token"]}
+
+
+def test_filters_diff_and_isolation(api) -> None:
+    csrf = sign_in(api, "acme_admin")
+    c = api.client
+    soon = (datetime.now(UTC) + timedelta(days=2)).isoformat()
+    first = c.post(
+        "/console/api/memories",
+        json={"body": "Use the blue cluster for staging.", "source": "team/infra", "tags": ["k8s"]},
+        headers=csrf,
+    ).json()
+    second = c.post(
+        "/console/api/memories",
+        json={
+            "body": "Staging moved to the teal cluster.",
+            "audiences": ["sre"],
+            "supersedes": [first["id"]],
+            "valid_until": soon,
+        },
+        headers=csrf,
+    ).json()
+    edited = c.patch(
+        f"/console/api/memories/{second['id']}",
+        json={
+            "body": "Staging moved to the teal cluster.\nAsk #sre for access.",
+            "expected_revision": 1,
+        },
+        headers=csrf,
+    )
+    assert edited.status_code == 200 and edited.json()["revision"] == 2
+
+    def listed(**query) -> list[str]:
+        r = c.get("/console/api/memories", params=query)
+        assert r.status_code == 200, r.text
+        return [m["id"] for m in r.json()["items"]]
+
+    assert listed(status="superseded") == [first["id"]]
+    assert listed(status="expiring") == [second["id"]]
+    assert listed(audience="sre") == [second["id"]]
+    assert listed(tag="k8s") == [first["id"]]
+    assert set(listed(author=first["author"])) == {first["id"], second["id"]}
+    assert c.get("/console/api/memories", params={"status": "nope"}).status_code == 400
+
+    diff = c.get(f"/console/api/memories/{second['id']}/diff", params={"from": 1, "to": 2}).json()
+    body = next(f for f in diff["fields"] if f["field"] == "body")
+    assert body["changed"] and {"op": "+", "text": "Ask #sre for access."} in body["lines"]
+
+    # A key without the sre role cannot see the sre memory; another org sees neither.
+    sign_in(api, "acme_dev")
+    assert c.get(f"/console/api/memories/{second['id']}").status_code == 404
+    assert second["id"] not in listed()
+    sign_in(api, "globex_dev")
+    for path in (first["id"], f"{first['id']}/revisions", f"{first['id']}/diff?from=1&to=1"):
+        r = c.get(f"/console/api/memories/{path}")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert listed() == []
+
+
+def test_session_cookie_csrf_and_scopes(api) -> None:
+    c = api.client
+    c.cookies.clear()
+    assert c.get("/console/api/session").json()["error"]["code"] == "unauthorized"
+    bad = c.post("/console/api/session", json={"key": "relay_abc_" + "x" * 20})
+    assert bad.status_code == 401
+    csrf = sign_in(api, "acme_reader")
+    assert c.cookies.get(COOKIE) == api.keys["acme_reader"]
+    write = c.post("/console/api/memories", json={"body": "A fact."}, headers=csrf)
+    assert write.status_code == 403 and "memory:write" in write.json()["error"]["message"]
+    assert c.get("/console/api/keys").status_code == 403
+    health = c.get("/console/api/health").json()
+    assert health["developers"] is None  # streaks name keys: admins only
+    # Revoking the key signs its console session out at once.
+    admin = {"Authorization": f"Bearer {api.keys['acme_admin']}"}
+    key_id = api.keys["acme_reader"].split("_")[1]
+    assert c.delete(f"/v1/keys/{key_id}", headers=admin).status_code == 200
+    gone = c.get("/console/api/session")
+    assert gone.status_code == 401 and "revoked" in gone.json()["error"]["message"]
+
+
+def test_health_counts_recall_not_console_searches(api) -> None:
+    csrf = sign_in(api, "acme_admin")
+    c = api.client
+    memory = c.post(
+        "/console/api/memories", json={"body": "Deploy staging with make deploy."}, headers=csrf
+    ).json()
+    c.post("/console/api/memories", json={"body": "The wiki lives on Confluence."}, headers=csrf)
+    c.post("/console/api/search", json={"query": "how to deploy staging"}, headers=csrf)
+    c.post("/console/api/preview", json={"prompt": "how do we deploy staging?"}, headers=csrf)
+    assert c.get("/console/api/health").json()["searches"]["total"]["searches"] == 0
+    r = c.post(
+        "/v1/search",
+        json={"query": "how do we deploy staging?", "deadline_ms": 2000},
+        headers=api.headers("acme_dev"),
+    )
+    assert memory["id"] in [h["id"] for h in r.json()["results"]]
+    health = c.get("/console/api/health").json()
+    assert health["searches"]["total"]["searches"] == 1
+    assert health["searches"]["deadline_ms"] == 2000
+    assert [m["id"] for m in health["most_recalled"]] == [memory["id"]]
+    assert memory["id"] not in [m["id"] for m in health["never_recalled"]["items"]]
+    assert health["never_recalled"]["total"] == 1
+    # The other org's health saw none of it.
+    sign_in(api, "globex_dev")
+    other = c.get("/console/api/health").json()
+    assert other["searches"]["total"]["searches"] == 0 and other["most_recalled"] == []
