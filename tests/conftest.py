@@ -100,6 +100,9 @@ class LiveServer:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def start_server(db: Path, extra_env: dict[str, str] | None = None) -> LiveServer:
