@@ -93,6 +93,7 @@ class LiveServer:
     admin_key: str
     db: Path
     process: subprocess.Popen
+    drain: threading.Thread | None = None
 
     def stop(self) -> None:
         self.process.terminate()
@@ -101,6 +102,8 @@ class LiveServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+        if self.drain is not None:
+            self.drain.join(10)  # the pipe hits EOF once the process is gone
         if self.process.stdout is not None:
             self.process.stdout.close()
 
@@ -134,8 +137,9 @@ def start_server(db: Path, extra_env: dict[str, str] | None = None) -> LiveServe
         proc.kill()
         raise RuntimeError("relay serve did not start:\n" + "".join(lines))
     # Keep reading its output so a chatty server never blocks on a full pipe.
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
-    return LiveServer(url, key, db, proc)
+    drain = threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True)
+    drain.start()
+    return LiveServer(url, key, db, proc, drain)
 
 
 @pytest.fixture(scope="session")
