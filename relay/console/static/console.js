@@ -106,7 +106,7 @@ function confirmAction(title, text, okLabel) {
 function render(title, ...nodes) {
   clearError();
   const heading = h('h1', { tabindex: '-1', id: 'page-title' }, title);
-  main.replaceChildren(heading, ...nodes);
+  main.replaceChildren(heading, ...nodes.flat().filter((n) => n !== null && n !== undefined && n !== false));
   document.title = `${title} · Relay console`;
   heading.focus();
 }
