@@ -557,6 +557,7 @@ def bench_search(
 def _register() -> None:
     """Commands that live beside the concept they serve."""
     from relay.doctor import doctor
+    from relay.drills import drill
     from relay.eval.commands import eval_group
     from relay.hook_bench import hook as bench_hook
     from relay.hook_stats import stats
@@ -568,6 +569,7 @@ def _register() -> None:
     cli.add_command(stats)
     cli.add_command(migrate)
     cli.add_command(eval_group)
+    cli.add_command(drill)
     bench.add_command(bench_hook)
     for command in (install, uninstall, doctor, skill, mcp_command):
         cli.add_command(command)
