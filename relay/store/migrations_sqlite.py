@@ -102,4 +102,9 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (model, content_hash)
     ) WITHOUT ROWID;
     """,
+    # 2: clearing supersession on every write looked up superseded_by with a full scan
+    """
+    CREATE INDEX memories_superseded_by ON memories(org_id, superseded_by)
+        WHERE superseded_by IS NOT NULL;
+    """,
 ]

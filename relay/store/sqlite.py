@@ -807,7 +807,14 @@ def _update_terms(
         " ON CONFLICT (org_id, term) DO UPDATE SET df = df + excluded.df",
         changes,
     )
-    conn.execute("DELETE FROM org_terms WHERE org_id = ? AND df <= 0", (org_id,))
+    dropped = [t for t, d in delta.items() if d < 0]
+    for start in range(0, len(dropped), 500):
+        chunk = dropped[start : start + 500]
+        marks = ", ".join("?" for _ in chunk)
+        conn.execute(
+            f"DELETE FROM org_terms WHERE org_id = ? AND term IN ({marks}) AND df <= 0",
+            (org_id, *chunk),
+        )
     conn.execute(
         "UPDATE orgs SET passage_count = passage_count + ? WHERE id = ?",
         (len(added) - len(removed), org_id),
