@@ -35,6 +35,10 @@ def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     base = server.get_uri()
     with psycopg.connect(base, autocommit=True) as conn:
+        # A throwaway server: durability buys nothing here and costs seconds.
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {setting} = off")
+        conn.execute("SELECT pg_reload_conf()")
         conn.execute("CREATE DATABASE relay_test")
     yield base.replace("/postgres?", "/relay_test?", 1)
     with warnings.catch_warnings():

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from relay.models import MemoryDraft, PassageInput
-from relay.store.postgres import PostgresStore, ef_search_for, parse_url
+from relay.store.postgres import PostgresStore, candidate_terms, ef_search_for, parse_url
 
 pytestmark = pytest.mark.postgres
 EVERY = frozenset({"all"})
@@ -80,7 +80,7 @@ def test_small_org_gets_its_true_top_results_beside_a_big_one(pg_url: str):
         owner.execute("DROP INDEX passages_embedding")
         big, mid, small = (store.create_org(n).id for n in ("big", "mid", "small"))
         _fill(store, big, _vectors(2400, 3), "b")
-        _fill(store, mid, _vectors(900, 4), "m")  # 27%: HNSW with a raised ef_search
+        _fill(store, mid, _vectors(1200, 4), "m")  # 33%: HNSW with a raised ef_search
         _fill(store, small, _vectors(60, 5), "s")  # 2%: exact
         owner.execute(
             "CREATE INDEX passages_embedding ON passages USING hnsw (embedding vector_cosine_ops)"
@@ -118,9 +118,16 @@ def _vector_param(v: np.ndarray):  # noqa: ANN202
 
 
 def test_ef_search_grows_with_a_shrinking_share():
-    assert ef_search_for(40, 500_000, 1_000_000) == 240
+    assert ef_search_for(40, 500_000, 1_000_000) == 480
     assert ef_search_for(40, 100_000, 1_000_000) is None  # 10%: beyond pgvector's ceiling
     assert ef_search_for(40, 10, 0) is None
+
+
+def test_common_terms_do_not_choose_candidates_when_rarer_ones_exist():
+    df = {"use": 900, "pnpm": 3, "yarn": 40}
+    assert candidate_terms(["use", "pnpm", "yarn"], df, 1000) == ["pnpm", "yarn"]
+    assert candidate_terms(["use"], df, 1000) == ["use"]
+    assert candidate_terms(["use", "new"], df, 1000) == ["new"]  # unseen terms are the rarest
 
 
 def test_relay_options_are_taken_out_of_the_url(monkeypatch):

@@ -67,6 +67,8 @@ DIM = 384
 DEFAULT_POOL = 8
 DEFAULT_EXACT_MAX = 20_000  # passages an org may have and still be searched exactly
 MAX_EF_SEARCH = 1000  # pgvector's ceiling for hnsw.ef_search
+EF_FACTOR = 6  # ef_search = EF_FACTOR * limit / the org's share of the table (measured)
+COMMON_SHARE, COMMON_MIN = 0.05, 50  # lexical: terms in more passages do not pick candidates
 # Query parameters Relay reads from the URL itself; psycopg never sees them.
 RELAY_PARAMS = ("pool_size", "exact_max", "app_role")
 
@@ -193,13 +195,26 @@ def hnsw_vector_sql() -> str:
     )
 
 
+def candidate_terms(terms: Sequence[str], df: dict[str, int], n: int) -> list[str]:
+    """The query terms that choose lexical candidates: those rare in the org, when any are.
+
+    A term in more than `COMMON_SHARE` of the org's passages adds almost nothing to
+    BM25 (its idf is near zero) but makes the index return, and the ranking score, a
+    large part of the org. Candidates must match a rarer term; every query term still
+    counts in their score. A query of common terms only uses them all.
+    """
+    cap = max(COMMON_MIN, COMMON_SHARE * n)
+    rare = [t for t in terms if df.get(t, 0) <= cap]
+    return rare or list(terms)
+
+
 def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:
     """The `hnsw.ef_search` that should leave `limit` of the org's rows after filtering,
     or None when even pgvector's maximum would not (the org is too small a share)."""
     if table_rows <= 0 or org_rows <= 0:
         return None
     share = min(1.0, org_rows / table_rows)
-    ef = math.ceil(3 * limit / share)
+    ef = math.ceil(EF_FACTOR * limit / share)
     return max(ef, 40) if ef <= MAX_EF_SEARCH else None
 
 
@@ -777,17 +792,24 @@ class PostgresStore:
     ) -> list[tuple[int, float]]:
         if not terms:
             return []
-        params = _params(
-            org_id, audiences, now=now, terms=list(terms), match=tsquery(terms), limit=limit
-        )
+        params = _params(org_id, audiences, now=now, terms=list(terms), limit=limit)
         with self._tx(org_id) as conn:
             stats = conn.execute(
                 "SELECT passage_count, token_count FROM orgs WHERE id = %s", (org_id,)
             ).fetchone()
             if not stats or not stats["passage_count"]:
                 return []
-            params["n"] = float(stats["passage_count"])
-            params["avgdl"] = max(1.0, stats["token_count"] / stats["passage_count"])
+            n = stats["passage_count"]
+            df = {
+                r["term"]: r["df"]
+                for r in conn.execute(
+                    "SELECT term, df FROM org_terms WHERE org_id = %s AND term = ANY(%s)",
+                    (org_id, list(terms)),
+                )
+            }
+            params["n"] = float(n)
+            params["avgdl"] = max(1.0, stats["token_count"] / n)
+            params["match"] = tsquery(candidate_terms(terms, df, n))
             rows = conn.execute(lexical_sql(), params).fetchall()
         return [(r["id"], float(r["score"])) for r in rows]
 
