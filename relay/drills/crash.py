@@ -46,6 +46,7 @@ class Writer(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.key, self.mems, self.rng, self.serial = url, key, mems, rng, serial
         self.acked = 0
+        self.touched: set[str] = set()
 
     def phrase(self) -> str:
         self.serial[0] += 1
@@ -102,20 +103,67 @@ class Writer(threading.Thread):
                 raise RuntimeError(f"{mem.id} answered revision {data['revision']}")
             mem.acked, mem.pending = mem.pending, None
             self.acked += 1
+            self.touched.add(mem.id)
 
 
 def integrity(db: str) -> str:
+    """`PRAGMA integrity_check`, then FTS5's own check that the index agrees with its table."""
     conn = sqlite3.connect(db)
     try:
-        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+        check = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        try:
+            conn.execute("INSERT INTO passages_fts(passages_fts) VALUES ('integrity-check')")
+            conn.commit()
+        except sqlite3.DatabaseError as exc:
+            check = f"{check}; fts: {exc}"
+        return check
     finally:
         conn.close()
 
 
-def verify(url: str, key: str, mems: dict[str, Tracked]) -> list[str]:
-    """Check every tracked memory against what was acknowledged; adopt what is there."""
+def verify_rows(db: str, mems: dict[str, Tracked]) -> list[str]:
+    """Every tracked memory, straight from the tables: state, history length, passages."""
+    conn = sqlite3.connect(db)
+    try:
+        rows = {
+            r[0]: r[1:]
+            for r in conn.execute("SELECT id, revision, body, deleted_at IS NOT NULL FROM memories")
+        }
+        revs = dict(conn.execute("SELECT id, count(*) FROM memory_revisions GROUP BY id"))
+        passages = dict(conn.execute("SELECT memory_id, count(*) FROM passages GROUP BY memory_id"))
+    finally:
+        conn.close()
+    losses = []
+    for mem in mems.values():
+        row = rows.get(mem.id)
+        allowed = [mem.acked] + ([mem.pending] if mem.pending else [])
+        if row is None:
+            if mem.acked is not None:
+                losses.append(f"{mem.id}: acknowledged but no row")
+            elif revs.get(mem.id) or passages.get(mem.id):
+                losses.append(f"{mem.id}: half-present unacknowledged create")
+            continue
+        revision, body, deleted = row
+        if not any(
+            s is not None and s.revision == revision and s.body == (None if deleted else body)
+            for s in allowed
+        ):
+            losses.append(
+                f"{mem.id}: row rev {revision} deleted={bool(deleted)}, "
+                f"acknowledged {mem.acked}, in flight {mem.pending}"
+            )
+        if revs.get(mem.id) != revision:
+            losses.append(f"{mem.id}: {revs.get(mem.id)} history rows for revision {revision}")
+        if bool(passages.get(mem.id)) == bool(deleted):
+            losses.append(f"{mem.id}: deleted={bool(deleted)} with {passages.get(mem.id)} passages")
+    return losses
+
+
+def verify(url: str, key: str, mems: dict[str, Tracked], ids: list[str]) -> list[str]:
+    """Check memories `ids` through the API against what was acknowledged; adopt what is
+    there (so the next round starts from the truth)."""
     losses: list[str] = []
-    for mem in list(mems.values()):
+    for mem in [mems[i] for i in ids]:
         status, _, data = request(url, "GET", f"/v1/memories/{mem.id}", key)
         hist_status, _, hist = request(url, "GET", f"/v1/memories/{mem.id}/revisions", key)
         if status == 200:
@@ -171,8 +219,15 @@ def verify(url: str, key: str, mems: dict[str, Tracked]) -> list[str]:
 
 
 def run(
-    kills: int, seed: int, min_s: float = 0.3, max_s: float = 2.5, progress: Any = None
+    kills: int,
+    seed: int,
+    min_s: float = 0.3,
+    max_s: float = 2.5,
+    progress: Any = None,
+    api_sample: int = 40,
 ) -> dict[str, Any]:
+    """`kills` rounds; after each, every tracked memory is checked in the tables and those
+    written in the round plus `api_sample` others through get, history and search."""
     rng = random.Random(seed)
     tmp = tempfile.TemporaryDirectory(prefix="relay-drill-crash-")
     db = str(Path(tmp.name) / "relay.db")
@@ -184,7 +239,7 @@ def run(
     serial = [0]
     losses: list[str] = []
     acked = in_flight = restarts_s = 0.0
-    integrity_failures = 0
+    integrity_failures = checked_api = 0
     started = time.monotonic()
     try:
         for n in range(kills):
@@ -202,7 +257,11 @@ def run(
             t0 = time.monotonic()
             server.start()
             restarts_s += time.monotonic() - t0
-            found = verify(server.url, key, mems)
+            touched = [i for i, m in mems.items() if m.pending or i in writer.touched]
+            others = [i for i in mems if i not in set(touched)]
+            sample = touched + rng.sample(others, min(api_sample, len(others)))
+            found = verify_rows(db, mems) + verify(server.url, key, mems, sample)
+            checked_api += len(sample)
             losses += [f"kill {n + 1}: {f}" for f in found]
             if progress:
                 progress(
@@ -217,7 +276,8 @@ def run(
         "kills": kills,
         "acknowledged_writes": int(acked),
         "writes_in_flight_at_kill": int(in_flight),
-        "memories_checked_last_round": len(mems),
+        "memories_tracked": len(mems),
+        "api_checks": checked_api,
         "integrity_failures": integrity_failures,
         "mean_restart_s": round(restarts_s / max(kills, 1), 2),
         "seconds": round(time.monotonic() - started, 1),
