@@ -30,6 +30,15 @@ def _stoppable() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _fresh(folder: Path) -> Path:
+    """An empty folder for the hooks' HOMEs: no session state left from an earlier run."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
 def _meta(dataset: str, deadline_ms: int, **more: Any) -> dict[str, Any]:
     from relay.eval.harness import git_commit, load_average
 
@@ -88,7 +97,8 @@ common = [
     click.option(
         "--workdir",
         type=click.Path(file_okay=False, path_type=Path),
-        help="Keep the database, server log and hook state here (default: a temporary folder).",
+        help="Keep the database, server log and hook state here (default: a temporary folder); "
+        "a replay reuses a database it loaded there from the same data.",
     ),
 ]
 
@@ -177,6 +187,7 @@ def replay_command(
                     (*rp.MODES, "probe"),
                     _progress,
                     stores,
+                    reuse=workdir is not None,
                 )
                 _progress("starting relay serve")
                 server = Server(work / "relay.db", work / "server.log")
@@ -202,7 +213,7 @@ def replay_command(
             n_turns = sum(len(c.turns) for c in conversations)
             _progress(f"replaying {len(conversations)} conversations, {n_turns} turns, 3 modes")
             rows = rp.replay(
-                conversations, base, keys, work / "homes", deadline_ms, config, _progress
+                conversations, base, keys, _fresh(work / "homes"), deadline_ms, config, _progress
             )
             result = rp.public(rows, len(conversations))
             more = rp.extras(rows, deadline_ms)
@@ -310,7 +321,13 @@ def faults_command(
             server = Server(work / "relay.db", work / "server.log")
             compile_hook()
             drills = fl.run_drills(
-                conversations, server, keys, work / "homes", deadline_ms, drill_prompts, _progress
+                conversations,
+                server,
+                keys,
+                _fresh(work / "homes"),
+                deadline_ms,
+                drill_prompts,
+                _progress,
             )
     finally:
         if server is not None:

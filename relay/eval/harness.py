@@ -44,44 +44,67 @@ def load_database(
     modes: tuple[str, ...],
     progress: Progress | None = None,
     used: set[str] | None = None,
+    reuse: bool = False,
 ) -> dict[str, OrgKeys]:
     """Every store of `folder` as an organisation (the production write path), the ones in
-    `used` (default all) also holding every memory of `distractors`; returns keys per store."""
+    `used` (default all) also holding every memory of `distractors`; returns keys per store.
+
+    With `reuse`, a database this function loaded before from the same folders (and not
+    changed since by a drill) is kept, and only fresh keys are minted.
+    """
     from relay.auth import mint_key
     from relay.bench_recall import load_folder, memory_draft, read_jsonl
     from relay.embedding import load_embedder
     from relay.store.sqlite import SQLiteStore
     from relay.writes import save_many
 
+    marker = db.with_name(db.name + ".loaded.json")
+    recipe = {
+        "folder": str(folder.resolve()),
+        "distractors": str(distractors.resolve()) if distractors else None,
+        "used": sorted(used) if used is not None else None,
+    }
+    kept = reuse and marker.exists() and json.loads(marker.read_text()) == recipe
+    if not kept:
+        marker.unlink(missing_ok=True)
+        for stale in db.parent.glob(db.name + "*"):
+            stale.unlink()
     store = SQLiteStore(db)
     try:
-        embedder = load_embedder("onnx", 1)
-        principals = load_folder(store, embedder, folder, progress)
-        extra = []
-        if distractors is not None:
-            extra = [
-                (f"distractor:{row['id']}", memory_draft({**row, "store": "distractors"}))
-                for row in read_jsonl(distractors / "memories.jsonl")
-            ]
+        if kept:
+            orgs = {o.name: o.id for o in store.list_orgs()}
+            if progress:
+                progress(f"reusing the database loaded from {folder}")
+        else:
+            embedder = load_embedder("onnx", 1)
+            principals = load_folder(store, embedder, folder, progress)
+            orgs = {name: p.org_id for name, p in principals.items()}
+            extra = []
+            if distractors is not None:
+                extra = [
+                    (f"distractor:{row['id']}", memory_draft({**row, "store": "distractors"}))
+                    for row in read_jsonl(distractors / "memories.jsonl")
+                ]
+            for name, org_id in orgs.items():
+                if extra and (used is None or name in used):
+                    save_many(store, embedder, org_id, extra, author="eval", batch=1024)
+                    if progress:
+                        progress(f"loaded {len(extra)} distractors into {name}")
         out = {}
-        for name, principal in principals.items():
-            if extra and (used is None or name in used):
-                save_many(store, embedder, principal.org_id, extra, author="eval", batch=1024)
-                if progress:
-                    progress(f"loaded {len(extra)} distractors into {name}")
-            keys = {
-                m: mint_key(store, principal.org_id, f"eval-{m}", READ, frozenset()) for m in modes
-            }
-            admin = mint_key(store, principal.org_id, "eval-admin", ADMIN, frozenset())
+        for name, org_id in orgs.items():
+            keys = {m: mint_key(store, org_id, f"eval-{m}", READ, frozenset()) for m in modes}
+            admin = mint_key(store, org_id, "eval-admin", ADMIN, frozenset())
             out[name] = OrgKeys(
-                principal.org_id,
+                org_id,
                 {m: k.secret for m, k in keys.items()},
                 admin.secret,
                 {m: k.key.id for m, k in keys.items()},
             )
-        return out
     finally:
         store.close()
+    if reuse and not kept:
+        marker.write_text(json.dumps(recipe))
+    return out
 
 
 class Server:
@@ -275,7 +298,12 @@ def git_commit() -> dict[str, Any]:
         for line in git("status", "--porcelain", "--", "relay").splitlines()
         if line[3:].endswith(".py")
     ]
-    return {"head": git("rev-parse", "HEAD"), "uncommitted": sorted(dirty)}
+    return {
+        "head": git("rev-parse", "HEAD"),
+        "uncommitted": sorted(dirty),
+        # the retrieval code as measured, committed or not (`git hash-object relay/search.py`)
+        "search_py": git("hash-object", "relay/search.py"),
+    }
 
 
 def load_average() -> list[float]:
