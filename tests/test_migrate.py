@@ -65,7 +65,8 @@ def _populate(path: Path) -> list[str]:
 def test_round_trip_keeps_every_revision(tmp_path: Path, pg_url: str, pg_store: PostgresStore):
     db = tmp_path / "relay.db"
     orgs = _populate(db)
-    result = CliRunner().invoke(migrate, ["--from", f"sqlite:///{db}", "--to", pg_url])
+    args = ["--from", f"sqlite:///{db}", "--to", pg_url, "--defer-index"]
+    result = CliRunner().invoke(migrate, args)
     assert result.exit_code == 0, result.output
     assert "verified: every table matches" in result.output
     assert "memory_revisions" in result.output
