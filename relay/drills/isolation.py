@@ -156,6 +156,12 @@ class Drill:
             self.leak(f"{op} without {scope} by {key.name}: {status}")
         return False
 
+    def known(self, org: str) -> set[str]:
+        """The audiences a write may name: roles of the org's unrevoked keys, and everyone."""
+        return {EVERYONE} | {
+            r for k in self.keys if k.org == org and not k.revoked for r in k.roles
+        }
+
     def pick_key(self, org: str | None = None) -> KeyModel:
         keys = [k for k in self.keys if org is None or k.org == org]
         return self.rng.choice(keys)
@@ -206,6 +212,10 @@ class Drill:
             if status != 403:
                 self.leak(f"create without write scope by {key.name}: {status}")
             return
+        if not set(audiences) <= self.known(org):
+            if status != 400:
+                self.leak(f"create for audiences {audiences} nobody holds: {status}")
+            return
         if mem_id in mine:
             if status != 409:
                 self.leak(f"create over an existing id {mem_id}: {status} {data}")
@@ -250,6 +260,10 @@ class Drill:
         if not m.managed_by(key):
             if status != 404:
                 self.leak(f"edit of {m.org}/{m.id} by {key.name}@{key.org}: {status}")
+            return
+        if not new_aud <= self.known(m.org):
+            if status != 400:
+                self.leak(f"edit to audiences {sorted(new_aud)} nobody holds: {status}")
             return
         if stale:
             if status != 409:
