@@ -64,6 +64,8 @@ def crash_command(kills: int, seed: int) -> None:
     help="Allowed server RSS growth over the soak's second half.",
 )
 @click.option("--seed", default=7, show_default=True, help="Random seed.")
+@click.option("--db", help="An empty postgresql:// database to serve from (default: SQLite).")
+@click.option("--replicas", default=1, show_default=True, help="Servers sharing --db.")
 def load_command(
     seconds: float,
     workers: int,
@@ -71,11 +73,22 @@ def load_command(
     overload_seconds: float,
     max_rss_growth_mib: float,
     seed: int,
+    db: str | None,
+    replicas: int,
 ) -> None:
     """Hook-like traffic soak with a write mix, then overload: 503 + Retry-After, hook on time."""
     from relay.drills import load
 
-    result = load.run(seconds, workers, memories, seed, overload_seconds, progress=_progress)
+    result = load.run(
+        seconds,
+        workers,
+        memories,
+        seed,
+        overload_seconds,
+        progress=_progress,
+        db=db,
+        replicas=replicas,
+    )
     _finish("load", result, load.failures(result, max_rss_growth_mib))
 
 

@@ -64,7 +64,7 @@ def _queries(rng: random.Random, n: int) -> list[str]:
 
 
 def traffic(
-    url: str,
+    url: str | list[str],
     key: str,
     seconds: float,
     workers: int,
@@ -80,8 +80,11 @@ def traffic(
     missing_retry_after = 0
     lock = threading.Lock()
 
+    urls = [url] if isinstance(url, str) else url
+
     def worker(wid: int) -> None:
         nonlocal missing_retry_after
+        url = urls[wid % len(urls)]  # replicas share the workers, as behind a balancer
         rng = random.Random(seed * 1000 + wid)
         pool = _queries(rng, 40)
         n = 0
@@ -175,31 +178,43 @@ def run(
     overload_seconds: float,
     hook_slack_ms: float = 600,
     progress: Any = None,
+    db: str | None = None,
+    replicas: int = 1,
 ) -> dict[str, Any]:
+    """Soak then overload; `db` may be a postgresql:// URL (an empty database: the first
+    server creates the organisation) and `replicas` servers then share it."""
     rng = random.Random(seed)
     tmp = tempfile.TemporaryDirectory(prefix="relay-drill-load-")
     folder = Path(tmp.name)
-    db = str(folder / "relay.db")
-    result: dict[str, Any] = {"seed": seed, "workers": workers, "memories": memories}
-    server = Served(db, folder / "serve.log").start()
+    db = db or str(folder / "relay.db")
+    result: dict[str, Any] = {
+        "seed": seed,
+        "workers": workers,
+        "memories": memories,
+        "replicas": replicas,
+        "store": "postgresql" if db.startswith("postgres") else "sqlite",
+    }
+    servers = [Served(db, folder / "serve.log").start()]
+    servers += [Served(db, folder / f"serve{i}.log").start() for i in range(1, replicas)]
+    server = servers[0]
     try:
         key = server.admin_key
         seed_memories(server.url, key, memories, rng)
         if progress:
             progress(f"seeded {memories} memories; soaking {seconds:.0f} s with {workers} workers")
-        rss: list[int] = [server.rss_kib()]
+        rss: list[int] = [sum(s.rss_kib() for s in servers)]  # all replicas together
         sampling = threading.Event()
 
         def sample() -> None:
             while not sampling.wait(1.0):
-                rss.append(server.rss_kib())
+                rss.append(sum(s.rss_kib() for s in servers))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        result["soak"] = traffic(server.url, key, seconds, workers, 0.1, seed)
+        result["soak"] = traffic([s.url for s in servers], key, seconds, workers, 0.1, seed)
         sampling.set()
         sampler.join()
-        rss.append(server.rss_kib())
+        rss.append(sum(s.rss_kib() for s in servers))
         # Growth over the soak's second half (after warm-up), the bound the drill holds.
         half = rss[len(rss) // 2]
         result["soak"]["rss_mib"] = {
@@ -210,7 +225,8 @@ def run(
         }
         result["soak"]["rss_growth_second_half_mib"] = round((rss[-1] - half) / 1024, 1)
     finally:
-        server.stop()
+        for s in servers:
+            s.stop()
     # Overload: the same database behind a server that admits only 2 requests at once.
     small = Served(db, folder / "serve-overload.log", {"RELAY_MAX_INFLIGHT": "2"}).start()
     try:
