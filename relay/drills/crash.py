@@ -159,6 +159,12 @@ def verify_rows(db: str, mems: dict[str, Tracked]) -> list[str]:
     return losses
 
 
+def _same(expected: State | None, actual: State | None) -> bool:
+    if expected is None or actual is None:
+        return expected is None and actual is None
+    return expected.revision == actual.revision and expected.body == actual.body
+
+
 def verify(url: str, key: str, mems: dict[str, Tracked], ids: list[str]) -> list[str]:
     """Check memories `ids` through the API against what was acknowledged; adopt what is
     there (so the next round starts from the truth)."""
@@ -176,25 +182,14 @@ def verify(url: str, key: str, mems: dict[str, Tracked], ids: list[str]) -> list
             losses.append(f"{mem.id}: get {status}, history {hist_status}")
             continue
         allowed = [mem.acked] + ([mem.pending] if mem.pending else [])
-        match = next(
-            (
-                s
-                for s in allowed
-                if (s is None and actual is None)
-                or (
-                    s is not None
-                    and actual is not None
-                    and s.revision == actual.revision
-                    and s.body == actual.body
-                )
-            ),
-            "none",
-        )
-        if match == "none":
+
+        matches = [s for s in allowed if _same(s, actual)]
+        if not matches:
             losses.append(
                 f"{mem.id}: found {actual}, acknowledged {mem.acked}, in flight {mem.pending}"
             )
             continue
+        match = matches[0]
         if match is None:
             del mems[mem.id]  # an unacknowledged create that never landed: absent entirely
             continue

@@ -276,7 +276,7 @@ def hook(examples: int, seed: int) -> dict[str, Any]:
     tried = {"stdin": 0, "responses": 0}
     tmp = tempfile.TemporaryDirectory(prefix="relay-drill-hookfuzz-")
     server = ScriptedServer()
-    valid = {
+    valid: dict[str, Any] = {
         "results": [
             {
                 "id": "m1",

@@ -155,9 +155,9 @@ def run() -> dict[str, Any]:
         "server start-up banner": banner if sep else "",
         "hook stderr": hook_stderr.decode(errors="replace"),
     }
-    for path in hook_home.rglob("*"):
-        if path.is_file():
-            texts[f"hook {path.relative_to(hook_home)}"] = path.read_text(errors="replace")
+    for found in hook_home.rglob("*"):
+        if found.is_file():
+            texts[f"hook {found.relative_to(hook_home)}"] = found.read_text(errors="replace")
     secrets = {"admin": admin, "reader": reader, "writer": writer, "doomed": doomed}
     for name, key in secrets.items():
         for where, text in texts.items():
@@ -169,12 +169,12 @@ def run() -> dict[str, Any]:
     figures["logs_grepped"] = {w: len(t) for w, t in texts.items()}
     # Hook files: user-only.
     checked = 0
-    for path in [hook_home / "state", *(hook_home / "state").rglob("*")]:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-        want = 0o700 if path.is_dir() else 0o600
+    for entry in [hook_home / "state", *(hook_home / "state").rglob("*")]:
+        mode = stat.S_IMODE(os.stat(entry).st_mode)
+        want = 0o700 if entry.is_dir() else 0o600
         checked += 1
-        if mode & 0o077 or (path.is_dir() and mode != want):
-            problems.append(f"{path.relative_to(hook_home)} has mode {oct(mode)}")
+        if mode & 0o077 or (entry.is_dir() and mode != want):
+            problems.append(f"{entry.relative_to(hook_home)} has mode {oct(mode)}")
     figures["hook_paths_mode_checked"] = checked
     tmp.cleanup()
     figures["problems"] = problems
