@@ -283,8 +283,9 @@ def kill_drill(
 def _memory_turns(
     conversations: list[Conversation], server: Server, keys: dict[str, OrgKeys], limit: int
 ) -> list[tuple[str, str]]:
-    """Memory-needing prompts, those the server answers first (asked with the admin key,
-    so the drill's own key starts with a cold cache)."""
+    """Memory-needing prompts the server answers (asked with the admin key, so the drill's own
+    key starts with a cold cache); when too few are, prompts quoting stored memories, so the
+    drill never passes for want of anything to serve."""
     prompts = [
         (conv.store, turn.prompt)
         for conv in conversations
@@ -292,14 +293,23 @@ def _memory_turns(
         if turn.kind in MEMORY_CLASSES
     ]
 
-    def answered(item: tuple[str, str]) -> bool:
-        store, prompt = item
+    def answered(store: str, prompt: str) -> bool:
         status, body = server.request(
             "POST", "/v1/search", keys[store].admin, _search_body(prompt, 2000)
         )
         return status == 200 and bool(body.get("results"))
 
-    return sorted(prompts, key=lambda item: not answered(item))[:limit]
+    out = [(store, prompt) for store, prompt in prompts if answered(store, prompt)][:limit]
+    for store in sorted({conv.store for conv in conversations}):
+        if len(out) >= limit:
+            break
+        status, page = server.request("GET", "/v1/memories?limit=50", keys[store].admin)
+        items = page.get("items", []) if status == 200 else []
+        for item in items:
+            quote = " ".join(item["body"].split()[:40])
+            if len(out) < limit and answered(store, quote):
+                out.append((store, quote))
+    return out
 
 
 def deletion_drill(
