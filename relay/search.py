@@ -7,11 +7,17 @@
     -> relevance threshold -> best passage per memory -> top k
 
 Fused rank scores have no absolute meaning, so the threshold is applied to a
-calibrated relevance estimate instead: a logistic model over the dense cosine,
-the IDF-weighted share of the query's content words the passage contains, and
-whether it mentions the names the query asks about. Its weights are fixed
-settings (see `SearchSettings`), chosen on a development split and never on
-the queries a benchmark reports.
+calibrated relevance estimate instead: a logistic model over a dozen cheap
+features of each inspected candidate (see `Features`). They read the query the
+way a person would: how much closer this passage is than the org's background
+(`lift`), whether it says the rare words the query says (`coverage`,
+`absent_rarest`), whether the people or things the query names are in it and
+are what it is about (`missing_names`, `off_subject`), whether a passage about
+someone else matches the topic much better (`rival`), and whether the query
+names things this organisation has never written down at all (`unknown_names`).
+The weights are fixed settings (`SearchSettings.hybrid`, `.lexical`) fitted by
+scripts/calibrate.py on development splits only, never on the queries a
+benchmark reports.
 
 The semantic stage runs in a worker thread while the lexical stage runs in the
 request's thread; if the semantic stage cannot finish inside the deadline the
@@ -23,10 +29,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -37,7 +43,7 @@ from relay.embedding import Embedder
 from relay.errors import InvalidRequestError
 from relay.models import Passage, Principal, iso
 from relay.store import Store
-from relay.text import proper_names, query_terms
+from relay.text import proper_names, query_terms, subject_terms
 
 Mode = Literal["hybrid", "lexical", "semantic"]
 MODES: tuple[Mode, ...] = ("hybrid", "lexical", "semantic")
@@ -46,25 +52,69 @@ MAX_QUERY_CHARS = 2000
 
 
 @dataclass(frozen=True)
+class Weights:
+    """A logistic model over `Features`: relevance = sigmoid(bias + sum(weight * feature))."""
+
+    bias: float
+    cosine: float = 0.0
+    lift: float = 0.0
+    gap: float = 0.0
+    coverage: float = 0.0
+    missing_names: float = 0.0
+    off_subject: float = 0.0
+    rival: float = 0.0
+    unknown_names: float = 0.0
+    absent_rarest: float = 0.0
+    absent_second: float = 0.0
+    unknown_terms: float = 0.0
+    unknown_share: float = 0.0
+
+
+# Fitted by scripts/calibrate.py on the development splits (first 3 stores of each LoCoMo
+# folder, odd-numbered conversations of coding_prompts); see BENCHMARKS.md "Recall".
+HYBRID_WEIGHTS = Weights(
+    bias=-4.887,
+    cosine=3.4,
+    lift=2.798,
+    gap=-1.45,
+    coverage=4.008,
+    missing_names=0.175,
+    off_subject=-1.834,
+    rival=-1.746,
+    unknown_names=-1.028,
+    absent_rarest=1.809,
+    absent_second=-0.178,
+    unknown_terms=0.548,
+    unknown_share=-2.163,
+)
+LEXICAL_WEIGHTS = Weights(
+    bias=-4.134,
+    coverage=5.673,
+    missing_names=-0.098,
+    off_subject=-1.865,
+    rival=-12.911,
+    unknown_names=-1.929,
+    absent_rarest=2.683,
+    absent_second=0.347,
+    unknown_terms=0.283,
+    unknown_share=-2.155,
+)
+
+
+@dataclass(frozen=True)
 class SearchSettings:
     """Retrieval settings; part of every cache key."""
 
     candidates: int = 12  # passages inspected after fusion
     first_stage: int = 40  # candidates each stage proposes
-    rrf_k: int = 60
-    # Calibrated relevance: sigmoid(bias + w_dense*cos + w_cover*coverage - w_name*missing_names)
-    bias: float = -6.0
-    w_dense: float = 7.0
-    w_cover: float = 4.0
-    w_name: float = 2.5
-    # Lexical-only relevance (no cosine available)
-    lex_bias: float = -4.0
-    lex_w_cover: float = 6.0
-    threshold: float = 0.5
+    rrf_k: int = 5  # small: a stage's top few count for more than agreement far down
+    hybrid: Weights = HYBRID_WEIGHTS  # calibrated relevance when the cosine is known
+    lexical: Weights = LEXICAL_WEIGHTS  # ... and when only the lexical stage ran
+    threshold: float = 0.2
     min_budget_ms: float = 5.0  # below this the request is answered with nothing
 
     def fingerprint(self) -> tuple[object, ...]:
-        return tuple(asdict(self).values())
+        return astuple(self)
 
 
 @dataclass(frozen=True)
@@ -112,30 +162,160 @@ class SearchResponse:
 
 @dataclass(frozen=True)
 class Features:
+    """What the relevance model sees of one candidate (all cheap, all from the <= 12 inspected).
+
+    cosine         dense similarity to the query (None when the semantic stage did not run)
+    lift           cosine minus the org's background for this query: the weakest cosine
+                   the semantic stage proposed; some queries are close to everything
+    gap            cosine minus the best inspected cosine: is this the closest one?
+    coverage       IDF-weighted share of the query's content words the passage contains
+    missing_names  share of the names the query asks about (and the org knows) not in it
+    off_subject    the query names someone, but the passage's head (title, "Name:" prefix,
+                   first words) is about someone or something else
+    rival          how much better the best off-subject candidate matches the topic
+    unknown_names  share of the query's names this org never mentions (query-level)
+    absent_rarest  the rarest query word the passage lacks (IDF / max IDF), and the second
+    unknown_terms  how many query words the org has never seen (at most 5; query-level)
+    unknown_share  IDF-weighted share of the query the org has never seen (query-level)
+    """
+
     cosine: float | None
     coverage: float
     missing_names: float
+    lift: float = 0.0
+    gap: float = 0.0
+    off_subject: float = 0.0
+    rival: float = 0.0
+    unknown_names: float = 0.0
+    absent_rarest: float = 0.0
+    absent_second: float = 0.0
+    unknown_terms: float = 0.0
+    unknown_share: float = 0.0
+
+
+def idf(total: int, df: int) -> float:
+    return math.log(1 + (total + 1) / (df + 1))
 
 
 def coverage(query: list[str], passage_terms: set[str], total: int, df: dict[str, int]) -> float:
-    """IDF-weighted share of the query's content words found in the passage.
-
-    Words the org has never seen weigh the most: a question about something the
-    team never wrote down should not look answered.
-    """
+    """IDF-weighted share of the query's content words found in the passage."""
     if not query:
         return 0.0
-    weights = [math.log(1 + (total + 1) / (df.get(t, 0) + 1)) for t in query]
+    weights = [idf(total, df.get(t, 0)) for t in query]
     found = sum(w for t, w in zip(query, weights, strict=True) if t in passage_terms)
     return found / sum(weights)
 
 
 def relevance(f: Features, s: SearchSettings) -> float:
-    if f.cosine is None:
-        z = s.lex_bias + s.lex_w_cover * f.coverage - s.w_name * f.missing_names
-    else:
-        z = s.bias + s.w_dense * f.cosine + s.w_cover * f.coverage - s.w_name * f.missing_names
-    return 1.0 / (1.0 + math.exp(-z))
+    w = s.lexical if f.cosine is None else s.hybrid
+    z = (
+        w.bias
+        + w.coverage * f.coverage
+        + w.missing_names * f.missing_names
+        + w.off_subject * f.off_subject
+        + w.rival * f.rival
+        + w.unknown_names * f.unknown_names
+        + w.absent_rarest * f.absent_rarest
+        + w.absent_second * f.absent_second
+        + w.unknown_terms * f.unknown_terms
+        + w.unknown_share * f.unknown_share
+    )
+    if f.cosine is not None:
+        z += w.cosine * f.cosine + w.lift * f.lift + w.gap * f.gap
+    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+@dataclass(frozen=True)
+class QueryReading:
+    """What is known about the query before looking at any candidate."""
+
+    terms: list[str]
+    names: list[str]
+    weights: dict[str, float]  # IDF per term
+    max_idf: float
+    known_names: list[str]
+    unknown_names: float
+    unknown_terms: float
+    unknown_share: float
+
+    @classmethod
+    def read(
+        cls, terms: list[str], names: list[str], total: int, df: dict[str, int]
+    ) -> QueryReading:
+        weights = {t: idf(total, df.get(t, 0)) for t in terms}
+        known = [t for t in terms if df.get(t, 0) > 0]
+        all_weight = sum(weights.values())
+        known_names = [n for n in names if df.get(n, 0) > 0]
+        return cls(
+            terms=terms,
+            names=names,
+            weights=weights,
+            max_idf=math.log(total + 2),
+            known_names=known_names,
+            unknown_names=1 - len(known_names) / len(names) if names else 0.0,
+            unknown_terms=float(min(len(terms) - len(known), 5)),
+            unknown_share=1 - sum(weights[t] for t in known) / all_weight if all_weight else 0.0,
+        )
+
+
+def candidate_features(
+    reading: QueryReading,
+    passages: list[Passage],
+    cosines: list[float | None],
+    background: float,
+) -> list[Features]:
+    """Features of every inspected candidate of one query (see `Features`)."""
+    r = reading
+    topic_terms = [t for t in r.terms if t not in r.names]
+    topic_weight = sum(r.weights[t] for t in topic_terms)
+    known = [c for c in cosines if c is not None]
+    best_cosine = max(known) if known else 0.0
+    rows = []
+    for p, cosine in zip(passages, cosines, strict=True):
+        have = set(p.lexical.split())
+        absent = sorted((r.weights[t] / r.max_idf for t in r.terms if t not in have), reverse=True)
+        head = subject_terms(p.title, p.text)
+        topic = (
+            sum(r.weights[t] for t in topic_terms if t in have) / topic_weight
+            if topic_weight
+            else 0.0
+        )
+        lift = cosine - background if cosine is not None else 0.0
+        rows.append(
+            (
+                Features(
+                    cosine=cosine,
+                    coverage=_share(r.terms, have, r.weights),
+                    missing_names=(
+                        sum(n not in have for n in r.known_names) / len(r.known_names)
+                        if r.known_names
+                        else 0.0
+                    ),
+                    lift=lift,
+                    gap=cosine - best_cosine if cosine is not None else 0.0,
+                    off_subject=float(bool(r.names) and not any(n in head for n in r.names)),
+                    unknown_names=r.unknown_names,
+                    absent_rarest=absent[0] if absent else 0.0,
+                    absent_second=absent[1] if len(absent) > 1 else 0.0,
+                    unknown_terms=r.unknown_terms,
+                    unknown_share=r.unknown_share,
+                ),
+                lift + 0.25 * topic,
+            )
+        )
+    # A passage about the person asked about is a weak answer when a passage about someone
+    # else matches the topic much better: the question is likely about the wrong person.
+    off = [topic for f, topic in rows if f.off_subject]
+    best_off = max(off) if off and r.names else None
+    return [
+        f if best_off is None or f.off_subject else replace(f, rival=max(0.0, best_off - topic))
+        for f, topic in rows
+    ]
+
+
+def _share(terms: list[str], have: set[str], weights: dict[str, float]) -> float:
+    total = sum(weights[t] for t in terms)
+    return sum(weights[t] for t in terms if t in have) / total if total else 0.0
 
 
 class Searcher:
@@ -153,6 +333,8 @@ class Searcher:
         self.cache = cache
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relay-semantic")
         self._semantic_ms = 10.0  # running estimate of the semantic stage's cost
+        # Called with (query, [(passage, features, relevance)]) for every search: calibration.
+        self.observe: Callable[[str, list[tuple[Passage, Features, float]]], None] | None = None
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -258,13 +440,20 @@ class Searcher:
         if qvec is not None:
             missing = [p.rowid for p in passages if p.rowid not in cosines]
             cosines.update(self._cosines(qvec, passages, missing))
-        names = proper_names(query)
+        reading = QueryReading.read(terms, proper_names(query), total, df)
+        # The weakest cosine the semantic stage proposed: this query's background in this org.
+        background = min((c for _, c in semantic), default=0.0)
+        features = candidate_features(
+            reading,
+            passages,
+            [cosines.get(p.rowid) if qvec is not None else None for p in passages],
+            background,
+        )
+        scored = [(p, f, relevance(f, s)) for p, f in zip(passages, features, strict=True)]
+        if self.observe is not None:
+            self.observe(query, scored)
         best: dict[str, Hit] = {}
-        for p in passages:
-            f = self._features(
-                p, terms, names, total, df, cosines.get(p.rowid) if qvec is not None else None
-            )
-            score = relevance(f, s)
+        for p, _, score in scored:
             if score < s.threshold:
                 continue
             if p.memory_id not in best or best[p.memory_id].score < score:
@@ -291,19 +480,6 @@ class Searcher:
             for p in passages
             if p.rowid in wanted and p.embedding is not None
         }
-
-    @staticmethod
-    def _features(
-        p: Passage,
-        terms: list[str],
-        names: list[str],
-        total: int,
-        df: dict[str, int],
-        cosine: float | None,
-    ) -> Features:
-        have = set(p.lexical.split())
-        missing = sum(1 for n in names if n not in have) / len(names) if names else 0.0
-        return Features(cosine, coverage(terms, have, total, df), missing)
 
 
 def _ms(since: float) -> float:

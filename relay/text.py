@@ -103,3 +103,19 @@ def proper_names(text: str) -> list[str]:
             continue
         names.setdefault(stem(w), None)
     return list(names)
+
+
+def subject_terms(title: str | None, text: str) -> set[str]:
+    """The stemmed first words of a title and of a passage: whom or what it is about.
+
+    Notes name their subject first ("Staging: ...", "Melanie painted ..."), and
+    transcript lines their speaker ("Caroline: I went ..."), so a passage whose head
+    names someone else is about someone else even when it mentions the asked-about name.
+    """
+    out: set[str] = set()
+    for part in (title or "", text):
+        head = part[:40]
+        if ":" in head:
+            part = part.split(":", 1)[0]
+        out.update(stem(w) for w in words(part[:80])[:2])
+    return out

@@ -1,0 +1,103 @@
+"""How search reads a query and judges a candidate: the features behind the calibrated score."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from relay.bench_recall import memory_drafts
+from relay.models import Passage
+from relay.search import (
+    Features,
+    QueryReading,
+    SearchSettings,
+    candidate_features,
+    relevance,
+)
+from relay.text import proper_names, query_terms, subject_terms
+
+
+def passage(text: str, title: str | None = None, rowid: int = 1) -> Passage:
+    from relay.text import lexical_terms
+
+    lexical = " ".join(lexical_terms(f"{title}\n{text}" if title else text))
+    return Passage(rowid, f"m{rowid}", 1, 0, title, None, text, lexical, datetime.now(UTC))
+
+
+def reading(query: str, df: dict[str, int], total: int = 100) -> QueryReading:
+    return QueryReading.read(query_terms(query), proper_names(query), total, df)
+
+
+def test_the_subject_is_the_head_of_a_title_or_a_transcript_line():
+    assert {"caroline"} <= subject_terms(None, "Caroline: I went to a support group.")
+    assert "melanie" in subject_terms("Melanie · 1:56 pm on 8 May, 2023", "Hey Caroline!")
+    assert "migration" in subject_terms("Migrations", "Run them in a separate job.")
+    assert "caroline" not in subject_terms(None, "Melanie ran a charity race with Caroline.")
+
+
+def test_a_passage_about_someone_else_is_off_subject_and_a_rival():
+    r = reading(
+        "What did Caroline realize after her charity race?",
+        {"caroline": 50, "realize": 3, "charity": 4, "race": 4},
+    )
+    about_her = passage("Caroline likes to paint landscapes.", rowid=1)
+    about_him = passage("Melanie ran a charity race and realized self-care matters.", rowid=2)
+    f_her, f_him = candidate_features(r, [about_her, about_him], [0.30, 0.60], 0.10)
+    assert f_him.off_subject == 1.0 and f_her.off_subject == 0.0
+    assert f_her.rival > 0.3  # someone else's passage matches the topic far better
+    assert f_him.rival == 0.0
+
+
+def test_names_the_org_never_mentions_are_unknown():
+    r = reading("Who did Maria have dinner with?", {"dinner": 5})
+    assert r.unknown_names == 1.0
+    assert reading("Who did Maria have dinner with?", {"maria": 9}).unknown_names == 0.0
+
+
+def test_task_words_the_org_never_wrote_are_not_held_against_a_matching_memory():
+    """Developer prompts carry words no memory has ('orders', 'table'): a memory that says
+    what the prompt is about must still clear the default threshold."""
+    settings = SearchSettings()
+    df = {"migration": 3, "schema": 1}
+    r = reading("where should I put the schema migration for the orders table?", df, total=40)
+    memory = passage(
+        "Database migrations run in a separate backfill job, never inside the web deploy.",
+        title="Migrations",
+    )
+    (f,) = candidate_features(r, [memory], [0.45], 0.05)
+    assert relevance(f, settings) >= settings.threshold
+
+
+def test_relevance_without_a_cosine_uses_the_lexical_model():
+    settings = SearchSettings()
+    f = Features(cosine=None, coverage=1.0, missing_names=0.0)
+    g = Features(cosine=None, coverage=0.0, missing_names=1.0)
+    assert relevance(f, settings) > relevance(g, settings)
+
+
+def test_a_transcript_line_carries_the_line_it_answers_in_its_title():
+    rows = [
+        {
+            "store": "c",
+            "id": "1",
+            "text": "Ann: What did you research?",
+            "meta": {"session": 1, "speaker": "Ann"},
+        },
+        {
+            "store": "c",
+            "id": "2",
+            "text": "Bo: Adoption agencies!",
+            "meta": {"session": 1, "speaker": "Bo"},
+        },
+        {"store": "c", "id": "3", "text": "Bo: Hi again.", "meta": {"session": 2, "speaker": "Bo"}},
+        {
+            "store": "c",
+            "id": "4",
+            "text": "Bo went hiking.",
+            "meta": {"session": 2, "speaker": "Bo"},
+        },
+    ]
+    drafts = [d for _, d in memory_drafts(rows)]
+    assert drafts[1].body == "Bo: Adoption agencies!"
+    assert drafts[1].title == "Bo · re Ann: What did you research?"
+    assert drafts[2].title == "Bo"  # a new session starts without context
+    assert drafts[3].title == "Bo"  # a note (not "Name: ...") gets no reply context
