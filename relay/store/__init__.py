@@ -18,6 +18,21 @@ from relay.models import ApiKey, Memory, MemoryDraft, Org, Passage, PassageInput
 
 SaveMode = Literal["create", "edit", "upsert"]
 
+COMMON_SHARE, COMMON_MIN = 0.05, 50  # lexical: terms in more passages do not pick candidates
+
+
+def candidate_terms(terms: Sequence[str], df: dict[str, int], n: int) -> list[str]:
+    """The query terms that choose lexical candidates: those rare in the org, when any are.
+
+    A term in more than `COMMON_SHARE` of the org's passages adds almost nothing to
+    BM25 (its idf is near zero) but makes the index return, and the ranking score, a
+    large part of the org. Candidates must match a rarer term; every query term still
+    counts in their score. A query of common terms only uses them all.
+    """
+    cap = max(COMMON_MIN, COMMON_SHARE * n)
+    rare = [t for t in terms if df.get(t, 0) <= cap]
+    return rare or list(terms)
+
 
 class Store(Protocol):
     """What the server needs from a database."""

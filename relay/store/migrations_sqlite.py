@@ -107,4 +107,26 @@ MIGRATIONS: list[str] = [
     CREATE INDEX memories_superseded_by ON memories(org_id, superseded_by)
         WHERE superseded_by IS NOT NULL;
     """,
+    # 3: the org id becomes an indexed FTS column, so a query intersects the org's posting
+    # list inside FTS5 and ranks only the org's matches (before, every match of every org
+    # was joined to its memory row before the access filter could drop it)
+    """
+    DROP TRIGGER passages_ai;
+    DROP TRIGGER passages_ad;
+    DROP TABLE passages_fts;
+    CREATE VIRTUAL TABLE passages_fts USING fts5(
+        lexical, org_id, content='passages', content_rowid='rowid',
+        tokenize='unicode61 remove_diacritics 2'
+    );
+    INSERT INTO passages_fts(passages_fts) VALUES ('rebuild');
+    CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts(rowid, lexical, org_id) VALUES (new.rowid, new.lexical, new.org_id);
+    END;
+    CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, lexical, org_id)
+            VALUES ('delete', old.rowid, old.lexical, old.org_id);
+    END;
+    CREATE INDEX memories_org_valid_until ON memories(org_id, valid_until)
+        WHERE valid_until IS NOT NULL;
+    """,
 ]

@@ -58,7 +58,7 @@ from relay.models import (
     PassageInput,
     Revision,
 )
-from relay.store import SaveMode
+from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
 
 log = logging.getLogger("relay.store.postgres")
@@ -68,7 +68,6 @@ DEFAULT_POOL = 8
 DEFAULT_EXACT_MAX = 20_000  # passages an org may have and still be searched exactly
 MAX_EF_SEARCH = 1000  # pgvector's ceiling for hnsw.ef_search
 EF_FACTOR = 6  # ef_search = EF_FACTOR * limit / the org's share of the table (measured)
-COMMON_SHARE, COMMON_MIN = 0.05, 50  # lexical: terms in more passages do not pick candidates
 # Query parameters Relay reads from the URL itself; psycopg never sees them.
 RELAY_PARAMS = ("pool_size", "exact_max", "app_role")
 
@@ -193,19 +192,6 @@ def hnsw_vector_sql() -> str:
         " LIMIT %(ef)s) AS c JOIN memories m ON m.org_id = %(org)s AND m.id = c.memory_id"
         f" WHERE {visible_sql(True)} ORDER BY c.d, c.id LIMIT %(limit)s"
     )
-
-
-def candidate_terms(terms: Sequence[str], df: dict[str, int], n: int) -> list[str]:
-    """The query terms that choose lexical candidates: those rare in the org, when any are.
-
-    A term in more than `COMMON_SHARE` of the org's passages adds almost nothing to
-    BM25 (its idf is near zero) but makes the index return, and the ranking score, a
-    large part of the org. Candidates must match a rarer term; every query term still
-    counts in their score. A query of common terms only uses them all.
-    """
-    cap = max(COMMON_MIN, COMMON_SHARE * n)
-    rare = [t for t in terms if df.get(t, 0) <= cap]
-    return rare or list(terms)
 
 
 def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:

@@ -33,7 +33,7 @@ from relay.models import (
     PassageInput,
     Revision,
 )
-from relay.store import SaveMode
+from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.vector_index import VectorIndex
 
@@ -83,19 +83,38 @@ def _audience_params(audiences: frozenset[str] | None) -> dict[str, str]:
 
 
 def lexical_sql(audience_count: int) -> str:
-    """Candidate passages for an FTS5 query, best BM25 first, within the reader's access."""
+    """Candidate passages for an FTS5 query, best BM25 first, within the reader's access.
+
+    The inner query ranks inside FTS5 only the org's matches (its id is an indexed column
+    the match expression requires) and keeps the best `:fetch`; the outer query applies the
+    whole access filter to those. `:fetch` over-asks so rows the filter drops (expired,
+    superseded, other audiences) rarely leave fewer than `:limit`; the caller asks again,
+    wider, when they do.
+    """
     return (
-        "SELECT p.rowid, bm25(passages_fts) AS score FROM passages_fts"
-        " JOIN passages p ON p.rowid = passages_fts.rowid"
+        "SELECT p.rowid, top.score FROM ("
+        "  SELECT rowid, bm25(passages_fts, 1.0, 0.0) AS score FROM passages_fts"
+        "  WHERE passages_fts MATCH :match ORDER BY score LIMIT :fetch"
+        ") AS top"
+        " JOIN passages p NOT INDEXED ON p.rowid = top.rowid"
         " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
-        f" WHERE passages_fts MATCH :match AND p.org_id = :org AND {visible_sql(audience_count)}"
-        " ORDER BY score LIMIT :limit"
+        f" WHERE p.org_id = :org AND {visible_sql(audience_count)}"
+        " ORDER BY top.score LIMIT :limit"
     )
 
 
-def fts_match(terms: Sequence[str]) -> str:
-    """An FTS5 OR-query of quoted terms (quoting keeps operators in user text inert)."""
-    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+def fts_match(org_id: str | None, terms: Sequence[str]) -> str:
+    """Passages holding any of `terms`, of one org when `org_id` is given (quoting keeps
+    operators in user text inert)."""
+    words = "lexical : (" + " OR ".join('"' + t.replace('"', '""') + '"' for t in terms) + ")"
+    if org_id is None:
+        return words
+    return 'org_id : "' + org_id.replace('"', '""') + '" AND ' + words
+
+
+# An org holding at least this share of all passages is searched without the org column:
+# intersecting with its own huge posting list costs more than dropping other orgs' rows.
+DOMINANT_SHARE = 0.5
 
 
 class SQLiteStore:
@@ -591,7 +610,8 @@ class SQLiteStore:
                 names = ", ".join(f":a{i}" for i in range(count))
                 sql += (
                     " AND (m.deleted_at IS NOT NULL OR EXISTS (SELECT 1 FROM memory_audiences ma"
-                    f" WHERE ma.org_id = m.org_id AND ma.memory_id = m.id AND ma.audience IN ({names})))"
+                    " WHERE ma.org_id = m.org_id AND ma.memory_id = m.id"
+                    f" AND ma.audience IN ({names})))"
                 )
             if conn.execute(sql, params).fetchone() is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
@@ -607,8 +627,8 @@ class SQLiteStore:
             rows = (
                 self._reader()
                 .execute(
-                    f"SELECT m.* FROM memories m WHERE {visible_sql(len(params) - 2)} AND m.pinned = 1"
-                    " ORDER BY m.updated_at DESC LIMIT 20",
+                    f"SELECT m.* FROM memories m WHERE {visible_sql(len(params) - 2)}"
+                    " AND m.pinned = 1 ORDER BY m.updated_at DESC LIMIT 20",
                     params,
                 )
                 .fetchall()
@@ -626,15 +646,33 @@ class SQLiteStore:
     ) -> list[tuple[int, float]]:
         if not terms:
             return []
-        params = {
-            "org": org_id,
-            "now": now.timestamp(),
-            "match": fts_match(terms),
-            "limit": limit,
-            **_audience_params(audiences),
-        }
-        with translate_errors():
-            rows = self._reader().execute(lexical_sql(len(params) - 4), params).fetchall()
+        with self._read() as conn:
+            total, df = self._doc_freq(conn, org_id, terms)
+            everyone = conn.execute("SELECT sum(passage_count) FROM orgs").fetchone()[0] or 0
+            dominant = total >= DOMINANT_SHARE * everyone
+            params = {
+                "org": org_id,
+                "now": now.timestamp(),
+                "match": fts_match(None if dominant else org_id, candidate_terms(terms, df, total)),
+                "limit": limit,
+                "fetch": limit * 4,
+                **_audience_params(audiences),
+            }
+            sql = lexical_sql(len(params) - 5)
+            while True:
+                rows = conn.execute(sql, params).fetchall()
+                if len(rows) >= limit:
+                    break
+                # Few rows left after the access filter: widen the inner page until it
+                # holds every match, so no candidate of this org is ever cut off.
+                inner = conn.execute(
+                    "SELECT count(*) FROM (SELECT 1 FROM passages_fts WHERE passages_fts MATCH"
+                    " :match LIMIT :fetch)",
+                    {"match": params["match"], "fetch": params["fetch"]},
+                ).fetchone()[0]
+                if inner < params["fetch"]:
+                    break
+                params["fetch"] *= 4
         return [(r[0], -r[1]) for r in rows]  # FTS5's bm25() is negative: flip so higher is better
 
     def semantic_search(
@@ -675,7 +713,7 @@ class SQLiteStore:
                 self._reader()
                 .execute(
                     "SELECT p.rowid, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
-                    " m.source, m.updated_at, m.supersedes, p.embedding FROM passages p"
+                    " m.source, m.updated_at, m.supersedes, p.embedding FROM passages p NOT INDEXED"
                     " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
                     f" WHERE p.rowid IN ({ids}) AND p.org_id = :org AND {visible_sql(count)}",
                     params,
@@ -701,18 +739,20 @@ class SQLiteStore:
 
     def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
         with self._read() as conn:
-            total = conn.execute(
-                "SELECT passage_count FROM orgs WHERE id = ?", (org_id,)
-            ).fetchone()
+            return self._doc_freq(conn, org_id, terms)
+
+    @staticmethod
+    def _doc_freq(
+        conn: sqlite3.Connection, org_id: str, terms: Sequence[str]
+    ) -> tuple[int, dict[str, int]]:
+        total = conn.execute("SELECT passage_count FROM orgs WHERE id = ?", (org_id,)).fetchone()
+        rows = []
+        if terms:
             marks = ", ".join("?" for _ in terms)
-            rows = (
-                conn.execute(
-                    f"SELECT term, df FROM org_terms WHERE org_id = ? AND term IN ({marks})",
-                    (org_id, *terms),
-                ).fetchall()
-                if terms
-                else []
-            )
+            rows = conn.execute(
+                f"SELECT term, df FROM org_terms WHERE org_id = ? AND term IN ({marks})",
+                (org_id, *terms),
+            ).fetchall()
         return (0 if total is None else total[0]), {r[0]: r[1] for r in rows}
 
     def generation(self, org_id: str) -> int:
