@@ -325,7 +325,10 @@ def create_app(services: Services) -> FastAPI:
         current = store.get_memory(p.org_id, memory_id, _management_view(p))
         changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})
         fields = {**current.to_dict(), **changes, "valid_until": changes.get("valid_until")}
-        draft = writes.draft_from_fields(fields, store.known_audiences(p.org_id))
+        # The memory's own audiences stay acceptable even after the last key holding one
+        # is revoked: fixing a typo must not require re-addressing the memory.
+        known = store.known_audiences(p.org_id) | set(current.audiences)
+        draft = writes.draft_from_fields(fields, known)
         if "valid_until" not in changes:
             # An untouched expiry stays as it was, even if it has passed: editing an expired
             # memory's text must not require inventing a new date.
