@@ -398,41 +398,43 @@ def compaction_drill(
     home: Path,
     deadline_ms: int,
 ) -> Drill:
-    """Half a conversation, a compaction, the other half, then its first half's questions again."""
+    """Half a conversation, a compaction, the first half's memory-needing prompts again (what
+    they brought left the context with the compaction), then the second half."""
     drill = Drill("compaction", deadline_ms)
-    returned = dupes = 0
+    needed: set[tuple[str, str, int]] = set()  # (conversation, id, revision)
+    returned: set[tuple[str, str, int]] = set()
+    dupes = 0
     for conv in conversations:
         hook = Hook(
             home / conv.store, server.url, keys[conv.store].read["on"], deadline_ms, **DRILL_ENV
         )
         sid = _sid("compact", conv)
         half = len(conv.turns) // 2
-        before: set[tuple[str, int]] = set()
-        since: set[tuple[str, int]] = set()
-        again = [t for t in conv.turns[:half] if t.kind in MEMORY_CLASSES]
-        for i, turn in enumerate([*conv.turns, *again]):
+        first, second = list(conv.turns[:half]), list(conv.turns[half:])
+        again = [t for t in first if t.kind in MEMORY_CLASSES]
+        held: set[tuple[str, int]] = set()  # in context: since the start, then since compaction
+        for i, turn in enumerate([*first, *again, *second]):
             if i == half:
+                needed |= {(conv.id, *pair) for pair in held}
                 start = hook.session_start(sid, "compact")
                 logged = start.log.get("ledger_reset") is True and (
                     start.outcome in HEALTHY or start.log.get("reason") == "profile_off"
                 )
                 drill.count(start, logged, False, f"{conv.id} compaction")
-                since = set(injected_records(start.context))
+                held = set(injected_records(start.context))
             run = hook.prompt(turn.prompt, sid, f"{i}")
             records = injected_records(run.context)
-            twice = (
-                sum(pair in since for pair in records)
-                if i >= half
-                else sum(pair in before for pair in records)
-            )
+            twice = sum(pair in held for pair in records)
             dupes += twice
+            held.update(records)
             if i >= half:
-                returned += sum(pair in before for pair in records)
-                since.update(records)
-            else:
-                before.update(records)
+                returned |= {(conv.id, *pair) for pair in records} & needed
             drill.count(run, _healthy_ok(run), twice > 0, f"{conv.id} turn {i + 1}")
-    drill.notes.update(returned_after_compaction=returned, duplicate_injections=dupes)
+    drill.notes.update(
+        needed_after_compaction=len(needed),
+        returned_after_compaction=len(returned),
+        duplicate_injections=dupes,
+    )
     return drill
 
 

@@ -532,6 +532,7 @@ def faults_page(report: dict[str, Any]) -> str:
                             "deleted",
                             "warm_cache_hits",
                             "served_before_revocation",
+                            "needed_after_compaction",
                             "returned_after_compaction",
                             "duplicate_injections",
                             "restart_s",
