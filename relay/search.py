@@ -110,7 +110,7 @@ class SearchSettings:
     rrf_k: int = 5  # small: a stage's top few count for more than agreement far down
     hybrid: Weights = HYBRID_WEIGHTS  # calibrated relevance when the cosine is known
     lexical: Weights = LEXICAL_WEIGHTS  # ... and when only the lexical stage ran
-    threshold: float = 0.2
+    threshold: float = 0.15  # the highest that costs <= 1 point of dev recall@3 (calibrate.py)
     min_budget_ms: float = 5.0  # below this the request is answered with nothing
 
     def fingerprint(self) -> tuple[object, ...]:
