@@ -20,6 +20,13 @@ if [ "${1:-}" = "--dev" ]; then
   # Debian's headless browser and its driver, for the console's end-to-end tests.
   { command -v chromium && command -v chromedriver; } >/dev/null \
     || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+  # The real Claude Code and Codex CLIs that the `clients` tests drive, at the versions in
+  # e2e/package-lock.json, into e2e/node_modules (without node those tests skip locally).
+  if command -v node >/dev/null && command -v npm >/dev/null \
+    && ! cmp -s e2e/package-lock.json e2e/node_modules/.relay-installed-lock; then
+    npm ci --prefix e2e --no-audit --no-fund --loglevel=error
+    cp e2e/package-lock.json e2e/node_modules/.relay-installed-lock
+  fi
 else
   "${pip[@]}" "${editable[@]}" .
 fi
