@@ -37,10 +37,10 @@ def client_bin(name: str) -> Path:
 
 
 def missing_clients_message(missing: list[str]) -> str:
+    paths = ", ".join(str(client_bin(name)) for name in missing)
     return (
-        f"the pinned agent clients are not installed ({', '.join(missing)} missing under "
-        f"{E2E / 'node_modules/.bin'}): run `npm ci --prefix e2e` (scripts/setup.sh --dev does it "
-        "when node and npm are on the PATH)"
+        f"the pinned agent clients are not installed (no {paths}): run `npm ci --prefix e2e` "
+        "(scripts/setup.sh --dev does it when node and npm are on the PATH)"
     )
 
 

@@ -136,6 +136,38 @@ def test_the_installed_clients_are_the_pinned_versions():
         assert version in out, f"{client_bin(name)} reports {out.strip()!r}, pinned {version}"
 
 
+def test_a_changed_context_wrapper_fails_with_what_changed():
+    """No binaries needed: the checks the conversation tests rely on, on made-up requests."""
+    context = (
+        PROMPT_INTRO
+        + '\n<relay-memory id="m1" revision="1" source="s" updated="d">\nx\n</relay-memory>'
+    )
+    api = FakeModelApi()
+    try:
+        claude, codex = ClaudeClient(api), CodexClient(api)
+    finally:
+        api.close()
+    user = {"role": "user", "content": [{"type": "text", "text": NEEDED}]}
+    pinned = {
+        "role": "system",
+        "content": "skills...\n\n" + claude.WRAPPERS["UserPromptSubmit"] + context,
+    }
+    assert claude.contexts({"messages": [user, pinned]}, NEEDED, PROMPT_INTRO) == [context]
+    moved = {"role": "user", "content": [{"type": "text", "text": "Hook says: " + context}]}
+    with pytest.raises(AssertionError, match="changed how it shows .* now 'Hook says: '"):
+        claude.contexts({"messages": [user, moved]}, NEEDED, PROMPT_INTRO)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": NEEDED}]}
+    dev = {
+        "type": "message",
+        "role": "developer",
+        "content": [{"type": "input_text", "text": context}],
+    }
+    assert codex.contexts({"input": [item, dev]}, NEEDED, PROMPT_INTRO) == [context]
+    wrapped = {**dev, "content": [{"type": "input_text", "text": "<hook>" + context + "</hook>"}]}
+    with pytest.raises(AssertionError, match="changed how it shows"):
+        codex.contexts({"input": [item, wrapped]}, NEEDED, PROMPT_INTRO)
+
+
 # -- the Relay side ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
