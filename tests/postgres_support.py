@@ -12,8 +12,11 @@ Hook in from tests/conftest.py with `from postgres_support import *  # noqa: F40
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +33,10 @@ def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on import
         import pgserver
 
-        server = pgserver.get_server(tmp_path_factory.mktemp("pg") / "data", cleanup_mode="delete")
+        # Outside pytest's basetemp: a newer pytest run on the machine prunes old basetemps,
+        # which would delete a running server's data folder under it.
+        folder = tempfile.mkdtemp(prefix="relay-pg-")
+        server = pgserver.get_server(Path(folder) / "data", cleanup_mode="delete")
     import psycopg
 
     base = server.get_uri()
@@ -44,6 +50,7 @@ def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         server.cleanup()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def truncate_all(url: str) -> None:
