@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import astuple, dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -270,47 +270,49 @@ def candidate_features(
     topic_weight = sum(r.weights[t] for t in topic_terms)
     known = [c for c in cosines if c is not None]
     best_cosine = max(known) if known else 0.0
-    rows = []
+    heads: list[tuple[set[str], bool, float, float]] = []
     for p, cosine in zip(passages, cosines, strict=True):
         have = set(p.lexical.split())
-        absent = sorted((r.weights[t] / r.max_idf for t in r.terms if t not in have), reverse=True)
-        head = subject_terms(p.title, p.text)
+        off_subject = bool(r.names) and not any(
+            n in subject_terms(p.title, p.text) for n in r.names
+        )
         topic = (
             sum(r.weights[t] for t in topic_terms if t in have) / topic_weight
             if topic_weight
             else 0.0
         )
         lift = cosine - background if cosine is not None else 0.0
-        rows.append(
-            (
-                Features(
-                    cosine=cosine,
-                    coverage=_share(r.terms, have, r.weights),
-                    missing_names=(
-                        sum(n not in have for n in r.known_names) / len(r.known_names)
-                        if r.known_names
-                        else 0.0
-                    ),
-                    lift=lift,
-                    gap=cosine - best_cosine if cosine is not None else 0.0,
-                    off_subject=float(bool(r.names) and not any(n in head for n in r.names)),
-                    unknown_names=r.unknown_names,
-                    absent_rarest=absent[0] if absent else 0.0,
-                    absent_second=absent[1] if len(absent) > 1 else 0.0,
-                    unknown_terms=r.unknown_terms,
-                    unknown_share=r.unknown_share,
-                ),
-                lift + 0.25 * topic,
-            )
-        )
+        heads.append((have, off_subject, lift, lift + 0.25 * topic))
     # A passage about the person asked about is a weak answer when a passage about someone
     # else matches the topic much better: the question is likely about the wrong person.
-    off = [topic for f, topic in rows if f.off_subject]
-    best_off = max(off) if off and r.names else None
-    return [
-        f if best_off is None or f.off_subject else replace(f, rival=max(0.0, best_off - topic))
-        for f, topic in rows
-    ]
+    off_topics = [topic for _, off, _, topic in heads if off]
+    best_off = max(off_topics) if off_topics else None
+    out = []
+    for (have, off_subject, lift, topic), cosine in zip(heads, cosines, strict=True):
+        absent = sorted((r.weights[t] / r.max_idf for t in r.terms if t not in have), reverse=True)
+        out.append(
+            Features(
+                cosine=cosine,
+                coverage=_share(r.terms, have, r.weights),
+                missing_names=(
+                    sum(n not in have for n in r.known_names) / len(r.known_names)
+                    if r.known_names
+                    else 0.0
+                ),
+                lift=lift,
+                gap=cosine - best_cosine if cosine is not None else 0.0,
+                off_subject=float(off_subject),
+                rival=max(0.0, best_off - topic)
+                if best_off is not None and not off_subject
+                else 0.0,
+                unknown_names=r.unknown_names,
+                absent_rarest=absent[0] if absent else 0.0,
+                absent_second=absent[1] if len(absent) > 1 else 0.0,
+                unknown_terms=r.unknown_terms,
+                unknown_share=r.unknown_share,
+            )
+        )
+    return out
 
 
 def _share(terms: list[str], have: set[str], weights: dict[str, float]) -> float:

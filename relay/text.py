@@ -57,15 +57,19 @@ def stem(word: str) -> str:
     return word
 
 
-def words(text: str) -> list[str]:
-    """Lower-cased word tokens, apostrophes folded ("team's" -> "team")."""
-    out = []
-    for w in _WORD.findall(text.lower()):
-        w = w.replace("’", "'")
+def words(text: str, limit: int | None = None) -> list[str]:
+    """Lower-cased word tokens, apostrophes folded ("team's" -> "team"); the first `limit`."""
+    out: list[str] = []
+    for m in _WORD.finditer(text.lower()):
+        w = m.group().replace("’", "'")
         if w.endswith("'s"):
             w = w[:-2]
-        out.append(w.replace("'", ""))
-    return [w for w in out if w]
+        w = w.replace("'", "")
+        if w:
+            out.append(w)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
 
 
 def lexical_terms(text: str) -> list[str]:
@@ -114,8 +118,8 @@ def subject_terms(title: str | None, text: str) -> set[str]:
     """
     out: set[str] = set()
     for part in (title or "", text):
-        head = part[:40]
-        if ":" in head:
-            part = part.split(":", 1)[0]
-        out.update(stem(w) for w in words(part[:80])[:2])
+        head = part[:80]
+        if ":" in head[:40]:
+            head = head.split(":", 1)[0]
+        out.update(stem(w) for w in words(head, 2))
     return out
