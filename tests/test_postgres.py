@@ -9,7 +9,13 @@ import psycopg
 import pytest
 
 from relay.models import MemoryDraft, PassageInput
-from relay.store.postgres import PostgresStore, candidate_terms, ef_search_for, parse_url
+from relay.store.postgres import (
+    PostgresStore,
+    candidate_terms,
+    ef_search_for,
+    parse_url,
+    within_budget,
+)
 
 pytestmark = pytest.mark.postgres
 EVERY = frozenset({"all"})
@@ -123,11 +129,12 @@ def test_ef_search_grows_with_a_shrinking_share():
     assert ef_search_for(40, 10, 0) is None
 
 
-def test_common_terms_do_not_choose_candidates_when_rarer_ones_exist():
-    df = {"use": 900, "pnpm": 3, "yarn": 40}
-    assert candidate_terms(["use", "pnpm", "yarn"], df, 1000) == ["pnpm", "yarn"]
-    assert candidate_terms(["use"], df, 1000) == ["use"]
-    assert candidate_terms(["use", "new"], df, 1000) == ["new"]  # unseen terms are the rarest
+def test_lexical_candidates_come_from_the_rarest_terms_within_a_budget():
+    df = {"use": 9000, "pnpm": 3, "yarn": 1500, "lint": 900}
+    assert within_budget(["use", "pnpm", "yarn", "lint"], df) == ["pnpm", "lint"]
+    assert within_budget(["use"], df) == ["use"]  # never none
+    assert within_budget(["use", "new"], df) == ["new"]  # unseen terms are the rarest
+    assert candidate_terms(["use", "pnpm"], df, 1_000_000) == ["use", "pnpm"]  # shared rule first
 
 
 def test_relay_options_are_taken_out_of_the_url(monkeypatch):

@@ -61,11 +61,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
         FROM unnest(terms) AS t(term)
         LEFT JOIN org_terms ot ON ot.org_id = (SELECT id FROM org) AND ot.term = t.term
     ),
-    hits AS (
-        SELECT p.id, p.tsv, p.token_count FROM passages p
-        JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id
+    matched AS MATERIALIZED (
+        SELECT p.id, p.org_id, p.memory_id, p.tsv, p.token_count FROM passages p
         WHERE p.tsv @@ match AND p.org_id = (SELECT id FROM org)
-          AND m.deleted_at IS NULL AND m.superseded_by IS NULL
+    ),
+    hits AS (
+        SELECT p.id, p.tsv, p.token_count FROM matched p
+        JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id
+        WHERE m.deleted_at IS NULL AND m.superseded_by IS NULL
           AND (m.valid_until IS NULL OR m.valid_until > at)
           AND EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id
                       AND ma.memory_id = m.id AND ma.audience = ANY(aud))

@@ -68,6 +68,7 @@ DEFAULT_POOL = 8
 DEFAULT_EXACT_MAX = 20_000  # passages an org may have and still be searched exactly
 MAX_EF_SEARCH = 1000  # pgvector's ceiling for hnsw.ef_search
 EF_FACTOR = 6  # ef_search = EF_FACTOR * limit / the org's share of the table (measured)
+LEXICAL_BUDGET = 2000  # lexical candidates: rarest terms matching at most this many passages
 # Query parameters Relay reads from the URL itself; psycopg never sees them.
 RELAY_PARAMS = ("pool_size", "exact_max", "app_role")
 
@@ -192,6 +193,24 @@ def hnsw_vector_sql() -> str:
         " LIMIT %(ef)s) AS c JOIN memories m ON m.org_id = %(org)s AND m.id = c.memory_id"
         f" WHERE {visible_sql(True)} ORDER BY c.d, c.id LIMIT %(limit)s"
     )
+
+
+def within_budget(terms: Sequence[str], df: dict[str, int]) -> list[str]:
+    """Of the candidate terms, the rarest whose document frequencies sum to at most
+    `LEXICAL_BUDGET` passages (always at least one), so one query's lexical work is
+    bounded however large the org grows. PostgreSQL scores each match row by row
+    (unlike FTS5), so an OR of merely uncommon terms in a large org could still touch
+    thousands of rows. Every query term still counts in a candidate's score, and an
+    org's candidates are unchanged while its matches fit the budget.
+    """
+    chosen, spent = [], 0
+    for term in sorted(terms, key=lambda t: df.get(t, 0)):
+        cost = df.get(term, 0)
+        if chosen and spent + cost > LEXICAL_BUDGET:
+            break
+        chosen.append(term)
+        spent += cost
+    return chosen
 
 
 def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:
@@ -795,7 +814,7 @@ class PostgresStore:
             }
             params["n"] = float(n)
             params["avgdl"] = max(1.0, stats["token_count"] / n)
-            params["match"] = tsquery(candidate_terms(terms, df, n))
+            params["match"] = tsquery(within_budget(candidate_terms(terms, df, n), df))
             rows = conn.execute(lexical_sql(), params).fetchall()
         return [(r["id"], float(r["score"])) for r in rows]
 
