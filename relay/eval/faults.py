@@ -15,7 +15,8 @@ Per drill: `turns` hook runs; `on_time`: wall time, spawn to exit, within the
 deadline + 50 ms; `injected_from_failure`: runs that injected anything from a failed
 response (for deletion: the deleted record served again; for revocation: anything
 served to the revoked key; for compaction: a record revision injected twice since
-the compaction); `logged_correctly`: runs whose outcome-log line names what happened.
+the compaction); `logged_correctly`: runs whose outcome-log line names what happened
+(a forwarded request may be a `timeout` only if the real answer came after the cut-off).
 The breaker's cool-down is 2 s in the drills (default 30 s), so recovery shows
 within a short conversation.
 """
@@ -50,6 +51,9 @@ DRILL_ENV = {"RELAY_BREAKER_COOLDOWN_S": "2"}
 NO_REQUEST = ("skipped", "circuit_open")
 HEALTHY = ("hit", "no_match")
 DENIED_KEY = "relay_000000000000_denied"
+# An answer finished this close to the deadline may miss the hook's network cut-off (the
+# deadline minus 25 ms, dated from a process start the hook reads early, in 10 ms ticks).
+LATE_MARGIN_MS = 60
 
 
 class FaultProxy(FaultServer):
@@ -59,7 +63,8 @@ class FaultProxy(FaultServer):
         super().__init__(FAULTS["hung"])  # the behaviour is chosen per request below
         self.upstream_port = upstream_port
         self.kind: str | None = None
-        self.seen: list[tuple[str, str]] = []  # (query, what was done), in arrival order
+        # [query, what was done, when the proxy was done with it], in arrival order
+        self.seen: list[list[Any]] = []
         self._count = 0
         self._lock = threading.Lock()
 
@@ -70,16 +75,21 @@ class FaultProxy(FaultServer):
             if request is None:
                 return
             head, body = request
+            entry: list[Any] = [_query(body), "forward", None]
             with self._lock:
                 self._count += 1
-                action = self.kind if self.kind and self._count % 2 == 1 else "forward"
-                self.seen.append((_query(body), action))
-            if action == "forward":
-                self._forward(conn, head + body)
-            elif action == "denied_key":
-                self._forward(conn, _with_key(head, DENIED_KEY) + body)
-            else:
-                FAULTS[action](conn, self.stop)
+                if self.kind and self._count % 2 == 1:
+                    entry[1] = self.kind
+                self.seen.append(entry)
+            try:
+                if entry[1] == "forward":
+                    self._forward(conn, head + body)
+                elif entry[1] == "denied_key":
+                    self._forward(conn, _with_key(head, DENIED_KEY) + body)
+                else:
+                    FAULTS[entry[1]](conn, self.stop)
+            finally:
+                entry[2] = time.monotonic()
         except OSError:
             pass
         finally:
@@ -91,14 +101,14 @@ class FaultProxy(FaultServer):
             while chunk := up.recv(65536):
                 conn.sendall(chunk)
 
-    def requests_for(self, prompt: str, since: int, made: bool) -> list[str]:
-        """What was done to this prompt's requests after position `since`; when the hook's log
-        says it made one, wait briefly for the proxy's thread to have seen it."""
+    def requests_for(self, prompt: str, since: int, made: bool) -> list[tuple[str, float | None]]:
+        """(what was done, when it was done) for this prompt's requests after position `since`;
+        when the hook's log says it made one, wait briefly for the proxy's thread to see it."""
         query = prompt.strip()[:QUERY_MAX_CHARS]
         deadline = time.monotonic() + (1.0 if made else 0.05)
         while True:
             with self._lock:
-                found = [action for q, action in self.seen[since:] if q == query]
+                found = [(action, done) for q, action, done in self.seen[since:] if q == query]
             if found or time.monotonic() > deadline:
                 return found
             time.sleep(0.01)
@@ -219,15 +229,19 @@ def network_drill(
             )
             for turn in conv.turns:
                 since = len(proxy.seen)
+                started = time.monotonic()
                 run = hook.prompt(turn.prompt, _sid(kind, conv), f"{turn.no}")
                 made = run.outcome not in NO_REQUEST
                 actions = proxy.requests_for(turn.prompt, since, made)
-                failed = any(a != "forward" for a in actions)
+                failed = any(a != "forward" for a, _ in actions)
                 faulted += failed
                 if not actions:
                     logged = run.outcome in NO_REQUEST or run.log.get("reason") == "no_budget_left"
                 elif failed:
                     logged = run.outcome == expected
+                elif run.outcome == "timeout":  # the real server answered too late, or not?
+                    cutoff = started + (deadline_ms - LATE_MARGIN_MS) / 1000
+                    logged = all(done is None or done >= cutoff for _, done in actions)
                 else:
                     logged = _healthy_ok(run)
                 bad = failed and not quiet(run.out)
@@ -271,8 +285,9 @@ def kill_drill(
             down += run.outcome not in NO_REQUEST
             logged = run.outcome in ("unavailable", *NO_REQUEST)
             bad = not quiet(run.out)
-        else:
-            logged, bad = _healthy_ok(run), False
+        else:  # up: a real timeout is one where the hook really waited out its budget
+            late = run.outcome == "timeout" and run.ms >= deadline_ms - LATE_MARGIN_MS
+            logged, bad = late or _healthy_ok(run), False
         drill.count(run, logged, bad, f"{conv.id} turn {turn.no} ({'down' if is_down else 'up'})")
     if server.proc is None or server.proc.poll() is not None:
         server.start()
