@@ -259,8 +259,8 @@ def evaluate(
             q.text,
             K,
             10_000,
-            mode,
-            use_cache=False,  # type: ignore[arg-type]
+            mode,  # type: ignore[arg-type]
+            use_cache=False,
         )
         times.append(response.took_ms)
         rows.append((q, [h.id for h in response.results]))

@@ -197,15 +197,6 @@ def idf(total: int, df: int) -> float:
     return math.log(1 + (total + 1) / (df + 1))
 
 
-def coverage(query: list[str], passage_terms: set[str], total: int, df: dict[str, int]) -> float:
-    """IDF-weighted share of the query's content words found in the passage."""
-    if not query:
-        return 0.0
-    weights = [idf(total, df.get(t, 0)) for t in query]
-    found = sum(w for t, w in zip(query, weights, strict=True) if t in passage_terms)
-    return found / sum(weights)
-
-
 def relevance(f: Features, s: SearchSettings) -> float:
     w = s.lexical if f.cosine is None else s.hybrid
     z = (
