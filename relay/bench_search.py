@@ -107,7 +107,13 @@ def rss_mb(pid: int) -> float:
 
 
 def serve(db: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "RELAY_DB": db, "RELAY_PORT": str(port), "RELAY_LOG_LEVEL": "warning"}
+    env = {
+        **os.environ,
+        "RELAY_DB": db,
+        "RELAY_PORT": str(port),
+        "RELAY_LOG_LEVEL": "warning",
+        "RELAY_CACHE_ENTRIES": "0",  # every round trip pays for a real search
+    }
     relay = Path(sys.executable).parent / "relay"
     return subprocess.Popen(
         [str(relay), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -179,7 +185,8 @@ def run(
     return {
         "memories": n,
         "queries": len(times),
-        "ingest_per_s": round(n / ingest_s, 1),
+        # None when --db already held the memories (nothing was ingested in this run)
+        "ingest_per_s": round(n / ingest_s, 1) if ingest_s > 1.0 else None,
         "search_ms": percentiles(times),
         "http_ms": percentiles(http_times),
         "rss_mb": round(rss, 1),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -110,6 +111,11 @@ def serve(first_org: str, **given: Any) -> None:
     from relay.server import build_services, asgi_app
 
     conf = resolve(SERVER_SETTINGS, given)
+    # One BLAS thread: the vector product is small, and a second spinning BLAS thread takes
+    # the core the other requests need (measured at 100k memories: CPU per search p50
+    # 47 -> 35 ms, p95 181 -> 71 ms). Must be set before numpy loads.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     logging.basicConfig(level=conf["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
     services = build_services(conf)
     store = services.store
