@@ -80,6 +80,14 @@ def _echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
+def _pin_blas() -> None:
+    """One BLAS thread: the vector product is small, and a second spinning BLAS thread takes
+    the core the other requests need (measured at 100k memories: CPU per search p50
+    47 -> 35 ms, p95 181 -> 71 ms). Must run before numpy loads."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
 # -- serve ----------------------------------------------------------------------
 def _setting_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for s in reversed(SERVER_SETTINGS):
@@ -111,11 +119,7 @@ def serve(first_org: str, **given: Any) -> None:
     from relay.server import build_services, asgi_app
 
     conf = resolve(SERVER_SETTINGS, given)
-    # One BLAS thread: the vector product is small, and a second spinning BLAS thread takes
-    # the core the other requests need (measured at 100k memories: CPU per search p50
-    # 47 -> 35 ms, p95 181 -> 71 ms). Must be set before numpy loads.
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
+    _pin_blas()
     logging.basicConfig(level=conf["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
     services = build_services(conf)
     store = services.store
@@ -470,6 +474,7 @@ def bench() -> None:
 
 
 def _bench_embedder(provider: str):  # noqa: ANN202
+    _pin_blas()
     from relay.embedding import load_embedder
 
     return load_embedder(provider, 1)
