@@ -23,6 +23,7 @@ from typing import Any
 
 from relay.auth import mint_key
 from relay.embedding import Embedder
+from relay.hook_stats import percentiles
 from relay.hygiene import MAX_TITLE_CHARS
 from relay.models import MemoryDraft, Principal
 from relay.search import MODES, Searcher, SearchSettings
@@ -182,17 +183,6 @@ def summarise(rows: list[tuple[Query, list[str]]]) -> dict[str, Any]:
         round(sum(not r for _, r in answerable) / len(answerable), 4) if answerable else None
     )
     return out
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
-    ordered = sorted(values)
-
-    def pick(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(math.ceil(p * len(ordered))) - 1)], 3)
-
-    return {"p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99)}
 
 
 def run(

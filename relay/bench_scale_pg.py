@@ -40,8 +40,8 @@ import click
 import numpy as np
 
 from relay.auth import mint_key
-from relay.bench_recall import percentiles
 from relay.bench_search import BENCH, corpus, queries, wait_healthy
+from relay.hook_stats import percentiles
 from relay.models import MemoryDraft, PassageInput, Principal
 from relay.text import lexical_terms, query_terms
 

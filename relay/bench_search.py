@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from relay.auth import mint_key
-from relay.bench_recall import percentiles, read_jsonl
+from relay.bench_recall import read_jsonl
 from relay.embedding import Embedder
+from relay.hook_stats import percentiles
 from relay.models import MemoryDraft, Principal
 from relay.search import Searcher
 from relay.store import Store, open_store
