@@ -60,6 +60,7 @@ from relay.models import (
 )
 from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
+from relay.store.rules import judge_write, same_content
 
 log = logging.getLogger("relay.store.postgres")
 
@@ -564,7 +565,7 @@ class PostgresStore:
         ).fetchone()
         current = _judge(row, memory_id, draft, mode, expected_revision, audiences)
         _check_supersedes(conn, org_id, memory_id, draft.supersedes)
-        if current is not None and _same_content(current, draft):
+        if current is not None and same_content(current, draft):
             return current, False
         values = _values(org_id, memory_id, draft, author, current)
         saved = conn.execute(UPSERT_MEMORY, values).fetchone()
@@ -621,7 +622,7 @@ class PostgresStore:
         writes: list[tuple[int, dict[str, Any], MemoryDraft, Sequence[PassageInput]]] = []
         for i, (mid, draft, passages) in enumerate(items):
             current = _judge(rows.get(mid), mid, draft, mode, None, audiences)
-            if current is not None and _same_content(current, draft):
+            if current is not None and same_content(current, draft):
                 out.append((current, False))
                 continue
             out.append(None)
@@ -1008,22 +1009,8 @@ def _judge(
 ) -> Memory | None:
     """The write rules, the same for one memory or a batch: returns the current memory."""
     current = None if row is None else _memory(row)
-    if row is not None and row["deleted_at"] is not None:
-        raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
-    if (
-        current is not None
-        and audiences is not None
-        and not (set(current.audiences) & (audiences | {EVERYONE}))
-    ):
-        # Invisible to this writer: answer exactly as if it did not exist.
-        raise NotFoundError(f"no memory {memory_id!r}")
-    if mode == "create" and current is not None:
-        raise ConflictError(f"memory {memory_id!r} already exists")
-    if mode == "edit" and current is None:
-        raise NotFoundError(f"no memory {memory_id!r}")
-    if expected_revision is not None and (current is None or current.revision != expected_revision):
-        have = None if current is None else current.revision
-        raise ConflictError(f"memory {memory_id!r} is at revision {have}, not {expected_revision}")
+    deleted = row is not None and row["deleted_at"] is not None
+    judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
     return current
 
 
@@ -1134,19 +1121,6 @@ class _TermDelta:
             )
         self.df.clear()
         self.passages = self.tokens = 0
-
-
-def _same_content(current: Memory, draft: MemoryDraft) -> bool:
-    return (
-        current.body == draft.body
-        and current.title == draft.title
-        and current.source == draft.source
-        and tuple(current.audiences) == tuple(draft.audiences)
-        and tuple(current.tags) == tuple(draft.tags)
-        and current.valid_until == draft.valid_until
-        and tuple(current.supersedes) == tuple(draft.supersedes)
-        and current.pinned == draft.pinned
-    )
 
 
 def _org(row: dict[str, Any]) -> Org:

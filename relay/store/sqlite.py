@@ -35,6 +35,7 @@ from relay.models import (
 )
 from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_sqlite import MIGRATIONS
+from relay.store.rules import judge_write, same_content
 from relay.store.vector_index import VectorIndex
 
 
@@ -372,28 +373,10 @@ class SQLiteStore:
             "SELECT * FROM memories WHERE org_id = ? AND id = ?", (org_id, memory_id)
         ).fetchone()
         current = None if row is None else _memory(row)
-        if row is not None and row["deleted_at"] is not None:
-            raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
-        if (
-            current is not None
-            and audiences is not None
-            and not (set(current.audiences) & (audiences | {EVERYONE}))
-        ):
-            # Invisible to this writer: answer exactly as if it did not exist.
-            raise NotFoundError(f"no memory {memory_id!r}")
-        if mode == "create" and current is not None:
-            raise ConflictError(f"memory {memory_id!r} already exists")
-        if mode == "edit" and current is None:
-            raise NotFoundError(f"no memory {memory_id!r}")
-        if expected_revision is not None and (
-            current is None or current.revision != expected_revision
-        ):
-            have = None if current is None else current.revision
-            raise ConflictError(
-                f"memory {memory_id!r} is at revision {have}, not {expected_revision}"
-            )
+        deleted = row is not None and row["deleted_at"] is not None
+        judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
         self._check_supersedes(conn, org_id, memory_id, draft.supersedes)
-        if current is not None and _same_content(current, draft):
+        if current is not None and same_content(current, draft):
             return current, False
         revision = 1 if current is None else current.revision + 1
         created = now if current is None else _ts(current.created_at)
@@ -858,19 +841,6 @@ def _update_terms(
     conn.execute(
         "UPDATE orgs SET passage_count = passage_count + ? WHERE id = ?",
         (len(added) - len(removed), org_id),
-    )
-
-
-def _same_content(current: Memory, draft: MemoryDraft) -> bool:
-    return (
-        current.body == draft.body
-        and current.title == draft.title
-        and current.source == draft.source
-        and tuple(current.audiences) == tuple(draft.audiences)
-        and tuple(current.tags) == tuple(draft.tags)
-        and current.valid_until == draft.valid_until
-        and tuple(current.supersedes) == tuple(draft.supersedes)
-        and current.pinned == draft.pinned
     )
 
 

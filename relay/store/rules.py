@@ -1,0 +1,49 @@
+"""The write rules every store applies, in one place, so both stores refuse the same writes
+with the same words."""
+
+from __future__ import annotations
+
+from relay.errors import ConflictError, NotFoundError
+from relay.models import EVERYONE, Memory, MemoryDraft
+from relay.store import SaveMode
+
+
+def judge_write(
+    current: Memory | None,
+    deleted: bool,
+    memory_id: str,
+    mode: SaveMode,
+    expected_revision: int | None,
+    audiences: frozenset[str] | None,
+) -> None:
+    """Raise unless a write of `mode` may go ahead against the stored `current` memory."""
+    if deleted:
+        raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
+    if (
+        current is not None
+        and audiences is not None
+        and not (set(current.audiences) & (audiences | {EVERYONE}))
+    ):
+        # Invisible to this writer: answer exactly as if it did not exist.
+        raise NotFoundError(f"no memory {memory_id!r}")
+    if mode == "create" and current is not None:
+        raise ConflictError(f"memory {memory_id!r} already exists")
+    if mode == "edit" and current is None:
+        raise NotFoundError(f"no memory {memory_id!r}")
+    if expected_revision is not None and (current is None or current.revision != expected_revision):
+        have = None if current is None else current.revision
+        raise ConflictError(f"memory {memory_id!r} is at revision {have}, not {expected_revision}")
+
+
+def same_content(current: Memory, draft: MemoryDraft) -> bool:
+    """True when saving `draft` would change nothing: no new revision is made."""
+    return (
+        current.body == draft.body
+        and current.title == draft.title
+        and current.source == draft.source
+        and tuple(current.audiences) == tuple(draft.audiences)
+        and tuple(current.tags) == tuple(draft.tags)
+        and current.valid_until == draft.valid_until
+        and tuple(current.supersedes) == tuple(draft.supersedes)
+        and current.pinned == draft.pinned
+    )
