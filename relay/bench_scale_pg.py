@@ -19,7 +19,6 @@ processes and concurrent clients.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
@@ -40,7 +39,7 @@ import click
 import numpy as np
 
 from relay.auth import mint_key
-from relay.bench_search import BENCH, corpus, queries, wait_healthy
+from relay.bench_search import BENCH, corpus, queries, timed_search, wait_healthy
 from relay.hook_stats import percentiles
 from relay.models import MemoryDraft, PassageInput, Principal
 from relay.text import lexical_terms, query_terms
@@ -197,21 +196,7 @@ def _free_port() -> int:
 
 
 def _one(port: int, key: str, text: str) -> float:
-    body = json.dumps({"query": text, "k": 5, "deadline_ms": 5000})
-    t = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request(
-        "POST",
-        "/v1/search",
-        body,
-        {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
-    resp = conn.getresponse()
-    resp.read()
-    conn.close()
-    if resp.status != 200:
-        raise RuntimeError(f"search failed with HTTP {resp.status}")
-    return (time.perf_counter() - t) * 1000
+    return timed_search("127.0.0.1", port, key, text, deadline_ms=5000)
 
 
 def http_and_throughput(

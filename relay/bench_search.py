@@ -77,26 +77,28 @@ def populate(
     return principal, minted.secret
 
 
+def timed_search(host: str, port: int, key: str, text: str, deadline_ms: int = 300) -> float:
+    """One search over a fresh connection, as the hook makes it; milliseconds, or raises."""
+    body = json.dumps({"query": text, "k": 5, "deadline_ms": deadline_ms})
+    t = time.perf_counter()
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.request(
+        "POST",
+        "/v1/search",
+        body,
+        {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    if resp.status != 200:
+        raise RuntimeError(f"search failed with HTTP {resp.status}")
+    return (time.perf_counter() - t) * 1000
+
+
 def http_round_trips(url: str, key: str, texts: list[str], deadline_ms: int = 300) -> list[float]:
     host, port = url.removeprefix("http://").split(":")
-    times = []
-    for text in texts:
-        body = json.dumps({"query": text, "k": 5, "deadline_ms": deadline_ms})
-        t = time.perf_counter()
-        conn = http.client.HTTPConnection(host, int(port), timeout=5)
-        conn.request(
-            "POST",
-            "/v1/search",
-            body,
-            {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        )
-        resp = conn.getresponse()
-        resp.read()
-        conn.close()
-        times.append((time.perf_counter() - t) * 1000)
-        if resp.status != 200:
-            raise RuntimeError(f"search failed with HTTP {resp.status}")
-    return times
+    return [timed_search(host, int(port), key, text, deadline_ms) for text in texts]
 
 
 def rss_mb(pid: int) -> float:
