@@ -15,7 +15,7 @@ import os
 import time
 
 from relay.hook import codec
-from relay.hook.files import Lock, read_bytes, write_atomic
+from relay.hook.files import Lock, read_owned_object, write_atomic
 
 FAILURES = ("timeout", "unavailable")
 PROBE_LOST_S = 15.0
@@ -26,15 +26,9 @@ def _paths(state_dir: str) -> tuple[str, str]:
 
 
 def _read(path: str, url: str) -> dict:
-    raw = read_bytes(path, 4096)
     state = {"url": url, "failures": 0, "opened_at": None, "probe_at": None}
-    if raw is None:
-        return state
-    try:
-        stored = codec.loads(raw)
-    except ValueError:
-        return state
-    if not isinstance(stored, dict) or stored.get("url") != url:
+    stored = read_owned_object(path, 4096, "url", url)
+    if stored is None:
         return state
     if type(stored.get("failures")) is int:
         state["failures"] = stored["failures"]

@@ -6,6 +6,8 @@ import fcntl
 import os
 import time
 
+from relay.hook import codec
+
 
 def private_dir(path: str) -> str:
     """Create `path`, and any missing parents, readable by the owner only; return it.
@@ -37,6 +39,21 @@ def read_bytes(path: str, limit: int) -> bytes | None:
     finally:
         os.close(fd)
     return None if len(data) > limit else data
+
+
+def read_owned_object(path: str, limit: int, key: str, owner: object) -> dict | None:
+    """The JSON object stored at `path` when it is whole and its `key` names `owner`
+    (a session's state, the breaker of one server URL); None for anything else."""
+    raw = read_bytes(path, limit)
+    if raw is None:
+        return None
+    try:
+        stored = codec.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(stored, dict) or stored.get(key) != owner:
+        return None
+    return stored
 
 
 def write_atomic(path: str, data: bytes) -> None:

@@ -13,7 +13,7 @@ import os
 import time
 
 from relay.hook import codec
-from relay.hook.files import Lock, private_dir, read_bytes, write_atomic
+from relay.hook.files import Lock, private_dir, read_owned_object, write_atomic
 
 LEDGER_MAX = 400
 KEYWORDS_MAX = 64
@@ -83,15 +83,9 @@ class Session:
 
 def _load(path: str, session_id: str) -> dict:
     """The stored state if it is whole and well-typed, else a fresh one."""
-    raw = read_bytes(path, STATE_MAX_BYTES)
     state = fresh(session_id)
-    if raw is None:
-        return state
-    try:
-        stored = codec.loads(raw)
-    except ValueError:
-        return state
-    if not isinstance(stored, dict) or stored.get("session") != session_id:
+    stored = read_owned_object(path, STATE_MAX_BYTES, "session", session_id)
+    if stored is None:
         return state
     for key in ("count", "last_search"):
         if type(stored.get(key)) is int and stored[key] >= 0:
