@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -79,7 +80,16 @@ def build_services(conf: dict[str, Any]) -> Services:
     store = open_store(conf["db"])
     embedder = load_embedder(conf["embedder"], conf["embed_threads"])
     cache = ResultCache(conf["cache_entries"]) if conf["cache_entries"] > 0 else None
+    # A large org's first search would otherwise wait on loading its vectors.
+    threading.Thread(target=_warm, args=(store,), name="relay-warm", daemon=True).start()
     return Services(store, Searcher(store, embedder, cache=cache), embedder, Metrics())
+
+
+def _warm(store: Store) -> None:
+    try:
+        store.warm()
+    except Exception:  # a warm-up is an optimisation: searches load what they need anyway
+        log.warning("warming the store failed", exc_info=True)
 
 
 def _principal(

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import UTC, datetime
+
 import numpy as np
 import pytest
 
-from relay.store.vector_index import DIM, QUANTIZE_FROM, OrgVectors
+from relay.models import MemoryDraft
+from relay.store import vector_index
+from relay.store.sqlite import SQLiteStore
+from relay.store.vector_index import DIM, QUANTIZE_FROM, STALE_FROM, OrgVectors, VectorIndex
+from relay.writes import save, save_many
 
 NOW = 1_800_000_000.0
+Row = tuple[int, bytes, float | None, str]
 
 
 def clustered_rows(
@@ -76,3 +85,66 @@ def test_fewer_visible_rows_than_asked_for() -> None:
     index = OrgVectors.build(1, rows)
     hits = index.search(matrix[0], frozenset({"everyone"}), NOW, 40)
     assert {r for r, _ in hits} == {r for r, _, u, a in rows[:5] if u is None or u > NOW}
+
+
+def test_a_large_out_of_date_index_answers_while_it_is_rebuilt() -> None:
+    matrix, rows = clustered_rows(STALE_FROM)
+    index = VectorIndex()
+    first = index.get("acme", 1, lambda: rows)
+    release = threading.Event()
+    loads: list[int] = []
+
+    def slow_load() -> list[Row]:
+        loads.append(1)
+        release.wait(10)
+        return rows[:-1]
+
+    # The write that moved the generation on does not stall searches behind the rebuild.
+    assert index.get("acme", 2, slow_load) is first
+    assert index.get("acme", 2, slow_load) is first
+    release.set()
+    deadline = time.monotonic() + 10
+    while index.get("acme", 2, slow_load).generation != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fresh = index.get("acme", 2, slow_load)
+    assert fresh.generation == 2 and len(fresh.rowids) == len(rows) - 1
+    assert loads == [1]  # one rebuild, however many searches asked meanwhile
+
+
+def test_a_small_out_of_date_index_is_rebuilt_before_it_answers() -> None:
+    _, rows = clustered_rows(50)
+    index = VectorIndex()
+    index.get("acme", 1, lambda: rows)
+    assert len(index.get("acme", 2, lambda: rows[:10]).rowids) == 10
+
+
+def test_the_store_rescores_what_an_out_of_date_index_proposes(tmp_path, embedder, monkeypatch):  # noqa: ANN001
+    """Served stale, the vector stage never proposes a deleted passage, and a passage
+    rewritten under a reused rowid is scored by its new text."""
+    monkeypatch.setattr(vector_index, "STALE_FROM", 1)  # treat this small org as a large one
+    store = SQLiteStore(tmp_path / "relay.db")
+    org = store.create_org("acme")
+    bodies = {
+        "m0": "Staging is the blue cluster; production is the green cluster.",
+        "m1": "Database migrations run in a separate backfill job.",
+        "m2": "Use pnpm, not npm or yarn, for the web app.",
+    }
+    save_many(store, embedder, org.id, [(k, MemoryDraft(body=b)) for k, b in bodies.items()], "t")
+    now = datetime.now(UTC)
+    query = embedder.embed_query("where do the database migrations run?")
+    before = dict(store.semantic_search(org.id, frozenset(), now, query, 10))
+
+    store.delete_memory(org.id, "m1", "t", None)
+    lunch = MemoryDraft(body="Lunch is at noon on Fridays.")
+    save(store, embedder, org.id, "m2", lunch, "t", "upsert")
+    stale = dict(store.semantic_search(org.id, frozenset(), now, query, 10))
+
+    passages = {p.rowid: p for p in store.passages(org.id, frozenset(), now, list(stale))}
+    assert sorted(p.memory_id for p in passages.values()) == ["m0", "m2"]
+    assert len(stale) == 2  # m1's passage is gone, not proposed
+    (reused,) = [r for r, p in passages.items() if p.memory_id == "m2"]
+    assert reused in before  # SQLite handed a rowid of the old index out again
+    now_vector = np.frombuffer(passages[reused].embedding, dtype="<f4")
+    assert stale[reused] == pytest.approx(float(now_vector @ query), abs=1e-6)
+    assert abs(stale[reused] - before[reused]) > 0.2  # not the old passage's score
+    store.close()

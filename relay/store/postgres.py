@@ -364,6 +364,9 @@ class PostgresStore:
         with self._tx() as conn:
             return conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]  # type: ignore[index]
 
+    def warm(self) -> None:
+        """Nothing to load: the vectors and their index live in PostgreSQL."""
+
     def close(self) -> None:
         self.pool.close()
 

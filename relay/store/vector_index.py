@@ -16,8 +16,9 @@ top-N.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import faiss
@@ -30,6 +31,12 @@ QUANTIZE_FROM = 8_000
 # exact re-rank; 8-bit scores of unit vectors err by ~1e-3, far inside this margin.
 SHORTLIST_FACTOR = 3
 SHORTLIST_MIN = 100
+# From this many rows an out-of-date index answers while it is rebuilt in the background.
+STALE_FROM = QUANTIZE_FROM
+
+log = logging.getLogger("relay.vectors")
+# (rowid, embedding bytes, valid_until epoch or None, audiences joined by ',')
+Rows = Iterable[tuple[int, bytes, float | None, str]]
 
 faiss.omp_set_num_threads(1)  # one query, one core: the lexical stage runs on the other
 
@@ -45,10 +52,7 @@ class OrgVectors:
     quantized: faiss.Index | None = None  # 8-bit copy of `matrix` for large orgs
 
     @classmethod
-    def build(
-        cls, generation: int, rows: Iterable[tuple[int, bytes, float | None, str]]
-    ) -> OrgVectors:
-        """Rows are (rowid, embedding bytes, valid_until epoch or None, audiences joined by ',')."""
+    def build(cls, generation: int, rows: Rows) -> OrgVectors:
         rowids: list[int] = []
         blobs: list[bytes] = []
         valid: list[float] = []
@@ -118,25 +122,57 @@ class OrgVectors:
 
 
 class VectorIndex:
-    """Per-organisation vectors, rebuilt when the org's generation moves on."""
+    """Per-organisation vectors, rebuilt when the org's generation moves on.
+
+    A large org's rebuild takes about a second at 10^5 passages (reading every vector
+    back from SQLite). Rather than stall every search after each write for that long,
+    a large index that is out of date keeps answering while its successor is built on
+    a background thread (`is_current` tells the store, which then re-scores what the
+    old index proposes against the rows as they are now). Small orgs rebuild in place:
+    it costs less than a search.
+    """
 
     def __init__(self) -> None:
         self._orgs: dict[str, OrgVectors] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def get(self, org_id: str, generation: int, load) -> OrgVectors:  # noqa: ANN001
+    def get(self, org_id: str, generation: int, load: Callable[[], Rows]) -> OrgVectors:
         current = self._orgs.get(org_id)
         if current is not None and current.generation == generation:
             return current
         with self._guard:
             lock = self._locks.setdefault(org_id, threading.Lock())
+        if current is not None and len(current.rowids) >= STALE_FROM:
+            if lock.acquire(blocking=False):  # else a rebuild is already under way
+                threading.Thread(
+                    target=self._rebuild_then_release,
+                    args=(org_id, generation, load, lock),
+                    name=f"relay-vectors-{org_id}",
+                    daemon=True,
+                ).start()
+            return current
         with lock:  # one rebuild per org at a time; others wait and reuse it
             current = self._orgs.get(org_id)
-            if current is None or current.generation != generation:
-                current = OrgVectors.build(generation, load())
-                self._orgs[org_id] = current
+            if current is None or current.generation < generation:
+                current = self._rebuild(org_id, generation, load)
             return current
+
+    def _rebuild(self, org_id: str, generation: int, load: Callable[[], Rows]) -> OrgVectors:
+        # `generation` was read before `load` runs, so the rows are at least that new.
+        fresh = OrgVectors.build(generation, load())
+        self._orgs[org_id] = fresh
+        return fresh
+
+    def _rebuild_then_release(
+        self, org_id: str, generation: int, load: Callable[[], Rows], lock: threading.Lock
+    ) -> None:
+        try:
+            self._rebuild(org_id, generation, load)
+        except Exception:  # the store is closing or failing: searches retry on their own
+            log.warning("rebuilding the vector index of org %s failed", org_id, exc_info=True)
+        finally:
+            lock.release()
 
     def drop(self, org_id: str) -> None:
         self._orgs.pop(org_id, None)
