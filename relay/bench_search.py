@@ -1,5 +1,8 @@
 """`relay bench search`: search latency and memory at scale on one organisation.
 
+(The 100-organisation layout, for both stores, is `relay.bench_orgs`; the corpus,
+queries, server and round-trip helpers here serve both.)
+
 The corpus is `cursorrules_bullets` replicated to N memories (each distinct
 text is embedded once; copies reuse the cached vector, as re-imports do). The
 queries are the developer prompts of `coding_prompts` plus the rule-file
@@ -14,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -82,15 +86,17 @@ def timed_search(host: str, port: int, key: str, text: str, deadline_ms: int = 3
     body = json.dumps({"query": text, "k": 5, "deadline_ms": deadline_ms})
     t = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=30)
-    conn.request(
-        "POST",
-        "/v1/search",
-        body,
-        {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
-    resp = conn.getresponse()
-    resp.read()
-    conn.close()
+    try:
+        conn.request(
+            "POST",
+            "/v1/search",
+            body,
+            {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        resp.read()
+    finally:
+        conn.close()
     if resp.status != 200:
         raise RuntimeError(f"search failed with HTTP {resp.status}")
     return (time.perf_counter() - t) * 1000
@@ -109,7 +115,7 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def serve(db: str, port: int) -> subprocess.Popen:
+def serve(db: str, port: int, embed_threads: int | None = None) -> subprocess.Popen:
     env = {
         **os.environ,
         "RELAY_DB": db,
@@ -117,22 +123,32 @@ def serve(db: str, port: int) -> subprocess.Popen:
         "RELAY_LOG_LEVEL": "warning",
         "RELAY_CACHE_ENTRIES": "0",  # every round trip pays for a real search
     }
+    if embed_threads is not None:
+        env["RELAY_EMBED_THREADS"] = str(embed_threads)
     relay = Path(sys.executable).parent / "relay"
     return subprocess.Popen(
         [str(relay), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_healthy(port: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             conn.request("GET", "/healthz")
             if conn.getresponse().status == 200:
                 return
         except OSError:
             time.sleep(0.2)
+        finally:
+            conn.close()
     raise RuntimeError("server did not become healthy")
 
 
@@ -165,12 +181,7 @@ def run(
         searcher.close()
     finally:
         store.close()
-    if not port:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+    port = port or free_port()
     proc = serve(db, port)
     try:
         wait_healthy(port)

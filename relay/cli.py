@@ -116,7 +116,7 @@ def serve(first_org: str, **given: Any) -> None:
 
     import uvicorn
 
-    from relay.server import build_services, asgi_app
+    from relay.server import asgi_app, build_services
 
     conf = resolve(SERVER_SETTINGS, given)
     _pin_blas()
@@ -368,9 +368,8 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
         return
     for r in items:
         text = r["body"] if r["body"] is not None else "(deleted: text removed)"
-        click.echo(
-            f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}  {r['title'] or ''}\n    {text}"
-        )
+        head = f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}  {r['title'] or ''}"
+        click.echo(f"{head}\n    {text}")
 
 
 @cli.command()
@@ -396,9 +395,8 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
     if not response["results"]:
         click.echo("nothing relevant")
     for r in response["results"]:
-        click.echo(
-            f"[{r['score']:.2f}] {r['id']} rev {r['revision']}  {r['source'] or ''}  {r['title'] or ''}\n    {r['text']}"
-        )
+        head = f"[{r['score']:.2f}] {r['id']} rev {r['revision']}  {r['source'] or ''}"
+        click.echo(f"{head}  {r['title'] or ''}\n    {r['text']}")
 
 
 @cli.command("import")
@@ -526,12 +524,32 @@ def bench_recall(
 
 @bench.command("search")
 @click.option(
+    "--store",
+    "kind",
+    type=click.Choice(["sqlite", "postgresql"]),
+    default="sqlite",
+    show_default=True,
+    help="Store to measure.",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["one-org", "orgs100"]),
+    help="one-org: all memories in one organisation (SQLite only; the default there). "
+    "orgs100: 100 organisations, one holding 40%, one 1% (the default for postgresql); "
+    "measures both, with recall, HTTP and two-replica throughput.",
+)
+@click.option(
     "--memories",
     "n",
     type=click.IntRange(1),
     default=100_000,
     show_default=True,
-    help="Memories in the one organisation.",
+    help="Memories in all (one passage each).",
+)
+@click.option(
+    "--sizes",
+    help="orgs100: comma-separated sizes measured in turn as one database grows "
+    "(e.g. 100000,300000); overrides --memories.",
 )
 @click.option(
     "--json",
@@ -546,19 +564,87 @@ def bench_recall(
     type=click.Choice(["onnx", "sentence-transformers"]),
     help="Embedding provider.",
 )
-@click.option("--db", help="Build the database here instead of a temporary folder.")
+@click.option(
+    "--db",
+    help="Keep the database here and reuse it (a size already loaded is not ingested "
+    "again): a SQLite file, or for postgresql a postgresql:// URL or a folder where a "
+    "local pgserver keeps its data. Default: a throwaway one.",
+)
 @click.option(
     "--bench-dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="The shared bench folder (default ../shared/bench).",
 )
+@click.option(
+    "--clients",
+    default="4,16,32",
+    show_default=True,
+    help="orgs100: concurrent clients per throughput level (two replicas).",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(0.1),
+    default=15.0,
+    show_default=True,
+    help="orgs100: seconds per throughput level.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="orgs100: passes over the queries in-process.",
+)
 def bench_search(
-    n: int, json_path: Path | None, embedder: str, db: str | None, bench_dir: Path | None
+    kind: str,
+    layout: str | None,
+    n: int,
+    sizes: str | None,
+    json_path: Path | None,
+    embedder: str,
+    db: str | None,
+    bench_dir: Path | None,
+    clients: str,
+    seconds: float,
+    rounds: int,
 ) -> None:
-    """Search latency (in-process and over HTTP) and server memory at scale."""
+    """Search latency (in-process and over HTTP) and server memory at scale.
+
+    SQLite by default, one organisation. With --layout orgs100 (always for postgresql)
+    the memories are spread over 100 organisations and each search stage, the small
+    and big orgs' recall against exact search, the HTTP round trip and the throughput
+    of two `relay serve` replicas are measured; the load average is recorded with them.
+    """
     from relay import bench_search as bs
 
-    result = bs.run(n, _bench_embedder(embedder), bench_dir or bs.BENCH, db, progress=_progress)
+    layout = layout or ("orgs100" if kind == "postgresql" else "one-org")
+    if layout == "one-org":
+        if kind != "sqlite":
+            raise click.UsageError("--layout one-org is SQLite's; postgresql uses orgs100")
+        if sizes:
+            raise click.UsageError("--sizes needs --layout orgs100; use --memories")
+        result = bs.run(n, _bench_embedder(embedder), bench_dir or bs.BENCH, db, progress=_progress)
+    else:
+        from relay import bench_orgs
+
+        try:
+            sizes_list = [int(s) for s in (sizes or str(n)).split(",")]
+            client_levels = tuple(int(c) for c in clients.split(","))
+        except ValueError as exc:
+            raise click.UsageError(f"--sizes and --clients take integers: {exc}") from exc
+        if min(sizes_list) < bench_orgs.ORGS:
+            raise click.UsageError(f"orgs100 needs at least {bench_orgs.ORGS} memories")
+        result = bench_orgs.run(
+            kind,
+            sizes_list,
+            _bench_embedder(embedder),
+            bench_dir or bs.BENCH,
+            db,
+            progress=_progress,
+            clients=client_levels,
+            seconds=seconds,
+            rounds=rounds,
+        )
     result["embedder"] = embedder
     if json_path:
         json_path.write_text(json.dumps(result, indent=2) + "\n")
