@@ -85,6 +85,7 @@ def test_replay_report_json_carries_turns_advice_and_the_commit(replayed):
         "throttle_prompts",
         "overlap_threshold",
         "min_score",
+        "max_records",
     }
     # the offline replay of the gate searches exactly where the real hook did
     on = [r for r in rows if r["mode"] == "on"]

@@ -28,12 +28,14 @@ from relay.hook.pack import PROMPT_INTRO, pack, tokens, validate
 from relay.hook.run import EXTRA_CANDIDATES, QUERY_MAX_CHARS
 from relay.hook_stats import SEARCHED
 
-KNOBS = ("min_prompt_len", "throttle_prompts", "overlap_threshold", "min_score")
+KNOBS = ("min_prompt_len", "throttle_prompts", "overlap_threshold", "min_score", "max_records")
 GRID = {
     "min_prompt_len": (15, 20, 25, 30, 40),
     "throttle_prompts": (0, 1, 2, 3),
     "overlap_threshold": (0.2, 0.3, 0.4, 0.5),
     "min_score": (0.0, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8),
+    # Short memories leave room under max_tokens for more of them; the token target decides.
+    "max_records": (3, 4, 5),
 }
 SEARCH_COST = 0.1  # score lost per prompt that searches
 QUIET_TARGET = 0.9  # of nothing-needed prompts get nothing
@@ -46,15 +48,16 @@ def current_knobs(config: Path | None) -> dict[str, Any]:
     """The knobs the replay's `on` mode ran with: defaults, overridden by --config."""
     environ = {"RELAY_CONFIG": str(config)} if config else {"RELAY_CONFIG": os.devnull}
     cfg = hook_config.load(environ)
-    return {k: cfg[k] for k in (*KNOBS, "max_records", "max_tokens")}
+    return {k: cfg[k] for k in (*KNOBS, "max_tokens")}
 
 
 def probe(
     conversations: list[Conversation],
     search: Callable[[str, dict[str, Any]], tuple[int, Any]],
-    max_records: int,
+    max_records: int = max(GRID["max_records"]),
 ) -> Probes:
-    """What the server answers each distinct prompt, as the hook would validate it."""
+    """What the server answers each distinct prompt, as the hook would validate it; as many
+    results as the largest `max_records` tried needs."""
     out: Probes = {}
     for conv in conversations:
         for turn in conv.turns:

@@ -226,7 +226,7 @@ def replay_command(
                 lambda store, body: api(
                     base, "POST", "/v1/search", keys[store].read["probe"], body
                 ),
-                current["max_records"],
+                max(current["max_records"], *adv.GRID["max_records"]),
             )
             advice = adv.advise(
                 conversations, probes, rows, current, result["ungated"]["tokens_cumulative"]
