@@ -20,6 +20,11 @@ sigmoid(g0 + g1 * (r0 + r.x) + g.x). That is the calibrated relevance the
 threshold is applied to, and what a hit's score reports. The lexical-only
 model (no cosine) is fitted the same way on lexical-mode runs. The benchmark
 then reports every store, with the held-out figures beside the overall ones.
+
+The wrong-person gate (`topic_elsewhere`, `words_elsewhere`, query-level) is not fitted:
+a likelihood fit, dominated by the many answerable questions, gives it about a third of
+the weight at which it starts to abstain on near misses. Its weights are settings chosen
+on the dev split with scripts/tune.py and are carried over unchanged from `relay.search`.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from relay.store.sqlite import SQLiteStore
 BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "bench"
 FOLDERS = ["locomo_observations", "locomo_turns", "coding_prompts"]
 DENSE = ("cosine", "lift", "gap")
-NAMES = tuple(f.name for f in dataclasses.fields(Weights) if f.name != "bias")
+GATE = ("topic_elsewhere", "words_elsewhere")  # chosen on dev by tune.py, not fitted
+NAMES = tuple(f.name for f in dataclasses.fields(Weights) if f.name not in ("bias", *GATE))
 
 
 def dev_split(folder: str, queries: list[Query]) -> list[Query]:
@@ -74,7 +80,7 @@ def collect(folder: Path, embedder, tmp: Path) -> dict[str, list]:  # noqa: ANN0
     return out
 
 
-def fit(rows, names: tuple[str, ...]) -> Weights:  # noqa: ANN001
+def fit(rows, names: tuple[str, ...], fixed: Weights) -> Weights:  # noqa: ANN001
     from sklearn.linear_model import LogisticRegression
 
     x = np.array([vector(f, names) for q, cands in rows for _, f in cands])
@@ -96,7 +102,9 @@ def fit(rows, names: tuple[str, ...]) -> Weights:  # noqa: ANN001
     bias = gate.intercept_[0] + g1 * ranker.intercept_[0]
     w = g1 * ranker.coef_[0] + g
     return Weights(
-        bias=round(float(bias), 3), **{n: round(float(v), 3) for n, v in zip(names, w, strict=True)}
+        bias=round(float(bias), 3),
+        **{n: round(float(v), 3) for n, v in zip(names, w, strict=True)},
+        **{n: getattr(fixed, n) for n in GATE},
     )
 
 
@@ -110,8 +118,11 @@ def main() -> None:
             lexical += rows["lexical"]
             n = sum(len(c) for _, c in rows["hybrid"])
             print(f"{name}: {len(rows['hybrid'])} queries, {n} candidates", file=sys.stderr)
-    print(f"HYBRID_WEIGHTS = {fit(hybrid, NAMES)!r}")
-    print(f"LEXICAL_WEIGHTS = {fit(lexical, tuple(n for n in NAMES if n not in DENSE))!r}")
+    s = SearchSettings()
+    print(f"HYBRID_WEIGHTS = {fit(hybrid, NAMES, s.hybrid)!r}")
+    print(
+        f"LEXICAL_WEIGHTS = {fit(lexical, tuple(n for n in NAMES if n not in DENSE), s.lexical)!r}"
+    )
 
 
 if __name__ == "__main__":

@@ -47,6 +47,31 @@ def test_a_passage_about_someone_else_is_off_subject_and_a_rival():
     assert f_him.rival == 0.0
 
 
+def test_a_topic_only_someone_else_talks_about_is_said_elsewhere():
+    df = {"caroline": 50, "melanie": 50, "charity": 2, "race": 3, "paint": 9}
+    her = passage("Caroline likes to paint landscapes.", rowid=1)
+    him = passage("Melanie ran a charity race for mental health.", rowid=2)
+    wrong = candidate_features(
+        reading("What did Caroline do after her charity race?", df), [her, him], [0.5, 0.5], 0.1
+    )
+    right = candidate_features(
+        reading("What did Melanie do after her charity race?", df), [her, him], [0.5, 0.5], 0.1
+    )
+    # Query-level: every candidate of the wrong-person question carries it, none of the other.
+    assert all(f.topic_elsewhere > 0.5 and f.words_elsewhere > 0.5 for f in wrong)
+    assert all(f.topic_elsewhere == 0.0 and f.words_elsewhere == 0.0 for f in right)
+    settings = SearchSettings()
+    assert max(relevance(f, settings) for f in wrong) < max(relevance(f, settings) for f in right)
+
+
+def test_the_wrong_person_gate_needs_a_name_the_org_knows():
+    """A name the org never mentions is a foreign question (`unknown_names`), not a near miss."""
+    r = reading("What did Gina do after her charity race?", {"charity": 2, "race": 3})
+    him = passage("Melanie ran a charity race for mental health.")
+    (f,) = candidate_features(r, [him], [0.5], 0.1)
+    assert f.topic_elsewhere == 0.0 and f.words_elsewhere == 0.0
+
+
 def test_names_the_org_never_mentions_are_unknown():
     r = reading("Who did Maria have dinner with?", {"dinner": 5})
     assert r.unknown_names == 1.0

@@ -104,3 +104,29 @@ def test_long_memory_returns_its_matching_passage(store, embedder):
     assert [h.id for h in res.results] == ["long"]
     assert "failover drill" in res.results[0].text and len(res.results[0].text) < len(body)
     assert res.results[0].passage > 0
+
+
+def test_a_question_about_the_wrong_person_finds_nothing(store, embedder):
+    """The near miss: the topic is in the org, but someone else did it."""
+    org = store.create_org("friends")
+    key = mint_key(store, org.id, "r", frozenset({"memory:read"}), frozenset()).key
+    notes = [
+        ("Melanie", "Melanie ran a charity race for mental health last Saturday."),
+        ("Melanie", "Melanie painted a lake sunrise last year."),
+        ("Caroline", "Caroline attended an LGBTQ support group and found it inspiring."),
+        ("Caroline", "Caroline is researching adoption agencies."),
+    ]
+    save_many(
+        store,
+        embedder,
+        org.id,
+        [(f"m{i}", MemoryDraft(body=b, title=t)) for i, (t, b) in enumerate(notes)],
+        "t",
+    )
+    p = Principal(org.id, key.id, key.scopes, key.roles)
+    searcher = Searcher(store, embedder)
+    right = searcher.search(p, "Where did Melanie run a charity race?", k=3, use_cache=False)
+    wrong = searcher.search(p, "Where did Caroline run a charity race?", k=3, use_cache=False)
+    assert [h.id for h in right.results][:1] == ["m0"]
+    assert wrong.results == []
+    searcher.close()
