@@ -8,7 +8,7 @@ about 0.93 to their text) so a vector index sees N distinct points rather than
 a few thousand repeated ones. Rows go in through the store's real write path
 (`save_memories`), org batches interleaved as live traffic would leave them.
 On PostgreSQL the HNSW index is dropped during the load and built once per
-size (timed), then the table is vacuumed so index-only scans work.
+size (timed; the build vacuums the table so index-only scans work).
 
 Sizes grow one database: a database given with --db that already holds a
 size's rows is measured as it is (nothing re-ingested).
@@ -330,17 +330,6 @@ def stop_postgres(folder: Path) -> None:
     pg_ctl(["-w", "stop", "-m", "fast"], pgdata=folder, user=server.system_user, timeout=120)
 
 
-def vacuum(store: Any) -> float:
-    """VACUUM ANALYZE passages after a bulk load (autovacuum would, later), so the
-    visibility map allows index-only scans. Seconds."""
-    import psycopg
-
-    with psycopg.connect(store.conninfo, autocommit=True) as conn:
-        start = time.perf_counter()
-        conn.execute("VACUUM (ANALYZE) passages")
-        return time.perf_counter() - start
-
-
 def _sizes_mb(store: Any) -> dict[str, float]:
     import psycopg
 
@@ -421,7 +410,6 @@ def run(
             if kind == "postgresql":
                 progress(f"{n}: building the HNSW index ...")
                 row["hnsw_build_s"] = round(store.build_vector_index("2GB"), 1)  # type: ignore[attr-defined]
-                row["vacuum_s"] = round(vacuum(store), 1)
             progress(f"{n}: measuring")
             row["load_avg_before"] = [round(x, 2) for x in os.getloadavg()]
             row["in_process"] = measure(store, embedder, data, principals, want, texts, rounds)

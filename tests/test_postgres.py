@@ -117,6 +117,38 @@ def test_small_org_gets_its_true_top_results_beside_a_big_one(pg_url: str):
         store.close()
 
 
+def test_exact_search_stays_exact_when_the_filter_hides_the_nearest(pg_store: PostgresStore):
+    """The exact scan ranks the org's vectors first and filters a shortlist after: when the
+    filter hides the whole shortlist it must still return the true visible top."""
+    org = pg_store.create_org("acme").id
+    pg_store.create_key(org, "k1", "h", "n", frozenset({"admin"}), frozenset({"sec"}), None)
+    vectors = _vectors(400, 7)
+    q = vectors[0]
+    order = np.argsort(-(vectors @ q), kind="stable")
+    hidden = set(order[:200].tolist())  # the 200 nearest: more than the 160-row shortlist
+    items = [
+        (
+            f"m{i}",
+            MemoryDraft(body=f"note {i}", audiences=("sec",) if i in hidden else ("all",)),
+            [PassageInput(0, f"note {i}", f"note {i}", f"h{i}", v.tobytes())],
+        )
+        for i, v in enumerate(vectors)
+    ]
+    pg_store.save_memories(org, items, "t", "upsert")
+    now = datetime.now(UTC)
+    memory_of = {}
+    with pg_store._tx(org) as conn:
+        for r in conn.execute("SELECT id, memory_id FROM passages WHERE org_id = %s", (org,)):
+            memory_of[r["id"]] = int(r["memory_id"][1:])
+    for audiences, expect in (
+        (EVERY, [int(i) for i in order if i not in hidden][:40]),
+        (frozenset({"all", "sec"}), [int(i) for i in order[:40]]),
+    ):
+        got = pg_store.semantic_search(org, audiences, now, q, 40)
+        assert [memory_of[r] for r, _ in got] == expect
+        assert got == pg_store.exact_semantic_search(org, audiences, now, q, 40)
+
+
 def _vector_param(v: np.ndarray):  # noqa: ANN202
     from relay.store.postgres import Vector
 

@@ -50,9 +50,12 @@ def _rls(table: str, column: str) -> str:
 # BM25 over the org's own statistics (df from org_terms, lengths from passages),
 # for the passages of the transaction's org that match any query term and that
 # the reader may see. k1 = 1.2, b = 0.75.
-LEXICAL_FUNCTION = """
-CREATE FUNCTION relay_lexical(
-    match tsquery, terms text[], n float8, avgdl float8, aud text[], at timestamptz, lim int
+def lexical_function(name: str, match_param: str, match_sql: str) -> str:
+    """The BM25 function, for one way of finding the org's passages that match."""
+    match_type = match_param.split()[1]
+    return f"""
+CREATE FUNCTION {name}(
+    {match_param}, terms text[], n float8, avgdl float8, aud text[], at timestamptz, lim int
 ) RETURNS TABLE (id bigint, score float8)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
     WITH org AS (SELECT current_setting('relay.org_id', true) AS id),
@@ -63,7 +66,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
     ),
     matched AS MATERIALIZED (
         SELECT p.id, p.org_id, p.memory_id, p.tsv, p.token_count FROM passages p
-        WHERE p.tsv @@ match AND p.org_id = (SELECT id FROM org)
+        WHERE {match_sql} AND p.org_id = (SELECT id FROM org)
     ),
     hits AS (
         SELECT p.id, p.tsv, p.token_count FROM matched p
@@ -81,9 +84,32 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
     JOIN q ON q.term = u.lexeme
     GROUP BY h.id ORDER BY 2 DESC, h.id LIMIT lim
 $$;
-REVOKE ALL ON FUNCTION relay_lexical(tsquery, text[], float8, float8, text[], timestamptz, int)
+REVOKE ALL ON FUNCTION {name}({match_type}, text[], float8, float8, text[], timestamptz, int)
     FROM PUBLIC;
 """
+
+
+LEXICAL_FUNCTION = lexical_function("relay_lexical", "match tsquery", "p.tsv @@ match")
+
+# Migration 2 (issue 5): per-org access paths for the search stages, so an org's search
+# touches its own rows only, however many other orgs share the table.
+# - The tsvector's GIN index returns every org's matches (all of them rechecked on the
+#   heap): an org holding 1% of the table paid for the other 99%. `relay_org_terms` keys
+#   each lexeme by its org, so the GIN lookup finds the org's own matches alone. The old
+#   index and function stay, for replicas not yet upgraded (migrations only add).
+# - The exact vector scan read each of the org's rows from a heap where they lie
+#   scattered; the covering btree keeps the org's vectors together, for an index-only scan.
+ORG_TERMS_FUNCTION = """
+CREATE OR REPLACE FUNCTION relay_org_terms(org text, tsv tsvector) RETURNS text[]
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$ SELECT array_agg(org || ' ' || l) FROM unnest(tsvector_to_array(tsv)) AS l $$;
+"""
+ORG_LEXICAL_FUNCTION = lexical_function(
+    "relay_lexical_org",
+    "chosen text[]",
+    "relay_org_terms(p.org_id, p.tsv)"
+    " && (SELECT array_agg(org.id || ' ' || c) FROM org, unnest(chosen) AS c)",
+)
 
 MIGRATIONS: list[str] = [
     # 1: the whole first schema
@@ -203,6 +229,14 @@ MIGRATIONS: list[str] = [
         USING (current_setting('relay.directory', true) = 'on');
     """
     + LEXICAL_FUNCTION,
+    # 2: per-org access paths for the lexical and exact vector stages (see above)
+    ORG_TERMS_FUNCTION
+    + """
+    CREATE INDEX IF NOT EXISTS passages_org_terms ON passages
+        USING gin (relay_org_terms(org_id, tsv));
+    CREATE INDEX IF NOT EXISTS passages_org_vectors ON passages (org_id) INCLUDE (id, embedding);
+    """
+    + ORG_LEXICAL_FUNCTION,
 ]
 
 # Run after every migration pass; idempotent. The role itself is created when

@@ -16,8 +16,8 @@ so every replica's cache sees the change at its next request.
 
 Vector search: the HNSW index covers the whole table and pgvector 0.6 filters
 its results afterwards, so an org that is a small share of the table would get
-too few. Orgs up to `exact_max` passages are searched exactly (the org's rows
-through the btree, distances computed for all of them); larger ones go through
+too few. Orgs up to `exact_max` passages are searched exactly (distances computed
+for all of the org's vectors, read from a covering index); larger ones go through
 HNSW with `hnsw.ef_search` raised in proportion to the org's share, and fall
 back to the exact scan when the share is too small or too few rows come back.
 """
@@ -70,6 +70,7 @@ DEFAULT_EXACT_MAX = 20_000  # passages an org may have and still be searched exa
 MAX_EF_SEARCH = 1000  # pgvector's ceiling for hnsw.ef_search
 EF_FACTOR = 6  # ef_search = EF_FACTOR * limit / the org's share of the table (measured)
 LEXICAL_BUDGET = 2000  # lexical candidates: rarest terms matching at most this many passages
+SHORTLIST_FACTOR = 4  # exact vector scan: nearest passages per wanted result, before the filter
 # Query parameters Relay reads from the URL itself; psycopg never sees them.
 RELAY_PARAMS = ("pool_size", "exact_max", "app_role")
 
@@ -138,9 +139,11 @@ def parse_url(url: str) -> PgOptions:
 
 
 def lexical_sql() -> str:
-    """BM25 candidates of the transaction's org (see `relay_lexical` in the migrations)."""
+    """BM25 candidates of the transaction's org among the passages matching a `chosen`
+    term, found through the org's own index keys (see `relay_lexical_org` in the
+    migrations)."""
     return (
-        "SELECT id, score FROM relay_lexical(to_tsquery('simple', %(match)s), %(terms)s,"
+        "SELECT id, score FROM relay_lexical_org(%(chosen)s, %(terms)s,"
         " %(n)s, %(avgdl)s, %(aud)s, %(now)s, %(limit)s)"
     )
 
@@ -173,11 +176,27 @@ def managed_sql(audiences: frozenset[str] | None) -> str:
 
 
 def exact_vector_sql() -> str:
-    """Every visible passage of the org ranked by true cosine distance.
+    """The org's passages nearest by true cosine distance, then the recall filter.
 
-    `+ 0` keeps the planner off the HNSW index (which would post-filter) and on
-    the org's btree: exact, and fast for an org of up to `exact_max` passages.
+    The distances come from the org's vectors alone, read together from the covering
+    btree `passages_org_vectors` (an index-only scan once the table is vacuumed), not
+    from rows scattered over the heap; only the nearest `shortlist` are then joined to
+    their memories and filtered. While at least `limit` of them survive the filter,
+    they are exactly the top `limit` visible passages; otherwise `exact_filtered_sql`.
+    `+ 0` keeps the planner off the HNSW index (which would post-filter).
     """
+    return (
+        "SELECT c.id, 1 - c.d AS cosine FROM (SELECT p.id, (p.embedding <=> %(q)s) + 0 AS d"
+        " FROM passages p WHERE p.org_id = %(org)s ORDER BY 2, p.id LIMIT %(shortlist)s) AS c"
+        " JOIN passages p ON p.id = c.id"
+        " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+        f" WHERE {visible_sql(True)} ORDER BY c.d, c.id LIMIT %(limit)s"
+    )
+
+
+def exact_filtered_sql() -> str:
+    """Every visible passage of the org ranked by true cosine distance: the exact answer
+    when the recall filter hides much of the org's nearest passages."""
     return (
         "SELECT p.id, 1 - (p.embedding <=> %(q)s) AS cosine FROM passages p"
         " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
@@ -357,7 +376,9 @@ class PostgresStore:
                 " USING hnsw (embedding vector_cosine_ops)"
             )
             took = time.perf_counter() - start
-            conn.execute("ANALYZE passages")
+            # VACUUM as well: the exact scan reads only the covering index once the
+            # visibility map marks the freshly loaded pages all-visible.
+            conn.execute("VACUUM (ANALYZE) passages")
         return took
 
     def schema_version(self) -> int:
@@ -818,7 +839,7 @@ class PostgresStore:
             }
             params["n"] = float(n)
             params["avgdl"] = max(1.0, stats["token_count"] / n)
-            params["match"] = tsquery(within_budget(candidate_terms(terms, df, n), df))
+            params["chosen"] = within_budget(candidate_terms(terms, df, n), df)
             rows = conn.execute(lexical_sql(), params).fetchall()
         return [(r["id"], float(r["score"])) for r in rows]
 
@@ -833,7 +854,7 @@ class PostgresStore:
                 conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
                 rows = conn.execute(hnsw_vector_sql(), {**params, "ef": ef}).fetchall()
             if len(rows) < limit:  # too few survived the filter: the exact answer instead
-                rows = conn.execute(exact_vector_sql(), params).fetchall()
+                rows = _exact(conn, params)
         return [(r["id"], float(r["cosine"])) for r in rows]
 
     def _ef_search(self, conn: psycopg.Connection, org_id: str, limit: int) -> int | None:
@@ -859,7 +880,7 @@ class PostgresStore:
         """The exact answer, whatever the org's size: the yardstick for recall."""
         params = _params(org_id, audiences, now=now, q=Vector.of(vector), limit=limit)
         with self._tx(org_id) as conn:
-            rows = conn.execute(exact_vector_sql(), params).fetchall()
+            rows = _exact(conn, params)
         return [(r["id"], float(r["cosine"])) for r in rows]
 
     def passages(
@@ -947,13 +968,21 @@ class PostgresStore:
 
 
 # -- helpers -----------------------------------------------------------------------
+def _exact(conn: psycopg.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The exact vector answer: from the shortlist when enough of it is visible."""
+    # One core scans an org's narrow index faster than a parallel plan gathers and sorts
+    # wide rows (measured at 1M passages: BENCHMARKS.md, PostgreSQL).
+    conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+    limit = params["limit"]
+    shortlist = {**params, "shortlist": SHORTLIST_FACTOR * limit}
+    rows = conn.execute(exact_vector_sql(), shortlist).fetchall()
+    if len(rows) < limit:
+        rows = conn.execute(exact_filtered_sql(), params).fetchall()
+    return rows
+
+
 def _make_dumper(oid: int) -> type[Dumper]:
     return type("VectorDumper", (_VectorDumper,), {"oid": oid})
-
-
-def tsquery(terms: Sequence[str]) -> str:
-    """A tsquery OR of quoted terms (quoting keeps operators in user text inert)."""
-    return " | ".join("'" + t.replace("\\", "\\\\").replace("'", "''") + "'" for t in terms)
 
 
 def _params(org_id: str, audiences: frozenset[str] | None, **extra: Any) -> dict[str, Any]:
