@@ -94,7 +94,7 @@ HYBRID_WEIGHTS = Weights(
     # Not fitted (a likelihood fit weighs it far too little to abstain): the wrong-person
     # gate, the most dev adversarial abstention that costs at most 2 points of dev recall@3
     # on either LoCoMo folder at the default threshold (BENCHMARKS.md "Recall").
-    topic_elsewhere=-4.0,
+    topic_elsewhere=-7.0,
     words_elsewhere=-4.0,
 )
 LEXICAL_WEIGHTS = Weights(
@@ -285,6 +285,7 @@ def candidate_features(
     # name the query asks about (and the org knows) and of passages about someone else.
     said = {True: 0.0, False: 0.0}
     said_words: dict[bool, set[str]] = {True: set(), False: set()}
+    seen_about = False
     for p, cosine in zip(passages, cosines, strict=True):
         have = set(p.lexical.split())
         subject = subject_terms(p.title, p.text)
@@ -296,12 +297,15 @@ def candidate_features(
         )
         if r.known_names:
             about = any(n in subject for n in r.known_names)
+            seen_about |= about
             said[about] = max(said[about], topic)
             said_words[about].update(t for t in topic_terms if t in have)
         lift = cosine - background if cosine is not None else 0.0
         heads.append((have, off_subject, lift, lift + 0.25 * topic))
-    topic_elsewhere = max(0.0, said[False] - said[True])
-    only_elsewhere = said_words[False] - said_words[True]
+    # Only a question whose person some candidate is about can be about the wrong person
+    # (a nickname or a capitalised word is not a person this org writes about).
+    topic_elsewhere = max(0.0, said[False] - said[True]) if seen_about else 0.0
+    only_elsewhere = said_words[False] - said_words[True] if seen_about else set()
     words_elsewhere = (
         sum(r.weights[t] for t in only_elsewhere) / topic_weight if topic_weight else 0.0
     )

@@ -72,6 +72,14 @@ def test_the_wrong_person_gate_needs_a_name_the_org_knows():
     assert f.topic_elsewhere == 0.0 and f.words_elsewhere == 0.0
 
 
+def test_no_wrong_person_when_no_candidate_is_about_the_name_asked_about():
+    """A nickname or a capitalised word ("Mel", "July") is not someone the org writes about."""
+    r = reading("What did Mel paint in July?", {"mel": 2, "july": 30, "paint": 9})
+    about_her = passage("Melanie painted a lake sunrise.", title="Melanie · 8 July, 2023")
+    (f,) = candidate_features(r, [about_her], [0.5], 0.1)
+    assert f.topic_elsewhere == 0.0 and f.words_elsewhere == 0.0
+
+
 def test_names_the_org_never_mentions_are_unknown():
     r = reading("Who did Maria have dinner with?", {"dinner": 5})
     assert r.unknown_names == 1.0
