@@ -108,6 +108,8 @@ LEXICAL_WEIGHTS = Weights(
     absent_second=0.347,
     unknown_terms=0.283,
     unknown_share=-2.155,
+    topic_elsewhere=-7.0,  # the same rule on lexical-only runs picks the same gate
+    words_elsewhere=-4.0,
 )
 
 

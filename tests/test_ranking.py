@@ -64,6 +64,20 @@ def test_a_topic_only_someone_else_talks_about_is_said_elsewhere():
     assert max(relevance(f, settings) for f in wrong) < max(relevance(f, settings) for f in right)
 
 
+def test_the_wrong_person_gate_holds_when_only_the_lexical_stage_ran():
+    df = {"caroline": 50, "melanie": 50, "charity": 2, "race": 3, "paint": 9}
+    her = passage("Caroline likes to paint landscapes.", rowid=1)
+    him = passage("Melanie ran a charity race for mental health.", rowid=2)
+    settings = SearchSettings()
+
+    def best(query: str) -> float:
+        fs = candidate_features(reading(query, df), [her, him], [None, None], 0.0)
+        return max(relevance(f, settings) for f in fs)
+
+    assert best("What did Caroline do after her charity race?") < settings.threshold
+    assert best("What did Melanie do after her charity race?") >= settings.threshold
+
+
 def test_the_wrong_person_gate_needs_a_name_the_org_knows():
     """A name the org never mentions is a foreign question (`unknown_names`), not a near miss."""
     r = reading("What did Gina do after her charity race?", {"charity": 2, "race": 3})
