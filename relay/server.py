@@ -195,7 +195,9 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(
         title="Relay",
         version=__version__,
-        description="Team memory for coding agents. Errors: {'error': {'code', 'message', 'status'}}.",
+        description=(
+            "Team memory for coding agents. Errors: {'error': {'code', 'message', 'status'}}."
+        ),
     )
     app.state.services = services
 

@@ -56,7 +56,8 @@ def resolve(
             try:
                 value = s.type(env[s.env])
             except ValueError as exc:
-                raise InvalidRequestError(f"{s.env}={env[s.env]!r} is not a valid {s.name}") from exc
+                message = f"{s.env}={env[s.env]!r} is not a valid {s.name}"
+                raise InvalidRequestError(message) from exc
         out[s.name] = s.default if value is None else value
     if out.get("db") is None and any(s.name == "db" for s in settings):
         out["db"] = default_db()

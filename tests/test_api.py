@@ -405,7 +405,8 @@ def test_editing_an_expired_memory_keeps_its_expiry_unless_changed(api):
     m = remember(api, "acme_dev", "The 4.1 freeze is on.", valid_until=soon)
     time.sleep(1.2)
     h = api.headers("acme_dev")
-    r = api.client.patch(f"/v1/memories/{m['id']}", json={"body": "The 4.1 freeze was on."}, headers=h)
+    body = {"body": "The 4.1 freeze was on."}
+    r = api.client.patch(f"/v1/memories/{m['id']}", json=body, headers=h)
     assert r.status_code == 200, r.text
     assert r.json()["valid_until"] == m["valid_until"] and r.json()["revision"] == 2
     past = api.client.patch(

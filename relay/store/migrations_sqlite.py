@@ -87,7 +87,8 @@ MIGRATIONS: list[str] = [
         INSERT INTO passages_fts(rowid, lexical) VALUES (new.rowid, new.lexical);
     END;
     CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
-        INSERT INTO passages_fts(passages_fts, rowid, lexical) VALUES ('delete', old.rowid, old.lexical);
+        INSERT INTO passages_fts(passages_fts, rowid, lexical)
+            VALUES ('delete', old.rowid, old.lexical);
     END;
     CREATE TABLE org_terms (
         org_id TEXT NOT NULL,
@@ -120,7 +121,8 @@ MIGRATIONS: list[str] = [
     );
     INSERT INTO passages_fts(passages_fts) VALUES ('rebuild');
     CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
-        INSERT INTO passages_fts(rowid, lexical, org_id) VALUES (new.rowid, new.lexical, new.org_id);
+        INSERT INTO passages_fts(rowid, lexical, org_id)
+            VALUES (new.rowid, new.lexical, new.org_id);
     END;
     CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
         INSERT INTO passages_fts(passages_fts, rowid, lexical, org_id)
