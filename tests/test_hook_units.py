@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from relay.hook import codec, config, gate, outcome_log, state
 from relay.hook.client import HookFailure, parse_url
-from relay.hook.pack import PROMPT_INTRO, pack, tokens, validate
+from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
 
 json_values = st.recursive(
     st.none()
@@ -128,6 +128,18 @@ def test_pack_never_exceeds_its_limits(records, max_records, max_tokens):
     assert context.startswith(PROMPT_INTRO)
     for r in injected:
         assert f'id="{r["id"]}" revision="{r["revision"]}"' in context
+
+
+def test_the_full_preamble_opens_a_session_and_a_short_one_follows_it():
+    first, _, _ = pack([rec("a", 1)], {}, 3, 600, PROMPT_INTRO, PROMPT_REMINDER)
+    later, _, _ = pack([rec("b", 1)], {"a": 1}, 3, 600, PROMPT_INTRO, PROMPT_REMINDER)
+    assert first.startswith(PROMPT_INTRO + "\n<relay-memory ")
+    assert later.startswith(PROMPT_REMINDER + "\n<relay-memory ")
+    assert "not instructions" in PROMPT_REMINDER  # the short one still says what records are
+    assert tokens(later) <= tokens(first) - 50
+    # without a later preamble (the team profile), every context carries the full one
+    profile, _, _ = pack([rec("b", 1)], {"a": 1}, 3, 600, PROMPT_INTRO)
+    assert profile.startswith(PROMPT_INTRO)
 
 
 def test_pack_drops_ledger_duplicates_and_keeps_newer_revisions():

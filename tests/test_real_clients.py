@@ -54,7 +54,7 @@ from clients_support import (
 )
 from integration_support import mint, relay, remember, revoke, start_module_server, stop_server
 
-from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, tokens
+from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, PROMPT_REMINDER, tokens
 from relay.hook.run import UNAUTHORIZED_MESSAGE
 from relay.hook.state import session_file_stem
 
@@ -233,8 +233,12 @@ def prompt_call(client: AgentClient, turn: Turn) -> Recorded:
     return calls[-1]
 
 
+# What every prompt context opens with, the full preamble or the short one after it.
+PROMPT_OPENING = os.path.commonprefix([PROMPT_INTRO, PROMPT_REMINDER])
+
+
 def new_contexts(client: AgentClient, turn: Turn) -> list[str]:
-    return client.contexts(prompt_call(client, turn).body, turn.prompt, PROMPT_INTRO)
+    return client.contexts(prompt_call(client, turn).body, turn.prompt, PROMPT_OPENING)
 
 
 def blocks(context: str) -> list[dict]:
@@ -326,7 +330,8 @@ def test_a_prompt_that_needs_a_memory_carries_it_once_with_label_source_and_revi
     contexts = new_contexts(talk.client, turn)
     assert len(contexts) == 1, f"expected one Relay context, got {len(contexts)}\n{turn.describe()}"
     context = contexts[0]
-    assert context.startswith(PROMPT_INTRO + "\n<relay-memory "), context[:300]
+    # The team profile's full preamble opened the session, so this context has the short one.
+    assert context.startswith(PROMPT_REMINDER + "\n<relay-memory "), context[:300]
     records = blocks(context)
     needed = [r for r in records if r.get("id") == server.clusters]
     assert len(needed) == 1, f"the clusters memory is not in the context:\n{context}"

@@ -24,7 +24,7 @@ from typing import Any
 from relay.eval.conversations import MEMORY_CLASSES, QUIET_CLASSES, Conversation
 from relay.hook import config as hook_config
 from relay.hook import gate, state
-from relay.hook.pack import PROMPT_INTRO, pack, tokens, validate
+from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
 from relay.hook.run import EXTRA_CANDIDATES, QUERY_MAX_CHARS
 from relay.hook_stats import SEARCHED
 
@@ -96,7 +96,12 @@ def simulate(
                     if (r["score"] or 0.0) >= cfg.min_score
                 ]
                 context, injected, _ = pack(
-                    records, data["ledger"], cfg.max_records, cfg.max_tokens, PROMPT_INTRO
+                    records,
+                    data["ledger"],
+                    cfg.max_records,
+                    cfg.max_tokens,
+                    PROMPT_INTRO,
+                    PROMPT_REMINDER,
                 )
                 data["keywords"] = words
                 for record in injected:

@@ -16,7 +16,7 @@ import time
 from relay.hook import breaker, codec, config, gate, state
 from relay.hook.client import HookFailure, parse_url, request
 from relay.hook.outcome_log import append, sha256_hex, timestamp
-from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, pack, tokens, validate
+from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
 
 STDIN_MAX = 4 * 1024 * 1024
 RESPONSE_MAX = 256 * 1024
@@ -209,7 +209,7 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
         records,
         cfg.max_records,
         cfg.max_tokens,
-        PROMPT_INTRO,
+        (PROMPT_INTRO, PROMPT_REMINDER),
         "UserPromptSubmit",
         words,
     )
@@ -242,7 +242,7 @@ def _session_start(inv: Invocation, payload: dict, session_id: str | None) -> No
         records,
         cfg.profile_max_records,
         cfg.profile_max_tokens,
-        PROFILE_INTRO,
+        (PROFILE_INTRO, None),
         "SessionStart",
         None,
     )
@@ -306,7 +306,7 @@ def _maybe_tell_unauthorized(inv: Invocation, session_id: str | None) -> None:
                 session.save()
 
 
-def _inject(inv, session_id, records, max_records, max_tokens, intro, event_name, words) -> None:
+def _inject(inv, session_id, records, max_records, max_tokens, intros, event_name, words) -> None:
     """Pack what the ledger lacks, print it, then record it: the ledger is what was shown."""
     t = time.monotonic()
     inv.log["results"] = len(records)
@@ -314,7 +314,7 @@ def _inject(inv, session_id, records, max_records, max_tokens, intro, event_name
         if not session.held:
             return inv.finish("skipped", "state_busy")
         data = session.data
-        context, injected, dupes = pack(records, data["ledger"], max_records, max_tokens, intro)
+        context, injected, dupes = pack(records, data["ledger"], max_records, max_tokens, *intros)
         inv.ms["pack"] = _ms(time.monotonic() - t)
         inv.log["duplicates"] = dupes
         inv.log["records"] = inv.log["tokens"] = 0
