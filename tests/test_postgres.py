@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import numpy as np
 import psycopg
 import pytest
 
+from relay.errors import InvalidRequestError
 from relay.models import MemoryDraft, PassageInput
+from relay.store import vector_index
 from relay.store.postgres import (
     PostgresStore,
     candidate_terms,
@@ -144,9 +147,12 @@ def test_exact_search_stays_exact_when_the_filter_hides_the_nearest(pg_store: Po
         (EVERY, [int(i) for i in order if i not in hidden][:40]),
         (frozenset({"all", "sec"}), [int(i) for i in order[:40]]),
     ):
+        # The replica's in-memory scan and PostgreSQL's own exact scan give one answer.
         got = pg_store.semantic_search(org, audiences, now, q, 40)
+        sql = pg_store.exact_semantic_search(org, audiences, now, q, 40)
         assert [memory_of[r] for r, _ in got] == expect
-        assert got == pg_store.exact_semantic_search(org, audiences, now, q, 40)
+        assert [r for r, _ in sql] == [r for r, _ in got]
+        assert [s for _, s in sql] == pytest.approx([s for _, s in got], abs=1e-6)
 
 
 def _vector_param(v: np.ndarray):  # noqa: ANN202
@@ -175,3 +181,55 @@ def test_relay_options_are_taken_out_of_the_url(monkeypatch):
     assert (opts.pool_size, opts.exact_max, opts.app_role) == (3, 7, "r")
     assert opts.conninfo == "postgresql://u@/db?host=%2Ftmp%2Fx"
     assert parse_url("postgresql://u@h/db?pool_size=12").pool_size == 12
+
+
+def test_the_vector_cache_option_is_read_and_zero_turns_it_off(pg_url: str):
+    assert parse_url("postgresql://u@h/db?vector_cache_mb=64").vector_cache_mb == 64
+    with pytest.raises(InvalidRequestError):
+        parse_url("postgresql://u@h/db?vector_cache_mb=-1")
+    sep = "&" if "?" in pg_url else "?"
+    store = PostgresStore(f"{pg_url}{sep}vector_cache_mb=0", pool_size=2)
+    try:
+        from postgres_support import truncate_all
+
+        truncate_all(pg_url)
+        org = store.create_org("acme").id
+        _fill(store, org, _vectors(50, 8), "n")
+        q = _vectors(1, 9)[0]
+        got = store.semantic_search(org, EVERY, datetime.now(UTC), q, 10)
+        assert store.vectors is None and len(got) == 10  # answered by PostgreSQL's own scan
+    finally:
+        store.close()
+
+
+def test_a_small_org_is_searched_from_memory_and_a_stale_copy_never_shows_the_deleted(
+    pg_store: PostgresStore, monkeypatch
+):
+    """Between a write and the rebuild it starts, the replica's old copy of the vectors may
+    answer (as on the embedded store): what it proposes is re-scored against the rows as
+    they are, so a deleted passage never comes back and scores are the current ones."""
+    monkeypatch.setattr(vector_index, "STALE_FROM", 1)  # treat this small org as a large one
+    org = pg_store.create_org("acme").id
+    vectors = _vectors(30, 10)
+    _fill(pg_store, org, vectors, "v")
+    q = vectors[3]
+    now = datetime.now(UTC)
+    first = pg_store.semantic_search(org, EVERY, now, q, 5)
+    assert pg_store.vectors is not None and org in pg_store.vectors
+    with pg_store._tx(org) as conn:
+        ids = {r["memory_id"]: r["id"] for r in conn.execute("SELECT id, memory_id FROM passages")}
+    assert first[0][0] == ids["v3"] and first[0][1] == pytest.approx(1.0, abs=1e-5)
+
+    pg_store.delete_memory(org, "v3", "t", None)
+    stale = pg_store.semantic_search(org, EVERY, now, q, 5)
+    assert ids["v3"] not in {r for r, _ in stale}
+    exact = pg_store.exact_semantic_search(org, EVERY, now, q, 5)
+    assert {r for r, _ in stale} <= {
+        r for r, _ in pg_store.exact_semantic_search(org, EVERY, now, q, 40)
+    }
+    assert [s for _, s in stale] == sorted((s for _, s in stale), reverse=True)
+    deadline = time.monotonic() + 10  # the rebuild lands: the exact answer again
+    while pg_store.semantic_search(org, EVERY, now, q, 5) != exact and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fresh = pg_store.semantic_search(org, EVERY, now, q, 5)
+    assert [r for r, _ in fresh] == [r for r, _ in exact]

@@ -148,3 +148,32 @@ def test_the_store_rescores_what_an_out_of_date_index_proposes(tmp_path, embedde
     assert stale[reused] == pytest.approx(float(now_vector @ query), abs=1e-6)
     assert abs(stale[reused] - before[reused]) > 0.2  # not the old passage's score
     store.close()
+
+
+def test_over_its_memory_budget_the_least_recently_searched_org_goes_first() -> None:
+    _, rows = clustered_rows(200)
+    one_org = OrgVectors.build(1, rows).nbytes()
+    index = VectorIndex(max_bytes=int(2.5 * one_org))
+    for org in ("a", "b"):
+        index.get(org, 1, lambda: rows)
+    index.get("a", 1, lambda: rows)  # "a" searched again: "b" is now the oldest
+    index.get("c", 1, lambda: rows)
+    assert "a" in index and "c" in index and "b" not in index
+    assert index.nbytes() <= 2.5 * one_org
+    reloads: list[int] = []
+    index.get("b", 1, lambda: reloads.append(1) or rows)  # dropped orgs reload on demand
+    assert reloads == [1] and "b" in index
+
+
+def test_an_org_that_does_not_fit_is_refused_until_another_goes_idle() -> None:
+    _, rows = clustered_rows(200)
+    one_org = OrgVectors.build(1, rows).nbytes()
+    index = VectorIndex(max_bytes=int(1.5 * one_org))
+    assert index.admit("a", one_org, idle_s=60)
+    index.get("a", 1, lambda: rows)
+    # "a" was searched just now: "b" is refused rather than evicting it (the store searches
+    # "b" in its database), so two orgs taking turns never reload on every search.
+    assert not index.admit("b", one_org, idle_s=60)
+    assert "a" in index and index.admit("a", one_org, idle_s=60)
+    assert index.admit("b", one_org, idle_s=0.0)  # "a" counts as idle now: it makes room
+    assert "a" not in index

@@ -24,6 +24,7 @@ back to the exact scan when the share is too small or too few rows come back.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -61,6 +62,7 @@ from relay.models import (
 from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
 from relay.store.rules import judge_write, same_content
+from relay.store.vector_index import VectorIndex, rescore
 
 log = logging.getLogger("relay.store.postgres")
 
@@ -72,7 +74,13 @@ EF_FACTOR = 6  # ef_search = EF_FACTOR * limit / the org's share of the table (m
 LEXICAL_BUDGET = 2000  # lexical candidates: rarest terms matching at most this many passages
 SHORTLIST_FACTOR = 4  # exact vector scan: nearest passages per wanted result, before the filter
 # Query parameters Relay reads from the URL itself; psycopg never sees them.
-RELAY_PARAMS = ("pool_size", "exact_max", "app_role")
+RELAY_PARAMS = ("pool_size", "exact_max", "app_role", "vector_cache_mb")
+# Each replica keeps the vectors of recently searched orgs of at most `exact_max` passages
+# in memory, up to this much. An org that does not fit is searched in PostgreSQL until an
+# org held in memory has gone unsearched for CACHE_IDLE_S.
+DEFAULT_VECTOR_CACHE_MB = 256
+PASSAGE_BYTES = 1_950  # float32 vector, 8-bit copy, rowid, expiry (measured: 18.5 MB per 10k)
+CACHE_IDLE_S = 300.0
 
 
 @contextmanager
@@ -117,6 +125,7 @@ class PgOptions:
     pool_size: int
     exact_max: int
     app_role: str
+    vector_cache_mb: int = DEFAULT_VECTOR_CACHE_MB
 
 
 def parse_url(url: str) -> PgOptions:
@@ -130,12 +139,19 @@ def parse_url(url: str) -> PgOptions:
         exact = int(
             own.get("exact_max") or os.environ.get("RELAY_PG_EXACT_MAX") or DEFAULT_EXACT_MAX
         )
+        cache_mb = int(
+            own.get("vector_cache_mb")
+            or os.environ.get("RELAY_PG_VECTOR_CACHE_MB")
+            or DEFAULT_VECTOR_CACHE_MB
+        )
     except ValueError as exc:
         raise InvalidRequestError(f"bad PostgreSQL URL option: {exc}") from exc
     if pool < 1:
         raise InvalidRequestError("pool_size must be at least 1")
+    if cache_mb < 0:
+        raise InvalidRequestError("vector_cache_mb must be 0 (off) or more")
     conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
-    return PgOptions(conninfo, pool, exact, own.get("app_role") or APP_ROLE)
+    return PgOptions(conninfo, pool, exact, own.get("app_role") or APP_ROLE, cache_mb)
 
 
 def lexical_sql() -> str:
@@ -251,6 +267,9 @@ class PostgresStore:
         self.url = url
         self.conninfo = opts.conninfo
         self.exact_max = opts.exact_max if exact_max is None else exact_max
+        self.vectors = (
+            VectorIndex(max_bytes=opts.vector_cache_mb << 20) if opts.vector_cache_mb else None
+        )
         self.app_role = opts.app_role
         self._vector_oid: int | None = None
         self._migrate()
@@ -846,9 +865,15 @@ class PostgresStore:
     def semantic_search(
         self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
     ) -> list[tuple[int, float]]:
+        if self.vectors is not None:
+            with self._tx(org_id) as conn:
+                ef, generation, rows_n = self._ef_search(conn, org_id, limit)
+            # A small org: its vectors in this replica's memory, if they fit.
+            if ef is None and self.vectors.admit(org_id, rows_n * PASSAGE_BYTES, CACHE_IDLE_S):
+                return self._in_memory_search(org_id, generation, audiences, now, vector, limit)
         params = _params(org_id, audiences, now=now, q=Vector.of(vector), limit=limit)
         with self._tx(org_id) as conn:
-            ef = self._ef_search(conn, org_id, limit)
+            ef, _, _ = self._ef_search(conn, org_id, limit)
             rows: list[dict[str, Any]] = []
             if ef is not None:
                 conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
@@ -857,21 +882,64 @@ class PostgresStore:
                 rows = _exact(conn, params)
         return [(r["id"], float(r["cosine"])) for r in rows]
 
-    def _ef_search(self, conn: psycopg.Connection, org_id: str, limit: int) -> int | None:
-        """None: search the org exactly; else the ef_search that HNSW needs for this org."""
+    def _ef_search(
+        self, conn: psycopg.Connection, org_id: str, limit: int
+    ) -> tuple[int | None, int, int]:
+        """(None: search the org exactly, else the ef_search HNSW needs; the org's
+        generation; its passages)."""
         row = conn.execute(
-            "SELECT passage_count AS org_rows, (SELECT reltuples FROM pg_class"
+            "SELECT passage_count AS org_rows, generation, (SELECT reltuples FROM pg_class"
             " WHERE oid = 'passages'::regclass) AS table_rows FROM orgs WHERE id = %s",
             (org_id,),
         ).fetchone()
-        if row is None or row["org_rows"] <= self.exact_max:
-            return None
-        return ef_search_for(limit, row["org_rows"], row["table_rows"])
+        if row is None:
+            return None, -1, 0
+        org_rows, generation = row["org_rows"], row["generation"]
+        if org_rows <= self.exact_max:
+            return None, generation, org_rows
+        return ef_search_for(limit, org_rows, row["table_rows"]), generation, org_rows
+
+    def _in_memory_search(
+        self,
+        org_id: str,
+        generation: int,
+        audiences: frozenset[str],
+        now: datetime,
+        vector: np.ndarray,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """The exact answer from the org's vectors held in memory: the same scan the
+        embedded store runs, without reading 10^4 index entries per search (10 ms at 1M)."""
+        assert self.vectors is not None
+        index = self.vectors.get(org_id, generation, functools.partial(self._vector_rows, org_id))
+        hits = index.search(vector, audiences | {EVERYONE}, now.timestamp(), limit)
+        if index.generation == generation or not hits:
+            return hits
+        with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
+            rows = cur.execute(
+                "SELECT id, embedding FROM passages WHERE org_id = %s AND id = ANY(%s)",
+                (org_id, [rowid for rowid, _ in hits]),
+            ).fetchall()
+        return rescore(((r["id"], r["embedding"]) for r in rows), vector)
+
+    def _vector_rows(self, org_id: str) -> list[tuple[int, bytes, float | None, str]]:
+        """Every live, current passage's vector, expiry and audiences (as `visible_sql`
+        would filter them, expiry and audience left to the in-memory scan)."""
+        with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
+            rows = cur.execute(
+                "SELECT p.id, p.embedding, extract(epoch FROM m.valid_until)::float8 AS until,"
+                " (SELECT string_agg(ma.audience, ',') FROM memory_audiences ma"
+                "   WHERE ma.org_id = m.org_id AND ma.memory_id = m.id) AS audiences"
+                " FROM passages p JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+                " WHERE p.org_id = %s AND m.deleted_at IS NULL AND m.superseded_by IS NULL",
+                (org_id,),
+            ).fetchall()
+        return [(r["id"], r["embedding"], r["until"], r["audiences"] or "") for r in rows]
 
     def vector_plan(self, org_id: str, limit: int = 40) -> str:
         """Which vector path an org's searches take: 'exact' or 'hnsw(ef_search=N)'."""
         with self._tx(org_id) as conn:
-            ef = self._ef_search(conn, org_id, limit)
+            ef, _, _ = self._ef_search(conn, org_id, limit)
         return "exact" if ef is None else f"hnsw(ef_search={ef})"
 
     def exact_semantic_search(

@@ -37,7 +37,7 @@ from relay.models import (
 from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.rules import judge_write, same_content
-from relay.store.vector_index import OrgVectors, VectorIndex
+from relay.store.vector_index import OrgVectors, VectorIndex, rescore
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -697,8 +697,7 @@ class SQLiteStore:
                 )
                 .fetchall()
             )
-        rescored = [(r, float(np.frombuffer(blob, dtype="<f4") @ vector)) for r, blob in rows]
-        return sorted(rescored, key=lambda hit: hit[1], reverse=True)
+        return rescore(rows, vector)
 
     def _vector_rows(self, org_id: str) -> list[tuple[int, bytes, float | None, str]]:
         with translate_errors():

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -106,6 +108,10 @@ class OrgVectors:
         top = top[np.argsort(-scores[top], kind="stable")]
         return [(int(self.rowids[rows[i]]), float(scores[i])) for i in top]
 
+    def nbytes(self) -> int:
+        quantized = len(self.rowids) * DIM if self.quantized is not None else 0
+        return self.matrix.nbytes + self.rowids.nbytes + self.valid_until.nbytes + quantized
+
     def _shortlist(self, vector: np.ndarray, visible: np.ndarray, size: int) -> np.ndarray:
         """Row positions of the best `size` visible rows by the 8-bit scan."""
         assert self.quantized is not None
@@ -121,24 +127,56 @@ class OrgVectors:
         return rows[rows >= 0]
 
 
+def rescore(rows: Iterable[tuple[int, bytes]], vector: np.ndarray) -> list[tuple[int, float]]:
+    """(rowid, cosine) of stored (rowid, float32 embedding) rows, best first: what an
+    out-of-date index proposed, scored against the passages as they are now."""
+    scored = [(rowid, float(np.frombuffer(blob, dtype="<f4") @ vector)) for rowid, blob in rows]
+    return sorted(scored, key=lambda hit: hit[1], reverse=True)
+
+
 class VectorIndex:
     """Per-organisation vectors, rebuilt when the org's generation moves on.
 
     A large org's rebuild takes about a second at 10^5 passages (reading every vector
     back from SQLite). Rather than stall every search after each write for that long,
     a large index that is out of date keeps answering while its successor is built on
-    a background thread (`is_current` tells the store, which then re-scores what the
-    old index proposes against the rows as they are now). Small orgs rebuild in place:
-    it costs less than a search.
+    a background thread (the store sees the returned index's generation is behind and
+    re-scores what it proposes against the rows as they are now). Small orgs rebuild in
+    place: it costs less than a search.
     """
 
-    def __init__(self) -> None:
-        self._orgs: dict[str, OrgVectors] = {}
+    def __init__(self, max_bytes: int | None = None) -> None:
+        # Least recently used first; over `max_bytes` the oldest orgs are dropped (they
+        # reload on their next search). None: keep every org (the embedded store's default).
+        self._orgs: OrderedDict[str, OrgVectors] = OrderedDict()
+        self._used: dict[str, float] = {}  # last search, time.monotonic()
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self.max_bytes = max_bytes
+
+    def admit(self, org_id: str, nbytes: int, idle_s: float) -> bool:
+        """Whether `org_id`'s vectors (about `nbytes`) may be held: they are already, or they
+        fit once orgs nobody searched for `idle_s` seconds are dropped. A store answers an
+        org that may not from its database instead, so a budget smaller than the orgs in
+        use never turns into a reload on every search."""
+        if self.max_bytes is None or org_id in self._orgs:
+            return True
+        now = time.monotonic()
+        with self._guard:
+            while self._orgs and self.nbytes() + nbytes > self.max_bytes:
+                oldest = next(iter(self._orgs))
+                if now - self._used.get(oldest, 0.0) < idle_s:
+                    return False
+                self._orgs.popitem(last=False)
+            return nbytes <= self.max_bytes
 
     def get(self, org_id: str, generation: int, load: Callable[[], Rows]) -> OrgVectors:
         current = self._orgs.get(org_id)
+        self._used[org_id] = time.monotonic()
+        if current is not None:
+            with self._guard:
+                if org_id in self._orgs:
+                    self._orgs.move_to_end(org_id)
         if current is not None and current.generation == generation:
             return current
         with self._guard:
@@ -161,8 +199,20 @@ class VectorIndex:
     def _rebuild(self, org_id: str, generation: int, load: Callable[[], Rows]) -> OrgVectors:
         # `generation` was read before `load` runs, so the rows are at least that new.
         fresh = OrgVectors.build(generation, load())
-        self._orgs[org_id] = fresh
+        with self._guard:
+            self._orgs[org_id] = fresh
+            self._orgs.move_to_end(org_id)
+            if self.max_bytes is not None:
+                while len(self._orgs) > 1 and self.nbytes() > self.max_bytes:
+                    self._orgs.popitem(last=False)
         return fresh
+
+    def nbytes(self) -> int:
+        """Memory the held vectors take (float32 rows and their 8-bit copies)."""
+        return sum(o.nbytes() for o in list(self._orgs.values()))
+
+    def __contains__(self, org_id: str) -> bool:
+        return org_id in self._orgs
 
     def _rebuild_then_release(
         self, org_id: str, generation: int, load: Callable[[], Rows], lock: threading.Lock
@@ -173,6 +223,3 @@ class VectorIndex:
             log.warning("rebuilding the vector index of org %s failed", org_id, exc_info=True)
         finally:
             lock.release()
-
-    def drop(self, org_id: str) -> None:
-        self._orgs.pop(org_id, None)
