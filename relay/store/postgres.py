@@ -405,7 +405,8 @@ class PostgresStore:
             return conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]  # type: ignore[index]
 
     def warm(self) -> None:
-        """Nothing to load: the vectors and their index live in PostgreSQL."""
+        """Nothing ahead of time: a small org's vectors load into memory on its first search
+        (within `vector_cache_mb`; until then, and beyond it, PostgreSQL scans them)."""
 
     def close(self) -> None:
         self.pool.close()
