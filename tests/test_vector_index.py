@@ -177,3 +177,21 @@ def test_an_org_that_does_not_fit_is_refused_until_another_goes_idle() -> None:
     assert "a" in index and index.admit("a", one_org, idle_s=60)
     assert index.admit("b", one_org, idle_s=0.0)  # "a" counts as idle now: it makes room
     assert "a" not in index
+
+
+def test_warming_waits_for_current_vectors_instead_of_answering_from_old_ones(
+    tmp_path, embedder, monkeypatch
+):  # noqa: ANN001
+    """A benchmark that grows its database, or a server warming up, must see the new rows."""
+    monkeypatch.setattr(vector_index, "STALE_FROM", 1)  # every org counts as large
+    store = SQLiteStore(tmp_path / "relay.db")
+    org = store.create_org("acme")
+    save_many(store, embedder, org.id, [("m0", MemoryDraft(body="Staging is blue."))], "t")
+    now = datetime.now(UTC)
+    query = embedder.embed_query("which package manager?")
+    assert len(store.semantic_search(org.id, frozenset(), now, query, 10)) == 1
+    save_many(store, embedder, org.id, [("m1", MemoryDraft(body="Use pnpm, not npm."))], "t")
+    store.warm()
+    hits = store.semantic_search(org.id, frozenset(), now, query, 10)
+    assert len(hits) == 2  # the memory written after the first search is there at once
+    store.close()

@@ -405,8 +405,14 @@ class PostgresStore:
             return conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]  # type: ignore[index]
 
     def warm(self) -> None:
-        """Nothing ahead of time: a small org's vectors load into memory on its first search
-        (within `vector_cache_mb`; until then, and beyond it, PostgreSQL scans them)."""
+        """Bring the small orgs' vectors this replica holds up to date, waiting for them.
+        Nothing else ahead of time: a small org's vectors load into memory on its first
+        search (within `vector_cache_mb`; until then, and beyond it, PostgreSQL scans them)."""
+        if self.vectors is None:
+            return
+        for org_id in self.vectors.held():
+            load = functools.partial(self._vector_rows, org_id)
+            self.vectors.get(org_id, self.generation(org_id), load, wait=True)
 
     def close(self) -> None:
         self.pool.close()

@@ -198,9 +198,10 @@ class SQLiteStore:
             )
 
     def warm(self) -> None:
-        """Build every org's in-memory vector index (about a second per 10^5 passages)."""
+        """Bring every org's in-memory vectors up to date (about a second per 10^5
+        passages), waiting for them rather than answering from an older copy."""
         for org in self.list_orgs():
-            self._vector_index(org.id, self.generation(org.id))
+            self._vector_index(org.id, self.generation(org.id), wait=True)
 
     def close(self) -> None:
         with translate_errors():
@@ -674,8 +675,9 @@ class SQLiteStore:
             return hits
         return self._rescore(org_id, vector, hits)
 
-    def _vector_index(self, org_id: str, generation: int) -> OrgVectors:
-        return self.vectors.get(org_id, generation, functools.partial(self._vector_rows, org_id))
+    def _vector_index(self, org_id: str, generation: int, wait: bool = False) -> OrgVectors:
+        load = functools.partial(self._vector_rows, org_id)
+        return self.vectors.get(org_id, generation, load, wait)
 
     def _rescore(
         self, org_id: str, vector: np.ndarray, hits: list[tuple[int, float]]

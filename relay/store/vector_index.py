@@ -170,7 +170,11 @@ class VectorIndex:
                 self._orgs.popitem(last=False)
             return nbytes <= self.max_bytes
 
-    def get(self, org_id: str, generation: int, load: Callable[[], Rows]) -> OrgVectors:
+    def get(
+        self, org_id: str, generation: int, load: Callable[[], Rows], wait: bool = False
+    ) -> OrgVectors:
+        """The org's vectors at `generation`, or (a large org, unless `wait`) the previous
+        ones while those load in the background."""
         current = self._orgs.get(org_id)
         self._used[org_id] = time.monotonic()
         if current is not None:
@@ -181,7 +185,7 @@ class VectorIndex:
             return current
         with self._guard:
             lock = self._locks.setdefault(org_id, threading.Lock())
-        if current is not None and len(current.rowids) >= STALE_FROM:
+        if current is not None and len(current.rowids) >= STALE_FROM and not wait:
             if lock.acquire(blocking=False):  # else a rebuild is already under way
                 threading.Thread(
                     target=self._rebuild_then_release,
@@ -213,6 +217,10 @@ class VectorIndex:
 
     def __contains__(self, org_id: str) -> bool:
         return org_id in self._orgs
+
+    def held(self) -> list[str]:
+        """The orgs whose vectors are in memory now."""
+        return list(self._orgs)
 
     def _rebuild_then_release(
         self, org_id: str, generation: int, load: Callable[[], Rows], lock: threading.Lock
