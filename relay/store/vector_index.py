@@ -23,8 +23,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
+
+# faiss logs each CPU-specific build it tries and fails to load, at INFO, on import: noise
+# at every server start-up, not a problem (it falls back to the generic build).
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+import faiss  # noqa: E402
 
 DIM = 384
 # Below this many rows the exact float32 scan costs under 1.5 ms; no second copy needed.
