@@ -469,10 +469,10 @@ def export(client, output) -> None:  # noqa: ANN001
 @cli.group()
 def bench() -> None:
     """Benchmarks; results go to BENCHMARKS.md with the command that produced them."""
+    _pin_blas()  # here, before any subcommand's imports load numpy
 
 
 def _bench_embedder(provider: str):  # noqa: ANN202
-    _pin_blas()
     from relay.embedding import load_embedder
 
     return load_embedder(provider, 1)
