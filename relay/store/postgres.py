@@ -62,7 +62,7 @@ from relay.models import (
 from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
 from relay.store.rules import judge_write, same_content
-from relay.store.vector_index import VectorIndex, rescore
+from relay.store.vector_index import VectorIndex
 
 log = logging.getLogger("relay.store.postgres")
 
@@ -872,22 +872,34 @@ class PostgresStore:
     def semantic_search(
         self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
     ) -> list[tuple[int, float]]:
-        if self.vectors is not None:
-            with self._tx(org_id) as conn:
-                ef, generation, rows_n = self._ef_search(conn, org_id, limit)
-            # A small org: its vectors in this replica's memory, if they fit.
-            if ef is None and self.vectors.admit(org_id, rows_n * PASSAGE_BYTES, CACHE_IDLE_S):
-                return self._in_memory_search(org_id, generation, audiences, now, vector, limit)
-        params = _params(org_id, audiences, now=now, q=Vector.of(vector), limit=limit)
         with self._tx(org_id) as conn:
-            ef, _, _ = self._ef_search(conn, org_id, limit)
-            rows: list[dict[str, Any]] = []
-            if ef is not None:
-                conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
-                rows = conn.execute(hnsw_vector_sql(), {**params, "ef": ef}).fetchall()
-            if len(rows) < limit:  # too few survived the filter: the exact answer instead
-                rows = _exact(conn, params)
-        return [(r["id"], float(r["cosine"])) for r in rows]
+            ef, generation, org_rows = self._ef_search(conn, org_id, limit)
+            # A small org is searched in this replica's memory when its vectors fit there.
+            in_memory = (
+                ef is None
+                and self.vectors is not None
+                and self.vectors.admit(org_id, org_rows * PASSAGE_BYTES, CACHE_IDLE_S)
+            )
+            if not in_memory:
+                params = _params(org_id, audiences, now=now, q=Vector.of(vector), limit=limit)
+                rows: list[dict[str, Any]] = []
+                if ef is not None:
+                    conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
+                    rows = conn.execute(hnsw_vector_sql(), {**params, "ef": ef}).fetchall()
+                if len(rows) < limit:  # too few survived the filter: the exact answer instead
+                    rows = _exact(conn, params)
+                return [(r["id"], float(r["cosine"])) for r in rows]
+        assert self.vectors is not None
+        return self.vectors.search(
+            org_id,
+            generation,
+            functools.partial(self._vector_rows, org_id),
+            functools.partial(self._stored_vectors, org_id),
+            vector,
+            audiences | {EVERYONE},
+            now.timestamp(),
+            limit,
+        )
 
     def _ef_search(
         self, conn: psycopg.Connection, org_id: str, limit: int
@@ -906,28 +918,14 @@ class PostgresStore:
             return None, generation, org_rows
         return ef_search_for(limit, org_rows, row["table_rows"]), generation, org_rows
 
-    def _in_memory_search(
-        self,
-        org_id: str,
-        generation: int,
-        audiences: frozenset[str],
-        now: datetime,
-        vector: np.ndarray,
-        limit: int,
-    ) -> list[tuple[int, float]]:
-        """The exact answer from the org's vectors held in memory: the same scan the
-        embedded store runs, without reading 10^4 index entries per search (10 ms at 1M)."""
-        assert self.vectors is not None
-        index = self.vectors.get(org_id, generation, functools.partial(self._vector_rows, org_id))
-        hits = index.search(vector, audiences | {EVERYONE}, now.timestamp(), limit)
-        if index.generation == generation or not hits:
-            return hits
+    def _stored_vectors(self, org_id: str, ids: list[int]) -> list[tuple[int, bytes]]:
+        """(id, embedding) of those of `ids` that are still the org's passages."""
         with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
             rows = cur.execute(
                 "SELECT id, embedding FROM passages WHERE org_id = %s AND id = ANY(%s)",
-                (org_id, [rowid for rowid, _ in hits]),
+                (org_id, ids),
             ).fetchall()
-        return rescore(((r["id"], r["embedding"]) for r in rows), vector)
+        return [(r["id"], r["embedding"]) for r in rows]
 
     def _vector_rows(self, org_id: str) -> list[tuple[int, bytes, float | None, str]]:
         """Every live, current passage's vector, expiry and audiences (as `visible_sql`

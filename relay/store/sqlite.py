@@ -37,7 +37,7 @@ from relay.models import (
 from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.rules import judge_write, same_content
-from relay.store.vector_index import OrgVectors, VectorIndex, rescore
+from relay.store.vector_index import VectorIndex
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -201,7 +201,8 @@ class SQLiteStore:
         """Bring every org's in-memory vectors up to date (about a second per 10^5
         passages), waiting for them rather than answering from an older copy."""
         for org in self.list_orgs():
-            self._vector_index(org.id, self.generation(org.id), wait=True)
+            load = functools.partial(self._vector_rows, org.id)
+            self.vectors.get(org.id, self.generation(org.id), load, wait=True)
 
     def close(self) -> None:
         with translate_errors():
@@ -668,29 +669,23 @@ class SQLiteStore:
     def semantic_search(
         self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
     ) -> list[tuple[int, float]]:
-        generation = self.generation(org_id)
-        index = self._vector_index(org_id, generation)
-        hits = index.search(vector, audiences | {EVERYONE}, now.timestamp(), limit)
-        if index.generation == generation:
-            return hits
-        return self._rescore(org_id, vector, hits)
+        return self.vectors.search(
+            org_id,
+            self.generation(org_id),
+            functools.partial(self._vector_rows, org_id),
+            functools.partial(self._stored_vectors, org_id),
+            vector,
+            audiences | {EVERYONE},
+            now.timestamp(),
+            limit,
+        )
 
-    def _vector_index(self, org_id: str, generation: int, wait: bool = False) -> OrgVectors:
-        load = functools.partial(self._vector_rows, org_id)
-        return self.vectors.get(org_id, generation, load, wait)
-
-    def _rescore(
-        self, org_id: str, vector: np.ndarray, hits: list[tuple[int, float]]
-    ) -> list[tuple[int, float]]:
-        """What an out-of-date index proposed, scored against the passages as they are now:
-        a rowid whose passage was replaced since (SQLite reuses the highest rowid) gets its
-        new vector's score, and one that is gone drops out. Memories written since are not
-        among them until the rebuild lands; the lexical stage still finds those."""
-        if not hits:
-            return hits
-        ids = ", ".join(str(int(r)) for r, _ in hits)
+    def _stored_vectors(self, org_id: str, rowids: list[int]) -> list[tuple[int, bytes]]:
+        """(rowid, embedding) of those of `rowids` that are still the org's passages (SQLite
+        hands the highest rowid out again after a delete)."""
+        ids = ", ".join(str(int(r)) for r in rowids)
         with translate_errors():
-            rows = (
+            return (
                 self._reader()
                 .execute(
                     f"SELECT rowid, embedding FROM passages NOT INDEXED WHERE rowid IN ({ids})"
@@ -699,7 +694,6 @@ class SQLiteStore:
                 )
                 .fetchall()
             )
-        return rescore(rows, vector)
 
     def _vector_rows(self, org_id: str) -> list[tuple[int, bytes, float | None, str]]:
         with translate_errors():

@@ -131,13 +131,6 @@ class OrgVectors:
         return rows[rows >= 0]
 
 
-def rescore(rows: Iterable[tuple[int, bytes]], vector: np.ndarray) -> list[tuple[int, float]]:
-    """(rowid, cosine) of stored (rowid, float32 embedding) rows, best first: what an
-    out-of-date index proposed, scored against the passages as they are now."""
-    scored = [(rowid, float(np.frombuffer(blob, dtype="<f4") @ vector)) for rowid, blob in rows]
-    return sorted(scored, key=lambda hit: hit[1], reverse=True)
-
-
 class VectorIndex:
     """Per-organisation vectors, rebuilt when the org's generation moves on.
 
@@ -157,6 +150,30 @@ class VectorIndex:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self.max_bytes = max_bytes
+
+    def search(
+        self,
+        org_id: str,
+        generation: int,
+        load: Callable[[], Rows],
+        stored: Callable[[list[int]], Iterable[tuple[int, bytes]]],
+        vector: np.ndarray,
+        audiences: frozenset[str],
+        now: float,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """The org's best `limit` visible (rowid, cosine). When the vectors held are older
+        than `generation` (a large org reloading), what they propose is re-scored against
+        `stored(rowids)`, the (rowid, float32 embedding) rows as they are now: a deleted
+        passage drops out and a rowid handed out again is scored by its new text. Memories
+        written since are not proposed until the reload lands; the lexical stage finds them."""
+        index = self.get(org_id, generation, load)
+        hits = index.search(vector, audiences, now, limit)
+        if index.generation == generation or not hits:
+            return hits
+        rows = stored([rowid for rowid, _ in hits])
+        scored = [(r, float(np.frombuffer(blob, dtype="<f4") @ vector)) for r, blob in rows]
+        return sorted(scored, key=lambda hit: hit[1], reverse=True)
 
     def admit(self, org_id: str, nbytes: int, idle_s: float) -> bool:
         """Whether `org_id`'s vectors (about `nbytes`) may be held: they are already, or they
