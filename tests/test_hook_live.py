@@ -125,3 +125,14 @@ def test_whole_process_within_the_deadline_against_the_real_server(tmp_path, org
         run = hook.prompt("how do I add a new database migration?", session=f"t{n}")
         assert run.rc == 0 and run.ms <= 400 + 150
         assert hook.last()["outcome"] in ("hit", "no_match"), hook.last()
+
+
+@pytest.mark.parametrize("max_records", ["10", "20"])
+def test_a_large_max_records_still_recalls(tmp_path, org, max_records):
+    """Any max_records the config accepts works: the hook never asks the server for more
+    results than one search returns (asking for 23 was a 422 on every prompt)."""
+    hook = Hook(tmp_path, org["url"], RELAY_API_KEY=org["admin"], RELAY_MAX_RECORDS=max_records)
+    context = assert_hit_contract(
+        hook.prompt("how do I create and apply a new database migration?")
+    )
+    assert "make migrate" in context and hook.last()["outcome"] == "hit", hook.last()

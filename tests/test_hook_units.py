@@ -293,3 +293,12 @@ def test_outcome_log_rotates_and_keeps_n_files(tmp_path):
     assert stat.S_IMODE((tmp_path / "outcomes.jsonl").stat().st_mode) == 0o600
     last = json.loads((tmp_path / "outcomes.jsonl").read_text().splitlines()[-1])
     assert last["n"] == 399
+
+
+def test_results_wanted_stays_within_what_one_search_returns():
+    from relay.hook.run import EXTRA_CANDIDATES, SERVER_MAX_K, results_wanted
+    from relay.search import MAX_K
+
+    assert SERVER_MAX_K == MAX_K  # the hook cannot import relay.search (numpy): keep in step
+    assert results_wanted(3) == 3 + EXTRA_CANDIDATES
+    assert results_wanted(20) == MAX_K

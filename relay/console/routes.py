@@ -37,7 +37,7 @@ from relay.hook import codec, gate, state
 from relay.hook import config as hook_config
 from relay.hook.client import HookFailure
 from relay.hook.pack import PROMPT_INTRO, pack, tokens, validate
-from relay.hook.run import EXTRA_CANDIDATES, PACK_RESERVE_S, QUERY_MAX_CHARS
+from relay.hook.run import PACK_RESERVE_S, QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
 from relay.models import ApiKey, Principal, iso
 from relay.search import MAX_K, SearchResponse
@@ -387,12 +387,10 @@ def build_routers(
         reason = gate.skip_reason(prompt, words, session, cfg)
         if reason is not None:
             return {**out, "outcome": "skipped", "reason": reason}
-        query, k = prompt[:QUERY_MAX_CHARS], body.max_records + EXTRA_CANDIDATES
+        query, k = prompt[:QUERY_MAX_CHARS], results_wanted(body.max_records)
         out["request"] = {"query": query, "k": k, "deadline_ms": body.deadline_ms}
         if not auth_allows(reader, "memory:read"):
             return {**out, "outcome": "unauthorized", "reason": "HTTP 403"}
-        if k > MAX_K:
-            return {**out, "outcome": "invalid_response", "reason": f"HTTP 422 (k above {MAX_K})"}
         response = search(reader, query, k, body.deadline_ms, "hybrid", False)
         # Through JSON, as the hook receives it, then the hook's own validation and packing.
         payload = json.loads(json.dumps(response.to_dict()))

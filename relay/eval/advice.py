@@ -25,7 +25,7 @@ from relay.eval.conversations import MEMORY_CLASSES, QUIET_CLASSES, Conversation
 from relay.hook import config as hook_config
 from relay.hook import gate, state
 from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
-from relay.hook.run import EXTRA_CANDIDATES, QUERY_MAX_CHARS
+from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import SEARCHED
 
 KNOBS = ("min_prompt_len", "throttle_prompts", "overlap_threshold", "min_score", "max_records")
@@ -64,7 +64,7 @@ def probe(
             query = turn.prompt.strip()[:QUERY_MAX_CHARS]
             if (conv.store, query) in out or not query:
                 continue
-            body = {"query": query, "k": max_records + EXTRA_CANDIDATES, "deadline_ms": 2000}
+            body = {"query": query, "k": results_wanted(max_records), "deadline_ms": 2000}
             status, payload = search(conv.store, body)
             out[conv.store, query] = validate(payload) if status == 200 else []
     return out

@@ -22,10 +22,20 @@ STDIN_MAX = 4 * 1024 * 1024
 RESPONSE_MAX = 256 * 1024
 QUERY_MAX_CHARS = 2000
 EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
+SERVER_MAX_K = 12  # the most results one search returns (relay.search.MAX_K: not importable here)
 PACK_RESERVE_S = 0.050  # kept back from the server: transfer, validate, pack (DESIGN.md)
 EXIT_RESERVE_S = 0.025  # kept back from the network: breaker, log and exit, slower under load
 MIN_SERVER_MS = 20
 SOURCES = ("startup", "resume", "clear", "compact")
+
+
+def results_wanted(max_records: int) -> int:
+    """How many results to ask the server for: a few beyond `max_records`, so that some
+    still remain after the ledger drops what this conversation has seen, but never more
+    than one search returns (asking for more is a 422, and no recall at all)."""
+    return min(max_records + EXTRA_CANDIDATES, SERVER_MAX_K)
+
+
 UNAUTHORIZED_MESSAGE = (
     "Relay memory: the server rejected this machine's API key (HTTP {status}); recall is off "
     "until it is fixed. Run `relay doctor` for details."
@@ -194,7 +204,7 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
     body = codec.dumps(
         {
             "query": prompt[:QUERY_MAX_CHARS],
-            "k": cfg.max_records + EXTRA_CANDIDATES,
+            "k": results_wanted(cfg.max_records),
             "deadline_ms": server_ms,
         }
     ).encode()
