@@ -114,7 +114,8 @@ class OrgVectors:
 
     def nbytes(self) -> int:
         quantized = len(self.rowids) * DIM if self.quantized is not None else 0
-        return self.matrix.nbytes + self.rowids.nbytes + self.valid_until.nbytes + quantized
+        arrays = (self.matrix, self.rowids, self.valid_until, self.audience_set)
+        return sum(a.nbytes for a in arrays) + quantized
 
     def _shortlist(self, vector: np.ndarray, visible: np.ndarray, size: int) -> np.ndarray:
         """Row positions of the best `size` visible rows by the 8-bit scan."""
