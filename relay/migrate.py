@@ -2,8 +2,9 @@
 
 Copies, per organisation: the org, its keys (hashes only; secrets were never
 stored), every memory with its full revision history (tombstones included),
-audiences, passages with their embeddings, and the org's term statistics; then
-the shared embedding cache. Nothing is re-embedded.
+audiences, passages with their embeddings and token matrices, and the org's
+term statistics; then the shared embedding cache. Nothing is re-embedded (a
+passage the source holds no token matrix for gets one from the server's backfill).
 
 Resumable: each batch is written in one transaction together with its progress
 row (`migration_progress`: org, source, step, last id copied), so an
@@ -44,8 +45,19 @@ TABLES = (
     "memory_audiences",
     "memory_revisions",
     "passages",
+    "passage_tokens",
     "org_terms",
     "embedding_cache",
+)
+# Token matrices hang off passages, whose ids differ between the two stores: they are
+# read, and compared, through the passage they belong to.
+_SQLITE_TOKENS = (
+    "SELECT p.org_id, p.memory_id, p.seq, t.tokens FROM passage_tokens t"
+    " JOIN passages p ON p.rowid = t.rowid"
+)
+_PG_TOKENS = (
+    "SELECT p.org_id, p.memory_id, p.seq, t.tokens FROM passage_tokens t"
+    " JOIN passages p ON p.id = t.passage_id"
 )
 
 
@@ -67,6 +79,12 @@ def sqlite_path(url: str) -> Path:
     if "://" in url:
         raise InvalidRequestError(f"--from must be a sqlite:///path or a file path, not {url!r}")
     return Path(url)
+
+
+def has_tokens(src: sqlite3.Connection) -> bool:
+    """Whether the source stores token matrices (stores from before them do not)."""
+    query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'passage_tokens'"
+    return src.execute(query).fetchone() is not None
 
 
 def open_source(url: str) -> sqlite3.Connection:
@@ -136,6 +154,8 @@ def _canon_sqlite(table: str, r: sqlite3.Row) -> tuple[Any, ...]:
             r["content_hash"],
             hashlib.sha256(r["embedding"]).hexdigest(),
         )
+    if table == "passage_tokens":
+        return (r["org_id"], r["memory_id"], r["seq"], hashlib.sha256(r["tokens"]).hexdigest())
     if table == "embedding_cache":
         return (r["model"], r["content_hash"], hashlib.sha256(r["embedding"]).hexdigest())
     return tuple(r)  # memory_audiences, org_terms
@@ -198,6 +218,13 @@ def _canon_pg(table: str, r: dict[str, Any]) -> tuple[Any, ...]:
             r["content_hash"],
             hashlib.sha256(r["embedding"]).hexdigest(),
         )
+    if table == "passage_tokens":
+        return (
+            r["org_id"],
+            r["memory_id"],
+            r["seq"],
+            hashlib.sha256(bytes(r["tokens"])).hexdigest(),
+        )
     if table == "embedding_cache":
         return (r["model"], r["content_hash"], hashlib.sha256(bytes(r["embedding"])).hexdigest())
     return tuple(r.values())
@@ -211,6 +238,7 @@ _ORDER = {
     "memory_audiences": "org_id, memory_id, audience",
     "memory_revisions": "org_id, id, revision",
     "passages": "org_id, memory_id, seq",
+    "passage_tokens": "org_id, memory_id, seq",
     "org_terms": "org_id, term",
     "embedding_cache": "model, content_hash",
 }
@@ -238,9 +266,15 @@ def _summarise(rows: Iterable[tuple[Any, ...]]) -> TableSum:
 def source_sums(src: sqlite3.Connection, org_ids: list[str]) -> dict[str, TableSum]:
     out = {}
     marks = ", ".join("?" for _ in org_ids)
+    args: tuple[str, ...]
     for table in TABLES:
         if table == "embedding_cache":
             query, args = "SELECT * FROM embedding_cache", ()
+        elif table == "passage_tokens":
+            if not has_tokens(src):
+                out[table] = _summarise([])
+                continue
+            query, args = f"{_SQLITE_TOKENS} WHERE p.org_id IN ({marks})", tuple(org_ids)
         else:
             col = "id" if table == "orgs" else "org_id"
             query, args = f"SELECT * FROM {table} WHERE {col} IN ({marks})", tuple(org_ids)
@@ -256,9 +290,12 @@ def target_sums(
     for org in org_ids:
         with store._tx(org) as conn, conn.cursor(binary=True) as cur:
             for table in TABLES[:-1]:
-                col = "id" if table == "orgs" else "org_id"
-                cols = _PG_COLUMNS.get(table, "*")
-                for r in cur.execute(f"SELECT {cols} FROM {table} WHERE {col} = %s", (org,)):
+                if table == "passage_tokens":
+                    query = f"{_PG_TOKENS} WHERE p.org_id = %s"
+                else:
+                    col = "id" if table == "orgs" else "org_id"
+                    query = f"SELECT {_PG_COLUMNS.get(table, '*')} FROM {table} WHERE {col} = %s"
+                for r in cur.execute(query, (org,)):
                     rows[table].append(_canon_pg(table, r))
     models = sorted({m for m, _ in cache_keys})
     with store._tx() as conn:
@@ -285,6 +322,7 @@ class Migration:
         self.src, self.store, self.source = src, store, source_name
         self.batch = batch
         self.say = progress or (lambda _m: None)
+        self.tokens = has_tokens(src)
 
     def org_ids(self) -> list[str]:
         return [r["id"] for r in self.src.execute("SELECT id FROM orgs ORDER BY id")]
@@ -373,8 +411,6 @@ class Migration:
         return copied
 
     def _copy_batch(self, conn: Any, org: str, ids: list[str]) -> None:
-        from relay.store.postgres import Vector
-
         marks = ", ".join("?" for _ in ids)
         args = (org, *ids)
         memories = self.src.execute(
@@ -457,13 +493,31 @@ class Migration:
                     )
                 ],
             )
-            conn.execute(
-                "DELETE FROM passages WHERE org_id = %s AND memory_id = ANY(%s)", (org, ids)
-            )
+        self._copy_passages(conn, org, ids)
+
+    def _copy_passages(self, conn: Any, org: str, ids: list[str]) -> None:
+        """The memories' passages, replaced whole, each with its token matrix if it has one."""
+        from relay.store.postgres import Vector
+
+        # Their old token matrices go with them (ON DELETE CASCADE).
+        conn.execute("DELETE FROM passages WHERE org_id = %s AND memory_id = ANY(%s)", (org, ids))
+        tokens = (
+            "t.tokens FROM passages p LEFT JOIN passage_tokens t ON t.rowid = p.rowid"
+            if self.tokens
+            else "NULL AS tokens FROM passages p"
+        )
+        passages = self.src.execute(
+            f"SELECT p.*, {tokens} WHERE p.org_id = ?"
+            f" AND p.memory_id IN ({', '.join('?' for _ in ids)}) ORDER BY p.memory_id, p.seq",
+            (org, *ids),
+        ).fetchall()
+        if not passages:
+            return
+        with conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical,"
                 " token_count, content_hash, embedding)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 [
                     (
                         org,
@@ -476,13 +530,27 @@ class Migration:
                         p["content_hash"],
                         Vector.of(p["embedding"]),
                     )
-                    for p in self.src.execute(
-                        f"SELECT * FROM passages WHERE org_id = ? AND memory_id IN ({marks})"
-                        " ORDER BY memory_id, seq",
-                        args,
-                    )
+                    for p in passages
                 ],
+                returning=True,
             )
+            new_ids = []
+            while True:
+                new_ids.append(cur.fetchone()["id"])
+                if not cur.nextset():
+                    break
+            # The target numbers passages afresh: each matrix follows its passage's new id.
+            given = [
+                (i, p["tokens"])
+                for i, p in zip(new_ids, passages, strict=True)
+                if p["tokens"] is not None
+            ]
+            if given:
+                cur.execute(
+                    "INSERT INTO passage_tokens (passage_id, tokens)"
+                    " SELECT * FROM unnest(%s::bigint[], %s::bytea[])",
+                    ([i for i, _ in given], [t for _, t in given]),
+                )
 
     def finish_org(self, conn: Any, org: str, o: sqlite3.Row) -> None:
         """Term statistics and counters, copied whole; the generation moves past the source's."""
@@ -565,8 +633,8 @@ def render(report: list[tuple[str, TableSum, TableSum]]) -> str:
 )
 def migrate(source: str, target: str, batch: int, verify_only: bool, defer_index: bool) -> None:
     """Copy a SQLite store into PostgreSQL: orgs, keys, memories with every revision,
-    passages and embeddings. Resumable (re-run the same command) and verified by
-    per-table counts and checksums."""
+    passages with their embeddings and token matrices. Resumable (re-run the same
+    command) and verified by per-table counts and checksums."""
     from relay.store.postgres import PostgresStore
 
     if not target.startswith(("postgresql://", "postgres://")):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -129,3 +132,52 @@ def test_an_interrupted_migration_resumes(tmp_path: Path, pg_url: str, pg_store:
     assert copied[0] == ["m6", "new"]  # resumed after the two committed batches
     assert all(a == b for _, a, b in verify(src, pg_store))
     src.close()
+
+
+def test_token_matrices_follow_their_passages_new_ids(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    db = tmp_path / "relay.db"
+    orgs = _populate(db)
+    with sqlite3.connect(db) as conn:  # first parts get a matrix, second parts wait for one
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS passage_tokens (rowid INTEGER PRIMARY KEY"
+            " REFERENCES passages(rowid) ON DELETE CASCADE, tokens BLOB NOT NULL)"
+        )
+        rows = conn.execute("SELECT rowid, org_id, memory_id, seq, text FROM passages").fetchall()
+        conn.executemany(
+            "INSERT INTO passage_tokens (rowid, tokens) VALUES (?, ?)",
+            [(r[0], _matrix(r[1], r[2])) for r in rows if r[3] == 0],
+        )
+    conn.close()
+    result = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url, "--batch", "3"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("passage_tokens"))
+    with_matrix = sum(r[3] == 0 for r in rows)
+    assert line.split()[1:3] == [str(with_matrix)] * 2 and line.endswith("ok")
+
+    for org in orgs:
+        with pg_store._tx(org) as c:
+            got = {
+                (r["memory_id"], r["seq"]): bytes(r["tokens"])
+                for r in c.execute(
+                    "SELECT p.memory_id, p.seq, t.tokens FROM passage_tokens t"
+                    " JOIN passages p ON p.id = t.passage_id"
+                )
+            }
+        assert got == {(r[2], 0): _matrix(org, r[2]) for r in rows if r[1] == org and r[3] == 0}
+    waiting = sorted(text for _, _, text in pg_store.missing_tokens(100))
+    assert waiting == sorted(r[4] for r in rows if r[3] != 0)
+
+    # The checksum sees a matrix that differs.
+    with psycopg.connect(pg_store.conninfo, autocommit=True) as owner:
+        owner.execute(
+            "UPDATE passage_tokens SET tokens = '\\x00' WHERE passage_id IN"
+            " (SELECT min(passage_id) FROM passage_tokens)"
+        )
+    check = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url, "--verify-only"])
+    assert check.exit_code != 0 and "DIFFERS" in check.output
+
+
+def _matrix(org: str, memory_id: str) -> bytes:
+    return hashlib.sha256(f"{org}/{memory_id}".encode()).digest() * 4  # one int8 row of 128

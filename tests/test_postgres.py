@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import numpy as np
 import psycopg
 import pytest
+from postgres_support import raw_count
 
 from relay.errors import InvalidRequestError
 from relay.models import MemoryDraft, PassageInput
@@ -233,3 +234,80 @@ def test_a_small_org_is_searched_from_memory_and_a_stale_copy_never_shows_the_de
         time.sleep(0.05)
     fresh = pg_store.semantic_search(org, EVERY, now, q, 5)
     assert [r for r, _ in fresh] == [r for r, _ in exact]
+
+
+def _passage(seq: int, text: str, tokens: bytes | None = None) -> PassageInput:
+    return PassageInput(seq, text, text, f"h{text}", _vectors(1, seq)[0].tobytes(), tokens)
+
+
+def _passage_ids(store: PostgresStore, org: str) -> dict[tuple[str, int], int]:
+    with store._tx(org) as conn:
+        rows = conn.execute("SELECT id, memory_id, seq FROM passages").fetchall()
+    return {(r["memory_id"], r["seq"]): r["id"] for r in rows}
+
+
+def _tokens_of(store: PostgresStore, org: str) -> dict[tuple[str, int], bytes | None]:
+    ids = _passage_ids(store, org)
+    found = store.passages(org, EVERY, datetime.now(UTC), list(ids.values()))
+    assert all(p.tokens is None or type(p.tokens) is bytes for p in found)
+    return {(p.memory_id, p.seq): p.tokens for p in found}
+
+
+def test_token_matrices_are_saved_backfilled_and_go_with_their_passage(pg_store: PostgresStore):
+    t1, t2, t3 = (bytes([n]) * 256 for n in (1, 2, 3))  # two int8 rows of 128 each
+    a, b = pg_store.create_org("acme").id, pg_store.create_org("globex").id
+    first = MemoryDraft(body="one", title="First")
+    pg_store.save_memory(
+        a, "m1", first, "t", [_passage(0, "alpha", t1), _passage(1, "beta")], "create"
+    )
+    batch = [  # two distinct memories: the batch path
+        ("m2", MemoryDraft(body="two"), [_passage(0, "gamma")]),
+        ("m3", MemoryDraft(body="three"), [_passage(0, "delta", t2)]),
+    ]
+    pg_store.save_memories(b, batch, "t", "create")
+    assert _tokens_of(pg_store, a) == {("m1", 0): t1, ("m1", 1): None}
+    assert _tokens_of(pg_store, b) == {("m2", 0): None, ("m3", 0): t2}
+    ia, ib = _passage_ids(pg_store, a), _passage_ids(pg_store, b)
+    missing = [(ia["m1", 1], "First", "beta"), (ib["m2", 0], None, "gamma")]  # across orgs
+    assert pg_store.missing_tokens(10) == missing
+    assert pg_store.missing_tokens(1) == missing[:1]
+
+    # An edit replaces the passages: the old ones' matrices go, and only current ones lack.
+    edit = MemoryDraft(body="one, edited", title="First")
+    pg_store.save_memory(a, "m1", edit, "t", [_passage(0, "alpha, edited", t1)], "edit")
+    assert raw_count(pg_store, "SELECT count(*) FROM passage_tokens") == 2  # m1's new, m3's
+    old = "SELECT count(*) FROM passage_tokens WHERE passage_id = ?"
+    assert raw_count(pg_store, old, (ia["m1", 0],)) == 0
+    assert pg_store.missing_tokens(10) == [(ib["m2", 0], None, "gamma")]
+
+    # The backfill skips a passage gone meanwhile and never overwrites a matrix.
+    edited = _passage_ids(pg_store, a)["m1", 0]
+    pg_store.store_tokens([(ia["m1", 1], t3), (ib["m2", 0], t3), (ib["m3", 0], t1), (edited, t3)])
+    assert _tokens_of(pg_store, a) == {("m1", 0): t1}
+    assert _tokens_of(pg_store, b) == {("m2", 0): t3, ("m3", 0): t2}
+    assert pg_store.missing_tokens(10) == []
+    pg_store.store_tokens([])
+
+    pg_store.delete_memory(b, "m2", "t", None)
+    assert raw_count(pg_store, "SELECT count(*) FROM passage_tokens") == 2
+    pg_store.delete_memory(a, "m1", "t", None)
+    assert raw_count(pg_store, "SELECT count(*) FROM passage_tokens") == 1
+
+
+def test_token_matrices_are_seen_and_written_under_their_passages_org_only(
+    pg_store: PostgresStore,
+):
+    a, b = pg_store.create_org("acme").id, pg_store.create_org("globex").id
+    pg_store.save_memory(
+        a, "m", MemoryDraft(body="x"), "t", [_passage(0, "x", b"\1" * 128)], "create"
+    )
+    pg_store.save_memory(b, "m", MemoryDraft(body="y"), "t", [_passage(0, "y")], "create")
+    theirs = _passage_ids(pg_store, b)["m", 0]
+    with pg_store._tx() as conn:  # no org set: none visible
+        assert conn.execute("SELECT count(*) AS n FROM passage_tokens").fetchone()["n"] == 0
+    with pg_store._tx(b) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM passage_tokens").fetchone()["n"] == 0
+    with pg_store._tx(a) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM passage_tokens").fetchone()["n"] == 1
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # nor a matrix for b's passage
+            conn.execute("INSERT INTO passage_tokens VALUES (%s, '\\x01')", (theirs,))

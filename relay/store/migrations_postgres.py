@@ -14,6 +14,7 @@ own per-transaction setting: `relay.key_id` shows exactly one API key
 (authentication, which runs before the organisation is known) and
 `relay.directory` lists organisations (administration). The embedding cache is
 shared on purpose: it maps a content hash to a vector and carries no tenant.
+`passage_tokens` has no org column: its policy follows its passage's (migration 3).
 
 Why not FORCE ROW LEVEL SECURITY on the owner as well: under RLS PostgreSQL
 may not use an index for an operator that is not LEAKPROOF, and the full-text
@@ -110,6 +111,36 @@ ORG_LEXICAL_FUNCTION = lexical_function(
     "relay_org_terms(p.org_id, p.tsv)"
     " && (SELECT array_agg(org.id || ' ' || c) FROM org, unnest(chosen) AS c)",
 )
+
+# Migration 3: token matrices for late interaction (relay.late), one per passage, apart
+# from `passages` so the rows the vector stages scan stay narrow. They are tenant data
+# without an org column of their own: the policy shows (and lets a writer add) a passage's
+# matrix exactly when the passage itself is visible, i.e. under that passage's org. Rows go
+# with their passage (ON DELETE CASCADE; the cascade runs as the owner, beneath the policy).
+# The backfill works across orgs but reads text only under each org's own setting: these two
+# functions reveal passage ids and their org ids, never content.
+PASSAGE_TOKENS = """
+CREATE TABLE passage_tokens (
+    passage_id bigint PRIMARY KEY REFERENCES passages(id) ON DELETE CASCADE,
+    tokens bytea NOT NULL
+);
+ALTER TABLE passage_tokens ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant ON passage_tokens
+    USING (EXISTS (SELECT 1 FROM passages p WHERE p.id = passage_id))
+    WITH CHECK (EXISTS (SELECT 1 FROM passages p WHERE p.id = passage_id));
+CREATE FUNCTION relay_missing_tokens(lim int) RETURNS TABLE (id bigint, org_id text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT p.id, p.org_id FROM passages p
+    WHERE NOT EXISTS (SELECT 1 FROM passage_tokens t WHERE t.passage_id = p.id)
+    ORDER BY p.id LIMIT lim
+$$;
+REVOKE ALL ON FUNCTION relay_missing_tokens(int) FROM PUBLIC;
+CREATE FUNCTION relay_passage_orgs(ids bigint[]) RETURNS TABLE (id bigint, org_id text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT p.id, p.org_id FROM passages p WHERE p.id = ANY(ids)
+$$;
+REVOKE ALL ON FUNCTION relay_passage_orgs(bigint[]) FROM PUBLIC;
+"""
 
 MIGRATIONS: list[str] = [
     # 1: the whole first schema
@@ -237,6 +268,8 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS passages_org_vectors ON passages (org_id) INCLUDE (id, embedding);
     """
     + ORG_LEXICAL_FUNCTION,
+    # 3: token matrices for late interaction (see above)
+    PASSAGE_TOKENS,
 ]
 
 # Run after every migration pass; idempotent. The role itself is created when

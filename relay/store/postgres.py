@@ -636,7 +636,7 @@ class PostgresStore:
         terms.change(removed=[r["lexical"] for r in old], added=[p.lexical for p in passages])
         if passages:
             with conn.cursor() as cur:
-                cur.executemany(INSERT_PASSAGE, _passage_rows(org_id, memory_id, values, passages))
+                _insert_passages(cur, _passage_rows(org_id, memory_id, values, passages), passages)
         # Supersession is a relation between live memories: recompute both directions.
         conn.execute(
             "UPDATE memories SET superseded_by = NULL WHERE org_id = %s AND superseded_by = %s",
@@ -706,9 +706,10 @@ class PostgresStore:
                 removed=[r["lexical"] for r in old],
                 added=[p.lexical for _, _, _, ps in writes for p in ps],
             )
-            cur.executemany(
-                INSERT_PASSAGE,
+            _insert_passages(
+                cur,
                 [row for _, v, _, ps in writes for row in _passage_rows(org_id, v["id"], v, ps)],
+                [p for _, _, _, ps in writes for p in ps],
             )
             conn.execute(
                 "UPDATE memories SET superseded_by = NULL WHERE org_id = %s"
@@ -965,8 +966,9 @@ class PostgresStore:
         with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
             rows = cur.execute(
                 "SELECT p.id, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
-                " m.source, m.updated_at, m.supersedes, p.embedding FROM passages p"
+                " m.source, m.updated_at, m.supersedes, p.embedding, t.tokens FROM passages p"
                 " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+                " LEFT JOIN passage_tokens t ON t.passage_id = p.id"
                 f" WHERE p.id = ANY(%(ids)s) AND p.org_id = %(org)s AND {visible_sql(True)}",
                 params,
             ).fetchall()
@@ -983,6 +985,7 @@ class PostgresStore:
                 updated_at=r["updated_at"],
                 supersedes=tuple(r["supersedes"]),
                 embedding=r["embedding"],
+                tokens=r["tokens"],
             )
             for r in rows
         ]
@@ -1015,6 +1018,54 @@ class PostgresStore:
                 (org_id, now),
             ).fetchone()
         return None if row is None else row["t"]
+
+    # -- token matrices (relay.late) -------------------------------------------------
+    def missing_tokens(self, limit: int) -> list[tuple[int, str | None, str]]:
+        """(passage id, title, text) of up to `limit` passages of any org without a token
+        matrix, lowest id first: found across orgs by `relay_missing_tokens` (ids only),
+        their text read under each org's own policy."""
+        if limit <= 0:
+            return []
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT id, org_id FROM relay_missing_tokens(%s)", (limit,)
+            ).fetchall()
+        found: list[tuple[int, str | None, str]] = []
+        for org_id, ids in _by_org(rows).items():
+            with self._tx(org_id) as conn:
+                found += [
+                    (r["id"], r["title"], r["text"])
+                    for r in conn.execute(
+                        "SELECT p.id, m.title, p.text FROM passages p"
+                        " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+                        " WHERE p.org_id = %s AND p.id = ANY(%s)",
+                        (org_id, ids),
+                    )
+                ]
+        return sorted(found, key=lambda f: f[0])
+
+    def store_tokens(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Token matrices for passages of any org, skipping passages gone since and those
+        that have one. Each org's are written under its write lock, so no edit can delete a
+        passage between the check and the insert. The generation stays: a matrix adds a
+        feature to a passage's ranking, it changes no memory, and a bump would make every
+        replica reload the org's vectors once per backfill batch."""
+        tokens = {int(i): t for i, t in items}
+        if not tokens:
+            return
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT id, org_id FROM relay_passage_orgs(%s)", (list(tokens),)
+            ).fetchall()
+        for org_id, ids in _by_org(rows).items():
+            with self._write(org_id) as conn:
+                conn.execute(
+                    "INSERT INTO passage_tokens (passage_id, tokens) SELECT t.id, t.tokens"
+                    " FROM unnest(%s::bigint[], %s::bytea[]) AS t(id, tokens)"
+                    " JOIN passages p ON p.id = t.id AND p.org_id = %s"
+                    " ON CONFLICT (passage_id) DO NOTHING",
+                    (ids, [tokens[i] for i in ids], org_id),
+                )
 
     # -- embedding cache -------------------------------------------------------------
     def cached_embeddings(self, model: str, hashes: Sequence[str]) -> dict[str, bytes]:
@@ -1087,6 +1138,7 @@ INSERT_REVISION = (
 INSERT_PASSAGE = (
     "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical,"
     " token_count, content_hash, embedding) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " RETURNING id"
 )
 
 
@@ -1159,6 +1211,35 @@ def _passage_rows(
         )
         for p in passages
     ]
+
+
+def _insert_passages(
+    cur: psycopg.Cursor[Any], rows: list[tuple[Any, ...]], passages: Sequence[PassageInput]
+) -> None:
+    """The passages' rows, then the token matrices of those that carry one, by their new ids."""
+    if not rows:
+        return
+    cur.executemany(INSERT_PASSAGE, rows, returning=True)
+    ids = []
+    while True:
+        ids.append(cur.fetchone()["id"])  # type: ignore[index]
+        if not cur.nextset():
+            break
+    given = [(i, p.tokens) for i, p in zip(ids, passages, strict=True) if p.tokens is not None]
+    if given:
+        cur.execute(
+            "INSERT INTO passage_tokens (passage_id, tokens)"
+            " SELECT * FROM unnest(%s::bigint[], %s::bytea[])",
+            ([i for i, _ in given], [t for _, t in given]),
+        )
+
+
+def _by_org(rows: Sequence[Any]) -> dict[str, list[int]]:
+    """Passage ids grouped by their org, from rows of (id, org_id)."""
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        out.setdefault(r["org_id"], []).append(r["id"])
+    return out
 
 
 def _check_supersedes(
