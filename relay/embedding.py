@@ -25,6 +25,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -38,6 +39,7 @@ DIM = 384
 MAX_TOKENS = 256  # sentence_bert_config.json's max_seq_length; tokenizer.json says 128
 BATCH_SIZE = 32  # texts per batch: larger batches measured slower on this CPU
 BATCH_TOKENS = 512  # padded tokens per batch, so long texts go in small batches
+_NO_STATES = np.empty((0, DIM), np.float32)
 
 
 class Embedder(Protocol):
@@ -53,6 +55,22 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> np.ndarray:
         """float32 (dim,), L2-normalised; the single-query latency path."""
         ...
+
+    def embed_tokens(self, texts: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """`embed(texts)`, and each text's token states: float32 (pieces, dim), one row per
+        word piece, [CLS] and [SEP] left out (relay.late keeps them for MaxSim)."""
+        ...
+
+    def read_query(self, text: str) -> QueryStates:
+        """`embed_query(text)` with the query's token states and their character spans."""
+        ...
+
+
+@dataclass(frozen=True)
+class QueryStates:
+    vector: np.ndarray  # (dim,), L2-normalised
+    states: np.ndarray  # (pieces, dim), [CLS]/[SEP] left out
+    spans: list[tuple[int, int]]  # each piece's character span in the query
 
 
 def available_cores() -> int:
@@ -148,6 +166,10 @@ class OnnxEmbedder:
 
     def _run(self, token_ids: list[list[int]]) -> np.ndarray:
         """Vectors for one batch: mean over real tokens of last_hidden_state, L2-normalised."""
+        return self._hidden(token_ids)[0]
+
+    def _hidden(self, token_ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(pooled vectors, last_hidden_state) of one batch."""
         width = max(len(ids) for ids in token_ids)
         input_ids = np.zeros((len(token_ids), width), np.int64)
         mask = np.zeros((len(token_ids), width), np.int64)
@@ -162,30 +184,45 @@ class OnnxEmbedder:
         hidden = self._session.run(["last_hidden_state"], feeds)[0]
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-        return _normalise(pooled)
+        return _normalise(pooled), hidden
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed_tokens(texts, keep_tokens=False)[0]
+
+    def embed_tokens(
+        self, texts: Sequence[str], keep_tokens: bool = True
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         out = np.empty((len(texts), DIM), np.float32)
+        states: list[np.ndarray] = [_NO_STATES] * len(texts)
         if not texts:
-            return out
+            return out, states
         token_ids = [encoding.ids for encoding in self._tokenize(list(texts))]
         batches = plan_batches([len(ids) for ids in token_ids], self.batch_size, self.batch_tokens)
 
-        def run(batch: list[int]) -> np.ndarray:
-            return self._run([token_ids[i] for i in batch])
+        def run(batch: list[int]) -> tuple[np.ndarray, np.ndarray]:
+            return self._hidden([token_ids[i] for i in batch])
 
-        results: Iterator[np.ndarray]
+        results: Iterator[tuple[np.ndarray, np.ndarray]]
         if self._pool is None or len(batches) == 1:
             results = map(run, batches)
         else:
             results = self._pool.map(run, batches)
-        for batch, vectors in zip(batches, results, strict=True):
+        for batch, (vectors, hidden) in zip(batches, results, strict=True):
             out[batch] = vectors
-        return out
+            if keep_tokens:
+                for row, i in enumerate(batch):
+                    states[i] = hidden[row, 1 : len(token_ids[i]) - 1].copy()
+        return out, states
 
     def embed_query(self, text: str) -> np.ndarray:
         # The caller's thread, one intra-op thread, no padding: the lowest-latency path.
         return self._run([self._tokenizer.encode(text).ids])[0]
+
+    def read_query(self, text: str) -> QueryStates:
+        encoding = self._tokenizer.encode(text)
+        vectors, hidden = self._hidden([encoding.ids])
+        inner = slice(1, len(encoding.ids) - 1)
+        return QueryStates(vectors[0], hidden[0, inner], list(encoding.offsets[inner]))
 
 
 class SentenceTransformerEmbedder:
@@ -240,6 +277,34 @@ class SentenceTransformerEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.embed([text])[0]
+
+    def embed_tokens(self, texts: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+        if not texts:
+            return np.empty((0, DIM), np.float32), []
+        with self._lock:
+            outputs = self._model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                output_value=None,  # both the pooled vector and the token states
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        vectors = np.stack([o["sentence_embedding"].cpu().numpy() for o in outputs])
+        # Rows come padded to the batch's longest text: keep the real pieces only.
+        states = [
+            o["token_embeddings"][1 : int(o["attention_mask"].sum()) - 1].cpu().numpy()
+            for o in outputs
+        ]
+        return vectors.astype(np.float32).reshape(len(texts), DIM), [
+            s.astype(np.float32) for s in states
+        ]
+
+    def read_query(self, text: str) -> QueryStates:
+        vectors, states = self.embed_tokens([text])
+        spans = self._model.tokenizer(
+            text, return_offsets_mapping=True, truncation=True, max_length=MAX_TOKENS
+        )["offset_mapping"][1:-1]
+        return QueryStates(vectors[0], states[0], [tuple(span) for span in spans])
 
 
 PROVIDERS: dict[str, type[OnnxEmbedder] | type[SentenceTransformerEmbedder]] = {

@@ -160,6 +160,7 @@ class PassageInput:
     lexical: str
     content_hash: str
     embedding: bytes  # float32 little-endian, L2-normalised
+    tokens: bytes | None = None  # int8 token matrix for late interaction (relay.late)
 
 
 @dataclass(frozen=True)
@@ -177,3 +178,4 @@ class Passage:
     updated_at: datetime
     supersedes: tuple[str, ...] = field(default=())
     embedding: bytes | None = None  # float32 vector, for scoring candidates the vector stage missed
+    tokens: bytes | None = None  # int8 token matrix (relay.late); None until backfilled

@@ -42,11 +42,12 @@ from typing import Literal
 import numpy as np
 
 from relay.cache import ResultCache
-from relay.embedding import Embedder
+from relay.embedding import Embedder, QueryStates
 from relay.errors import InvalidRequestError
+from relay.late import QueryPieces
 from relay.models import Passage, Principal, iso
 from relay.store import Store
-from relay.text import proper_names, query_terms, subject_terms
+from relay.text import proper_names, query_terms, subject_terms, word_spans
 
 Mode = Literal["hybrid", "lexical", "semantic"]
 MODES: tuple[Mode, ...] = ("hybrid", "lexical", "semantic")
@@ -73,41 +74,62 @@ class Weights:
     unknown_share: float = 0.0
     topic_elsewhere: float = 0.0
     words_elsewhere: float = 0.0
+    maxsim: float = 0.0
 
 
 # Fitted by scripts/calibrate.py on the development splits (first 3 stores of each LoCoMo
 # folder, odd-numbered conversations of coding_prompts); see BENCHMARKS.md "Recall".
 HYBRID_WEIGHTS = Weights(
-    bias=-4.887,
-    cosine=3.4,
-    lift=2.798,
-    gap=-1.45,
-    coverage=4.008,
-    missing_names=0.175,
-    off_subject=-1.834,
-    rival=-1.746,
-    unknown_names=-1.028,
-    absent_rarest=1.809,
-    absent_second=-0.178,
-    unknown_terms=0.548,
-    unknown_share=-2.163,
+    bias=-6.443,
+    cosine=0.849,
+    lift=2.981,
+    gap=-3.069,
+    coverage=0.133,
+    missing_names=-0.205,
+    off_subject=-2.295,
+    rival=-2.367,
+    unknown_names=-0.486,
+    absent_rarest=1.347,
+    absent_second=-0.003,
+    unknown_terms=0.508,
+    unknown_share=-2.22,
     # Not fitted (a likelihood fit weighs it far too little to abstain): the wrong-person
     # gate, the most dev adversarial abstention that costs at most 2 points of dev recall@3
     # on either LoCoMo folder at the default threshold (BENCHMARKS.md "Recall").
     topic_elsewhere=-7.0,
     words_elsewhere=-4.0,
+    maxsim=7.952,
+)
+# The same fit without MaxSim: for a query whose candidates' token matrices are not all
+# backfilled yet (a store written before relay.late).
+POOLED_WEIGHTS = Weights(
+    bias=-4.816,
+    cosine=3.231,
+    lift=3.107,
+    gap=-1.936,
+    coverage=3.954,
+    missing_names=0.41,
+    off_subject=-2.022,
+    rival=-2.357,
+    unknown_names=-0.803,
+    absent_rarest=1.836,
+    absent_second=-0.249,
+    unknown_terms=0.535,
+    unknown_share=-2.146,
+    topic_elsewhere=-7.0,
+    words_elsewhere=-4.0,
 )
 LEXICAL_WEIGHTS = Weights(
-    bias=-4.134,
-    coverage=5.673,
-    missing_names=-0.098,
-    off_subject=-1.865,
-    rival=-12.911,
-    unknown_names=-1.929,
-    absent_rarest=2.683,
-    absent_second=0.347,
-    unknown_terms=0.283,
-    unknown_share=-2.155,
+    bias=-3.561,
+    coverage=5.126,
+    missing_names=-0.746,
+    off_subject=-2.228,
+    rival=-12.305,
+    unknown_names=-1.599,
+    absent_rarest=2.448,
+    absent_second=0.199,
+    unknown_terms=0.268,
+    unknown_share=-2.205,
     topic_elsewhere=-7.0,  # the same rule on lexical-only runs picks the same gate
     words_elsewhere=-4.0,
 )
@@ -120,7 +142,8 @@ class SearchSettings:
     candidates: int = 12  # passages inspected after fusion
     first_stage: int = 40  # candidates each stage proposes
     rrf_k: int = 5  # small: a stage's top few count for more than agreement far down
-    hybrid: Weights = HYBRID_WEIGHTS  # calibrated relevance when the cosine is known
+    hybrid: Weights = HYBRID_WEIGHTS  # calibrated relevance when cosine and MaxSim are known
+    pooled: Weights = POOLED_WEIGHTS  # ... the cosine only (token matrices not backfilled yet)
     lexical: Weights = LEXICAL_WEIGHTS  # ... and when only the lexical stage ran
     threshold: float = 0.15  # the highest that costs <= 1 point of dev recall@3 (calibrate.py)
     min_budget_ms: float = 5.0  # below this the request is answered with nothing
@@ -194,6 +217,9 @@ class Features:
                    best one about the person asked about (query-level: the wrong person)
     words_elsewhere  IDF-weighted share of the topic words that only passages about someone
                    else say (query-level)
+    maxsim         late interaction (relay.late): each query word's best match among the
+                   passage's words, IDF-weighted (None without the query's token states, or
+                   when some inspected passage has no token matrix yet)
     """
 
     cosine: float | None
@@ -210,6 +236,7 @@ class Features:
     unknown_share: float = 0.0
     topic_elsewhere: float = 0.0
     words_elsewhere: float = 0.0
+    maxsim: float | None = None
 
 
 def idf(total: int, df: int) -> float:
@@ -217,7 +244,7 @@ def idf(total: int, df: int) -> float:
 
 
 def relevance(f: Features, s: SearchSettings) -> float:
-    w = s.lexical if f.cosine is None else s.hybrid
+    w = s.lexical if f.cosine is None else s.pooled if f.maxsim is None else s.hybrid
     z = (
         w.bias
         + w.coverage * f.coverage
@@ -234,6 +261,8 @@ def relevance(f: Features, s: SearchSettings) -> float:
     )
     if f.cosine is not None:
         z += w.cosine * f.cosine + w.lift * f.lift + w.gap * f.gap
+    if f.maxsim is not None:
+        z += w.maxsim * f.maxsim
     return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 
 
@@ -275,6 +304,7 @@ def candidate_features(
     passages: list[Passage],
     cosines: list[float | None],
     background: float,
+    maxsims: list[float] | None = None,
 ) -> list[Features]:
     """Features of every inspected candidate of one query (see `Features`)."""
     r = reading
@@ -316,7 +346,9 @@ def candidate_features(
     off_topics = [topic for _, off, _, topic in heads if off]
     best_off = max(off_topics) if off_topics else None
     out = []
-    for (have, off_subject, lift, topic), cosine in zip(heads, cosines, strict=True):
+    for i, ((have, off_subject, lift, topic), cosine) in enumerate(
+        zip(heads, cosines, strict=True)
+    ):
         absent = sorted((r.weights[t] / r.max_idf for t in r.terms if t not in have), reverse=True)
         out.append(
             Features(
@@ -340,6 +372,7 @@ def candidate_features(
                 unknown_share=r.unknown_share,
                 topic_elsewhere=topic_elsewhere,
                 words_elsewhere=words_elsewhere,
+                maxsim=maxsims[i] if maxsims is not None else None,
             )
         )
     return out
@@ -444,11 +477,13 @@ class Searcher:
             stages.append("lexical")
         semantic: list[tuple[int, float]] = []
         qvec = None
+        qstates: QueryStates | None = None
         if future is not None:
             try:
-                qvec, semantic, took = future.result(
+                qstates, semantic, took = future.result(
                     timeout=max(0.0, _left_ms(deadline) - 3) / 1000
                 )
+                qvec = qstates.vector
                 timings["semantic_ms"] = took
                 stages.append("semantic")
                 with self._lock:
@@ -480,6 +515,7 @@ class Searcher:
             passages,
             [cosines.get(p.rowid) if qvec is not None else None for p in passages],
             background,
+            _maxsims(qstates, query, reading, passages),
         )
         scored = [(p, f, relevance(f, s)) for p, f in zip(passages, features, strict=True)]
         if self.observe is not None:
@@ -499,9 +535,11 @@ class Searcher:
     def _semantic(self, org: str, audiences: frozenset[str], now: datetime, query: str):  # noqa: ANN202
         t = time.monotonic()
         assert self.embedder is not None
-        qvec = self.embedder.embed_query(query)
-        hits = self.store.semantic_search(org, audiences, now, qvec, self.settings.first_stage)
-        return qvec, hits, _ms(t)
+        states = self.embedder.read_query(query)
+        hits = self.store.semantic_search(
+            org, audiences, now, states.vector, self.settings.first_stage
+        )
+        return states, hits, _ms(t)
 
     @staticmethod
     def _cosines(qvec: np.ndarray, passages: list[Passage], rowids: list[int]) -> dict[int, float]:
@@ -512,6 +550,23 @@ class Searcher:
             for p in passages
             if p.rowid in wanted and p.embedding is not None
         }
+
+
+def _maxsims(
+    states: QueryStates | None, query: str, reading: QueryReading, passages: list[Passage]
+) -> list[float] | None:
+    """Every inspected passage's MaxSim, or None unless all have a token matrix: one query
+    is scored by one model, never half by each."""
+    if states is None or not passages or any(p.tokens is None for p in passages):
+        return None
+    words = [
+        (start, end, reading.weights.get(term, 0.0) if term else 0.0)
+        for start, end, term in word_spans(query)
+    ]
+    pieces = QueryPieces.read(states.states, states.spans, words)
+    if pieces is None:
+        return None
+    return [pieces.maxsim(p.tokens) for p in passages if p.tokens is not None]
 
 
 def _ms(since: float) -> float:

@@ -81,15 +81,22 @@ def build_services(conf: dict[str, Any]) -> Services:
     embedder = load_embedder(conf["embedder"], conf["embed_threads"])
     cache = ResultCache(conf["cache_entries"]) if conf["cache_entries"] > 0 else None
     # A large org's first search would otherwise wait on loading its vectors.
-    threading.Thread(target=_warm, args=(store,), name="relay-warm", daemon=True).start()
+    threading.Thread(target=_warm, args=(store, embedder), name="relay-warm", daemon=True).start()
     return Services(store, Searcher(store, embedder, cache=cache), embedder, Metrics())
 
 
-def _warm(store: Store) -> None:
+def _warm(store: Store, embedder: Embedder) -> None:
     try:
         store.warm()
     except Exception:  # a warm-up is an optimisation: searches load what they need anyway
         log.warning("warming the store failed", exc_info=True)
+    done = 0
+    try:
+        for n in writes.backfill_tokens(store, embedder):
+            done += n
+            log.info("token matrices: %d stored passages backfilled so far", done)
+    except Exception:  # until it succeeds, those queries use the cosine-only model
+        log.warning("backfilling token matrices failed after %d passages", done, exc_info=True)
 
 
 def _principal(

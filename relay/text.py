@@ -57,18 +57,35 @@ def stem(word: str) -> str:
     return word
 
 
+def _fold(raw: str) -> str:
+    """A word as the index sees it: lower-cased, apostrophes folded ("team's" -> "team")."""
+    w = raw.lower().replace("’", "'")
+    if w.endswith("'s"):
+        w = w[:-2]
+    return w.replace("'", "")
+
+
 def words(text: str, limit: int | None = None) -> list[str]:
     """Lower-cased word tokens, apostrophes folded ("team's" -> "team"); the first `limit`."""
     out: list[str] = []
     for m in _WORD.finditer(text.lower()):
-        w = m.group().replace("’", "'")
-        if w.endswith("'s"):
-            w = w[:-2]
-        w = w.replace("'", "")
+        w = _fold(m.group())
         if w:
             out.append(w)
             if limit is not None and len(out) >= limit:
                 break
+    return out
+
+
+def word_spans(text: str) -> list[tuple[int, int, str | None]]:
+    """Each word's character span in `text` and its query term (None for a stopword).
+
+    Matched on `text` itself, not lower-cased, so the spans line up with the tokenizer's."""
+    out = []
+    for m in _WORD.finditer(text):
+        w = _fold(m.group())
+        if w:
+            out.append((m.start(), m.end(), None if w in STOPWORDS else stem(w)))
     return out
 
 

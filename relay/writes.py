@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from relay import hygiene
+from relay import hygiene, late
 from relay.embedding import Embedder
 from relay.errors import InvalidRequestError
 from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput
@@ -79,16 +79,23 @@ def prepare(
             parts.append((text, to_embed, digest))
         pending.append((memory_id, draft, parts))
     wanted = {digest: to_embed for _, _, parts in pending for _, to_embed, digest in parts}
+    tokens_model = late.cache_model(embedder.name)
     vectors = store.cached_embeddings(embedder.name, list(wanted))
-    missing = [d for d in wanted if d not in vectors]
+    tokens = store.cached_embeddings(tokens_model, list(wanted))
+    missing = [d for d in wanted if d not in vectors or d not in tokens]
     fresh: dict[str, bytes] = {}
+    fresh_tokens: dict[str, bytes] = {}
     for start in range(0, len(missing), EMBED_BATCH * 8):
         chunk = missing[start : start + EMBED_BATCH * 8]
-        matrix = embedder.embed([wanted[d] for d in chunk]).astype("<f4")
+        matrix, states = embedder.embed_tokens([wanted[d] for d in chunk])
+        matrix = matrix.astype("<f4")
         fresh.update({d: matrix[i].tobytes() for i, d in enumerate(chunk)})
+        fresh_tokens.update({d: late.pack(states[i]) for i, d in enumerate(chunk)})
     if fresh:
         store.cache_embeddings(embedder.name, fresh)
+        store.cache_embeddings(tokens_model, fresh_tokens)
         vectors.update(fresh)
+        tokens.update(fresh_tokens)
     prepared = []
     for memory_id, draft, parts in pending:
         passages = [
@@ -98,6 +105,7 @@ def prepare(
                 lexical=" ".join(lexical_terms(embedding_text(draft.title, text))),
                 content_hash=digest,
                 embedding=vectors[digest],
+                tokens=tokens[digest],
             )
             for i, (text, _, digest) in enumerate(parts)
         ]
@@ -146,3 +154,15 @@ def save_many(
         if progress:
             progress(len(chunk))
     return written, unchanged
+
+
+def backfill_tokens(
+    store: Store, embedder: Embedder, batch: int = EMBED_BATCH * 2
+) -> Iterator[int]:
+    """Give every stored passage without a token matrix (written before relay.late existed)
+    its matrix, `batch` at a time; yields how many each step stored. Until a query's
+    candidates all have theirs, search scores it with the cosine-only model."""
+    while rows := store.missing_tokens(batch):
+        _, states = embedder.embed_tokens([embedding_text(title, text) for _, title, text in rows])
+        store.store_tokens([(row[0], late.pack(s)) for row, s in zip(rows, states, strict=True)])
+        yield len(rows)

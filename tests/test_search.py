@@ -20,9 +20,16 @@ class SlowEmbedder:
     def embed(self, texts):
         return self.inner.embed(texts)
 
+    def embed_tokens(self, texts):
+        return self.inner.embed_tokens(texts)
+
     def embed_query(self, text):
         time.sleep(self.delay_s)
         return self.inner.embed_query(text)
+
+    def read_query(self, text):
+        time.sleep(self.delay_s)
+        return self.inner.read_query(text)
 
 
 def _org(store, embedder, bodies: list[str]) -> Principal:

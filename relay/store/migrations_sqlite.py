@@ -131,4 +131,13 @@ MIGRATIONS: list[str] = [
     CREATE INDEX memories_org_valid_until ON memories(org_id, valid_until)
         WHERE valid_until IS NOT NULL;
     """,
+    # 4: each passage's token matrix for late interaction (relay.late), in its own table so
+    # the passage rows that vector loads scan stay small; passages stored before this get
+    # theirs from the server's backfill (relay.backfill)
+    """
+    CREATE TABLE passage_tokens (
+        rowid INTEGER PRIMARY KEY REFERENCES passages(rowid) ON DELETE CASCADE,
+        tokens BLOB NOT NULL
+    );
+    """,
 ]

@@ -455,6 +455,11 @@ class SQLiteStore:
                 for p in passages
             ],
         )
+        conn.executemany(
+            "INSERT INTO passage_tokens SELECT rowid, ? FROM passages"
+            " WHERE org_id = ? AND memory_id = ? AND seq = ?",
+            [(p.tokens, org_id, memory_id, p.seq) for p in passages if p.tokens is not None],
+        )
         _update_terms(conn, org_id, removed=old, added=[p.lexical for p in passages])
         # Supersession is a relation between live memories: recompute both directions.
         conn.execute(
@@ -727,8 +732,10 @@ class SQLiteStore:
                 self._reader()
                 .execute(
                     "SELECT p.rowid, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
-                    " m.source, m.updated_at, m.supersedes, p.embedding FROM passages p NOT INDEXED"
+                    " m.source, m.updated_at, m.supersedes, p.embedding, t.tokens"
+                    " FROM passages p NOT INDEXED"
                     " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+                    " LEFT JOIN passage_tokens t ON t.rowid = p.rowid"
                     f" WHERE p.rowid IN ({ids}) AND p.org_id = :org AND {visible_sql(count)}",
                     params,
                 )
@@ -747,9 +754,35 @@ class SQLiteStore:
                 updated_at=_dt(r["updated_at"]),  # type: ignore[arg-type]
                 supersedes=tuple(json.loads(r["supersedes"])),
                 embedding=r["embedding"],
+                tokens=r["tokens"],
             )
             for r in rows
         ]
+
+    # -- token matrices (relay.late) ------------------------------------------
+    def missing_tokens(self, limit: int) -> list[tuple[int, str | None, str]]:
+        with translate_errors():
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT p.rowid, m.title, p.text FROM passages p"
+                    " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+                    " WHERE NOT EXISTS (SELECT 1 FROM passage_tokens t WHERE t.rowid = p.rowid)"
+                    " ORDER BY p.rowid LIMIT ?",
+                    (limit,),
+                )
+                .fetchall()
+            )
+        return [(r["rowid"], r["title"], r["text"]) for r in rows]
+
+    def store_tokens(self, items: Sequence[tuple[int, bytes]]) -> None:
+        # A passage replaced or deleted since it was read is skipped, not revived.
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO passage_tokens SELECT rowid, ? FROM passages"
+                " WHERE rowid = ?",
+                [(blob, rowid) for rowid, blob in items],
+            )
 
     def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
         with self._read() as conn:
