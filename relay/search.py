@@ -145,7 +145,7 @@ class SearchSettings:
     hybrid: Weights = HYBRID_WEIGHTS  # calibrated relevance when cosine and MaxSim are known
     pooled: Weights = POOLED_WEIGHTS  # ... the cosine only (token matrices not backfilled yet)
     lexical: Weights = LEXICAL_WEIGHTS  # ... and when only the lexical stage ran
-    threshold: float = 0.15  # the highest that costs <= 1 point of dev recall@3 (calibrate.py)
+    threshold: float = 0.1  # the highest that costs <= 1 point of dev recall@3 (BENCHMARKS.md)
     min_budget_ms: float = 5.0  # below this the request is answered with nothing
 
     def fingerprint(self) -> tuple[object, ...]:
