@@ -17,7 +17,8 @@ someone else matches the topic much better (`rival`), whether the query's topic 
 said only, or said better, by passages about someone else than about the person it
 asks about (`topic_elsewhere`, `words_elsewhere`: a question about the wrong person),
 and whether the query names things this organisation has never written down at all
-(`unknown_names`).
+(`unknown_names`), and how well each query word finds its match among the passage's
+words (`maxsim`, late interaction over stored token matrices: relay.late).
 The weights are fixed settings (`SearchSettings.hybrid`, `.lexical`) fitted by
 scripts/calibrate.py on development splits only, never on the queries a
 benchmark reports.
@@ -146,6 +147,11 @@ class SearchSettings:
     pooled: Weights = POOLED_WEIGHTS  # ... the cosine only (token matrices not backfilled yet)
     lexical: Weights = LEXICAL_WEIGHTS  # ... and when only the lexical stage ran
     threshold: float = 0.1  # the highest that costs <= 1 point of dev recall@3 (BENCHMARKS.md)
+    # ... and at least this share of the best result's score: where the best is a strong
+    # match, the model lifts every candidate of the query (a query-level signal), and in a
+    # small org that let unrelated memories through. The highest share that costs at most
+    # 0.5 point of dev recall@5 on every folder (BENCHMARKS.md).
+    relative: float = 0.3
     min_budget_ms: float = 5.0  # below this the request is answered with nothing
 
     def fingerprint(self) -> tuple[object, ...]:
@@ -530,6 +536,9 @@ class Searcher:
                 )
         timings["score_ms"] = _ms(t)
         results = sorted(best.values(), key=lambda h: h.score, reverse=True)[:k]
+        if results:
+            floor = s.relative * results[0].score
+            results = [h for h in results if h.score >= floor]
         return SearchResponse(results, stages, degraded, False, _ms(start), timings)
 
     def _semantic(self, org: str, audiences: frozenset[str], now: datetime, query: str):  # noqa: ANN202

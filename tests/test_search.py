@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from relay.auth import mint_key
@@ -137,3 +138,18 @@ def test_a_question_about_the_wrong_person_finds_nothing(store, embedder):
     assert [h.id for h in right.results][:1] == ["m0"]
     assert wrong.results == []
     searcher.close()
+
+
+def test_a_small_org_answers_a_strong_match_without_its_unrelated_memories(store, embedder):
+    """Where the best candidate is a strong match the model lifts the whole query, so in an
+    org of three memories the two unrelated ones cleared the threshold beside it."""
+    p = _org(store, embedder, BODIES)
+    searcher = Searcher(store, embedder)
+    res = searcher.search(p, "which cluster is staging on?", k=3, deadline_ms=10_000)
+    assert [h.id for h in res.results] == ["m1"]
+    lenient = Searcher(store, embedder, dataclasses.replace(searcher.settings, relative=0.0))
+    assert (
+        len(lenient.search(p, "which cluster is staging on?", k=3, deadline_ms=10_000).results) > 1
+    )
+    searcher.close()
+    lenient.close()
