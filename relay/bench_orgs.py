@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from relay import late
 from relay.auth import mint_key
 from relay.bench_search import (
     BENCH,
@@ -78,7 +79,9 @@ class Corpus:
         self.titles = [d.title for d in drafts]
         t = time.perf_counter()
         to_embed = [f"{d.title}\n{d.body}" if d.title else d.body for d in drafts]
-        self.vectors = np.asarray(embedder.embed(to_embed), dtype="<f4")
+        vectors, states = embedder.embed_tokens(to_embed)
+        self.vectors = np.asarray(vectors, dtype="<f4")
+        self.tokens = [late.pack(s) for s in states]  # copies share their text's matrix
         progress(f"embedded {len(self.texts)} distinct texts in {time.perf_counter() - t:.0f} s")
         self.lexical = [" ".join(lexical_terms(t)) for t in to_embed]
 
@@ -98,7 +101,7 @@ class Corpus:
         text = self.texts[base]
         draft = MemoryDraft(body=text, title=self.titles[base], source="bench/rules")
         embedding = self.vector(org, i).tobytes()
-        passage = PassageInput(0, text, self.lexical[base], f"{base}", embedding)
+        passage = PassageInput(0, text, self.lexical[base], f"{base}", embedding, self.tokens[base])
         return f"m{i:07d}", draft, [passage]
 
     def matrix(self, org: str, n: int) -> np.ndarray:
