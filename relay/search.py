@@ -5,6 +5,7 @@
     -> the <= 12 best candidates by reciprocal-rank fusion
     -> re-fetched through the access filter -> scored with a calibrated model
     -> relevance threshold -> best passage per memory -> top k
+    -> those within `relative` of the best
 
 Fused rank scores have no absolute meaning, so the threshold is applied to a
 calibrated relevance estimate instead: a logistic model over a dozen cheap
@@ -19,7 +20,7 @@ asks about (`topic_elsewhere`, `words_elsewhere`: a question about the wrong per
 and whether the query names things this organisation has never written down at all
 (`unknown_names`), and how well each query word finds its match among the passage's
 words (`maxsim`, late interaction over stored token matrices: relay.late).
-The weights are fixed settings (`SearchSettings.hybrid`, `.lexical`) fitted by
+The weights are fixed settings (`SearchSettings.hybrid`, `.pooled`, `.lexical`) fitted by
 scripts/calibrate.py on development splits only, never on the queries a
 benchmark reports.
 
