@@ -95,6 +95,8 @@ def _warm(store: Store, embedder: Embedder) -> None:
         for n in writes.backfill_tokens(store, embedder):
             done += n
             log.info("token matrices: %d stored passages backfilled so far", done)
+        if done:
+            log.info("token matrices: backfill complete, %d passages", done)
     except Exception:  # until it succeeds, those queries use the cosine-only model
         log.warning("backfilling token matrices failed after %d passages", done, exc_info=True)
 

@@ -160,7 +160,7 @@ def test_the_server_backfills_at_start_up(store, embedder, caplog):
     caplog.set_level("INFO", logger="relay")
     server._warm(store, embedder)  # what build_services runs on its start-up thread
     assert store.missing_tokens(10) == []
-    assert "1 stored passages backfilled" in caplog.text
+    assert "backfill complete, 1 passages" in caplog.text
 
 
 def test_token_matrices_go_with_their_passage(store, embedder):
