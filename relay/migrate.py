@@ -497,7 +497,7 @@ class Migration:
 
     def _copy_passages(self, conn: Any, org: str, ids: list[str]) -> None:
         """The memories' passages, replaced whole, each with its token matrix if it has one."""
-        from relay.store.postgres import Vector
+        from relay.store.postgres import Vector, insert_passages
 
         # Their old token matrices go with them (ON DELETE CASCADE).
         conn.execute("DELETE FROM passages WHERE org_id = %s AND memory_id = ANY(%s)", (org, ids))
@@ -513,44 +513,22 @@ class Migration:
         ).fetchall()
         if not passages:
             return
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical,"
-                " token_count, content_hash, embedding)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                [
-                    (
-                        org,
-                        p["memory_id"],
-                        p["revision"],
-                        p["seq"],
-                        p["text"],
-                        p["lexical"],
-                        len(p["lexical"].split()),
-                        p["content_hash"],
-                        Vector.of(p["embedding"]),
-                    )
-                    for p in passages
-                ],
-                returning=True,
+        rows = [
+            (
+                org,
+                p["memory_id"],
+                p["revision"],
+                p["seq"],
+                p["text"],
+                p["lexical"],
+                len(p["lexical"].split()),
+                p["content_hash"],
+                Vector.of(p["embedding"]),
             )
-            new_ids = []
-            while True:
-                new_ids.append(cur.fetchone()["id"])
-                if not cur.nextset():
-                    break
-            # The target numbers passages afresh: each matrix follows its passage's new id.
-            given = [
-                (i, p["tokens"])
-                for i, p in zip(new_ids, passages, strict=True)
-                if p["tokens"] is not None
-            ]
-            if given:
-                cur.execute(
-                    "INSERT INTO passage_tokens (passage_id, tokens)"
-                    " SELECT * FROM unnest(%s::bigint[], %s::bytea[])",
-                    ([i for i, _ in given], [t for _, t in given]),
-                )
+            for p in passages
+        ]
+        with conn.cursor() as cur:
+            insert_passages(cur, rows, [p["tokens"] for p in passages])
 
     def finish_org(self, conn: Any, org: str, o: sqlite3.Row) -> None:
         """Term statistics and counters, copied whole; the generation moves past the source's."""

@@ -636,7 +636,11 @@ class PostgresStore:
         terms.change(removed=[r["lexical"] for r in old], added=[p.lexical for p in passages])
         if passages:
             with conn.cursor() as cur:
-                _insert_passages(cur, _passage_rows(org_id, memory_id, values, passages), passages)
+                insert_passages(
+                    cur,
+                    _passage_rows(org_id, memory_id, values, passages),
+                    [p.tokens for p in passages],
+                )
         # Supersession is a relation between live memories: recompute both directions.
         conn.execute(
             "UPDATE memories SET superseded_by = NULL WHERE org_id = %s AND superseded_by = %s",
@@ -706,10 +710,10 @@ class PostgresStore:
                 removed=[r["lexical"] for r in old],
                 added=[p.lexical for _, _, _, ps in writes for p in ps],
             )
-            _insert_passages(
+            insert_passages(
                 cur,
                 [row for _, v, _, ps in writes for row in _passage_rows(org_id, v["id"], v, ps)],
-                [p for _, _, _, ps in writes for p in ps],
+                [p.tokens for _, _, _, ps in writes for p in ps],
             )
             conn.execute(
                 "UPDATE memories SET superseded_by = NULL WHERE org_id = %s"
@@ -1213,10 +1217,11 @@ def _passage_rows(
     ]
 
 
-def _insert_passages(
-    cur: psycopg.Cursor[Any], rows: list[tuple[Any, ...]], passages: Sequence[PassageInput]
+def insert_passages(
+    cur: psycopg.Cursor[Any], rows: list[tuple[Any, ...]], tokens: Sequence[bytes | None]
 ) -> None:
-    """The passages' rows, then the token matrices of those that carry one, by their new ids."""
+    """Passage rows (`INSERT_PASSAGE`'s columns), then the token matrices of those that carry
+    one, by the ids the rows were given (relay migrate numbers passages afresh too)."""
     if not rows:
         return
     cur.executemany(INSERT_PASSAGE, rows, returning=True)
@@ -1225,7 +1230,7 @@ def _insert_passages(
         ids.append(cur.fetchone()["id"])  # type: ignore[index]
         if not cur.nextset():
             break
-    given = [(i, p.tokens) for i, p in zip(ids, passages, strict=True) if p.tokens is not None]
+    given = [(i, t) for i, t in zip(ids, tokens, strict=True) if t is not None]
     if given:
         cur.execute(
             "INSERT INTO passage_tokens (passage_id, tokens)"
