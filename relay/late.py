@@ -82,10 +82,12 @@ class QueryPieces:
         nothing weighs its pieces alike."""
         if len(states) == 0:
             return None
-        owner = [
-            next((i for i, (a, b, _) in enumerate(words) if a <= start < b), None)
-            for start, _ in spans
-        ]
+        owner: list[int | None] = []
+        w = 0  # words and pieces both run left to right: one pass over each
+        for start, _ in spans:
+            while w < len(words) and words[w][1] <= start:
+                w += 1
+            owner.append(w if w < len(words) and words[w][0] <= start else None)
         pieces: dict[int, int] = {}
         for i in owner:
             if i is not None:
