@@ -157,13 +157,14 @@ def save_many(
 
 
 def backfill_tokens(
-    store: Store, embedder: Embedder, batch: int = EMBED_BATCH * 16
+    store: Store, embedder: Embedder, batch: int = EMBED_BATCH * 4
 ) -> Iterator[int]:
     """Give every stored passage without a token matrix (written before relay.late existed)
-    its matrix, `batch` at a time; yields how many each step stored. Until a query's
-    candidates all have theirs, search scores it with the cosine-only model. Batches are
-    large because finding the next ones rescans the passages already done."""
-    while rows := store.missing_tokens(batch):
+    its matrix, `batch` at a time, in passage order; yields how many each step stored. Until
+    a query's candidates all have theirs, search scores it with the cosine-only model."""
+    after = 0
+    while rows := store.missing_tokens(batch, after):
         _, states = embedder.embed_tokens([embedding_text(title, text) for _, title, text in rows])
         store.store_tokens([(row[0], late.pack(s)) for row, s in zip(rows, states, strict=True)])
+        after = rows[-1][0]
         yield len(rows)

@@ -130,6 +130,7 @@ def test_passages_stored_without_token_matrices_are_backfilled(store, embedder):
         store.save_memory(org, write.memory_id, write.draft, "t", bare, "create")
     missing = store.missing_tokens(10)
     assert [text for _, _, text in missing] == BODIES and {t for _, t, _ in missing} == {"Ops"}
+    assert store.missing_tokens(10, after=missing[0][0]) == missing[1:]  # where a batch resumes
     searcher = Searcher(store, embedder)
     seen: list = []
     searcher.observe = lambda q, scored: seen.extend(f for _, f, _ in scored)

@@ -270,6 +270,19 @@ MIGRATIONS: list[str] = [
     + ORG_LEXICAL_FUNCTION,
     # 3: token matrices for late interaction (see above)
     PASSAGE_TOKENS,
+    # 4: the backfill resumes after the last passage it did instead of scanning the done ones
+    # again on every batch (the one-argument function stays, for replicas not yet upgraded)
+    """
+    CREATE FUNCTION relay_missing_tokens(lim int, after bigint)
+    RETURNS TABLE (id bigint, org_id text)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+        SELECT p.id, p.org_id FROM passages p
+        WHERE p.id > after
+          AND NOT EXISTS (SELECT 1 FROM passage_tokens t WHERE t.passage_id = p.id)
+        ORDER BY p.id LIMIT lim
+    $$;
+    REVOKE ALL ON FUNCTION relay_missing_tokens(int, bigint) FROM PUBLIC;
+    """,
 ]
 
 # Run after every migration pass; idempotent. The role itself is created when

@@ -1024,15 +1024,15 @@ class PostgresStore:
         return None if row is None else row["t"]
 
     # -- token matrices (relay.late) -------------------------------------------------
-    def missing_tokens(self, limit: int) -> list[tuple[int, str | None, str]]:
+    def missing_tokens(self, limit: int, after: int = 0) -> list[tuple[int, str | None, str]]:
         """(passage id, title, text) of up to `limit` passages of any org without a token
-        matrix, lowest id first: found across orgs by `relay_missing_tokens` (ids only),
-        their text read under each org's own policy."""
+        matrix, lowest id above `after` first: found across orgs by `relay_missing_tokens`
+        (ids only), their text read under each org's own policy."""
         if limit <= 0:
             return []
         with self._tx() as conn:
             rows = conn.execute(
-                "SELECT id, org_id FROM relay_missing_tokens(%s)", (limit,)
+                "SELECT id, org_id FROM relay_missing_tokens(%s, %s)", (limit, after)
             ).fetchall()
         found: list[tuple[int, str | None, str]] = []
         for org_id, ids in _by_org(rows).items():

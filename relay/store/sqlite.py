@@ -760,16 +760,17 @@ class SQLiteStore:
         ]
 
     # -- token matrices (relay.late) ------------------------------------------
-    def missing_tokens(self, limit: int) -> list[tuple[int, str | None, str]]:
+    def missing_tokens(self, limit: int, after: int = 0) -> list[tuple[int, str | None, str]]:
         with translate_errors():
             rows = (
                 self._reader()
                 .execute(
                     "SELECT p.rowid, m.title, p.text FROM passages p"
                     " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
-                    " WHERE NOT EXISTS (SELECT 1 FROM passage_tokens t WHERE t.rowid = p.rowid)"
+                    " WHERE p.rowid > ?"
+                    " AND NOT EXISTS (SELECT 1 FROM passage_tokens t WHERE t.rowid = p.rowid)"
                     " ORDER BY p.rowid LIMIT ?",
-                    (limit,),
+                    (after, limit),
                 )
                 .fetchall()
             )
