@@ -292,12 +292,13 @@ class SentenceTransformerEmbedder:
         vectors = np.stack([o["sentence_embedding"].cpu().numpy() for o in outputs])
         # Rows come padded to the batch's longest text: keep the real pieces only.
         states = [
-            o["token_embeddings"][1 : int(o["attention_mask"].sum()) - 1].cpu().numpy()
+            o["token_embeddings"][1 : int(o["attention_mask"].sum()) - 1]
+            .cpu()
+            .numpy()
+            .astype(np.float32)
             for o in outputs
         ]
-        return vectors.astype(np.float32).reshape(len(texts), DIM), [
-            s.astype(np.float32) for s in states
-        ]
+        return vectors.astype(np.float32).reshape(len(texts), DIM), states
 
     def read_query(self, text: str) -> QueryStates:
         vectors, states = self.embed_tokens([text])

@@ -567,7 +567,8 @@ def _maxsims(
 ) -> list[float] | None:
     """Every inspected passage's MaxSim, or None unless all have a token matrix: one query
     is scored by one model, never half by each."""
-    if states is None or not passages or any(p.tokens is None for p in passages):
+    blobs = [p.tokens for p in passages if p.tokens is not None]
+    if states is None or not blobs or len(blobs) < len(passages):
         return None
     words = [
         (start, end, reading.weights.get(term, 0.0) if term else 0.0)
@@ -576,7 +577,7 @@ def _maxsims(
     pieces = QueryPieces.read(states.states, states.spans, words)
     if pieces is None:
         return None
-    return [pieces.maxsim(p.tokens) for p in passages if p.tokens is not None]
+    return [pieces.maxsim(blob) for blob in blobs]
 
 
 def _ms(since: float) -> float:
