@@ -81,7 +81,8 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _normalise(vectors: np.ndarray) -> np.ndarray:
+def normalise(vectors: np.ndarray) -> np.ndarray:
+    """Rows (or a vector) scaled to unit length, as float32."""
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
 
@@ -184,7 +185,7 @@ class OnnxEmbedder:
         hidden = self._session.run(["last_hidden_state"], feeds)[0]
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-        return _normalise(pooled), hidden
+        return normalise(pooled), hidden
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.embed_tokens(texts, keep_tokens=False)[0]

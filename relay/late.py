@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from relay.embedding import normalise
+
 DIMS = 128
 PROJECTION_FILE = Path(__file__).with_name("data") / "token_projection.npy"
 # Part of the embedding-cache key of token matrices: a new projection must not meet old rows.
@@ -42,14 +44,10 @@ def projection() -> np.ndarray:
     return np.ascontiguousarray(matrix, dtype=np.float32)
 
 
-def _unit(rows: np.ndarray) -> np.ndarray:
-    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-
-
 def project(states: np.ndarray) -> np.ndarray:
     """Token states (n, 384) -> unit rows (n, DIMS)."""
     states = np.asarray(states, dtype=np.float32).reshape(-1, projection().shape[0])
-    return _unit(_unit(states) @ projection())
+    return normalise(normalise(states) @ projection())
 
 
 def pack(states: np.ndarray) -> bytes:
@@ -62,7 +60,7 @@ def pack(states: np.ndarray) -> bytes:
 
 def unpack(blob: bytes) -> np.ndarray:
     rows = np.frombuffer(blob, dtype=np.int8).reshape(-1, DIMS).astype(np.float32)
-    return _unit(rows)
+    return normalise(rows)
 
 
 @dataclass(frozen=True)
