@@ -178,4 +178,3 @@ class Passage:
     updated_at: datetime
     supersedes: tuple[str, ...] = field(default=())
     embedding: bytes | None = None  # float32 vector, for scoring candidates the vector stage missed
-    tokens: bytes | None = None  # int8 token matrix (relay.late); None until backfilled

@@ -113,9 +113,9 @@ def test_a_write_stores_each_passage_with_its_token_matrix(store, embedder):
     )
     assert store.missing_tokens(10) == []
     (hit,) = store.lexical_search(org, who.audiences, _now(), query_terms("staging"), 5)
-    (passage,) = store.passages(org, who.audiences, _now(), [hit[0]])
     _, (states,) = embedder.embed_tokens([embedding_text(None, BODIES[1])])
-    assert passage.tokens == late.pack(states)
+    assert store.token_matrices(org, [hit[0]]) == {hit[0]: late.pack(states)}
+    assert store.token_matrices("another-org", [hit[0]]) == {}
 
 
 def test_passages_stored_without_token_matrices_are_backfilled(store, embedder):
@@ -133,7 +133,7 @@ def test_passages_stored_without_token_matrices_are_backfilled(store, embedder):
     assert store.missing_tokens(10, after=missing[0][0]) == missing[1:]  # where a batch resumes
     searcher = Searcher(store, embedder)
     seen: list = []
-    searcher.observe = lambda q, scored: seen.extend(f for _, f, _ in scored)
+    searcher.observe = lambda q, scored, pool: seen.extend(f for _, f, _ in scored)
     searcher.search(who, "which cluster is staging?", 3, 10_000, use_cache=False)
     assert seen and all(f.maxsim is None for f in seen)  # the cosine-only model answers
 
@@ -145,7 +145,8 @@ def test_passages_stored_without_token_matrices_are_backfilled(store, embedder):
     assert res.results[0].id == "m1"
     rowids = [rowid for rowid, _, _ in missing]
     fresh = prepare(store, embedder, drafts)
-    stored = {p.text: p.tokens for p in store.passages(org, who.audiences, _now(), rowids)}
+    matrices = store.token_matrices(org, rowids)
+    stored = {p.text: matrices[p.rowid] for p in store.passages(org, who.audiences, _now(), rowids)}
     assert stored == {w.passages[0].text: w.passages[0].tokens for w in fresh}
     searcher.close()
 
@@ -167,23 +168,26 @@ def test_the_server_backfills_at_start_up(store, embedder, caplog):
 def test_token_matrices_go_with_their_passage(store, embedder):
     org, who = _org(store)
 
-    def only_passage(word: str):
+    def only_passage(word: str) -> int:
         (hit,) = store.lexical_search(org, who.audiences, _now(), query_terms(word), 5)
-        (passage,) = store.passages(org, who.audiences, _now(), [hit[0]])
-        return passage
+        return hit[0]
+
+    def tokens(word: str) -> bytes:
+        rowid = only_passage(word)
+        return store.token_matrices(org, [rowid])[rowid]
 
     def fresh(body: str) -> bytes:
         return late.pack(embedder.embed_tokens([body])[1][0])
 
     save_many(store, embedder, org, [("m0", MemoryDraft(body=BODIES[0]))], "t")
-    old = only_passage("backfill").rowid
+    old = only_passage("backfill")
     save_many(store, embedder, org, [("m0", MemoryDraft(body=BODIES[1]))], "t", mode="edit")
-    assert only_passage("staging").tokens == fresh(BODIES[1])
+    assert tokens("staging") == fresh(BODIES[1])
     store.delete_memory(org, "m0", "t", None)
     junk = b"\x01" * late.DIMS
     store.store_tokens([(old, junk)])  # a backfill that read a passage since replaced or deleted
     save_many(store, embedder, org, [("m1", MemoryDraft(body=BODIES[2]))], "t")
-    assert only_passage("pnpm").tokens == fresh(BODIES[2])
+    assert tokens("pnpm") == fresh(BODIES[2])
     assert store.missing_tokens(10) == []
 
 

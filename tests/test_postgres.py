@@ -248,9 +248,9 @@ def _passage_ids(store: PostgresStore, org: str) -> dict[tuple[str, int], int]:
 
 def _tokens_of(store: PostgresStore, org: str) -> dict[tuple[str, int], bytes | None]:
     ids = _passage_ids(store, org)
-    found = store.passages(org, EVERY, datetime.now(UTC), list(ids.values()))
-    assert all(p.tokens is None or type(p.tokens) is bytes for p in found)
-    return {(p.memory_id, p.seq): p.tokens for p in found}
+    matrices = store.token_matrices(org, list(ids.values()))
+    assert all(type(t) is bytes for t in matrices.values())
+    return {key: matrices.get(rowid) for key, rowid in ids.items()}
 
 
 def test_token_matrices_are_saved_backfilled_and_go_with_their_passage(pg_store: PostgresStore):

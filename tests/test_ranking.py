@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from relay.bench_recall import memory_drafts
 from relay.models import Passage
 from relay.search import (
     Features,
+    Model,
+    Preselect,
     QueryReading,
     SearchSettings,
+    Weights,
     candidate_features,
-    relevance,
+    judge,
+    pool_features,
+    preselect,
+    sigmoid,
 )
 from relay.text import proper_names, query_terms, subject_terms
 
@@ -61,7 +69,7 @@ def test_a_topic_only_someone_else_talks_about_is_said_elsewhere():
     assert all(f.topic_elsewhere > 0.5 and f.words_elsewhere > 0.5 for f in wrong)
     assert all(f.topic_elsewhere == 0.0 and f.words_elsewhere == 0.0 for f in right)
     settings = SearchSettings()
-    assert max(relevance(f, settings) for f in wrong) < max(relevance(f, settings) for f in right)
+    assert max(judge(wrong, settings)) < max(judge(right, settings))
 
 
 def test_the_wrong_person_gate_holds_when_only_the_lexical_stage_ran():
@@ -72,7 +80,7 @@ def test_the_wrong_person_gate_holds_when_only_the_lexical_stage_ran():
 
     def best(query: str) -> float:
         fs = candidate_features(reading(query, df), [her, him], [None, None], 0.0)
-        return max(relevance(f, settings) for f in fs)
+        return max(judge(fs, settings))
 
     assert best("What did Caroline do after her charity race?") < settings.threshold
     assert best("What did Melanie do after her charity race?") >= settings.threshold
@@ -111,14 +119,37 @@ def test_task_words_the_org_never_wrote_are_not_held_against_a_matching_memory()
         title="Migrations",
     )
     (f,) = candidate_features(r, [memory], [0.45], 0.05)
-    assert relevance(f, settings) >= settings.threshold
+    assert judge([f], settings)[0] >= settings.threshold
 
 
 def test_relevance_without_a_cosine_uses_the_lexical_model():
     settings = SearchSettings()
     f = Features(cosine=None, coverage=1.0, missing_names=0.0)
     g = Features(cosine=None, coverage=0.0, missing_names=1.0)
-    assert relevance(f, settings) > relevance(g, settings)
+    assert judge([f], settings)[0] > judge([g], settings)[0]
+    # Within one query the ranker orders them the same way, and the best carries the gate.
+    better, worse = judge([g, f], settings)[::-1]
+    assert better > worse
+
+
+def test_the_gate_judges_a_query_once_from_its_best_candidate():
+    """The best candidate's score is the gate; the others are discounted by their ranker
+    probability against the best's, so a weak candidate neither lifts nor lowers the
+    judgement of the query."""
+    model = Model(
+        ranker=Weights(bias=-2.0, coverage=4.0),
+        gate=Weights(bias=-3.0, missing_names=-1.0),
+        on_ranker=1.0,
+    )
+    settings = SearchSettings(lexical=model)
+    strong = Features(cosine=None, coverage=1.0, missing_names=0.0)
+    weak = Features(cosine=None, coverage=0.25, missing_names=1.0)
+    scores = judge([weak, strong], settings)
+    gate = sigmoid(-3.0 + 2.0)  # the gate's bias plus on_ranker times the best's ranker logit
+    assert scores[1] == pytest.approx(gate)
+    assert scores[0] == pytest.approx(gate * sigmoid(-1.0) / sigmoid(2.0))
+    assert judge([strong], settings) == pytest.approx([gate])
+    assert judge([], settings) == []
 
 
 def test_a_transcript_line_carries_the_line_it_answers_in_its_title():
@@ -148,3 +179,28 @@ def test_a_transcript_line_carries_the_line_it_answers_in_its_title():
     assert drafts[1].title == "Bo · re Ann: What did you research?"
     assert drafts[2].title == "Bo"  # a new session starts without context
     assert drafts[3].title == "Bo"  # a note (not "Name: ...") gets no reply context
+
+
+def test_the_pool_is_preselected_by_late_interaction_when_every_member_has_it():
+    lexical = [(1, 9.0), (2, 8.0), (3, 7.0)]
+    semantic = [(2, 0.62), (4, 0.60)]
+    maxsim = {1: 0.30, 2: 0.40, 3: 0.90, 4: 0.35}
+    pool = pool_features(lexical, semantic, maxsim)
+    assert list(pool) == [1, 2, 3, 4]  # the stages' order
+    # A member only the lexical stage proposed takes the weakest cosine the semantic one did.
+    assert pool[1][0] == pool[3][0] == 0.60 and pool[2][0] == 0.62
+    assert pool[3][2:] == (1 / 3, 0.0) and pool[2][2:] == (1 / 2, 1.0)
+    settings = SearchSettings(
+        candidates=2,
+        preselect=Preselect(cosine=0.0, maxsim=1.0, lexical_rank=0.0, semantic_rank=0.0),
+    )
+    assert preselect(lexical, semantic, pool, settings) == [3, 2]
+
+
+def test_without_late_interaction_the_pool_is_fused_by_rank():
+    lexical = [(1, 9.0), (2, 8.0), (3, 7.0)]
+    semantic = [(2, 0.62), (4, 0.60)]
+    assert pool_features(lexical, semantic, {}) == {}
+    settings = SearchSettings(candidates=3, rrf_k=5)
+    # 2 is proposed by both stages; 1 and 4 lead one stage each, 1 first by the stages' order.
+    assert preselect(lexical, semantic, {}, settings) == [2, 1, 4]

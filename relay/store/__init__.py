@@ -119,7 +119,11 @@ class Store(Protocol):
 
     # Token matrices for late interaction (relay.late), one per passage: written with the
     # passage, and backfilled for passages stored before they existed (`missing_tokens`:
-    # (passage id, title, text) without one, ids above `after`, lowest first, any org)
+    # (passage id, title, text) without one, ids above `after`, lowest first, any org).
+    # `token_matrices` reads those of the org's passages among `rowids` that have one; no
+    # access filter: search only orders the pool the access-filtered stages proposed with
+    # them, and re-fetches what it keeps through the filter.
+    def token_matrices(self, org_id: str, rowids: Sequence[int]) -> dict[int, bytes]: ...
     def missing_tokens(self, limit: int, after: int = 0) -> list[tuple[int, str | None, str]]: ...
     def store_tokens(self, items: Sequence[tuple[int, bytes]]) -> None: ...
 

@@ -970,9 +970,8 @@ class PostgresStore:
         with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
             rows = cur.execute(
                 "SELECT p.id, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
-                " m.source, m.updated_at, m.supersedes, p.embedding, t.tokens FROM passages p"
+                " m.source, m.updated_at, m.supersedes, p.embedding FROM passages p"
                 " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
-                " LEFT JOIN passage_tokens t ON t.passage_id = p.id"
                 f" WHERE p.id = ANY(%(ids)s) AND p.org_id = %(org)s AND {visible_sql(True)}",
                 params,
             ).fetchall()
@@ -989,7 +988,6 @@ class PostgresStore:
                 updated_at=r["updated_at"],
                 supersedes=tuple(r["supersedes"]),
                 embedding=r["embedding"],
-                tokens=r["tokens"],
             )
             for r in rows
         ]
@@ -1024,6 +1022,18 @@ class PostgresStore:
         return None if row is None else row["t"]
 
     # -- token matrices (relay.late) -------------------------------------------------
+    def token_matrices(self, org_id: str, rowids: Sequence[int]) -> dict[int, bytes]:
+        if not rowids:
+            return {}
+        with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
+            rows = cur.execute(
+                "SELECT t.passage_id, t.tokens FROM passage_tokens t"
+                " JOIN passages p ON p.id = t.passage_id"
+                " WHERE t.passage_id = ANY(%s) AND p.org_id = %s",
+                ([int(r) for r in rowids], org_id),
+            ).fetchall()
+        return {r["passage_id"]: r["tokens"] for r in rows}
+
     def missing_tokens(self, limit: int, after: int = 0) -> list[tuple[int, str | None, str]]:
         """(passage id, title, text) of up to `limit` passages of any org without a token
         matrix, lowest id above `after` first: found across orgs by `relay_missing_tokens`

@@ -732,10 +732,9 @@ class SQLiteStore:
                 self._reader()
                 .execute(
                     "SELECT p.rowid, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
-                    " m.source, m.updated_at, m.supersedes, p.embedding, t.tokens"
+                    " m.source, m.updated_at, m.supersedes, p.embedding"
                     " FROM passages p NOT INDEXED"
                     " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
-                    " LEFT JOIN passage_tokens t ON t.rowid = p.rowid"
                     f" WHERE p.rowid IN ({ids}) AND p.org_id = :org AND {visible_sql(count)}",
                     params,
                 )
@@ -754,12 +753,28 @@ class SQLiteStore:
                 updated_at=_dt(r["updated_at"]),  # type: ignore[arg-type]
                 supersedes=tuple(json.loads(r["supersedes"])),
                 embedding=r["embedding"],
-                tokens=r["tokens"],
             )
             for r in rows
         ]
 
     # -- token matrices (relay.late) ------------------------------------------
+    def token_matrices(self, org_id: str, rowids: Sequence[int]) -> dict[int, bytes]:
+        if not rowids:
+            return {}
+        ids = ", ".join(str(int(r)) for r in rowids)
+        with translate_errors():
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT t.rowid, t.tokens FROM passage_tokens t"
+                    " JOIN passages p ON p.rowid = t.rowid"
+                    f" WHERE t.rowid IN ({ids}) AND p.org_id = ?",
+                    (org_id,),
+                )
+                .fetchall()
+            )
+        return {r[0]: r[1] for r in rows}
+
     def missing_tokens(self, limit: int, after: int = 0) -> list[tuple[int, str | None, str]]:
         with translate_errors():
             rows = (
