@@ -96,7 +96,8 @@ def _setting_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             s.name,
             type=s.type if s.type is not str else None,
             default=None,
-            help=f"{s.help} [env {s.env}; default {s.default}]",
+            help=f"{s.help} [env {s.env}"
+            + ("]" if s.default is None else f"; default {s.default}]"),
         )(fn)
     return fn
 

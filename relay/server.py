@@ -32,7 +32,7 @@ from relay.errors import (
 )
 from relay.metrics import Metrics
 from relay.models import Principal
-from relay.search import MAX_K, Searcher
+from relay.search import MAX_K, Searcher, SearchSettings
 from relay.store import Store
 
 log = logging.getLogger("relay.server")
@@ -82,7 +82,10 @@ def build_services(conf: dict[str, Any]) -> Services:
     cache = ResultCache(conf["cache_entries"]) if conf["cache_entries"] > 0 else None
     # A large org's first search would otherwise wait on loading its vectors.
     threading.Thread(target=_warm, args=(store, embedder), name="relay-warm", daemon=True).start()
-    return Services(store, Searcher(store, embedder, cache=cache), embedder, Metrics())
+    settings = SearchSettings()
+    if conf.get("threshold") is not None:
+        settings = dataclasses.replace(settings, threshold=conf["threshold"])
+    return Services(store, Searcher(store, embedder, settings, cache), embedder, Metrics())
 
 
 def _warm(store: Store, embedder: Embedder) -> None:

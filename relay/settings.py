@@ -31,6 +31,14 @@ class Setting:
         return "--" + self.name.replace("_", "-")
 
 
+def fraction(text: str) -> float:
+    """A number from 0 up to (not including) 1."""
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{text} is not in [0, 1)")
+    return value
+
+
 SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("db", None, "SQLite file path, or a postgresql:// URL (default ~/.relay/relay.db)"),
     Setting("host", "127.0.0.1", "address to listen on"),
@@ -41,6 +49,14 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("max_body_bytes", 262_144, "largest request body accepted", int),
     Setting("max_inflight", 64, "requests served at once before shedding load with 503", int),
     Setting("log_level", "info", "log level: debug, info, warning or error"),
+    Setting(
+        "threshold",
+        None,
+        "relevance threshold on the server's estimate that a query has an answer at all: 0"
+        " answers every query; 0.7 refuses most questions about the wrong person, at some"
+        " recall (default: the calibrated setting, docs/http-api.md)",
+        fraction,
+    ),
 )
 
 

@@ -413,3 +413,22 @@ def test_editing_an_expired_memory_keeps_its_expiry_unless_changed(api):
         f"/v1/memories/{m['id']}", json={"valid_until": "2001-01-01T00:00:00Z"}, headers=h
     )
     assert_error(past, 400, "invalid_request")
+
+
+def test_the_served_threshold_is_the_operator_s_choice(tmp_path):
+    """`relay serve --threshold` / RELAY_THRESHOLD: at 0 every query with candidates is
+    answered, even one the calibrated default refuses."""
+    import httpx
+    from conftest import start_server
+
+    server = start_server(tmp_path / "relay.db", {"RELAY_THRESHOLD": "0"})
+    try:
+        headers = {"Authorization": f"Bearer {server.admin_key}"}
+        for body in (MIGRATIONS, STAGING):
+            r = httpx.post(f"{server.url}/v1/memories", json={"body": body}, headers=headers)
+            assert r.status_code == 201, r.text
+        query = {"query": "what is a good recipe for banana bread with walnuts?"}
+        r = httpx.post(f"{server.url}/v1/search", json=query, headers=headers, timeout=10)
+        assert r.status_code == 200 and r.json()["results"], r.text
+    finally:
+        server.stop()
