@@ -767,7 +767,9 @@ class SQLiteStore:
                 self._reader()
                 .execute(
                     "SELECT t.rowid, t.tokens FROM passage_tokens t"
-                    " JOIN passages p ON p.rowid = t.rowid"
+                    # NOT INDEXED: with many ids the planner would walk the org's index
+                    # (12 ms for 80 ids at 100k passages, against 1.7 ms by rowid).
+                    " JOIN passages p NOT INDEXED ON p.rowid = t.rowid"
                     f" WHERE t.rowid IN ({ids}) AND p.org_id = ?",
                     (org_id,),
                 )
