@@ -692,7 +692,7 @@ class Searcher:
         blobs = self.store.token_matrices(org, pool)
         if len(blobs) < len(pool):
             return {}
-        return {rowid: pieces.maxsim(blob) for rowid, blob in blobs.items()}
+        return dict(zip(blobs, pieces.maxsims(list(blobs.values())), strict=True))
 
     @staticmethod
     def _cosines(qvec: np.ndarray, passages: list[Passage], rowids: list[int]) -> dict[int, float]:

@@ -46,7 +46,7 @@ def test_the_projection_keeps_maxsim_close_to_full_width(embedder):
     full = [float((q @ _unit(s).T).max(axis=1).mean()) for s in states]
     pieces = _pieces(embedder, query)
     uniform = late.QueryPieces(pieces.rows, np.full(len(pieces.rows), 1 / len(pieces.rows)))
-    stored = [uniform.maxsim(late.pack(s)) for s in states]
+    stored = uniform.maxsims([late.pack(s) for s in states])
     assert stored[0] > stored[1] and full[0] > full[1]
     assert max(abs(a - b) for a, b in zip(full, stored, strict=True)) < 0.1
 
@@ -61,8 +61,19 @@ def test_maxsim_prefers_the_passage_that_says_the_query_s_rare_word(embedder):
             "Staging is the blue cluster.",
         ]
     )
-    scores = [pieces.maxsim(late.pack(s)) for s in states]
+    scores = pieces.maxsims([late.pack(s) for s in states])
     assert scores[0] > scores[1] > scores[2]
+
+
+def test_a_batch_of_matrices_scores_each_as_alone_and_an_empty_one_as_zero(embedder):
+    pieces = _pieces(embedder, "which package manager does the web app use?")
+    _, states = embedder.embed_tokens(["Use pnpm for the web app.", "Staging is the blue cluster."])
+    blobs = [late.pack(states[0]), b"", late.pack(states[1])]
+    alone = [
+        float((pieces.rows @ late.unpack(b).T).max(axis=1) @ pieces.weights) for b in blobs[::2]
+    ]
+    assert pieces.maxsims(blobs) == pytest.approx([alone[0], 0.0, alone[1]], abs=1e-6)
+    assert pieces.maxsims([b""]) == [0.0]
 
 
 def test_query_weights_follow_the_words_and_skip_stopwords(embedder):
