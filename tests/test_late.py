@@ -29,8 +29,12 @@ def test_a_packed_matrix_keeps_every_piece_direction(embedder):
     _, (states,) = embedder.embed_tokens(["Staging is the blue cluster; deploy with make."])
     blob = late.pack(states)
     assert len(blob) == len(states) * late.DIMS  # one int8 row per word piece
-    cosines = (late.unpack(blob) * late.project(states)).sum(axis=1)
+    cosines = (_unpacked(blob) * late.project(states)).sum(axis=1)
     assert cosines.min() > 0.99
+
+
+def _unpacked(blob: bytes) -> np.ndarray:
+    return _unit(late.rows_of(blob))
 
 
 def _unit(rows: np.ndarray) -> np.ndarray:
@@ -69,9 +73,7 @@ def test_a_batch_of_matrices_scores_each_as_alone_and_an_empty_one_as_zero(embed
     pieces = _pieces(embedder, "which package manager does the web app use?")
     _, states = embedder.embed_tokens(["Use pnpm for the web app.", "Staging is the blue cluster."])
     blobs = [late.pack(states[0]), b"", late.pack(states[1])]
-    alone = [
-        float((pieces.rows @ late.unpack(b).T).max(axis=1) @ pieces.weights) for b in blobs[::2]
-    ]
+    alone = [float((pieces.rows @ _unpacked(b).T).max(axis=1) @ pieces.weights) for b in blobs[::2]]
     assert pieces.maxsims(blobs) == pytest.approx([alone[0], 0.0, alone[1]], abs=1e-6)
     assert pieces.maxsims([b""]) == [0.0]
 
@@ -100,7 +102,7 @@ def test_both_embedding_providers_give_the_same_token_states(embedder):
     text = "Migrations go in a separate backfill job."
     (_, (mine,)), (_, (theirs,)) = embedder.embed_tokens([text]), other.embed_tokens([text])
     assert mine.shape == theirs.shape
-    assert (late.unpack(late.pack(mine)) * late.unpack(late.pack(theirs))).sum(1).min() > 0.98
+    assert (_unpacked(late.pack(mine)) * _unpacked(late.pack(theirs))).sum(1).min() > 0.98
     assert embedder.read_query(text).spans == other.read_query(text).spans
 
 
