@@ -612,6 +612,13 @@ class Searcher:
             lexical = self.store.lexical_search(org, audiences, now, terms, s.first_stage)
             timings["lexical_ms"] = _ms(t)
             stages.append("lexical")
+        # While the semantic stage runs: what the query's words weigh in this org, and the
+        # token matrices of the lexical stage's proposals (preselection reads the pool's).
+        total, df = self.store.doc_freq(org, terms)
+        reading = QueryReading.read(terms, proper_names(query), total, df)
+        matrices: dict[int, bytes] = {}
+        if future is not None and lexical:
+            matrices = self.store.token_matrices(org, [r for r, _ in lexical])
         semantic: list[tuple[int, float]] = []
         qvec = None
         qstates: QueryStates | None = None
@@ -632,12 +639,10 @@ class Searcher:
             return SearchResponse([], stages, True, False, _ms(start), timings)
 
         t = time.monotonic()
-        total, df = self.store.doc_freq(org, terms)
-        reading = QueryReading.read(terms, proper_names(query), total, df)
         # The weakest cosine the semantic stage proposed: this query's background in this org.
         background = min((c for _, c in semantic), default=0.0)
         proposed = list(dict.fromkeys([r for r, _ in lexical] + [r for r, _ in semantic]))
-        maxsim = self._maxsims(org, qstates, query, reading, proposed)
+        maxsim = self._maxsims(org, qstates, query, reading, proposed, matrices)
         pool = pool_features(lexical, semantic, maxsim)
         chosen = preselect(lexical, semantic, pool, s)
         timings["preselect_ms"] = _ms(t)
@@ -677,9 +682,10 @@ class Searcher:
         query: str,
         reading: QueryReading,
         pool: list[int],
+        matrices: dict[int, bytes],
     ) -> dict[int, float]:
         """Every pool member's MaxSim, or nothing unless all have a token matrix: one query
-        is ranked and scored one way, never half by each."""
+        is ranked and scored one way, never half by each. `matrices`: those already read."""
         if states is None or not pool:
             return {}
         words = [
@@ -689,10 +695,11 @@ class Searcher:
         pieces = QueryPieces.read(states.states, states.spans, words)
         if pieces is None:
             return {}
-        blobs = self.store.token_matrices(org, pool)
-        if len(blobs) < len(pool):
+        missing = [rowid for rowid in pool if rowid not in matrices]
+        found = {**matrices, **self.store.token_matrices(org, missing)}
+        if any(rowid not in found for rowid in pool):
             return {}
-        return dict(zip(blobs, pieces.maxsims(list(blobs.values())), strict=True))
+        return dict(zip(pool, pieces.maxsims([found[r] for r in pool]), strict=True))
 
     @staticmethod
     def _cosines(qvec: np.ndarray, passages: list[Passage], rowids: list[int]) -> dict[int, float]:
