@@ -11,6 +11,7 @@ every stored memory and nothing deleted.
 
 from __future__ import annotations
 
+import http.client
 import random
 import sqlite3
 import tempfile
@@ -95,8 +96,10 @@ class Writer(threading.Thread):
                         self.url, "DELETE", f"/v1/memories/{mem.id}", self.key, timeout=10
                     )
                     want = 204
-            except OSError:
-                return  # the server died with this write in flight: it stays pending
+            except (OSError, http.client.HTTPException):
+                # The server died with this write in flight (before answering, or halfway
+                # through the answer: IncompleteRead): it stays pending.
+                return
             if status != want:
                 raise RuntimeError(f"write answered {status}: {data}")
             if want != 204 and data["revision"] != mem.pending.revision:
