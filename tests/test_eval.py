@@ -89,7 +89,10 @@ def test_replay_report_json_carries_turns_advice_and_the_commit(replayed):
     }
     # the offline replay of the gate searches exactly where the real hook did
     on = [r for r in rows if r["mode"] == "on"]
-    if all(r["outcome"] in ("hit", "no_match", "skipped") for r in on):
+    # (only where every turn ran normally: a hook starved of its stdin on a loaded machine
+    # skips with `stdin_timeout`, which no replay of the gate can foresee)
+    gated = ("short_prompt", "no_keywords", "throttled", "same_topic")
+    if all(r["outcome"] in ("hit", "no_match") or r["reason"] in gated for r in on):
         for kind, share in advice["predicted_current"]["searched_by_class"].items():
             mine = [r for r in on if r["kind"] == kind]
             measured = sum(r["outcome"] != "skipped" for r in mine) / len(mine)
