@@ -4,9 +4,12 @@
 
 Runs the real pipeline with the threshold at 0 on the *development* split of
 each bench folder (the first 3 stores in sorted order for LoCoMo, the
-odd-numbered conversations of coding_prompts) and fits, in two steps, the two
-logistic models of a `relay.search.Model` over `relay.search.Features`:
+odd-numbered conversations of coding_prompts) and fits, in order:
 
+0. the preselection (`relay.search.Preselect`): a logistic model over every
+   first-stage proposal's cosine, MaxSim and stage ranks, relevant or not; then,
+   on the 12 candidates it picks, the two logistic models of a
+   `relay.search.Model` over `relay.search.Features`:
 1. a ranker over every inspected candidate (relevant or not; for unanswerable
    queries every candidate is a negative), which orders a query's candidates;
 2. a gate over each query's top candidate (by the ranker): "is there anything
@@ -52,7 +55,7 @@ GATE = ("topic_elsewhere", "words_elsewhere")  # chosen on dev by tune.py, not f
 # The wrong-person weights the gate is fitted around. Not the ones in force: tune.py chooses
 # those for the fitted gate, and a fit around each new choice flips between two nearly
 # equal choices (session 4: threshold 0.1 with -9/-2, and 0.2 with -9/0). A fixed point
-# of reference (session 4's first choice) makes calibrate.py then tune.py reproducible.
+# of reference (the first of the two) makes calibrate.py then tune.py reproducible.
 FIT_AROUND = (-9.0, -2.0)
 NAMES = tuple(f.name for f in dataclasses.fields(Weights) if f.name not in ("bias", *GATE))
 
