@@ -1,7 +1,7 @@
 """Explore search settings on the development split only (see calibrate.py for the split).
 
     cd scripts && ../.venv/bin/python tune.py locomo_observations threshold=0.1,0.2,0.3
-    cd scripts && ../.venv/bin/python tune.py locomo_turns hybrid.rival=-1,-3 rrf_k=5,20
+    cd scripts && ../.venv/bin/python tune.py locomo_turns hybrid.gate.rival=-1,-3 preselect.maxsim=4,8
     cd scripts && ../.venv/bin/python tune.py rules
 
 Loads the folder once, then prints dev-split figures for each setting given
@@ -16,8 +16,8 @@ has fitted the weights (BENCHMARKS.md "Recall"), printing every grid point:
    model's gate) together: of the pairs that cost at most 1 point of dev recall@3 on both
    LoCoMo folders against no threshold and abstain on at least 0.9 of their dev
    foreign-conversation questions, the one with the most dev adversarial abstention
-   on locomo_observations (then the most dev recall@3); for each gate, the highest
-   threshold that keeps to that cost;
+   on locomo_observations (then the most dev recall@3); for each gate, thresholds are
+   tried upward until one costs more;
 2. `relative`: the highest share that costs at most 0.5 point of dev recall@5 on every
    folder.
 
