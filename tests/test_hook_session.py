@@ -224,3 +224,16 @@ def test_concurrent_hooks_of_one_session_never_inject_a_record_twice(tmp_path):
     assert state["count"] == 8
     assert state["ledger"] == {"mem_a": 1, "mem_b": 1, "mem_c": 1}
     assert len(hook.outcomes()) == 8
+
+
+def test_weak_later_hits_are_not_injected_unless_min_score_allows_them(tmp_path):
+    """The server returns the best hit and those within a small share of it; a later hit
+    scored 0.05 was relevant one time in 25 on the development data: not worth tokens."""
+    answer = reply(200, results(record("mem_a", score=0.62), record("mem_b", score=0.05)))
+    with FakeRelay(answer) as server:
+        hook = Hook(tmp_path, server.url)
+        assert_hit_contract(hook.prompt("where is the staging database configured?"))
+        assert [rid for rid, _ in hook.last()["injected"]] == ["mem_a"]
+        lenient = Hook(tmp_path / "b", server.url, RELAY_MIN_SCORE="0")
+        assert_hit_contract(lenient.prompt("where is the staging database configured?"))
+        assert [rid for rid, _ in lenient.last()["injected"]] == ["mem_a", "mem_b"]

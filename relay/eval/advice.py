@@ -33,7 +33,8 @@ GRID = {
     "min_prompt_len": (15, 20, 25, 30, 40),
     "throttle_prompts": (0, 1, 2, 3),
     "overlap_threshold": (0.2, 0.3, 0.4, 0.5),
-    "min_score": (0.0, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8),
+    "min_score": (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)
+    + (0.55, 0.6, 0.65, 0.7, 0.75, 0.8),
     # Fewer records per hit leave tokens for hits on more prompts, and short memories leave room
     # under max_tokens for more of them: the token target decides which serves a team better.
     "max_records": (1, 2, 3, 4, 5),
