@@ -1,7 +1,7 @@
 """Explore search settings on the development split only (see calibrate.py for the split).
 
     cd scripts && ../.venv/bin/python tune.py locomo_observations threshold=0.1,0.2,0.3
-    cd scripts && ../.venv/bin/python tune.py locomo_turns hybrid.gate.rival=-1,-3 preselect.maxsim=4,8
+    cd scripts && ../.venv/bin/python tune.py locomo_turns hybrid.gate.rival=-1,-3
     cd scripts && ../.venv/bin/python tune.py rules
 
 Loads the folder once, then prints dev-split figures for each setting given
