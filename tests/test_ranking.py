@@ -202,5 +202,5 @@ def test_without_late_interaction_the_pool_is_fused_by_rank():
     semantic = [(2, 0.62), (4, 0.60)]
     assert pool_features(lexical, semantic, {}) == {}
     settings = SearchSettings(candidates=3, rrf_k=5)
-    # 2 is proposed by both stages; 1 and 4 lead one stage each, 1 first by the stages' order.
+    # 2 is proposed by both stages (1/7 + 1/6); then 1, first of one stage (1/6); then 4 (1/7).
     assert preselect(lexical, semantic, {}, settings) == [2, 1, 4]

@@ -141,8 +141,9 @@ def test_a_question_about_the_wrong_person_finds_nothing(store, embedder):
 
 
 def test_a_small_org_answers_a_strong_match_without_its_unrelated_memories(store, embedder):
-    """Where the best candidate is a strong match the model lifts the whole query, so in an
-    org of three memories the two unrelated ones cleared the threshold beside it."""
+    """In an org of three memories every memory is a candidate: the unrelated ones must not
+    ride along with a strong match (session 3's collapsed model lifted them over the
+    threshold; now they fall under `relative` of the best)."""
     p = _org(store, embedder, BODIES)
     searcher = Searcher(store, embedder)
     res = searcher.search(p, "which cluster is staging on?", k=3, deadline_ms=10_000)
