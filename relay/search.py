@@ -614,10 +614,12 @@ class Searcher:
             stages.append("lexical")
         # While the semantic stage runs: what the query's words weigh in this org, and the
         # token matrices of the lexical stage's proposals (preselection reads the pool's).
+        # Once it is done, one read for the whole pool costs less than two (PostgreSQL:
+        # a transaction each).
         total, df = self.store.doc_freq(org, terms)
         reading = QueryReading.read(terms, proper_names(query), total, df)
         matrices: dict[int, bytes] = {}
-        if future is not None and lexical:
+        if future is not None and lexical and not future.done():
             matrices = self.store.token_matrices(org, [r for r, _ in lexical])
         semantic: list[tuple[int, float]] = []
         qvec = None
