@@ -513,10 +513,9 @@ def _share(terms: list[str], have: set[str], weights: dict[str, float]) -> float
     return sum(weights[t] for t in terms if t in have) / total if total else 0.0
 
 
-Observer = Callable[
-    [str, list[tuple[Passage, Features, float]], dict[int, tuple[float, float, float, float]]],
-    None,
-]
+# Every pool member's (cosine, maxsim, lexical_rank, semantic_rank): see `Preselect`.
+PoolFeatures = dict[int, tuple[float, float, float, float]]
+Observer = Callable[[str, list[tuple[Passage, Features, float]], PoolFeatures], None]
 
 
 class Searcher:
@@ -737,7 +736,7 @@ def pool_features(
     lexical: list[tuple[int, float]],
     semantic: list[tuple[int, float]],
     maxsim: dict[int, float],
-) -> dict[int, tuple[float, float, float, float]]:
+) -> PoolFeatures:
     """(cosine, maxsim, lexical_rank, semantic_rank) of every pool member, in the stages'
     order (see `Preselect`); nothing without every member's MaxSim."""
     if not maxsim:
@@ -760,7 +759,7 @@ def pool_features(
 def preselect(
     lexical: list[tuple[int, float]],
     semantic: list[tuple[int, float]],
-    pool: dict[int, tuple[float, float, float, float]],
+    pool: PoolFeatures,
     s: SearchSettings,
 ) -> list[int]:
     """The pool members the relevance model inspects, best first: by `s.preselect` over

@@ -161,7 +161,8 @@ def backfill_tokens(
 ) -> Iterator[int]:
     """Give every stored passage without a token matrix (written before relay.late existed)
     its matrix, `batch` at a time, in passage order; yields how many each step stored. Until
-    a query's candidates all have theirs, search scores it with the cosine-only model."""
+    a query's proposals all have theirs, search chooses its candidates by rank fusion and
+    scores them with the cosine-only model."""
     after = 0
     while rows := store.missing_tokens(batch, after):
         _, states = embedder.embed_tokens([embedding_text(title, text) for _, title, text in rows])
