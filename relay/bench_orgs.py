@@ -186,7 +186,7 @@ def measure(
     for name, p in principals.items():
         truth_matrix = data.matrix(name, sizes[name])
         timed: dict[str, list[float]] = {
-            k: [] for k in ("embed", "semantic", "lexical", "passages", "pipeline")
+            k: [] for k in ("embed", "semantic", "lexical", "tokens", "passages", "pipeline")
         }
         recall, plain = [], []
         searcher.search(p, texts[0], use_cache=False)  # warm: the in-memory vectors load here
@@ -194,7 +194,7 @@ def measure(
         for r in range(rounds):
             for q in texts:
                 t = time.perf_counter()
-                qv = embedder.embed_query(q)
+                qv = embedder.read_query(q).vector  # what search runs: vector and token states
                 timed["embed"].append(_ms(t))
                 t = time.perf_counter()
                 got = store.semantic_search(p.org_id, EVERY, now, qv, 40)
@@ -202,6 +202,9 @@ def measure(
                 t = time.perf_counter()
                 lex = store.lexical_search(p.org_id, EVERY, now, query_terms(q), 40)
                 timed["lexical"].append(_ms(t))
+                t = time.perf_counter()  # preselection reads both stages' proposals' matrices
+                store.token_matrices(p.org_id, list(dict.fromkeys([i for i, _ in got + lex])))
+                timed["tokens"].append(_ms(t))
                 chosen = list(dict.fromkeys([i for i, _ in got[:6]] + [i for i, _ in lex[:6]]))
                 t = time.perf_counter()
                 store.passages(p.org_id, EVERY, now, chosen)

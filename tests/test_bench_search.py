@@ -46,7 +46,7 @@ def _check_orgs100(data: dict, store: str, sizes: list[int]) -> None:
         }
         for org in ("small", "big"):
             figures = run["in_process"][org]
-            for stage in ("embed", "semantic", "lexical", "passages", "pipeline"):
+            for stage in ("embed", "semantic", "lexical", "tokens", "passages", "pipeline"):
                 ms = figures[f"{stage}_ms"]
                 assert 0 < ms["p50"] <= ms["p95"] <= ms["p99"], (org, stage, ms)
             assert figures["recall_at_5"] == 1.0  # exact or near-exact at this size
