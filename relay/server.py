@@ -100,7 +100,7 @@ def _warm(store: Store, embedder: Embedder) -> None:
             log.info("token matrices: %d stored passages backfilled so far", done)
         if done:
             log.info("token matrices: backfill complete, %d passages", done)
-    except Exception:  # until it succeeds, those queries use the cosine-only model
+    except Exception:  # until it succeeds, those queries fall back to rank fusion and cosine
         log.warning("backfilling token matrices failed after %d passages", done, exc_info=True)
 
 

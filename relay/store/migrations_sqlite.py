@@ -133,7 +133,7 @@ MIGRATIONS: list[str] = [
     """,
     # 4: each passage's token matrix for late interaction (relay.late), in its own table so
     # the passage rows that vector loads scan stay small; passages stored before this get
-    # theirs from the server's backfill (relay.backfill)
+    # theirs from the server's backfill (relay.writes.backfill_tokens)
     """
     CREATE TABLE passage_tokens (
         rowid INTEGER PRIMARY KEY REFERENCES passages(rowid) ON DELETE CASCADE,
