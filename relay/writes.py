@@ -58,6 +58,11 @@ def embedding_text(title: str | None, passage: str) -> str:
     return f"{title}\n{passage}" if title else passage
 
 
+def content_digest(to_embed: str) -> str:
+    """The embedding cache's key for a text: the same content gets the same embedding."""
+    return hashlib.sha256(to_embed.encode()).hexdigest()
+
+
 @dataclass
 class PreparedWrite:
     memory_id: str
@@ -75,7 +80,7 @@ def prepare(
         parts = []
         for text in split_passages(draft.body):
             to_embed = embedding_text(draft.title, text)
-            digest = hashlib.sha256(to_embed.encode()).hexdigest()
+            digest = content_digest(to_embed)
             parts.append((text, to_embed, digest))
         pending.append((memory_id, draft, parts))
     wanted = {digest: to_embed for _, _, parts in pending for _, to_embed, digest in parts}
@@ -162,10 +167,22 @@ def backfill_tokens(
     """Give every stored passage without a token matrix (written before relay.late existed)
     its matrix, `batch` at a time, in passage order; yields how many each step stored. Until
     a query's proposals all have theirs, search chooses its candidates by rank fusion and
-    scores them with the cosine-only model."""
+    scores them with the cosine-only model. Like a write, it embeds each distinct text once
+    and keeps its matrix in the embedding cache: the unchanged passages of every revision,
+    and texts imported into many orgs, cost one embedding."""
+    tokens_model = late.cache_model(embedder.name)
     after = 0
     while rows := store.missing_tokens(batch, after):
-        _, states = embedder.embed_tokens([embedding_text(title, text) for _, title, text in rows])
-        store.store_tokens([(row[0], late.pack(s)) for row, s in zip(rows, states, strict=True)])
+        texts = [embedding_text(title, text) for _, title, text in rows]
+        digests = [content_digest(t) for t in texts]
+        wanted = dict(zip(digests, texts, strict=True))
+        matrices = store.cached_embeddings(tokens_model, list(wanted))
+        missing = [d for d in wanted if d not in matrices]
+        if missing:
+            _, states = embedder.embed_tokens([wanted[d] for d in missing])
+            fresh = {d: late.pack(s) for d, s in zip(missing, states, strict=True)}
+            store.cache_embeddings(tokens_model, fresh)
+            matrices.update(fresh)
+        store.store_tokens([(row[0], matrices[d]) for row, d in zip(rows, digests, strict=True)])
         after = rows[-1][0]
         yield len(rows)

@@ -164,6 +164,45 @@ def test_passages_stored_without_token_matrices_are_backfilled(store, embedder):
     searcher.close()
 
 
+def test_a_backfill_embeds_each_distinct_text_once(store, embedder):
+    org, who = _org(store)
+    other = store.create_org("globex").id
+
+    vectors = dict(zip(BODIES[:2], embedder.embed(BODIES[:2]).astype("<f4"), strict=True))
+
+    def save_bare(org_id: str, memory_id: str, body: str) -> None:
+        # As a store written before relay.late: a vector, no token matrix, none cached.
+        passage = PassageInput(0, body, body.lower(), "h", vectors[body].tobytes())
+        store.save_memory(org_id, memory_id, MemoryDraft(body=body), "t", [passage], "create")
+
+    save_bare(org, "m0", BODIES[0])
+    save_bare(org, "m1", BODIES[0])  # the same text twice in one org
+    save_bare(other, "m0", BODIES[0])  # ... and once in another
+    save_bare(org, "m2", BODIES[1])
+    embedded: list[str] = []
+    real = embedder.embed_tokens
+
+    def counting(texts, **options):  # the real model; what it is asked is recorded
+        embedded.extend(texts)
+        return real(texts, **options)
+
+    embedder.embed_tokens = counting
+    try:
+        assert sum(backfill_tokens(store, embedder, batch=3)) == 4
+        assert sorted(embedded) == sorted(BODIES[:2])
+        save_bare(org, "m3", BODIES[1])  # later, a text the cache already holds
+        embedded.clear()
+        assert sum(backfill_tokens(store, embedder)) == 1
+        assert embedded == []
+    finally:
+        embedder.embed_tokens = real
+    expected = {b: late.pack(embedder.embed_tokens([b])[1][0]) for b in BODIES[:2]}
+    for org_id in (org, other):
+        rows = store.passages(org_id, who.audiences, _now(), list(range(1, 10)))
+        matrices = store.token_matrices(org_id, [p.rowid for p in rows])
+        assert rows and all(matrices[p.rowid] == expected[p.text] for p in rows)
+
+
 def test_the_server_backfills_at_start_up(store, embedder, caplog):
     org, _ = _org(store)
     for write in prepare(store, embedder, [("m0", MemoryDraft(body=BODIES[0]))]):
