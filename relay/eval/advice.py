@@ -7,8 +7,11 @@ conversations, with each prompt's search answered by what the real server
 returned for it (one probe per distinct prompt, after the timed replay).
 The chosen setting is the most useful one that meets the issue's other targets (at
 least 0.9 of nothing-needed prompts quiet, cumulative tokens at most a third of the
-ungated run); when none does, the one scoring best on useful_rate + quiet_rate -
-0.1 x (share of prompts that search): a search nobody needed costs the prompt its wait.
+ungated run) on the whole replay and on each half of its conversations (odd, even): a
+setting that meets them only on the whole fits these particular conversations, and the
+advice is for the team's next ones. When none does, the one scoring best on useful_rate +
+quiet_rate - 0.1 x (share of prompts that search): a search nobody needed costs the prompt
+its wait.
 `--apply` writes the chosen knobs into the Relay config (docs/hook.md).
 """
 
@@ -137,10 +140,20 @@ def best_knobs(
     conversations: list[Conversation],
     probes: Probes,
     current: dict[str, Any],
-    ungated_tokens: float,
+    ungated_tokens: dict[str, float],
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """The most useful grid point that meets the quiet and token targets (fewest searches,
-    then nearest the current knobs); when none does, the one with the best score."""
+    """The most useful grid point that meets the quiet and token targets on the whole and on
+    each half of the conversations (fewest searches, then nearest the current knobs); when
+    none does, the one with the best score. `ungated_tokens`: each conversation's cumulative
+    tokens in the ungated run."""
+    halves = [conversations[0::2], conversations[1::2]] if len(conversations) > 1 else []
+
+    def meets(convs: list[Conversation], sim: dict[str, Any]) -> bool:
+        ungated = sum(ungated_tokens.get(c.id, 0.0) for c in convs) / len(convs)
+        return (
+            sim["quiet_rate"] >= QUIET_TARGET and sim["tokens_cumulative"] <= ungated * TOKEN_TARGET
+        )
+
     feasible: tuple[tuple[float, ...], dict[str, Any], dict[str, Any]] | None = None
     scored: tuple[tuple[float, ...], dict[str, Any], dict[str, Any]] | None = None
     for values in itertools.product(*(GRID[k] for k in KNOBS)):
@@ -149,13 +162,13 @@ def best_knobs(
         distance = sum(
             abs(knobs[k] - current[k]) / (max(GRID[k]) - min(GRID[k]) or 1) for k in KNOBS
         )
-        meets = sim["quiet_rate"] >= QUIET_TARGET and (
-            sim["tokens_cumulative"] <= ungated_tokens * TOKEN_TARGET
-        )
-        if meets:
-            key = (sim["useful_rate"], -sim["search_share"], -distance)
-            if feasible is None or key > feasible[0]:
-                feasible = (key, knobs, sim)
+        key = (sim["useful_rate"], -sim["search_share"], -distance)
+        if (
+            (feasible is None or key > feasible[0])
+            and meets(conversations, sim)
+            and all(meets(h, simulate(h, probes, knobs)) for h in halves)
+        ):
+            feasible = (key, knobs, sim)
         rank = (sim["score"], -distance)
         if scored is None or rank > scored[0]:
             scored = (rank, knobs, sim)
@@ -163,10 +176,21 @@ def best_knobs(
         return (
             feasible[1],
             feasible[2],
-            "most useful setting that meets the quiet and token targets",
+            "most useful setting that meets the quiet and token targets, on each half too",
         )
     assert scored is not None
     return scored[1], scored[2], "no setting meets the quiet and token targets: best score"
+
+
+def ungated_by_conversation(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each conversation's cumulative injected tokens in the ungated run (as `figures`
+    counts them: a token injected at turn t of T stays in history for turns t..T)."""
+    out: dict[str, float] = {}
+    for r in rows:
+        if r["mode"] == "ungated":
+            spent = r["tokens"] * (r["turns"] - r["turn"] + 1)
+            out[r["conversation"]] = out.get(r["conversation"], 0.0) + spent
+    return out
 
 
 def class_costs(on: list[dict[str, Any]], off: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -209,7 +233,9 @@ def advise(
     on = [r for r in rows if r["mode"] == "on"]
     off = [r for r in rows if r["mode"] == "off"]
     costs = class_costs(on, off)
-    recommended, predicted, rule = best_knobs(conversations, probes, current, ungated_tokens)
+    recommended, predicted, rule = best_knobs(
+        conversations, probes, current, ungated_by_conversation(rows)
+    )
     baseline = simulate(conversations, probes, current)
 
     def effect(kind: str) -> dict[str, Any]:

@@ -1,0 +1,86 @@
+"""The advice's choice of knobs (relay.eval.advice): targets held on each half, not only whole."""
+
+from __future__ import annotations
+
+from relay.eval.advice import best_knobs, current_knobs, simulate
+from relay.eval.conversations import Conversation, Turn
+
+
+def _record(rid: str, score: float) -> dict:
+    return {
+        "id": rid,
+        "revision": 1,
+        "text": f"what {rid} says",
+        "title": "",
+        "source": "team/notes",
+        "updated_at": "2026-11-01T00:00:00Z",
+        "conflicts_with": [],
+        "score": score,
+    }
+
+
+def _conversation(cid: str, turns: list[tuple[str, str, tuple[str, ...]]]) -> Conversation:
+    return Conversation(
+        cid,
+        "acme",
+        tuple(
+            Turn(cid, no, prompt, kind, relevant, store="acme")
+            for no, (prompt, kind, relevant) in enumerate(turns, 1)
+        ),
+    )
+
+
+# Every prompt is longer than the longest min_prompt_len tried and shares no word with the
+# others, so only min_score decides what each turn gets.
+NOTHING = [
+    "compose a limerick celebrating pelicans gliding over harbours",
+    "translate grandmother's lentil soup recipe into portuguese",
+    "summarise yesterday's chess championship final between veterans",
+    "recommend novels featuring lighthouses, storms, shipwrecked sailors",
+    "explain photosynthesis simply for curious seven year olds",
+]
+NOTHING_TOO = [
+    "sketch watercolour techniques suited to misty mountain valleys",
+    "outline marathon training schedules for absolute running beginners",
+    "describe traditional japanese joinery without nails whatsoever",
+    "brainstorm birthday party themes involving dinosaurs, volcanoes",
+    "compare espresso extraction methods across different grinders",
+]
+
+
+def test_the_advice_meets_the_targets_on_each_half_of_the_conversations():
+    # First conversation: one nothing-needed prompt draws a weak (0.3) wrong hit, and the
+    # gold of its memory prompt scores 0.3 too. Second: clean, its gold strong.
+    first = _conversation(
+        "c1",
+        [(p, "nothing_relevant", ()) for p in NOTHING]
+        + [
+            (
+                "where does the payments service deploy its database migrations",
+                "needs_memory",
+                ("g1",),
+            )
+        ],
+    )
+    second = _conversation(
+        "c2",
+        [(p, "nothing_relevant", ()) for p in NOTHING_TOO]
+        + [("which kubernetes cluster hosts staging for checkout", "needs_memory", ("g2",))],
+    )
+    probes = {("acme", t.prompt): [] for c in (first, second) for t in c.turns}
+    probes["acme", NOTHING[0]] = [_record("noise", 0.3)]
+    probes["acme", first.turns[-1].prompt] = [_record("g1", 0.3)]
+    probes["acme", second.turns[-1].prompt] = [_record("g2", 0.9)]
+    current = current_knobs(None)
+    ungated = {"c1": 1e6, "c2": 1e6}  # the token target holds everywhere
+
+    # On the whole, a floor at 0.3 keeps 0.9 of nothing-needed prompts quiet and finds both
+    # golds; on the first conversation alone it keeps only 0.8 quiet.
+    loose = {**current, "min_score": 0.3, "throttle_prompts": 0}
+    assert simulate([first, second], probes, loose)["quiet_rate"] == 0.9
+    assert simulate([first, second], probes, loose)["useful_rate"] == 1.0
+    assert simulate([first], probes, loose)["quiet_rate"] == 0.8
+
+    knobs, predicted, rule = best_knobs([first, second], probes, current, ungated)
+    assert knobs["min_score"] > 0.3 and rule.endswith("on each half too")
+    assert predicted["quiet_rate"] == 1.0 and predicted["useful_rate"] == 0.5
