@@ -42,6 +42,7 @@ from relay import late
 from relay.auth import mint_key
 from relay.bench_search import (
     BENCH,
+    backfill,
     corpus,
     free_port,
     queries,
@@ -54,7 +55,6 @@ from relay.hook_stats import percentiles
 from relay.models import MemoryDraft, PassageInput, Principal
 from relay.store import Store
 from relay.text import lexical_terms, query_terms
-from relay.writes import backfill_tokens
 
 NOISE = 0.02  # per-dimension sigma of the copy noise (384 dims: cosine to the text ~0.93)
 SMALL_SHARE, BIG_SHARE, ORGS = 0.01, 0.40, 100
@@ -336,18 +336,6 @@ def stop_postgres(folder: Path) -> None:
 
         server = pgserver.get_server(folder, cleanup_mode=None)
     pg_ctl(["-w", "stop", "-m", "fast"], pgdata=folder, user=server.system_user, timeout=120)
-
-
-def backfill(store: Store, embedder: Any, progress: Callable[[str], None]) -> int:
-    """Token matrices for rows a database given with --db holds from before relay.late,
-    through the server's own backfill (one embedding per distinct text): searches then
-    preselect by late interaction, as on a fresh database. Returns how many it stored."""
-    done = 0
-    for n in backfill_tokens(store, embedder):
-        done += n
-        if done % 50_000 < n:
-            progress(f"token matrices backfilled for {done} passages")
-    return done
 
 
 def _sizes_mb(store: Any) -> dict[str, float]:

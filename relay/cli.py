@@ -568,8 +568,9 @@ def bench_recall(
 @click.option(
     "--db",
     help="Keep the database here and reuse it (a size already loaded is not ingested "
-    "again): a SQLite file, or for postgresql a postgresql:// URL or a folder where a "
-    "local pgserver keeps its data. Default: a throwaway one.",
+    "again; rows from before token matrices get theirs first): a SQLite file, or for "
+    "postgresql a postgresql:// URL or a folder where a local pgserver keeps its data. "
+    "Default: a throwaway one.",
 )
 @click.option(
     "--bench-dir",

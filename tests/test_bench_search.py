@@ -106,12 +106,37 @@ def test_sqlite_one_org_keeps_the_issue_2_schema(tiny_bench):
         "memories",
         "queries",
         "ingest_per_s",
+        "tokens_backfilled",
         "search_ms",
         "http_ms",
         "rss_mb",
         "embedder",
     }
     assert data["memories"] == 120 and data["search_ms"]["p50"] > 0 and data["rss_mb"] > 50
+    assert data["tokens_backfilled"] == 0  # written with their token matrices
+
+
+def test_sqlite_one_org_backfills_a_reused_database_from_before_token_matrices(
+    tiny_bench, tmp_path
+):
+    import sqlite3
+
+    from relay.store.sqlite import SQLiteStore
+
+    db = tmp_path / "one.db"
+    args = ["--memories", "120", "--bench-dir", str(tiny_bench), "--db", str(db)]
+    _bench(*args)
+    with sqlite3.connect(db) as conn:  # as a database written before relay.late
+        conn.execute("DELETE FROM passage_tokens")
+    store = SQLiteStore(db)
+    try:
+        assert len(store.missing_tokens(1000)) == 120
+        again = _bench(*args)
+        assert again["ingest_per_s"] is None  # reused, not re-ingested ...
+        assert again["tokens_backfilled"] == 120  # ... but given its matrices before measuring
+        assert store.missing_tokens(1000) == []
+    finally:
+        store.close()
 
 
 def test_layout_and_store_mismatch_is_a_usage_error():
