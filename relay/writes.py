@@ -168,8 +168,8 @@ def backfill_tokens(
     its matrix, `batch` at a time, in passage order; yields how many each step stored. Until
     a query's proposals all have theirs, search chooses its candidates by rank fusion and
     scores them with the cosine-only model. Like a write, it embeds each distinct text once
-    and keeps its matrix in the embedding cache: the unchanged passages of every revision,
-    and texts imported into many orgs, cost one embedding."""
+    and keeps its matrix in the embedding cache: a text repeated across memories or orgs
+    costs one embedding, and a later edit that keeps a passage finds its matrix there."""
     tokens_model = late.cache_model(embedder.name)
     after = 0
     while rows := store.missing_tokens(batch, after):
