@@ -256,6 +256,11 @@ class SearchSettings:
     # a candidate, and the unrelated ones should not ride along with the answer. The highest
     # share that costs at most 0.5 point of dev recall@5 on every folder (BENCHMARKS.md).
     relative: float = 0.02
+    # ... and at least this score: a hit judged about 1 in 50 likely to be relevant is noise
+    # to a reader, whatever the best scored (a 0.01 hit beside a 0.58 answer passed `relative`
+    # in a three-memory org). The highest floor that, with `relative`, still costs at most
+    # 0.5 point of dev recall@5 on every folder (scripts/tune.py rules).
+    min_score: float = 0.02
     min_budget_ms: float = 5.0  # below this the request is answered with nothing
 
     def fingerprint(self) -> tuple[object, ...]:
@@ -717,13 +722,14 @@ class Searcher:
 
 def answer(scored: list[tuple[Passage, float]], s: SearchSettings, k: int) -> list[Hit]:
     """What a query's judged candidates give: nothing when the best is under the threshold;
-    otherwise each memory's best passage within `relative` of the best, the top k."""
+    otherwise each memory's best passage within `relative` of the best and scoring at least
+    `min_score`, the top k."""
     top = max((score for _, score in scored), default=0.0)
     if top < s.threshold:
         return []
     best: dict[str, Hit] = {}
     for p, score in scored:
-        if score < s.relative * top:
+        if score < s.relative * top or score < s.min_score:
             continue
         if p.memory_id not in best or best[p.memory_id].score < score:
             best[p.memory_id] = Hit(

@@ -19,7 +19,9 @@ has fitted the weights (BENCHMARKS.md "Recall"), printing every grid point:
    on locomo_observations (then the most dev recall@3); for each gate, thresholds are
    tried upward until one costs more;
 2. `relative`: the highest share that costs at most 0.5 point of dev recall@5 on every
-   folder.
+   folder;
+3. `min_score`: with that `relative`, the highest floor on a hit's score for which the two
+   together still cost at most 0.5 point of dev recall@5 on every folder.
 
 Then it prints the strict point: the lowest threshold, at that gate, with at least 0.8
 dev adversarial abstention on locomo_observations.
@@ -57,6 +59,7 @@ THRESHOLDS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
 STRICT = (0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
 GATES = [(t, w) for t in (3, 5, 7, 9, 12, 15, 20) for w in (0, 2, 4, 6)]
 RELATIVE = (0.02, 0.05, 0.1, 0.2, 0.3)
+MIN_SCORES = (0.01, 0.02, 0.03, 0.05, 0.1)
 LOCOMO = ("locomo_observations", "locomo_turns")
 
 
@@ -108,7 +111,8 @@ def rules() -> None:
                     rows.append((q, [h.id for h in hits]))
                 out[name] = figures(rows)
             print(
-                f"  {s.threshold=} {s.relative=} gate={s.hybrid.gate.topic_elsewhere},"
+                f"  {s.threshold=} {s.relative=} {s.min_score=} "
+                f"gate={s.hybrid.gate.topic_elsewhere},"
                 f"{s.hybrid.gate.words_elsewhere}: "
                 + " ".join(
                     f"{n}: r3={r['overall']['recall@3']} r5={r['overall']['recall@5']} "
@@ -126,7 +130,7 @@ def rules() -> None:
         def adversarial(result: dict[str, dict]) -> float:
             return abstention(result["locomo_observations"], "adversarial")
 
-        plain = dataclasses.replace(SearchSettings(), relative=0.0)
+        plain = dataclasses.replace(SearchSettings(), relative=0.0, min_score=0.0)
         base = run(with_gate(dataclasses.replace(plain, threshold=0.0), 0, 0))
         best: tuple[float, float, tuple[int, int], float] | None = None
         for topic, words in [(0, 0), *GATES]:
@@ -144,16 +148,26 @@ def rules() -> None:
         gated = with_gate(dataclasses.replace(plain, threshold=threshold), topic, words)
         names = tuple(loaded)
         none = run(gated, names)
-        relative = 0.0
-        for share in RELATIVE:
-            r = run(dataclasses.replace(gated, relative=share), names)
-            if all(
+
+        def within_budget(s: SearchSettings) -> bool:
+            r = run(s, names)
+            return all(
                 none[n]["overall"]["recall@5"] - r[n]["overall"]["recall@5"] <= 0.005 + 1e-9
                 for n in names
-            ):
-                relative = share
+            )
+
+        relative = max(
+            (x for x in RELATIVE if within_budget(dataclasses.replace(gated, relative=x))),
+            default=0.0,
+        )
         print(f"relative {relative}", flush=True)
-        final = dataclasses.replace(gated, relative=relative)
+        shared = dataclasses.replace(gated, relative=relative)
+        min_score = max(
+            (x for x in MIN_SCORES if within_budget(dataclasses.replace(shared, min_score=x))),
+            default=0.0,
+        )
+        print(f"min_score {min_score}", flush=True)
+        final = dataclasses.replace(shared, min_score=min_score)
         for t in STRICT:
             if adversarial(run(dataclasses.replace(final, threshold=t))) >= 0.8:
                 print(f"strict threshold {t}", flush=True)

@@ -143,14 +143,38 @@ def test_a_question_about_the_wrong_person_finds_nothing(store, embedder):
 def test_a_small_org_answers_a_strong_match_without_its_unrelated_memories(store, embedder):
     """In an org of three memories every memory is a candidate: the unrelated ones must not
     ride along with a strong match (session 3's collapsed model lifted them over the
-    threshold; now they fall under `relative` of the best)."""
+    threshold; now they fall under `relative` of the best and `min_score`)."""
     p = _org(store, embedder, BODIES)
     searcher = Searcher(store, embedder)
     res = searcher.search(p, "which cluster is staging on?", k=3, deadline_ms=10_000)
     assert [h.id for h in res.results] == ["m1"]
-    lenient = Searcher(store, embedder, dataclasses.replace(searcher.settings, relative=0.0))
+    floors_off = dataclasses.replace(searcher.settings, relative=0.0, min_score=0.0)
+    lenient = Searcher(store, embedder, floors_off)
     assert (
         len(lenient.search(p, "which cluster is staging on?", k=3, deadline_ms=10_000).results) > 1
     )
+    searcher.close()
+    lenient.close()
+
+
+def test_a_hit_under_min_score_is_left_out_however_close_to_the_best(store, embedder):
+    """The new-user pass: "what package manager for the web app?" in the three-memory org
+    also listed the migrations note at 0.01, within `relative` of a 0.58 answer."""
+    p = _org(
+        store,
+        embedder,
+        [
+            "Staging is the blue cluster",
+            "Schema migrations go in a separate backfill job, never in the web deploy",
+            "Use pnpm, not npm or yarn, for the web app",
+        ],
+    )
+    searcher = Searcher(store, embedder)
+    query = "what package manager for the web app?"
+    res = searcher.search(p, query, k=3, deadline_ms=10_000, use_cache=False)
+    assert [h.id for h in res.results] == ["m2"]
+    lenient = Searcher(store, embedder, dataclasses.replace(searcher.settings, min_score=0.0))
+    extra = lenient.search(p, query, k=3, deadline_ms=10_000, use_cache=False).results[1:]
+    assert extra and all(h.score < searcher.settings.min_score for h in extra)
     searcher.close()
     lenient.close()
