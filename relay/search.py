@@ -647,8 +647,7 @@ class Searcher:
             return SearchResponse([], stages, True, False, _ms(start), timings)
 
         t = time.monotonic()
-        # The weakest cosine the semantic stage proposed: this query's background in this org.
-        background = min((c for _, c in semantic), default=0.0)
+        background = _background(semantic)
         proposed = list(dict.fromkeys([r for r, _ in lexical] + [r for r, _ in semantic]))
         maxsim = self._maxsims(org, qstates, query, reading, proposed, matrices)
         pool = pool_features(lexical, semantic, maxsim)
@@ -747,10 +746,8 @@ def pool_features(
     order (see `Preselect`); nothing without every member's MaxSim."""
     if not maxsim:
         return {}
-    lexical_rank = {rowid: rank for rank, (rowid, _) in enumerate(lexical)}
-    semantic_rank = {rowid: rank for rank, (rowid, _) in enumerate(semantic)}
-    cosine = dict(semantic)
-    background = min(cosine.values(), default=0.0)
+    lexical_rank, semantic_rank = _ranks(lexical), _ranks(semantic)
+    cosine, background = dict(semantic), _background(semantic)
     return {
         rowid: (
             cosine.get(rowid, background),
@@ -777,14 +774,23 @@ def preselect(
             rowid: sum(a * b for a, b in zip(weights, x, strict=True)) for rowid, x in pool.items()
         }
     else:
-        lexical_rank = {rowid: rank for rank, (rowid, _) in enumerate(lexical)}
-        semantic_rank = {rowid: rank for rank, (rowid, _) in enumerate(semantic)}
+        lexical_rank, semantic_rank = _ranks(lexical), _ranks(semantic)
         score = {
             rowid: _reciprocal(lexical_rank, rowid, s.rrf_k)
             + _reciprocal(semantic_rank, rowid, s.rrf_k)
             for rowid in dict.fromkeys([*lexical_rank, *semantic_rank])
         }
     return sorted(score, key=score.__getitem__, reverse=True)[: s.candidates]
+
+
+def _background(semantic: list[tuple[int, float]]) -> float:
+    """The weakest cosine the semantic stage proposed: this query's background in this org."""
+    return min((c for _, c in semantic), default=0.0)
+
+
+def _ranks(stage: list[tuple[int, float]]) -> dict[int, int]:
+    """Each proposal's rank (from 0) in one stage's list."""
+    return {rowid: rank for rank, (rowid, _) in enumerate(stage)}
 
 
 def _reciprocal(ranks: dict[int, int], rowid: int, k: int) -> float:
