@@ -87,6 +87,8 @@ def test_replay_report_json_carries_turns_advice_and_the_commit(replayed):
         "min_score",
         "max_records",
     }
+    # the token target is read against the same ungated run the figures report
+    assert advice["ungated_tokens_cumulative"] == report["figures"]["ungated"]["tokens_cumulative"]
     # the offline replay of the gate searches exactly where the real hook did
     on = [r for r in rows if r["mode"] == "on"]
     # (only where every turn ran normally: a hook starved of its stdin on a loaded machine

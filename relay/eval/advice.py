@@ -24,7 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relay.eval.conversations import MEMORY_CLASSES, QUIET_CLASSES, Conversation
+from relay.eval.conversations import (
+    MEMORY_CLASSES,
+    QUIET_CLASSES,
+    Conversation,
+    kept_in_history,
+)
 from relay.hook import config as hook_config
 from relay.hook import gate, state
 from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
@@ -113,7 +118,7 @@ def simulate(
                     data["ledger"][record["id"]] = record["revision"]
                     held.add(record["id"])
                 if context:
-                    cumulative += tokens(context) * (length - turn.no + 1)
+                    cumulative += kept_in_history(tokens(context), turn.no, length)
             turns += 1
             counts = per_class.setdefault(turn.kind, [0, 0, 0])
             counts[0] += 1
@@ -183,12 +188,11 @@ def best_knobs(
 
 
 def ungated_by_conversation(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Each conversation's cumulative injected tokens in the ungated run (as `figures`
-    counts them: a token injected at turn t of T stays in history for turns t..T)."""
+    """Each conversation's cumulative injected tokens in the ungated run."""
     out: dict[str, float] = {}
     for r in rows:
         if r["mode"] == "ungated":
-            spent = r["tokens"] * (r["turns"] - r["turn"] + 1)
+            spent = kept_in_history(r["tokens"], r["turn"], r["turns"])
             out[r["conversation"]] = out.get(r["conversation"], 0.0) + spent
     return out
 
@@ -228,14 +232,12 @@ def advise(
     probes: Probes,
     rows: list[dict[str, Any]],
     current: dict[str, Any],
-    ungated_tokens: float,
 ) -> dict[str, Any]:
     on = [r for r in rows if r["mode"] == "on"]
     off = [r for r in rows if r["mode"] == "off"]
     costs = class_costs(on, off)
-    recommended, predicted, rule = best_knobs(
-        conversations, probes, current, ungated_by_conversation(rows)
-    )
+    ungated = ungated_by_conversation(rows)
+    recommended, predicted, rule = best_knobs(conversations, probes, current, ungated)
     baseline = simulate(conversations, probes, current)
 
     def effect(kind: str) -> dict[str, Any]:
@@ -269,7 +271,7 @@ def advise(
         "recommended": {k: recommended[k] for k in KNOBS},
         "changes": changed,
         "rule": rule,
-        "ungated_tokens_cumulative": ungated_tokens,
+        "ungated_tokens_cumulative": round(sum(ungated.values()) / max(len(conversations), 1), 1),
         "predicted_current": baseline,
         "predicted_recommended": predicted,
         "classes": costs,

@@ -228,9 +228,7 @@ def replay_command(
                 ),
                 max(current["max_records"], *adv.GRID["max_records"]),
             )
-            advice = adv.advise(
-                conversations, probes, rows, current, result["ungated"]["tokens_cumulative"]
-            )
+            advice = adv.advise(conversations, probes, rows, current)
     finally:
         if server is not None:
             server.stop()

@@ -55,6 +55,12 @@ FOLLOW_UPS = (
 )
 
 
+def kept_in_history(tokens: int, turn: int, turns: int) -> int:
+    """What `tokens` injected at turn `turn` of `turns` cost in input over the conversation:
+    they stay in its history for turns turn..turns."""
+    return tokens * (turns - turn + 1)
+
+
 @dataclass(frozen=True)
 class Turn:
     conversation: str

@@ -24,7 +24,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from relay.eval.conversations import MEMORY_CLASSES, QUIET_CLASSES, Conversation, Turn
+from relay.eval.conversations import (
+    MEMORY_CLASSES,
+    QUIET_CLASSES,
+    Conversation,
+    Turn,
+    kept_in_history,
+)
 from relay.eval.harness import Hook, OrgKeys, Progress, Run
 from relay.hook.pack import tokens
 from relay.hook_bench import ON_TIME_SLACK_MS
@@ -154,9 +160,9 @@ def figures(rows: list[dict[str, Any]], conversations: int, classes: bool = True
         "hook_ms": percentiles([r["ms"] for r in rows]),
         "outcomes": {o: counts[o] for o in (*OUTCOMES, *sorted(set(counts) - set(OUTCOMES)))},
         "tokens_per_turn": round(statistics.fmean(r["tokens"] for r in rows), 2) if rows else 0.0,
-        # each token injected at turn t of T stays in history for turns t..T
         "tokens_cumulative": round(
-            sum(r["tokens"] * (r["turns"] - r["turn"] + 1) for r in rows) / max(conversations, 1),
+            sum(kept_in_history(r["tokens"], r["turn"], r["turns"]) for r in rows)
+            / max(conversations, 1),
             1,
         ),
         "duplicate_rate": round(sum(r["duplicates"] for r in rows) / injected, 4)
