@@ -17,7 +17,8 @@ from relay.eval.advice import apply
 from relay.eval.commands import eval_group
 from relay.eval.conversations import CLASSES, MEMORY_CLASSES, build_conversations
 from relay.eval.faults import KINDS
-from relay.eval.replay import figures
+from relay.eval.replay import extras, figures
+from relay.hook_bench import ON_TIME_SLACK_MS
 
 R_KEYS = {
     "hook_ms",
@@ -100,6 +101,20 @@ def test_replay_report_json_carries_turns_advice_and_the_commit(replayed):
             measured = sum(r["outcome"] != "skipped" for r in mine) / len(mine)
             assert share == pytest.approx(measured, abs=1e-3), kind
     assert (out / "conversations.jsonl").exists()
+
+
+def test_a_late_turn_is_listed_with_the_hooks_own_phase_timings(replayed):
+    out, _ = replayed
+    report = json.loads((out / "replay.json").read_text())
+    on = [r for r in report["turns"] if r["mode"] == "on"]
+    assert all({"start", "stdin", "total"} <= set(r["hook_phases_ms"]) for r in on)
+    # With no time allowed at all, every turn is late, and each is listed with where its
+    # time went, as the hook's own log measured it.
+    late = extras(report["turns"], -ON_TIME_SLACK_MS)["modes"]["on"]
+    assert late["over_deadline"] == len(late["late_turns"]) == len(on)
+    assert [t["hook_phases_ms"] for t in late["late_turns"]] == [r["hook_phases_ms"] for r in on]
+    as_run = report["extras"]["modes"]["on"]
+    assert as_run["over_deadline"] == len(as_run["late_turns"])
 
 
 def test_report_renders_in_headless_chromium_with_every_plot_drawn(replayed, tmp_path):

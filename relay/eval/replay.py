@@ -131,7 +131,9 @@ class _Context:
             "mode": mode,
             "prompt_len": len(turn.prompt),
             "ms": round(run.ms, 2),
-            "hook_total_ms": (run.log.get("ms") or {}).get("total"),
+            # The hook's own clock, phase by phase (start, stdin, gate, request, ...): what a
+            # late turn spent its time on.
+            "hook_phases_ms": run.log.get("ms") or {},
             "rc": run.rc,
             "outcome": run.outcome,
             "reason": run.log.get("reason"),
@@ -202,7 +204,12 @@ def extras(rows: list[dict[str, Any]], deadline_ms: int) -> dict[str, Any]:
         per_outcome: dict[str, list[float]] = defaultdict(list)
         for r in mine:
             per_outcome[r["outcome"]].append(r["ms"])
-        totals = [r["hook_total_ms"] for r in mine if isinstance(r["hook_total_ms"], int | float)]
+        totals = [
+            r["hook_phases_ms"]["total"]
+            for r in mine
+            if isinstance(r["hook_phases_ms"].get("total"), int | float)
+        ]
+        late = [r for r in mine if r["ms"] > deadline_ms + ON_TIME_SLACK_MS]
         slices: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in mine:
             slices[f"{r['kind']}:{r['source_kind'] or '-'}"].append(r)
@@ -210,7 +217,14 @@ def extras(rows: list[dict[str, Any]], deadline_ms: int) -> dict[str, Any]:
             "hook_ms_by_outcome": {o: percentiles(v) for o, v in sorted(per_outcome.items())},
             "hook_own_clock_ms": percentiles(totals),
             "max_ms": round(max((r["ms"] for r in mine), default=0.0), 1),
-            "over_deadline": sum(r["ms"] > deadline_ms + ON_TIME_SLACK_MS for r in mine),
+            "over_deadline": len(late),
+            "late_turns": [
+                {
+                    k: r[k]
+                    for k in ("conversation", "turn", "ms", "outcome", "reason", "hook_phases_ms")
+                }
+                for r in late
+            ],
             "mean_ms": round(statistics.fmean(r["ms"] for r in mine), 2) if mine else 0.0,
             "searched": sum(r["outcome"] in SEARCHED for r in mine),
             "answer_rate": _rate(
@@ -290,6 +304,12 @@ def render(result: dict[str, Any], more: dict[str, Any], deadline_ms: int) -> st
         f"added {more['added_ms_per_turn']:+.1f} ms per turn versus off; outcomes "
         + ", ".join(f"{k} {v}" for k, v in result["on"]["outcomes"].items() if v)
     )
+    for late in on["late_turns"]:
+        phases = ", ".join(f"{k} {v:.0f}" for k, v in late["hook_phases_ms"].items())
+        lines.append(
+            f"  late: {late['conversation']} turn {late['turn']}, {late['ms']:.0f} ms, "
+            f"{late['outcome']} ({late['reason'] or '-'}); hook's clock: {phases or 'no log'}"
+        )
     lines.append(f"{'class':<18}" + "".join(f"{m + ' use/quiet':>20}" for m in MODES))
     for kind in sorted(result["on"]["by_class"]):
         cells = []
