@@ -434,6 +434,28 @@ class QueryReading:
         )
 
 
+# From this many passages the reader may see, a term is common knowledge in the org.
+SEEN_CAP = 50
+
+
+def seen(
+    store: Store, org: str, audiences: frozenset[str], now: datetime, df: dict[str, int]
+) -> dict[str, int]:
+    """The org's document frequencies as one reader may know them.
+
+    The org's counts include memories this reader may not read. A word only those hold
+    would make a question the reader's memories cannot answer look answerable (the gate
+    reads which query words the org knows), and its weight would hint at what they say.
+    So each term the org holds is counted again over the passages the reader may see, up
+    to `SEEN_CAP`; at the cap the org's count stands (a common word tells nothing).
+    """
+    held = [t for t, n in df.items() if n > 0]
+    if not held:
+        return df
+    counts = store.seen_doc_freq(org, audiences, now, held, SEEN_CAP)
+    return {t: df[t] if counts[t] >= SEEN_CAP else counts[t] for t in held if counts[t]}
+
+
 def candidate_features(
     reading: QueryReading,
     passages: list[Passage],
@@ -621,6 +643,7 @@ class Searcher:
         # Once it is done, one read for the whole pool costs less than two (PostgreSQL:
         # a transaction each).
         total, df = self.store.doc_freq(org, terms)
+        df = seen(self.store, org, audiences, now, df)
         reading = QueryReading.read(terms, proper_names(query), total, df)
         matrices: dict[int, bytes] = {}
         if future is not None and lexical and not future.done():

@@ -178,3 +178,42 @@ def test_a_hit_under_min_score_is_left_out_however_close_to_the_best(store, embe
     assert extra and all(h.score < searcher.settings.min_score for h in extra)
     searcher.close()
     lenient.close()
+
+
+def test_a_memory_a_key_cannot_read_changes_nothing_it_gets(store, embedder):
+    """What a key may not read must not change which memories it gets: the org's statistics
+    counted a restricted memory's words as known to every reader, so questions about them
+    stopped being refused and unrelated memories came back (QA, session 6). (Scores may
+    still move a little with the org's size.)"""
+    reader = _org(store, embedder, [*BODIES, "Access keys start with AKIA; rotate them yearly."])
+    fraud = mint_key(store, reader.org_id, "f", frozenset({"memory:read"}), frozenset({"fraud"}))
+    searcher = Searcher(store, embedder)
+    questions = [
+        "which cluster is staging on?",
+        "where is the kafka schema registry for the fraud team",
+        "what port does the fraud schema registry use",
+        "fraud team kafka registry hostname",
+    ]
+
+    def answers(who: Principal) -> list[list[str]]:
+        return [[h.id for h in searcher.search(who, q, use_cache=False).results] for q in questions]
+
+    before = answers(reader)
+    save(
+        store,
+        embedder,
+        reader.org_id,
+        "registry",
+        MemoryDraft(
+            body="The fraud team's Kafka schema registry is at schemas.fraud.internal:8081.",
+            audiences=("fraud",),
+        ),
+        "t",
+        "create",
+    )
+    assert answers(reader) == before
+    k = fraud.key
+    found = answers(Principal(k.org_id, k.id, k.scopes, k.roles))
+    assert found[0] == before[0] == ["m1"]
+    assert all(a and a[0] == "registry" for a in found[1:])
+    searcher.close()

@@ -992,6 +992,21 @@ class PostgresStore:
             for r in rows
         ]
 
+    def seen_doc_freq(
+        self, org_id: str, audiences: frozenset[str], now: datetime, terms: Sequence[str], cap: int
+    ) -> dict[str, int]:
+        # Through the org's own lexeme keys (`relay_org_terms`, migration 2), as the lexical
+        # stage finds its matches.
+        sql = (
+            "SELECT count(*) AS n FROM (SELECT 1 FROM passages p"
+            " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+            " WHERE relay_org_terms(p.org_id, p.tsv) && ARRAY[%(org)s || ' ' || %(term)s]"
+            f" AND p.org_id = %(org)s AND {visible_sql(True)} LIMIT %(cap)s) AS seen"
+        )
+        params = _params(org_id, audiences, now=now, cap=cap)
+        with self._tx(org_id) as conn:
+            return {t: conn.execute(sql, {**params, "term": t}).fetchone()["n"] for t in terms}
+
     def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
         with self._tx(org_id) as conn:
             total = conn.execute(

@@ -644,12 +644,12 @@ class SQLiteStore:
             return []
         with self._read() as conn:
             total, df = self._doc_freq(conn, org_id, terms)
-            everyone = conn.execute("SELECT sum(passage_count) FROM orgs").fetchone()[0] or 0
-            dominant = total >= DOMINANT_SHARE * everyone
             params = {
                 "org": org_id,
                 "now": now.timestamp(),
-                "match": fts_match(None if dominant else org_id, candidate_terms(terms, df, total)),
+                "match": fts_match(
+                    self._match_org(conn, org_id, total), candidate_terms(terms, df, total)
+                ),
                 "limit": limit,
                 "fetch": limit * 4,
                 **_audience_params(audiences),
@@ -670,6 +670,31 @@ class SQLiteStore:
                     break
                 params["fetch"] *= 4
         return [(r[0], -r[1]) for r in rows]  # FTS5's bm25() is negative: flip so higher is better
+
+    @staticmethod
+    def _match_org(conn: sqlite3.Connection, org_id: str, total: int) -> str | None:
+        """The org column for an FTS5 match, or None for an org that holds most passages."""
+        everyone = conn.execute("SELECT sum(passage_count) FROM orgs").fetchone()[0] or 0
+        return None if total >= DOMINANT_SHARE * everyone else org_id
+
+    def seen_doc_freq(
+        self, org_id: str, audiences: frozenset[str], now: datetime, terms: Sequence[str], cap: int
+    ) -> dict[str, int]:
+        params = {"org": org_id, "now": now.timestamp(), "cap": cap, **_audience_params(audiences)}
+        sql = (
+            "SELECT count(*) FROM (SELECT 1 FROM passages_fts"
+            " JOIN passages p NOT INDEXED ON p.rowid = passages_fts.rowid"
+            " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
+            f" WHERE passages_fts MATCH :match AND p.org_id = :org"
+            f" AND {visible_sql(len(params) - 3)} LIMIT :cap)"
+        )
+        with self._read() as conn:
+            total, _ = self._doc_freq(conn, org_id, [])
+            org = self._match_org(conn, org_id, total)
+            return {
+                t: conn.execute(sql, {**params, "match": fts_match(org, [t])}).fetchone()[0]
+                for t in terms
+            }
 
     def semantic_search(
         self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
