@@ -185,7 +185,11 @@ def hook_script(relay_hook: str) -> str:
         default = hook_config.DEFAULTS[name]
         value = f"{default:.2f}" if isinstance(default, float) else str(default)
         lines += [f"# {help_text}", f"{var}={value}"]
-    exports = " \\\n  ".join(f'RELAY_{var}="${var}"' for var, _, _ in SCRIPT_KNOBS)
+    # The environment still wins (docs/hook.md: environment, then config, then defaults),
+    # so `RELAY_THROTTLE_PROMPTS=0 claude` works for one session.
+    exports = " \\\n  ".join(
+        f'RELAY_{var}="${{RELAY_{var}:-${var}}}"' for var, _, _ in SCRIPT_KNOBS
+    )
     lines += ["", f"export {exports}", f'exec {shlex.quote(relay_hook)} "$@"', ""]
     return "\n".join(lines)
 

@@ -62,11 +62,12 @@ def registered_command(settings: Path, event: str) -> str:
 
 
 def run_registered(
-    command: str, home: Path, payload: dict, shell: str = "/bin/sh"
+    command: str, home: Path, payload: dict, shell: str = "/bin/sh", extra_env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """Run a registered hook command the way the agents do: `sh -c COMMAND`, JSON on stdin,
-    with a bare environment (an agent passes its own, not the test runner's)."""
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    with a bare environment (an agent passes its own, not the test runner's) plus
+    `extra_env`, what the user exported before starting the agent."""
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", **(extra_env or {})}
     return subprocess.run(
         [shell, "-c", command],
         input=json.dumps(payload).encode(),

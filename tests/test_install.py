@@ -399,6 +399,19 @@ def test_knob_edits_apply_on_the_next_prompt(tmp_path, server):
     assert (entry["outcome"], entry["reason"]) == ("skipped", "short_prompt")
 
 
+def test_the_environment_still_overrides_the_scripts_knobs(tmp_path, server):
+    """docs/hook.md: environment, then config file, then defaults. The script set its
+    knobs unconditionally, so `RELAY_MIN_PROMPT_LEN=500` exported for a session was lost."""
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    payload = prompt_payload("how do I create a database migration?")
+    run = run_registered(command, home, payload, extra_env={"RELAY_MIN_PROMPT_LEN": "500"})
+    assert (run.returncode, run.stdout) == (0, b"")
+    entry = json.loads((home / ".relay/state/outcomes.jsonl").read_text().splitlines()[-1])
+    assert (entry["outcome"], entry["reason"]) == ("skipped", "short_prompt")
+
+
 def test_the_registered_command_costs_a_few_milliseconds(tmp_path, server):
     """The wrapper (`[ -x ] && exec script`, then the script's `exec relay-hook`) against
     relay-hook started directly, both on a gated prompt (no network), interleaved."""
