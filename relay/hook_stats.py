@@ -42,7 +42,10 @@ def parse_since(text: str) -> float:
     text = text.strip().lower()
     if len(text) < 2 or text[-1] not in _UNITS:
         raise ValueError(f"period {text!r} is not a number followed by s, m, h, d or w")
-    value = float(text[:-1])
+    try:
+        value = float(text[:-1])
+    except ValueError:
+        raise ValueError(f"period {text!r} is not a number followed by s, m, h, d or w") from None
     if not value > 0 or math.isinf(value):
         raise ValueError(f"period {text!r} must be positive")
     return value * _UNITS[text[-1]]
@@ -213,6 +216,17 @@ def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
+def _outcome_lines(summary: dict, outcomes: list[str]) -> list[str]:
+    """Each outcome's count, and under it its reasons' (`skip_reasons` keys are outcome:reason)."""
+    lines = []
+    for outcome in outcomes:
+        lines.append(f"    {outcome:<17} {summary['outcomes'][outcome]}")
+        for key, count in summary["skip_reasons"].items():
+            if key.startswith(outcome + ":"):
+                lines.append(f"      {key.split(':', 1)[1]:<25} {count}")
+    return lines
+
+
 def render(summary: dict) -> str:
     """The summary as a short text report; problems first, in capitals."""
     lines = [f"PROBLEM: {p}" for p in summary["problems"]]
@@ -220,14 +234,13 @@ def render(summary: dict) -> str:
         lines.append("")
     period = f"since {summary['since']}" if summary["since"] else "all time"
     lines.append(f"Relay hook, {period} ({summary['invocations']} prompts and session starts)")
-    searched = sum(summary["outcomes"][o] for o in SEARCHED)
+    counts = summary["outcomes"]
+    searched = sum(counts[o] for o in SEARCHED)
     lines.append(f"  searched {searched}, of which:")
-    for outcome in OUTCOMES:
-        count = summary["outcomes"][outcome]
-        if outcome in SEARCHED or count:
-            lines.append(f"    {outcome:<17} {count}")
-    for reason, count in summary["skip_reasons"].items():
-        lines.append(f"      {reason:<25} {count}")
+    lines += _outcome_lines(summary, [o for o in OUTCOMES if o in SEARCHED])
+    others = [o for o in OUTCOMES if o not in SEARCHED and counts[o]]
+    lines.append(f"  not searched {sum(counts[o] for o in others)}, of which:")
+    lines += _outcome_lines(summary, others)
     h, hit = summary["hook_ms"], summary["hit_ms"]
     lines.append(f"  hook time ms      p50 {h['p50']}  p95 {h['p95']}  p99 {h['p99']}")
     lines.append(f"  on hits ms        p50 {hit['p50']}  p95 {hit['p95']}  p99 {hit['p99']}")

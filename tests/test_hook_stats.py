@@ -37,6 +37,9 @@ def test_stats_counts_outcomes_tokens_duplicates_and_reports_a_bad_key_loudly(tm
     result = CliRunner().invoke(stats, ["--state-dir", str(hook.state_dir), "--since", "1h"])
     assert result.exit_code == 0
     assert result.output.startswith("PROBLEM: the last 2 searches were rejected")
+    # what was searched and what was not are counted apart, each reason under its outcome
+    assert "searched 4, of which:" in result.output
+    assert "not searched 1, of which:\n    skipped           1\n      short_prompt" in result.output
     as_json = CliRunner().invoke(stats, ["--state-dir", str(hook.state_dir), "--json"])
     assert json.loads(as_json.output)["outcomes"]["hit"] == 1
 
@@ -54,5 +57,6 @@ def test_stats_on_an_empty_or_torn_log(tmp_path):
 def test_parse_since():
     assert parse_since("24h") == 86400
     assert parse_since("30m") == 1800
-    with pytest.raises(ValueError):
-        parse_since("-1d")
+    for bad in ("-1d", "bogus", "xh"):
+        with pytest.raises(ValueError, match="period"):
+            parse_since(bad)
