@@ -362,6 +362,10 @@ def test_keys_are_created_listed_and_never_show_their_secret_again(api):
     # keys stay within their org
     other = api.client.get("/v1/keys", headers=api.headers("globex_dev"))
     assert_error(other, 403, "forbidden")
+    # a blank name is no name (QA: `relay key create --name ""` made a nameless key)
+    blank = api.client.post("/v1/keys", json={"name": "  ", "scopes": ["memory:read"]}, headers=h)
+    assert_error(blank, 400, "invalid_request")
+    assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == len(listed)
 
 
 def test_list_memories_paginates(api):
