@@ -293,7 +293,8 @@ def memory_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option("--tag", "tags", multiple=True, help="Tag (repeatable)."),
             click.option(
-                "--valid-until", help="ISO 8601 date-time after which it is never returned."
+                "--valid-until",
+                help="ISO 8601 date-time after which recall (search, hook, MCP) never returns it.",
             ),
             click.option(
                 "--supersedes", multiple=True, help="Id of a memory this one replaces (repeatable)."

@@ -197,8 +197,11 @@ def check_audiences(
     if allowed is not None:
         unknown = sorted(names - set(allowed) - {EVERYONE})
         if unknown:
+            # Nobody could read it: an audience is a role that some live key carries.
             raise InvalidRequestError(
-                f"unknown audience{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
+                f"unknown audience{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} (no "
+                f"live key has that role; create one first, e.g. relay key create --role "
+                f"{unknown[0]})",
                 field="audiences",
                 unknown=unknown,
             )
