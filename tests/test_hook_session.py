@@ -237,3 +237,21 @@ def test_weak_later_hits_are_not_injected_unless_min_score_allows_them(tmp_path)
         lenient = Hook(tmp_path / "b", server.url, RELAY_MIN_SCORE="0")
         assert_hit_contract(lenient.prompt("where is the staging database configured?"))
         assert [rid for rid, _ in lenient.last()["injected"]] == ["mem_a", "mem_b"]
+
+
+def test_a_prompt_that_reaches_the_hook_twice_counts_once(tmp_path):
+    """Registered for the user and in a committed project's settings (two different
+    commands), the agent runs the hook twice per prompt: the second run of a prompt id in
+    a session is skipped, so the throttle and the counts see one prompt (QA, session 6)."""
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url)
+        twice = hook.payload("how do we write a database migration?", prompt_id="p1")
+        done = run_together(hook, [twice, twice])
+        assert [rc for rc, _ in done] == [0, 0]
+        assert sum(bool(out) for _, out in done) == 1  # one of them injected, the other nothing
+        reasons = sorted(str(e.get("reason")) for e in hook.outcomes())
+        assert reasons == ["None", "repeat_prompt"]
+        assert hook.session_state()["count"] == 1
+        # the next prompt is a prompt like any other
+        hook.prompt("which logging conventions does the worker follow?", prompt_id="p2")
+        assert hook.session_state()["count"] == 2

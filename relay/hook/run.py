@@ -164,6 +164,7 @@ def _dispatch(inv: Invocation) -> None:
 
 def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
     cfg = inv.cfg
+    prompt_id = inv.log["prompt_id"]
     prompt = payload.get("prompt")
     if not isinstance(prompt, str):
         return inv.finish("skipped", "bad_input")
@@ -179,6 +180,11 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
         if not session.held:
             return inv.finish("skipped", "state_busy")
         data = session.data
+        # One prompt reaching the hook twice (registered both for the user and in a committed
+        # project's settings, the two commands differ, so the agent runs both) counts once.
+        if prompt_id and data["last_prompt_id"] == prompt_id:
+            return inv.finish("skipped", "repeat_prompt")
+        data["last_prompt_id"] = prompt_id
         data["count"] += 1
         inv.log["prompt_no"] = data["count"]
         reason = gate.skip_reason(prompt, words, data, cfg)

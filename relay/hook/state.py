@@ -33,6 +33,7 @@ def fresh(session_id: str) -> dict:
         "keywords": [],
         "ledger": {},
         "told_unauthorized": False,
+        "last_prompt_id": None,
     }
 
 
@@ -97,6 +98,8 @@ def _load(path: str, session_id: str) -> dict:
     if isinstance(ledger, dict):
         state["ledger"] = {k: v for k, v in ledger.items() if type(v) is int}
     state["told_unauthorized"] = stored.get("told_unauthorized") is True
+    if isinstance(stored.get("last_prompt_id"), str):
+        state["last_prompt_id"] = stored["last_prompt_id"]
     return state
 
 
