@@ -62,6 +62,8 @@ def mint_key(
     expires_at: datetime | None = None,
 ) -> MintedKey:
     check_scopes(scopes)
+    if not name.strip():
+        raise InvalidRequestError("a key needs a name (who or what holds it)", field="name")
     if expires_at is not None and expires_at <= datetime.now(UTC):
         raise InvalidRequestError("expires_at is in the past")
     key_id = secrets.token_hex(6)
