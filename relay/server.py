@@ -184,22 +184,59 @@ class GuardMiddleware:
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await error_response(TooLargeError("request body too large"))(scope, receive, send)
             return
-        seen = 0
-
-        async def capped() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise TooLargeError("request body too large")
-            return message
-
+        if declared is None:
+            # No length given (chunked): read it here, within the cap, so an oversized body
+            # is a 413 like any other. Raised while the app parses it, the framework turned
+            # it into a 400 "error parsing the body".
+            messages = await self._read_capped(receive)
+            if messages is None:
+                await error_response(TooLargeError("request body too large"))(scope, receive, send)
+                return
+            receive = _replay(messages, receive)
         self.inflight += 1
         try:
-            await self.app(scope, capped, send)
+            await self.app(scope, receive, send)
         finally:
             self.inflight -= 1
+
+    async def _read_capped(self, receive: Receive) -> list[Message] | None:
+        """The request's body messages, or None once they pass `max_body_bytes`."""
+        messages, seen = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                return messages
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:
+                return None
+            if not message.get("more_body"):
+                return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that hands out `messages` first, then the connection's own."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
+
+
+def validation_message(error: dict[str, Any]) -> str:
+    """One field-naming line for a request that failed validation (pydantic's first error)."""
+    loc = [str(p) for p in error.get("loc", ())]
+    where = ".".join(loc[1:] if loc[:1] == ["body"] else loc)
+    kind = error.get("type", "")
+    if kind == "json_invalid":
+        return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'cannot parse')})"
+    if loc == ["body"]:
+        # No body, or one that is not an object: most often JSON sent without its type.
+        return "send a JSON object as the body, with Content-Type: application/json"
+    if kind == "missing":
+        return f"{where}: required"
+    return f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg"))
 
 
 def create_app(services: Services) -> FastAPI:
@@ -218,10 +255,7 @@ def create_app(services: Services) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg"))
-        err = InvalidRequestError(message)
+        err = InvalidRequestError(validation_message(exc.errors()[0] if exc.errors() else {}))
         err.status = 422
         return error_response(err)
 

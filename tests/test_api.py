@@ -277,6 +277,52 @@ def test_bad_writes_are_refused_and_nothing_is_stored(api, body, status, code):
         assert raw_count(api.services.store, f"SELECT count(*) FROM {table}") == 0
 
 
+@pytest.mark.parametrize(
+    ("content", "headers", "says"),
+    [
+        ('{"query": "staging"}', {}, "Content-Type: application/json"),
+        ('{"query":', {"Content-Type": "application/json"}, "not valid JSON"),
+        ("", {"Content-Type": "application/json"}, "send a JSON object"),
+        ('{"k": 3}', {"Content-Type": "application/json"}, "query: required"),
+        ('{"query": 7}', {"Content-Type": "application/json"}, "query: Input should be"),
+    ],
+)
+def test_a_malformed_request_is_told_what_is_wrong_in_one_line(api, content, headers, says):
+    """QA: JSON without its content type answered 'Input should be a valid dictionary or
+    object to extract fields from', broken JSON '9: JSON decode error'."""
+    r = api.client.post(
+        "/v1/search", content=content, headers={**api.headers("acme_dev"), **headers}
+    )
+    assert says in assert_error(r, 422, "invalid_request")["message"]
+
+
+def test_a_field_called_body_is_named_when_it_is_wrong(api):
+    r = api.client.post("/v1/memories", json={"body": 42}, headers=api.headers("acme_dev"))
+    assert assert_error(r, 422, "invalid_request")["message"].startswith("body: ")
+
+
+def test_an_oversized_body_sent_without_a_length_is_refused_as_too_large(api):
+    """Chunked, no Content-Length: the cap used to fire inside the framework's body parsing,
+    which answered 400 'There was an error parsing the body'."""
+
+    def chunks():
+        for _ in range(300):
+            yield b"x" * 1024
+
+    r = api.client.post(
+        "/v1/memories",
+        content=chunks(),
+        headers={**api.headers("acme_dev"), "Content-Type": "application/json"},
+    )
+    assert_error(r, 413, "too_large")
+    small = api.client.post(
+        "/v1/memories",
+        content=iter([b'{"body": "chunked ', b'but small"}']),
+        headers={**api.headers("acme_dev"), "Content-Type": "application/json"},
+    )
+    assert small.status_code == 201, small.text
+
+
 def test_a_bad_item_rejects_the_whole_batch(api):
     items = [{"id": "a", "body": "first fine memory"}, {"id": "b", "body": ""}]
     r = api.client.post(
