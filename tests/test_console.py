@@ -561,7 +561,9 @@ def test_health_charts_and_developer_streaks(console: Console, live) -> None:
         assert sent.status_code == 202, sent.text
         healthy = {**report, "unauthorized_streak": {"length": 0, "since": None}}
         gx.post("/v1/hook-outcomes", json={**healthy, "developer": "bob@desk"}).raise_for_status()
-        assert gx.post("/v1/hook-outcomes", json={"outcomes": {"bogus": 1}}).status_code == 400
+        bogus = {"invocations": 1, "outcomes": {"bogus": 1}}
+        assert gx.post("/v1/hook-outcomes", json=bogus).status_code == 400
+        assert gx.post("/v1/hook-outcomes", json={}).status_code == 422  # says nothing
 
     console.sign_in(live["keys"]["globex"])
     console.go("#/health")

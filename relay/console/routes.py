@@ -147,8 +147,9 @@ class HookOutcomes(BaseModel):
     developer: str | None = Field(None, max_length=100)
     since: str | None = Field(None, max_length=40)
     until: str | None = Field(None, max_length=40)
-    invocations: int = Field(0, ge=0, le=1_000_000_000)
-    outcomes: dict[str, int] = Field(default_factory=dict, max_length=len(OUTCOMES))
+    # Required: a report without them says nothing, and would show as an idle developer.
+    invocations: int = Field(ge=0, le=1_000_000_000)
+    outcomes: dict[str, int] = Field(max_length=len(OUTCOMES))
     unauthorized_streak: Streak = Streak(length=0, since=None)
     unavailable_streak: Streak = Streak(length=0, since=None)
     hook_ms: dict[str, float] = Field(default_factory=dict, max_length=3)
