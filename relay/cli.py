@@ -406,20 +406,37 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
 @click.option(
     "--root",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Make sources relative to this folder (default: the current folder).",
+    help="Make sources relative to this folder instead (no repository name).",
+)
+@click.option(
+    "--source-prefix",
+    metavar="NAME",
+    help="Folder name that starts every source, in place of the repository's ('' for none).",
 )
 @click.option("--audience", "audiences", multiple=True, help="Audience for every imported memory.")
 @client_options
-def import_(client, paths: tuple[Path, ...], root: Path | None, audiences: tuple[str, ...]) -> None:  # noqa: ANN001
+def import_(
+    client,  # noqa: ANN001
+    paths: tuple[Path, ...],
+    root: Path | None,
+    source_prefix: str | None,
+    audiences: tuple[str, ...],
+) -> None:
     """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
-    section or rule, source set to the file path. Re-importing is idempotent."""
+    section or rule.
+
+    \b
+    Each memory's source names its file the same way from any folder:
+      - in a git work tree: <repository folder>/<path in the repository>,
+        e.g. shop-backend/AGENTS.md;
+      - elsewhere: the path relative to the current folder (or to --root).
+    Ids derive from the source and the section, so re-importing is idempotent."""
     from relay.importer import drafts_from_path, iter_import_files
 
-    root = (root or Path.cwd()).resolve()
     drafts, failed = [], []
     for f in iter_import_files(paths):
         try:
-            drafts += drafts_from_path(f.absolute(), root)
+            drafts += drafts_from_path(f, root, source_prefix)
         except RelayError as exc:  # one unreadable file must not sink the rest
             failed.append(f)
             click.echo(f"relay: skipped {f}: {exc.message}", err=True)

@@ -13,10 +13,11 @@ Parsing only: no store, no network. Supported inputs:
   leads the title, each glob becomes a tag `glob:<pattern>`, `alwaysApply: true` the tag
   `always-apply`.
 
-`source` is the file path relative to the import root, POSIX style; the section lives in
-the title. Ids are derived from the source, the section's heading path and its ordinal
-among memories with the same path, so re-importing an unchanged file yields the same ids
-and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
+`source` names the file the same way from any working directory: a file in a git work
+tree is `<repository folder>/<path in the repository>` (see `source_for`); the section
+lives in the title. Ids are derived from the source, the section's heading path and its
+ordinal among memories with the same path, so re-importing an unchanged file yields the
+same ids and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
 into parts rather than rejected.
 """
 
@@ -105,17 +106,43 @@ def _enter_dir(parent: Path, name: str) -> bool:
     return not name.startswith(".") or name in ALLOWED_HIDDEN
 
 
-def source_for(path: Path, root: Path | None = None) -> str:
-    """The provenance recorded for `path`: relative to `root` (or the working directory)."""
-    if root is not None:
-        # Lexical, not resolved: a symlink inside the root is recorded where it sits.
-        try:
-            rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(root))
-        except ValueError:
-            raise InvalidRequestError(
-                f"{path} is not inside the import root {root}", path=str(path)
-            ) from None
-        return rel.as_posix()
+def source_for(path: Path, root: Path | None = None, prefix: str | None = None) -> str:
+    """The provenance recorded for `path`, POSIX style, the same from any working directory.
+
+    A file in a git work tree is `<repository folder>/<path in the repository>`, so two
+    repositories' `AGENTS.md` stay apart; any other file is relative to the working
+    directory. `root` makes the path relative to that folder instead, with no folder name;
+    `prefix`, when given, replaces the folder name (an empty prefix drops it).
+    """
+    if root is None and (repo := git_work_tree(path)) is not None:
+        rel = _relative_to(path, repo)
+        name = repo.name if prefix is None else prefix.strip("/")
+    else:
+        rel = _relative_to(path, root) if root is not None else _relative_to_cwd(path)
+        name = (prefix or "").strip("/")
+    return f"{name}/{rel}" if name else rel
+
+
+def git_work_tree(path: Path) -> Path | None:
+    """The top of the git work tree holding `path`, found lexically, or None."""
+    # `.git` is a file in linked worktrees and submodules, so any kind of entry counts.
+    for folder in Path(os.path.abspath(path)).parents:
+        if os.path.lexists(folder / ".git"):
+            return folder
+    return None
+
+
+def _relative_to(path: Path, root: Path) -> str:
+    # Lexical, not resolved: a symlink inside the root is recorded where it sits.
+    try:
+        return Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix()
+    except ValueError:
+        raise InvalidRequestError(
+            f"{path} is not inside the import root {root}", path=str(path)
+        ) from None
+
+
+def _relative_to_cwd(path: Path) -> str:
     if not path.is_absolute():
         return Path(os.path.normpath(path)).as_posix()
     try:
@@ -124,7 +151,9 @@ def source_for(path: Path, root: Path | None = None) -> str:
         return path.name  # never record an absolute path from someone's machine
 
 
-def drafts_from_path(path: Path, root: Path | None = None) -> list[ImportDraft]:
+def drafts_from_path(
+    path: Path, root: Path | None = None, prefix: str | None = None
+) -> list[ImportDraft]:
     """Parse one file into memory drafts, in document order."""
     path = Path(path)
     try:
@@ -133,7 +162,7 @@ def drafts_from_path(path: Path, root: Path | None = None) -> list[ImportDraft]:
         raise InvalidRequestError(f"{path} is not UTF-8 text", path=str(path)) from None
     except OSError as exc:
         raise InvalidRequestError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
-    source = source_for(path, root)
+    source = source_for(path, root, prefix)
     rule_file = path.name in RULE_FILE_NAMES or path.suffix.lower() in RULE_SUFFIXES
     return drafts_from_text(text, source, rules=rule_file)
 

@@ -506,6 +506,28 @@ def test_source_is_relative_posix(tmp_path, monkeypatch):
     assert source_for(outside) == "CLAUDE.md"  # never an absolute path from this machine
 
 
+def test_source_in_a_git_work_tree_names_the_repository(tmp_path, monkeypatch):
+    repo = tmp_path / "shop-backend"
+    (repo / ".git").mkdir(parents=True)
+    nested = write(repo / "docs" / "AGENTS.md", "x")
+    for cwd in (tmp_path, repo, repo / "docs", tmp_path.parent):
+        monkeypatch.chdir(cwd)
+        assert source_for(nested) == "shop-backend/docs/AGENTS.md"
+    monkeypatch.chdir(repo / "docs")
+    assert source_for(Path("../docs/AGENTS.md")) == "shop-backend/docs/AGENTS.md"
+    assert source_for(Path("AGENTS.md"), prefix="billing") == "billing/docs/AGENTS.md"
+    assert source_for(Path("AGENTS.md"), prefix="") == "docs/AGENTS.md"
+    assert source_for(nested, repo / "docs") == "AGENTS.md"  # an explicit root wins
+
+
+def test_linked_worktree_or_submodule_counts_as_a_repository(tmp_path):
+    (tmp_path / "vendor" / "lib").mkdir(parents=True)
+    write(tmp_path / "vendor" / "lib" / ".git", "gitdir: ../../.git/modules/lib\n")
+    (tmp_path / ".git").mkdir()
+    rules = write(tmp_path / "vendor" / "lib" / ".cursorrules", "x")
+    assert source_for(rules) == "lib/.cursorrules"
+
+
 def test_iter_import_files_expands_directories(tmp_path):
     for rel in [
         "README.md",

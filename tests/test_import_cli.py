@@ -1,0 +1,97 @@
+"""`relay import` as a user runs it, from different folders, against a real server."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from integration_support import RELAY, clean_env, start_module_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live = start_module_server(tmp_path_factory, "import")
+    yield live
+    stop_server(live)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path
+
+
+def relay_import(server, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`relay import ARGS` run from `cwd`, as the server's admin."""
+    env = clean_env(cwd, RELAY_URL=server.url, RELAY_API_KEY=server.admin_key)
+    return subprocess.run(
+        [RELAY, "import", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def live_memories(server, source: str) -> list[dict]:
+    response = httpx.get(
+        f"{server.url}/v1/memories",
+        params={"source": source, "limit": 500},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["items"]
+
+
+def summary(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+# --- sources that name the file, not the working directory ----------------------------------
+
+
+def test_same_file_name_in_two_repositories_stays_apart(tmp_path, server):
+    for repo, rule in (("shop-backend", "Use black."), ("shop-frontend", "Use prettier.")):
+        write(git_repo(tmp_path / repo) / "AGENTS.md", f"## Code style\n{rule}\n")
+        done = relay_import(server, tmp_path / repo, "AGENTS.md")
+        assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged"
+
+    (backend,) = live_memories(server, "shop-backend/AGENTS.md")
+    (frontend,) = live_memories(server, "shop-frontend/AGENTS.md")
+    assert (backend["body"], backend["revision"]) == ("Use black.", 1)
+    assert (frontend["body"], frontend["revision"]) == ("Use prettier.", 1)
+    assert backend["id"] != frontend["id"]
+
+
+def test_reimport_from_another_folder_is_idempotent(tmp_path, server):
+    repo = git_repo(tmp_path / "qa1-proj")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n\n# Test\nRun pytest.\n")
+    write(repo / "docs" / "deploy.md", "# Deploy\nTag from main.\n")
+    first = relay_import(server, repo, "AGENTS.md", "docs")
+    assert summary(first) == "imported 3 memories: 3 new or changed, 0 unchanged"
+
+    for cwd, args in (
+        (tmp_path, ["qa1-proj/AGENTS.md", "qa1-proj/docs/deploy.md"]),
+        (repo / "docs", ["../AGENTS.md", "deploy.md"]),
+        (Path("/"), [str(repo / "AGENTS.md"), str(repo / "docs")]),
+    ):
+        again = relay_import(server, cwd, *args)
+        assert summary(again) == "imported 3 memories: 0 new or changed, 3 unchanged", cwd
+
+    assert len(live_memories(server, "qa1-proj/AGENTS.md")) == 2
+    assert [m["revision"] for m in live_memories(server, "qa1-proj/docs/deploy.md")] == [1]
+
+
+def test_source_prefix_names_the_repository(tmp_path, server):
+    clone = git_repo(tmp_path / "my-checkout")
+    write(clone / "CLAUDE.md", "# Release\nShip on Tuesdays.\n")
+    done = relay_import(server, clone, "--source-prefix", "billing", "CLAUDE.md")
+    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged"
+    assert [m["body"] for m in live_memories(server, "billing/CLAUDE.md")] == ["Ship on Tuesdays."]
+    assert live_memories(server, "my-checkout/CLAUDE.md") == []
