@@ -431,7 +431,7 @@ def import_(
         e.g. shop-backend/AGENTS.md;
       - elsewhere: the path relative to the current folder (or to --root).
     Ids derive from the source and the section, so re-importing is idempotent."""
-    from relay.importer import drafts_from_path, iter_import_files
+    from relay.importer import check_drafts, drafts_from_path, iter_import_files
 
     drafts, failed = [], []
     for f in iter_import_files(paths):
@@ -442,6 +442,7 @@ def import_(
             click.echo(f"relay: skipped {f}: {exc.message}", err=True)
     if not drafts:
         raise click.UsageError("no importable files found")
+    check_drafts(drafts)
     written = unchanged = 0
     with click.progressbar(length=len(drafts), label="importing", file=sys.stderr) as bar:
         for start in range(0, len(drafts), 128):

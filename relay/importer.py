@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from relay import hygiene
 from relay.errors import InvalidRequestError
 from relay.hygiene import MAX_BODY_CHARS, MAX_TAG_CHARS, MAX_TITLE_CHARS, normalize_text
 
@@ -212,6 +213,29 @@ def draft_id(source: str, heading_path: tuple[str, ...], ordinal: int, part: int
     if part > 1:
         key += f"\0part {part}"
     return "imp_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def check_drafts(drafts: Iterable[ImportDraft]) -> None:
+    """Judge every draft as the server will, before anything is written.
+
+    The server names a rejected batch item only by its place in the batch; here the
+    error names the file and section, and one bad section stops the whole import, not
+    only the batch it would have travelled in.
+    """
+    for draft in drafts:
+        try:
+            hygiene.check_body(draft.body)
+            hygiene.check_title(draft.title)
+            hygiene.check_source(draft.source)
+            hygiene.check_tags(draft.tags)
+        except InvalidRequestError as exc:
+            message = f"{draft_label(draft)}: {exc.message}"
+            raise type(exc)(message, **exc.details) from None
+
+
+def draft_label(draft: ImportDraft) -> str:
+    """The file and section a draft came from, as `CLAUDE.md › Ops › CI token`."""
+    return TITLE_SEPARATOR.join(part for part in (draft.source, draft.title) if part)
 
 
 def _title(context: str | None, heading_path: tuple[str, ...], part: int | None) -> str | None:

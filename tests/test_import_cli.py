@@ -95,3 +95,27 @@ def test_source_prefix_names_the_repository(tmp_path, server):
     assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged"
     assert [m["body"] for m in live_memories(server, "billing/CLAUDE.md")] == ["Ship on Tuesdays."]
     assert live_memories(server, "my-checkout/CLAUDE.md") == []
+
+
+# --- a rejected section --------------------------------------------------------------------
+
+GITHUB_TOKEN = "gh" + "p_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa"
+
+
+def test_secret_names_file_and_section_and_nothing_is_stored(tmp_path, server):
+    repo = git_repo(tmp_path / "qa3-proj")
+    # Enough sections that the bad one would travel in the second batch of 128.
+    write(repo / "AGENTS.md", "".join(f"# Rule {i}\nKeep rule {i}.\n\n" for i in range(140)))
+    write(
+        repo / "CLAUDE.md",
+        f"# Ops\n## Deploy\nmake ship\n## CI token\nGITHUB_TOKEN={GITHUB_TOKEN}\n",
+    )
+
+    done = relay_import(server, repo, "AGENTS.md", "CLAUDE.md")
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        "relay: error: qa3-proj/CLAUDE.md › Ops › CI token: "
+        "memory looks like it contains a secret (github token);"
+    )
+    assert live_memories(server, "qa3-proj/AGENTS.md") == []
+    assert live_memories(server, "qa3-proj/CLAUDE.md") == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.errors import InvalidRequestError
+from relay.errors import InvalidRequestError, SecretDetectedError
 from relay.hygiene import (
     MAX_BODY_CHARS,
     check_body,
@@ -18,6 +18,7 @@ from relay.hygiene import (
 )
 from relay.importer import (
     ImportDraft,
+    check_drafts,
     draft_id,
     drafts_from_path,
     drafts_from_text,
@@ -484,6 +485,15 @@ def test_drafts_pass_write_hygiene(tmp_path):
         assert check_title(d.title) == d.title
         assert check_source(d.source) == d.source
         assert check_tags(d.tags) == d.tags
+
+
+def test_check_drafts_names_file_and_section():
+    token = "gh" + "p_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa"
+    check_drafts(drafts_from_text("# Ops\nmake ship\n", "CLAUDE.md"))
+    with pytest.raises(SecretDetectedError, match=r"^notes\.md: memory looks like"):
+        check_drafts(drafts_from_text(f"TOKEN={token}\n# Ops\nok\n", "notes.md"))
+    with pytest.raises(SecretDetectedError, match=r"^CLAUDE\.md › Ops › CI: memory looks"):
+        check_drafts(drafts_from_text(f"# Ops\nok\n## CI\nTOKEN={token}\n", "CLAUDE.md"))
 
 
 # --- sources and file discovery ------------------------------------------------------------
