@@ -414,6 +414,11 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
     help="Folder name that starts every source, in place of the repository's ('' for none).",
 )
 @click.option("--audience", "audiences", multiple=True, help="Audience for every imported memory.")
+@click.option(
+    "--keep-removed",
+    is_flag=True,
+    help="Keep the memories of sections no longer in a file (default: forget them).",
+)
 @client_options
 def import_(
     client,  # noqa: ANN001
@@ -421,6 +426,7 @@ def import_(
     root: Path | None,
     source_prefix: str | None,
     audiences: tuple[str, ...],
+    keep_removed: bool,
 ) -> None:
     """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
     section or rule.
@@ -430,39 +436,31 @@ def import_(
       - in a git work tree: <repository folder>/<path in the repository>,
         e.g. shop-backend/AGENTS.md;
       - elsewhere: the path relative to the current folder (or to --root).
-    Ids derive from the source and the section, so re-importing is idempotent."""
-    from relay.importer import check_drafts, drafts_from_path, iter_import_files
+    Ids derive from the source and the section, so re-importing is idempotent.
+    Re-importing a file forgets the memories of sections it no longer has (not with
+    --keep-removed); memories from other files or written by hand are never touched."""
+    from relay.import_writer import import_files
+    from relay.importer import check_drafts, drafts_from_path, iter_import_files, source_for
 
-    drafts, failed = [], []
+    drafts_by_source, failed = {}, []
     for f in iter_import_files(paths):
         try:
-            drafts += drafts_from_path(f, root, source_prefix)
+            drafts_by_source[source_for(f, root, source_prefix)] = drafts_from_path(
+                f, root, source_prefix
+            )
         except RelayError as exc:  # one unreadable file must not sink the rest
             failed.append(f)
             click.echo(f"relay: skipped {f}: {exc.message}", err=True)
-    if not drafts:
+    if not drafts_by_source and not failed:
         raise click.UsageError("no importable files found")
+    drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]
     check_drafts(drafts)
-    written = unchanged = 0
     with click.progressbar(length=len(drafts), label="importing", file=sys.stderr) as bar:
-        for start in range(0, len(drafts), 128):
-            chunk = drafts[start : start + 128]
-            items = [
-                {
-                    "id": d.id,
-                    "body": d.body,
-                    "title": d.title,
-                    "source": d.source,
-                    "tags": list(d.tags),
-                    **({"audiences": list(audiences)} if audiences else {}),
-                }
-                for d in chunk
-            ]
-            result = client.post("/v1/memories/batch", {"items": items})
-            written += result["written"]
-            unchanged += result["unchanged"]
-            bar.update(len(chunk))
-    click.echo(f"imported {len(drafts)} memories: {written} new or changed, {unchanged} unchanged")
+        tally = import_files(client, drafts_by_source, audiences, keep_removed, bar.update)
+    click.echo(
+        f"imported {len(drafts)} memories: {tally.written} new or changed,"
+        f" {tally.unchanged} unchanged, {tally.retired} retired"
+    )
     if failed:
         raise click.ClickException(f"{len(failed)} file(s) could not be imported (see above)")
 

@@ -60,7 +60,7 @@ def test_same_file_name_in_two_repositories_stays_apart(tmp_path, server):
     for repo, rule in (("shop-backend", "Use black."), ("shop-frontend", "Use prettier.")):
         write(git_repo(tmp_path / repo) / "AGENTS.md", f"## Code style\n{rule}\n")
         done = relay_import(server, tmp_path / repo, "AGENTS.md")
-        assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged"
+        assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
 
     (backend,) = live_memories(server, "shop-backend/AGENTS.md")
     (frontend,) = live_memories(server, "shop-frontend/AGENTS.md")
@@ -74,7 +74,7 @@ def test_reimport_from_another_folder_is_idempotent(tmp_path, server):
     write(repo / "AGENTS.md", "# Build\nRun make.\n\n# Test\nRun pytest.\n")
     write(repo / "docs" / "deploy.md", "# Deploy\nTag from main.\n")
     first = relay_import(server, repo, "AGENTS.md", "docs")
-    assert summary(first) == "imported 3 memories: 3 new or changed, 0 unchanged"
+    assert summary(first) == "imported 3 memories: 3 new or changed, 0 unchanged, 0 retired"
 
     for cwd, args in (
         (tmp_path, ["qa1-proj/AGENTS.md", "qa1-proj/docs/deploy.md"]),
@@ -82,7 +82,9 @@ def test_reimport_from_another_folder_is_idempotent(tmp_path, server):
         (Path("/"), [str(repo / "AGENTS.md"), str(repo / "docs")]),
     ):
         again = relay_import(server, cwd, *args)
-        assert summary(again) == "imported 3 memories: 0 new or changed, 3 unchanged", cwd
+        assert summary(again) == "imported 3 memories: 0 new or changed, 3 unchanged, 0 retired", (
+            cwd
+        )
 
     assert len(live_memories(server, "qa1-proj/AGENTS.md")) == 2
     assert [m["revision"] for m in live_memories(server, "qa1-proj/docs/deploy.md")] == [1]
@@ -92,7 +94,7 @@ def test_source_prefix_names_the_repository(tmp_path, server):
     clone = git_repo(tmp_path / "my-checkout")
     write(clone / "CLAUDE.md", "# Release\nShip on Tuesdays.\n")
     done = relay_import(server, clone, "--source-prefix", "billing", "CLAUDE.md")
-    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged"
+    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
     assert [m["body"] for m in live_memories(server, "billing/CLAUDE.md")] == ["Ship on Tuesdays."]
     assert live_memories(server, "my-checkout/CLAUDE.md") == []
 
@@ -119,3 +121,91 @@ def test_secret_names_file_and_section_and_nothing_is_stored(tmp_path, server):
     )
     assert live_memories(server, "qa3-proj/AGENTS.md") == []
     assert live_memories(server, "qa3-proj/CLAUDE.md") == []
+
+
+# --- sections removed from a file ------------------------------------------------------------
+
+AGENTS = "# Build\nRun make.\n\n# Test\nRun pytest.\n\n# Deploy\nTag from main.\n"
+
+
+def remember(server, **fields) -> dict:
+    response = httpx.post(
+        f"{server.url}/v1/memories",
+        json=fields,
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def history(server, memory_id: str) -> list[str]:
+    response = httpx.get(
+        f"{server.url}/v1/memories/{memory_id}/revisions",
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    return [r["action"] for r in response.json()["items"]]
+
+
+def bodies(server, source: str) -> list[str]:
+    return sorted(m["body"] for m in live_memories(server, source))
+
+
+def test_reimport_retires_only_that_files_removed_sections(tmp_path, server):
+    repo = git_repo(tmp_path / "qa2-proj")
+    agents = write(repo / "AGENTS.md", AGENTS)
+    other = write(repo / "docs" / "other.md", "# Other\nKeep me.\n")
+    summary(relay_import(server, repo, "AGENTS.md", "docs/other.md"))
+    by_hand = remember(server, body="Deploys need two approvals.", source="qa2-proj/AGENTS.md")
+    (deploy,) = [m for m in live_memories(server, "qa2-proj/AGENTS.md") if m["title"] == "Deploy"]
+
+    agents.write_text(AGENTS.replace("# Deploy\nTag from main.\n", ""), encoding="utf-8")
+    other.write_text("", encoding="utf-8")  # not named below, so not touched
+    done = relay_import(server, tmp_path, "qa2-proj/AGENTS.md")
+    assert summary(done) == "imported 2 memories: 0 new or changed, 2 unchanged, 1 retired"
+
+    assert bodies(server, "qa2-proj/AGENTS.md") == [
+        "Deploys need two approvals.",
+        "Run make.",
+        "Run pytest.",
+    ]
+    assert history(server, deploy["id"]) == ["create", "delete"]
+    assert history(server, by_hand["id"]) == ["create"]
+    assert bodies(server, "qa2-proj/docs/other.md") == ["Keep me."]
+
+    # Named now, the emptied file loses its memory too.
+    done = relay_import(server, repo, "docs/other.md")
+    assert summary(done) == "imported 0 memories: 0 new or changed, 0 unchanged, 1 retired"
+    assert bodies(server, "qa2-proj/docs/other.md") == []
+
+
+def test_keep_removed_keeps_them(tmp_path, server):
+    repo = git_repo(tmp_path / "qa2-keep")
+    agents = write(repo / "AGENTS.md", AGENTS)
+    summary(relay_import(server, repo, "AGENTS.md"))
+    agents.write_text("# Build\nRun make.\n", encoding="utf-8")
+    done = relay_import(server, repo, "--keep-removed", "AGENTS.md")
+    assert summary(done) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
+    assert bodies(server, "qa2-keep/AGENTS.md") == ["Run make.", "Run pytest.", "Tag from main."]
+
+
+def test_a_retired_section_can_come_back(tmp_path, server):
+    repo = git_repo(tmp_path / "qa2-back")
+    agents = write(repo / "AGENTS.md", AGENTS)
+    summary(relay_import(server, repo, "AGENTS.md"))
+    (deploy,) = [m for m in live_memories(server, "qa2-back/AGENTS.md") if m["title"] == "Deploy"]
+    agents.write_text(AGENTS.replace("# Deploy\nTag from main.\n", ""), encoding="utf-8")
+    summary(relay_import(server, repo, "AGENTS.md"))
+
+    agents.write_text(AGENTS, encoding="utf-8")
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired"
+    (back,) = [m for m in live_memories(server, "qa2-back/AGENTS.md") if m["title"] == "Deploy"]
+    assert back["id"] == deploy["id"] + ".2"
+
+    again = relay_import(server, repo, "AGENTS.md")
+    assert summary(again) == "imported 3 memories: 0 new or changed, 3 unchanged, 0 retired"
+    agents.write_text(AGENTS.replace("# Deploy\nTag from main.\n", ""), encoding="utf-8")
+    gone = relay_import(server, repo, "AGENTS.md")
+    assert summary(gone) == "imported 2 memories: 0 new or changed, 2 unchanged, 1 retired"

@@ -1,0 +1,140 @@
+"""Write `relay import`'s drafts through the API, and retire the sections a file lost.
+
+A file named in an import owns the live memories that carry its source and an id the
+importer made (`imp_...`); hand-written memories and other files' are never touched.
+After the new drafts are written, the owned memories no draft kept are forgotten (the
+normal delete, with a tombstone), so a section removed from the file stops reaching
+agents' prompts.
+
+A tombstoned id cannot be reused, so a section that comes back after being retired is
+written under the next free generation of its id (`imp_....2`), and later imports find
+it there among the file's live memories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from relay.errors import ConflictError, NotFoundError
+
+if TYPE_CHECKING:
+    from relay.client import RelayClient
+    from relay.importer import ImportDraft
+
+BATCH_SIZE = 128
+_IMPORTED_ID = re.compile(r"(imp_[0-9a-f]{16})(?:\.([0-9]+))?")
+
+
+@dataclass
+class ImportTally:
+    written: int = 0
+    unchanged: int = 0
+    retired: int = 0
+
+
+def import_files(
+    client: RelayClient,
+    drafts_by_source: Mapping[str, Sequence[ImportDraft]],
+    audiences: Sequence[str] = (),
+    keep_removed: bool = False,
+    on_batch: Callable[[int], None] = lambda _: None,
+) -> ImportTally:
+    """Upsert every file's drafts, then retire what each file no longer holds."""
+    owned = {source: owned_ids(client, source) for source in drafts_by_source}
+    drafts = [
+        draft
+        for source, file_drafts in drafts_by_source.items()
+        for draft in with_live_ids(file_drafts, owned[source])
+    ]
+    tally = ImportTally()
+    for start in range(0, len(drafts), BATCH_SIZE):
+        batch = drafts[start : start + BATCH_SIZE]
+        result = _upsert(client, batch, audiences, owned)
+        tally.written += result["written"]
+        tally.unchanged += result["unchanged"]
+        on_batch(len(batch))
+    if not keep_removed:
+        kept = {d.id for d in drafts}
+        for memory_id in sorted(set().union(*owned.values()) - kept):
+            client.request("DELETE", f"/v1/memories/{urllib.parse.quote(memory_id)}")
+            tally.retired += 1
+    return tally
+
+
+def owned_ids(client: RelayClient, source: str) -> set[str]:
+    """The live memories an earlier import of `source` made."""
+    return {m["id"] for m in _list_source(client, source) if _IMPORTED_ID.fullmatch(m["id"])}
+
+
+def with_live_ids(drafts: Sequence[ImportDraft], owned: set[str]) -> list[ImportDraft]:
+    """Each draft under the id its section lives at now: a revived section's generation."""
+    live = {_base_id(memory_id): memory_id for memory_id in owned}
+    return [dataclasses.replace(d, id=live.get(d.id, d.id)) for d in drafts]
+
+
+def _base_id(memory_id: str) -> str:
+    match = _IMPORTED_ID.fullmatch(memory_id)
+    return match.group(1) if match else memory_id
+
+
+def _list_source(client: RelayClient, source: str) -> Iterator[dict]:
+    query = {"source": source, "limit": 500}
+    while True:
+        page = client.get(f"/v1/memories?{urllib.parse.urlencode(query)}")
+        yield from page["items"]
+        if not page["next_cursor"]:
+            return
+        query["cursor"] = page["next_cursor"]
+
+
+def _upsert(
+    client: RelayClient,
+    batch: list[ImportDraft],
+    audiences: Sequence[str],
+    owned: Mapping[str, set[str]],
+) -> dict:
+    try:
+        return client.post("/v1/memories/batch", {"items": _items(batch, audiences)})
+    except ConflictError:
+        # Some new section had been retired before. Rare, so only now is each new
+        # section's id checked for a tombstone, and the batch sent once more.
+        revived = [
+            d if d.id in owned[d.source] else dataclasses.replace(d, id=_unused_id(client, d.id))
+            for d in batch
+        ]
+        return client.post("/v1/memories/batch", {"items": _items(revived, audiences)})
+
+
+def _unused_id(client: RelayClient, base_id: str) -> str:
+    generation, candidate = 1, base_id
+    while _has_history(client, candidate):
+        generation += 1
+        candidate = f"{base_id}.{generation}"
+    return candidate
+
+
+def _has_history(client: RelayClient, memory_id: str) -> bool:
+    try:
+        client.get(f"/v1/memories/{urllib.parse.quote(memory_id)}/revisions")
+    except NotFoundError:
+        return False
+    return True
+
+
+def _items(batch: list[ImportDraft], audiences: Sequence[str]) -> list[dict]:
+    return [
+        {
+            "id": d.id,
+            "body": d.body,
+            "title": d.title,
+            "source": d.source,
+            "tags": list(d.tags),
+            **({"audiences": list(audiences)} if audiences else {}),
+        }
+        for d in batch
+    ]
