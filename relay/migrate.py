@@ -328,9 +328,21 @@ class Migration:
         return [r["id"] for r in self.src.execute("SELECT id FROM orgs ORDER BY id")]
 
     def run(self) -> None:
-        for org in self.org_ids():
+        orgs = self.org_ids()
+        for org in orgs:
             self.copy_org(org)
         self.copy_embedding_cache()
+        self.forget_progress(orgs)
+
+    def forget_progress(self, orgs: list[str]) -> None:
+        """A finished pass leaves nothing to resume, so the next run copies every org again
+        and brings the target up to date with whatever the source changed since."""
+        for org in orgs:
+            with self.store._tx(org) as conn:
+                conn.execute(
+                    "DELETE FROM migration_progress WHERE org_id = %s AND source = %s",
+                    (org, self.source),
+                )
 
     def _progress(self, conn: Any, org: str, step: str) -> tuple[str | None, bool]:
         row = conn.execute(

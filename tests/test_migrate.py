@@ -11,7 +11,9 @@ import numpy as np
 import psycopg
 import pytest
 from click.testing import CliRunner
+from postgres_support import raw_count
 
+from relay.errors import NotFoundError
 from relay.migrate import Migration, migrate, open_source, verify
 from relay.models import MemoryDraft, PassageInput
 from relay.store.postgres import PostgresStore
@@ -95,9 +97,44 @@ def test_round_trip_keeps_every_revision(tmp_path: Path, pg_url: str, pg_store: 
     assert pg_store.cached_embeddings("model-x", ["c3"]) == {"c3": bytes([3]) * 8}
     src.close()
 
-    # Running it again changes nothing and still verifies.
+    # Running it again copies the same rows over themselves and still verifies.
     again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
-    assert again.exit_code == 0 and "already copied" in again.output, again.output
+    assert again.exit_code == 0 and "verified: every table matches" in again.output, again.output
+
+
+def test_a_rerun_brings_the_target_up_to_date(tmp_path: Path, pg_url: str, pg_store: PostgresStore):
+    db = tmp_path / "relay.db"
+    acme, _ = _populate(db)
+    first = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert first.exit_code == 0, first.output
+
+    # The SQLite server kept taking writes after the first copy.
+    src = SQLiteStore(db)
+    src.revoke_key(acme, "k0b")
+    src.save_memory(
+        acme, "m0", MemoryDraft(body="Fact 0, rewritten"), "bob", _passages("x", 20), "upsert"
+    )
+    src.delete_memory(acme, "m6", "bob", None)
+    src.save_memory(
+        acme, "late", MemoryDraft(body="Written after"), "bob", _passages("y", 21), "create"
+    )
+    newcomer = src.create_org("initech").id
+    src.save_memory(newcomer, "n0", MemoryDraft(body="Hello"), "eve", _passages("z", 22), "create")
+    src.close()
+
+    again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert again.exit_code == 0, again.output
+    assert "verified: every table matches" in again.output
+
+    key, _ = pg_store.key_for_auth("k0b")
+    assert key.revoked_at is not None
+    with pytest.raises(NotFoundError):
+        pg_store.get_memory(acme, "m6", None)
+    assert pg_store.get_memory(acme, "m0", None).body == "Fact 0, rewritten"
+    assert pg_store.get_memory(acme, "late", None).body == "Written after"
+    assert pg_store.get_memory(newcomer, "n0", None).body == "Hello"
+    query = "SELECT count(*) FROM passages WHERE org_id = ? AND memory_id = 'm0'"
+    assert raw_count(pg_store, query, (acme,)) == 1  # the old second passage is gone
 
 
 def _found(store, org, terms, now):  # noqa: ANN001, ANN202
