@@ -602,6 +602,26 @@ def render(report: list[tuple[str, TableSum, TableSum]]) -> str:
     return "\n".join(lines)
 
 
+def _drop_vector_index_for_bulk_load(store: PostgresStore) -> None:
+    """Only into an empty target: once it holds passages, searches use the index, and
+    dropping it would leave them slow until a rebuild."""
+    if not store.vector_index_exists():
+        return  # an interrupted --defer-index run dropped it already
+    if store.holds_passages():
+        click.echo("keeping the vector index: the target already holds passages", err=True)
+        return
+    store.drop_vector_index()
+
+
+def _restore_vector_index(store: PostgresStore) -> None:
+    """Build the index when it is missing, whatever this run's flags: an interrupted
+    --defer-index run may be resumed without the flag."""
+    if store.vector_index_exists():
+        return
+    click.echo("building the vector index ...", err=True)
+    store.build_vector_index()
+
+
 @click.command("migrate")
 @click.option(
     "--from", "source", required=True, help="The SQLite store to copy: sqlite:///path or a path."
@@ -635,12 +655,10 @@ def migrate(source: str, target: str, batch: int, verify_only: bool, defer_index
         if not verify_only:
             t = time.perf_counter()
             if defer_index:
-                store.drop_vector_index()
+                _drop_vector_index_for_bulk_load(store)
             name = str(sqlite_path(source).resolve())
             Migration(src, store, name, batch, lambda m: click.echo(m, err=True)).run()
-            if defer_index:
-                click.echo("building the vector index ...", err=True)
-                store.build_vector_index()
+            _restore_vector_index(store)
             click.echo(f"copied in {time.perf_counter() - t:.1f} s", err=True)
         report = verify(src, store)
         click.echo(render(report))

@@ -137,6 +137,52 @@ def test_a_rerun_brings_the_target_up_to_date(tmp_path: Path, pg_url: str, pg_st
     assert raw_count(pg_store, query, (acme,)) == 1  # the old second passage is gone
 
 
+def test_a_resumed_migration_ends_with_the_vector_index(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+):
+    db = tmp_path / "relay.db"
+    _populate(db)
+    real, calls = Migration._copy_batch, []
+
+    def killed_midway(self, conn, org, ids):  # noqa: ANN001, ANN202
+        calls.append(ids)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as if the operator pressed Ctrl-C mid-batch
+        return real(self, conn, org, ids)
+
+    monkeypatch.setattr(Migration, "_copy_batch", killed_midway)
+    args = ["--from", str(db), "--to", pg_url, "--batch", "3"]
+    interrupted = CliRunner().invoke(migrate, [*args, "--defer-index"])
+    assert interrupted.exit_code != 0
+    assert _vector_index_oid(pg_store) is None  # dropped for the bulk load, not yet rebuilt
+
+    monkeypatch.setattr(Migration, "_copy_batch", real)
+    resumed = CliRunner().invoke(migrate, args)  # without --defer-index
+    assert resumed.exit_code == 0, resumed.output
+    assert _vector_index_oid(pg_store) is not None
+
+
+def test_a_rerun_with_defer_index_keeps_a_live_index(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    db = tmp_path / "relay.db"
+    _populate(db)
+    args = ["--from", str(db), "--to", pg_url, "--defer-index"]
+    assert CliRunner().invoke(migrate, args).exit_code == 0
+    built = _vector_index_oid(pg_store)
+    again = CliRunner().invoke(migrate, args)
+    assert again.exit_code == 0, again.output
+    assert "keeping the vector index" in again.output
+    assert _vector_index_oid(pg_store) == built  # the same index, never dropped meanwhile
+
+
+def _vector_index_oid(store: PostgresStore) -> int | None:
+    with store._tx() as conn:
+        return conn.execute("SELECT to_regclass('passages_embedding')::oid AS oid").fetchone()[
+            "oid"
+        ]
+
+
 def _found(store, org, terms, now):  # noqa: ANN001, ANN202
     rowids = [r for r, _ in store.lexical_search(org, EVERY, now, terms, 50)]
     return store.passages(org, EVERY, now, rowids)

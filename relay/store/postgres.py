@@ -385,6 +385,17 @@ class PostgresStore:
         with translate_errors(), psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute("DROP INDEX IF EXISTS passages_embedding")
 
+    def vector_index_exists(self) -> bool:
+        query = "SELECT 1 FROM pg_class WHERE oid = to_regclass('passages_embedding')"
+        with self._tx() as conn:
+            return conn.execute(query).fetchone() is not None
+
+    def holds_passages(self) -> bool:
+        """Whether any org has passages, read as the owner (row-level security would hide
+        every org's rows from a query that names none)."""
+        with translate_errors(), psycopg.connect(self.conninfo, autocommit=True) as conn:
+            return conn.execute("SELECT 1 FROM passages LIMIT 1").fetchone() is not None
+
     def build_vector_index(self, maintenance_work_mem: str = "1GB") -> float:
         """... and build it once afterwards: far faster than growing it row by row. Seconds."""
         with translate_errors(), psycopg.connect(self.conninfo, autocommit=True) as conn:
