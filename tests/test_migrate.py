@@ -11,6 +11,7 @@ import numpy as np
 import psycopg
 import pytest
 from click.testing import CliRunner
+from integration_support import relay
 from postgres_support import raw_count
 
 from relay.errors import NotFoundError
@@ -181,6 +182,21 @@ def _vector_index_oid(store: PostgresStore) -> int | None:
         return conn.execute("SELECT to_regclass('passages_embedding')::oid AS oid").fetchone()[
             "oid"
         ]
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [("hello\n", "file is not a database"), ("", "tables missing: orgs, api_keys, memories")],
+)
+def test_a_source_that_is_no_relay_store_is_said_in_one_line(
+    tmp_path: Path, pg_url: str, content: str, why: str
+):
+    db = tmp_path / "x.db"
+    db.write_text(content)  # empty: a valid SQLite database without Relay's tables
+    done = relay(tmp_path, "migrate", "--from", str(db), "--to", pg_url)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"relay: error: {db} is not a Relay SQLite store ({why}")
+    assert len(done.stderr.splitlines()) == 1, done.stderr
 
 
 def _found(store, org, terms, now):  # noqa: ANN001, ANN202
