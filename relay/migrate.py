@@ -348,10 +348,23 @@ class Migration:
 
     def run(self) -> None:
         orgs = self.org_ids()
+        self.check_org_names_are_free()
         for org in orgs:
             self.copy_org(org)
         self.copy_embedding_cache()
         self.forget_progress(orgs)
+
+    def check_org_names_are_free(self) -> None:
+        """Before writing anything: a target org holding a source org's name under another
+        id (`relay serve` creates `default` on its first start) would stop the copy halfway."""
+        taken = {o.name: o.id for o in self.store.list_orgs()}
+        for o in self.src.execute("SELECT id, name FROM orgs ORDER BY name"):
+            if taken.get(o["name"], o["id"]) != o["id"]:
+                raise InvalidRequestError(
+                    f"the target already has an organisation named {o['name']!r} of its own"
+                    " (did `relay serve` run on it?): migrate into an empty database, before"
+                    " the first `relay serve` on it"
+                )
 
     def forget_progress(self, orgs: list[str]) -> None:
         """A finished pass leaves nothing to resume, so the next run copies every org again

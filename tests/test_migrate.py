@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from integration_support import relay
 from postgres_support import raw_count
 
-from relay.errors import NotFoundError
+from relay.errors import InvalidRequestError, NotFoundError
 from relay.migrate import Migration, migrate, open_source, verify
 from relay.models import MemoryDraft, PassageInput
 from relay.store.postgres import PostgresStore
@@ -197,6 +197,23 @@ def test_a_source_that_is_no_relay_store_is_said_in_one_line(
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"relay: error: {db} is not a Relay SQLite store ({why}")
     assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_an_org_name_the_target_already_uses_stops_the_migration_before_it_writes(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    db = tmp_path / "relay.db"
+    _populate(db)
+    sqlite_default = SQLiteStore(db)
+    sqlite_default.create_org("default")
+    sqlite_default.close()
+    pg_store.create_org("default")  # what `relay serve` does on its first start
+
+    result = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert isinstance(result.exception, InvalidRequestError), result.output
+    assert "'default'" in result.exception.message
+    assert "migrate into an empty database" in result.exception.message
+    assert [o.name for o in pg_store.list_orgs()] == ["default"]  # nothing copied
 
 
 def _found(store, org, terms, now):  # noqa: ANN001, ANN202
