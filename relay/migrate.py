@@ -540,11 +540,12 @@ class Migration:
         self._copy_passages(conn, org, ids)
 
     def _copy_passages(self, conn: Any, org: str, ids: list[str]) -> None:
-        """The memories' passages, replaced whole, each with its token matrix if it has one."""
+        """The memories' passages, each with its token matrix if it has one. A memory's
+        passages are replaced whole, and only when they differ from the target's: a re-run
+        then rewrites what changed alone, since every passage written costs an insertion
+        into the HNSW index."""
         from relay.store.postgres import Vector, insert_passages
 
-        # Their old token matrices go with them (ON DELETE CASCADE).
-        conn.execute("DELETE FROM passages WHERE org_id = %s AND memory_id = ANY(%s)", (org, ids))
         tokens = (
             "t.tokens FROM passages p LEFT JOIN passage_tokens t ON t.rowid = p.rowid"
             if self.tokens
@@ -555,8 +556,14 @@ class Migration:
             f" AND p.memory_id IN ({', '.join('?' for _ in ids)}) ORDER BY p.memory_id, p.seq",
             (org, *ids),
         ).fetchall()
-        if not passages:
+        changed = _changed_passages(conn, org, ids, passages)
+        if not changed:
             return
+        # Their old token matrices go with them (ON DELETE CASCADE).
+        conn.execute(
+            "DELETE FROM passages WHERE org_id = %s AND memory_id = ANY(%s)", (org, changed)
+        )
+        passages = [p for p in passages if p["memory_id"] in changed]
         rows = [
             (
                 org,
@@ -611,6 +618,26 @@ class Migration:
             copied += len(chunk)
         self.say(f"embedding cache: {copied} vectors")
         return copied
+
+
+def _changed_passages(conn: Any, org: str, ids: list[str], source: list[sqlite3.Row]) -> list[str]:
+    """The memories whose passages (with embeddings and token matrices, compared as the
+    verification compares them) differ between the source rows and the target."""
+    want: dict[str, list[tuple[Any, ...]]] = {}
+    for p in source:
+        matrix = None if p["tokens"] is None else hashlib.sha256(p["tokens"]).hexdigest()
+        want.setdefault(p["memory_id"], []).append((*_canon_sqlite("passages", p), matrix))
+    have: dict[str, list[tuple[Any, ...]]] = {}
+    with conn.cursor(binary=True) as cur:
+        for p in cur.execute(
+            f"SELECT {_PG_COLUMNS['passages']}, t.tokens FROM passages p"
+            " LEFT JOIN passage_tokens t ON t.passage_id = p.id"
+            " WHERE p.org_id = %s AND p.memory_id = ANY(%s) ORDER BY p.memory_id, p.seq",
+            (org, ids),
+        ):
+            matrix = None if p["tokens"] is None else hashlib.sha256(p["tokens"]).hexdigest()
+            have.setdefault(p["memory_id"], []).append((*_canon_pg("passages", p), matrix))
+    return [m for m in ids if want.get(m) != have.get(m)]
 
 
 def verify(src: sqlite3.Connection, store: PostgresStore) -> list[tuple[str, TableSum, TableSum]]:

@@ -17,7 +17,7 @@ from postgres_support import raw_count
 from relay.errors import InvalidRequestError, NotFoundError
 from relay.migrate import Migration, migrate, open_source, verify
 from relay.models import MemoryDraft, PassageInput
-from relay.store.postgres import PostgresStore
+from relay.store.postgres import PostgresStore, parse_url
 from relay.store.sqlite import SQLiteStore
 from relay.text import lexical_terms
 
@@ -136,6 +136,33 @@ def test_a_rerun_brings_the_target_up_to_date(tmp_path: Path, pg_url: str, pg_st
     assert pg_store.get_memory(newcomer, "n0", None).body == "Hello"
     query = "SELECT count(*) FROM passages WHERE org_id = ? AND memory_id = 'm0'"
     assert raw_count(pg_store, query, (acme,)) == 1  # the old second passage is gone
+
+
+def test_a_rerun_rewrites_only_the_passages_that_changed(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    db = tmp_path / "relay.db"
+    acme, _ = _populate(db)
+    assert CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url]).exit_code == 0
+    before = _passage_ids(pg_url)
+    src = SQLiteStore(db)
+    src.save_memory(
+        acme, "m0", MemoryDraft(body="Fact 0, rewritten"), "bob", _passages("x", 20), "upsert"
+    )
+    src.close()
+
+    again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert again.exit_code == 0, again.output
+    after = _passage_ids(pg_url)
+    rewritten = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert rewritten == {(acme, "m0", 0), (acme, "m0", 1)}  # an edit to one passage, one gone
+
+
+def _passage_ids(pg_url: str) -> dict[tuple[str, str, int], int]:
+    """Every passage's id: a rewritten passage gets a new one."""
+    with psycopg.connect(parse_url(pg_url).conninfo) as owner:
+        rows = owner.execute("SELECT org_id, memory_id, seq, id FROM passages").fetchall()
+    return {(o, m, s): i for o, m, s, i in rows}
 
 
 def test_a_resumed_migration_ends_with_the_vector_index(
