@@ -9,7 +9,9 @@ passage the source holds no token matrix for gets one from the server's backfill
 Resumable: each batch is written in one transaction together with its progress
 row (`migration_progress`: org, source, step, last id copied), so an
 interrupted run restarts after the last committed batch; every write is an
-upsert, so repeating a batch changes nothing. Verifiable: row counts and a
+upsert, so repeating a batch changes nothing. A finished run clears its progress,
+so the next one goes over every org again and brings the target up to date
+(rewriting only the passages that differ). Verifiable: row counts and a
 SHA-256 over a canonical form of each table are printed for both sides, and the
 command fails when any differs.
 
