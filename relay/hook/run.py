@@ -132,7 +132,8 @@ def run(argv: list[str], t_main: float, environ=None) -> None:
 def _dispatch(inv: Invocation) -> None:
     cfg = inv.cfg
     t = time.monotonic()
-    raw, problem = _read_stdin(inv.until)
+    # A stdin never closed ends the run with time left to log and exit, not at the deadline.
+    raw, problem = _read_stdin(inv.until - EXIT_RESERVE_S)
     payload = None
     if raw is not None:
         try:
