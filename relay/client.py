@@ -25,16 +25,14 @@ _BY_CODE: dict[str, type[errors.RelayError]] = {
         errors.NotFoundError,
         errors.ConflictError,
         errors.OverloadedError,
+        errors.UnavailableError,
         errors.StoreError,
     )
 }
 
 
-class ConnectionFailedError(errors.RelayError):
-    """The server could not be reached."""
-
-    code = "unavailable"
-    exit_code = 8
+class ConnectionFailedError(errors.UnavailableError):
+    """The server itself could not be reached (a remote UnavailableError is its database)."""
 
 
 class RelayClient:

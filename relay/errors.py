@@ -9,6 +9,7 @@
     ├── NotFoundError               404  not_found
     ├── ConflictError               409  conflict
     ├── OverloadedError             503  overloaded
+    ├── UnavailableError            503  unavailable
     └── StoreError                  500  store_error
 
 Each class carries its HTTP status, a stable machine-readable code and the CLI
@@ -105,8 +106,16 @@ class OverloadedError(RelayError):
     exit_code = 6
 
 
+class UnavailableError(RelayError):
+    """Something Relay needs (its database, or the server itself) cannot be reached right now."""
+
+    status = 503
+    code = "unavailable"
+    exit_code = 8
+
+
 class StoreError(RelayError):
-    """The database failed underneath us."""
+    """The database refused or failed a query (not a lost connection: see UnavailableError)."""
 
     status = 500
     code = "store_error"

@@ -219,8 +219,6 @@ def render_history(memory_id: str, items: list[dict[str, Any]]) -> str:
 
 def tool_error_message(exc: errors.RelayError) -> str:
     """One clear sentence about a refused or failed call, and what it means for the task."""
-    from relay.client import ConnectionFailedError
-
     if isinstance(exc, errors.ForbiddenError):
         return (
             f"denied by Relay: {exc.message}. Nothing was changed and nothing else was searched; "
@@ -231,7 +229,7 @@ def tool_error_message(exc: errors.RelayError) -> str:
             f"denied by Relay: {exc.message}. Team memory is unavailable until the key is fixed "
             "(the user can run `relay doctor`); carry on without it."
         )
-    if isinstance(exc, ConnectionFailedError):
+    if isinstance(exc, errors.UnavailableError):  # the server, or its database, is away
         return (
             f"{exc.message}. Team memory is unavailable right now; carry on without it and verify "
             "facts against the repository or ask the user."

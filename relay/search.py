@@ -33,6 +33,7 @@ answer is lexical-only and says so (`degraded`). Nothing waits past the deadline
 
 from __future__ import annotations
 
+import contextvars
 import math
 import threading
 import time
@@ -50,7 +51,7 @@ from relay.embedding import Embedder, QueryStates
 from relay.errors import InvalidRequestError
 from relay.late import QueryPieces
 from relay.models import Passage, Principal, iso
-from relay.store import Store
+from relay.store import Store, connect_by
 from relay.text import proper_names, query_terms, subject_terms, word_spans
 
 Mode = Literal["hybrid", "lexical", "semantic"]
@@ -599,17 +600,19 @@ class Searcher:
             k,
             query,
         )
-        generation = self.store.generation(org)
-        if use_cache and self.cache is not None:
-            hit = self.cache.get(cache_key, generation)
-            if hit is not None:
-                return SearchResponse(
-                    list(hit.results), list(hit.stages), False, True, _ms(start), {}
-                )
-        response = self._run(principal, query, k, deadline, mode, start)
-        if use_cache and self.cache is not None and not response.degraded:
-            expiry = self.store.next_expiry(org, datetime.now(UTC))
-            self.cache.put(cache_key, generation, response, expiry.timestamp() if expiry else None)
+        with connect_by(deadline):  # nor any wait for a database connection past it
+            generation = self.store.generation(org)
+            if use_cache and self.cache is not None:
+                hit = self.cache.get(cache_key, generation)
+                if hit is not None:
+                    return SearchResponse(
+                        list(hit.results), list(hit.stages), False, True, _ms(start), {}
+                    )
+            response = self._run(principal, query, k, deadline, mode, start)
+            if use_cache and self.cache is not None and not response.degraded:
+                expiry = self.store.next_expiry(org, datetime.now(UTC))
+                until = expiry.timestamp() if expiry else None
+                self.cache.put(cache_key, generation, response, until)
         return response
 
     def _run(
@@ -628,7 +631,8 @@ class Searcher:
         future = None
         if mode != "lexical":
             if _left_ms(deadline) > self._semantic_ms * 1.5:
-                future = self._pool.submit(self._semantic, org, audiences, now, query)
+                run = contextvars.copy_context().run  # the worker keeps the connection deadline
+                future = self._pool.submit(run, self._semantic, org, audiences, now, query)
             else:
                 degraded = True
         terms = query_terms(query)

@@ -33,9 +33,11 @@ from relay.errors import (
 from relay.metrics import Metrics
 from relay.models import Principal
 from relay.search import MAX_K, Searcher, SearchSettings
-from relay.store import Store
+from relay.store import Store, connect_by
 
 log = logging.getLogger("relay.server")
+
+HEALTH_WAIT_S = 1.0  # /healthz fails after this long without a database connection
 
 _HTTP_CODES = {
     400: "invalid_request",
@@ -124,6 +126,19 @@ class SearchBody(_Body):
     k: int = Field(5, ge=1, le=MAX_K)
     deadline_ms: float = Field(1000.0, gt=0, le=30_000)
     mode: str = Field("hybrid", pattern="^(hybrid|lexical|semantic)$")
+
+
+def _search_principal(
+    request: Request, body: SearchBody, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    """Authorize a search within its deadline: while the database is away, the key lookup
+    must not wait longer than the search itself may. The search gets what is left."""
+    request.state.deadline = time.monotonic() + body.deadline_ms / 1000
+    with connect_by(request.state.deadline):
+        return _principal(request, authorization)
+
+
+SearchAuth = Annotated[Principal, Depends(_search_principal)]
 
 
 class MemoryBody(_Body):
@@ -276,7 +291,8 @@ def create_app(services: Services) -> FastAPI:
 
     @app.get("/healthz", tags=["operations"])
     def healthz() -> dict[str, Any]:
-        store.generation("")  # a cheap query: proves the database answers
+        with connect_by(time.monotonic() + HEALTH_WAIT_S):
+            store.generation("")  # a cheap query: proves the database answers
         return {"status": "ok", "version": __version__}
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
@@ -294,9 +310,10 @@ def create_app(services: Services) -> FastAPI:
         }
 
     @app.post("/v1/search", tags=["search"])
-    def search(body: SearchBody, p: Auth) -> dict[str, Any]:
+    def search(body: SearchBody, p: SearchAuth, request: Request) -> dict[str, Any]:
         auth.require(p, "memory:read")
-        response = searcher.search(p, body.query, body.k, body.deadline_ms, body.mode)  # type: ignore[arg-type]
+        left_ms = max(0.0, (request.state.deadline - time.monotonic()) * 1000)
+        response = searcher.search(p, body.query, body.k, left_ms, body.mode)  # type: ignore[arg-type]
         metrics.observe_search(response)
         return response.to_dict()
 

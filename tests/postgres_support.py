@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["pg_url", "pg_store", "raw_count", "truncate_all"]
+__all__ = ["pg_url", "pg_store", "raw_count", "truncate_all", "PrivatePostgres"]
 
 
 @pytest.fixture(scope="session")
@@ -93,3 +93,39 @@ def raw_count(store, query: str, params: tuple = ()) -> int:  # noqa: ANN001
 
     with psycopg.connect(conninfo) as conn:
         return conn.execute(query.replace("?", "%s"), params).fetchone()[0]  # type: ignore[index]
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of its own, for tests that stop and restart it (the shared one
+    stays up for every other test). `url` stays valid across restarts. Its folder is made
+    outside pytest's basetemp, like `pg_url`'s."""
+
+    def __init__(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pgserver
+
+            self.folder = tempfile.mkdtemp(prefix="relay-pg-private-")
+            self.server = pgserver.get_server(Path(self.folder) / "data", cleanup_mode="delete")
+        self.url = self.server.get_uri()
+
+    def _pg_ctl(self, *args: str) -> None:
+        from pgserver._commands import pg_ctl  # runs it as the server's system user
+
+        pg_ctl(["-w", *args], pgdata=self.server.pgdata, user=self.server.system_user)
+
+    def stop(self) -> None:
+        self._pg_ctl("-m", "fast", "stop")
+
+    def start(self) -> None:
+        self.server.ensure_postgres_running()
+
+    def restart(self) -> None:
+        """What an operator's restart does: every open connection is terminated."""
+        self._pg_ctl("-m", "fast", "restart")
+
+    def close(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.server.cleanup()
+        shutil.rmtree(self.folder, ignore_errors=True)

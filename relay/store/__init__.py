@@ -8,7 +8,9 @@ of one organisation; recall always passes the key's audiences.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -19,6 +21,25 @@ from relay.models import ApiKey, Memory, MemoryDraft, Org, Passage, PassageInput
 SaveMode = Literal["create", "edit", "upsert"]
 
 COMMON_SHARE, COMMON_MIN = 0.05, 50  # lexical: terms in more passages do not pick candidates
+
+_connect_by: ContextVar[float | None] = ContextVar("relay_connect_by", default=None)
+
+
+@contextmanager
+def connect_by(deadline: float) -> Iterator[None]:
+    """Store calls made in this block wait for a database connection until `deadline`
+    (`time.monotonic()`) at most, so a request with a deadline fails fast instead of late
+    while the database is away. Outside such a block a store applies its own bound."""
+    token = _connect_by.set(deadline)
+    try:
+        yield
+    finally:
+        _connect_by.reset(token)
+
+
+def connect_deadline() -> float | None:
+    """The deadline `connect_by` set for this context, if any."""
+    return _connect_by.get()
 
 
 def candidate_terms(terms: Sequence[str], df: dict[str, int], n: int) -> list[str]:

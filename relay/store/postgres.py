@@ -48,7 +48,13 @@ from psycopg.rows import dict_row
 from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
-from relay.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
+from relay.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    StoreError,
+    UnavailableError,
+)
 from relay.models import (
     EVERYONE,
     ApiKey,
@@ -59,7 +65,7 @@ from relay.models import (
     PassageInput,
     Revision,
 )
-from relay.store import SaveMode, candidate_terms
+from relay.store import SaveMode, candidate_terms, connect_deadline
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
 from relay.store.rules import judge_write, same_content
 from relay.store.vector_index import VectorIndex
@@ -81,6 +87,24 @@ RELAY_PARAMS = ("pool_size", "exact_max", "app_role", "vector_cache_mb")
 DEFAULT_VECTOR_CACHE_MB = 256
 PASSAGE_BYTES = 1_950  # OrgVectors.nbytes() per passage: 18.5 MB for 10k measured, plus margin
 CACHE_IDLE_S = 300.0
+# While PostgreSQL is away a request waits this long for a pooled connection at most (a
+# search only until its deadline: `relay.store.connect_by`), then fails with 503.
+POOL_WAIT_S = 3.0
+# How long the pool keeps retrying a lost connection (backing off 1, 2, 4 s ...) before it
+# gives up and lets the next request start a fresh attempt: short, so a database that comes
+# back after a long outage is used again within seconds, not after a minute-long backoff.
+RECONNECT_S = 5.0
+# SQLSTATEs that mean the connection, not the query, failed: class 08, and the server
+# shutting down, crashing or still starting (57P01-03). Client-side errors have none.
+_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
+
+
+def connection_lost(exc: psycopg.Error) -> bool:
+    """Whether the database went away (down, restarting, unreachable, no free connection),
+    as opposed to refusing one query: the first is worth retrying, the second is not."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith(_CONNECTION_STATES)
 
 
 @contextmanager
@@ -89,6 +113,8 @@ def translate_errors() -> Iterator[None]:
     try:
         yield
     except psycopg.Error as exc:
+        if connection_lost(exc):
+            raise UnavailableError(f"database unreachable: {exc}") from exc
         raise StoreError(f"database error: {exc}") from exc
 
 
@@ -152,6 +178,15 @@ def parse_url(url: str) -> PgOptions:
         raise InvalidRequestError("vector_cache_mb must be 0 (off) or more")
     conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
     return PgOptions(conninfo, pool, exact, own.get("app_role") or APP_ROLE, cache_mb)
+
+
+def _wait() -> float:
+    """How long this call may wait for a pooled connection: `POOL_WAIT_S`, or less when the
+    request's deadline comes first (never zero: a free connection is still taken at once)."""
+    deadline = connect_deadline()
+    if deadline is None:
+        return POOL_WAIT_S
+    return max(0.001, min(POOL_WAIT_S, deadline - time.monotonic()))
 
 
 def lexical_sql() -> str:
@@ -280,6 +315,8 @@ class PostgresStore:
                 max_size=pool_size or opts.pool_size,
                 kwargs={"autocommit": True, "row_factory": dict_row},
                 configure=self._configure,
+                timeout=POOL_WAIT_S,
+                reconnect_timeout=RECONNECT_S,
                 open=True,
                 name="relay",
             )
@@ -320,7 +357,7 @@ class PostgresStore:
         self, org_id: str | None = None, key_id: str | None = None, directory: bool = False
     ) -> Iterator[psycopg.Connection]:
         """One transaction, its tenant settings set for it alone (`set_config(..., true)`)."""
-        with translate_errors(), self.pool.connection() as conn, conn.transaction():
+        with translate_errors(), self.pool.connection(_wait()) as conn, conn.transaction():
             conn.execute(
                 "SELECT set_config('relay.org_id', %s, true), set_config('relay.key_id', %s, true),"
                 " set_config('relay.directory', %s, true)",

@@ -1,0 +1,104 @@
+"""`relay serve` over a PostgreSQL that goes away: while it is down every request fails fast
+with 503 `unavailable` (a search within its deadline), and once it is back no request fails.
+
+The database is a private one (the shared test server stays up for every other test)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from conftest import LiveServer, start_server
+from postgres_support import PrivatePostgres
+
+from relay.server import HEALTH_WAIT_S
+from relay.store.postgres import POOL_WAIT_S
+
+pytestmark = pytest.mark.postgres
+
+SLACK_S = 0.25  # HTTP and scheduling on a busy two-core machine
+
+
+def call(server: LiveServer, method: str, path: str, body: object = None):  # noqa: ANN201
+    """(status, JSON body, Retry-After header, seconds taken)."""
+    req = urllib.request.Request(
+        server.url + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {server.admin_key}", "Content-Type": "application/json"},
+    )
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status, raw, retry = resp.status, resp.read(), resp.headers.get("Retry-After")
+    except urllib.error.HTTPError as exc:
+        status, raw, retry = exc.code, exc.read(), exc.headers.get("Retry-After")
+    return status, json.loads(raw or b"null"), retry, time.monotonic() - start
+
+
+def search(server: LiveServer, deadline_ms: float = 5000):  # noqa: ANN201
+    return call(server, "POST", "/v1/search", {"query": "staging", "deadline_ms": deadline_ms})
+
+
+def wait_healthy(server: LiveServer, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if call(server, "GET", "/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"/healthz not ok within {within_s} s"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PrivatePostgres]:
+    server = PrivatePostgres()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def live(pg: PrivatePostgres) -> Iterator[LiveServer]:
+    server = start_server(pg.url, {"RELAY_PG_POOL": "4"})  # type: ignore[arg-type]
+    try:
+        wait_healthy(server, 30)  # the port may bind a moment after start_server returns
+        status, body, _, _ = call(server, "POST", "/v1/memories", {"body": "Staging is blue."})
+        assert status == 201, body
+        yield server
+    finally:
+        server.stop()
+
+
+def assert_unavailable(status: int, body: dict, retry_after: str | None) -> None:
+    assert status == 503, body
+    assert body["error"]["code"] == "unavailable"
+    assert body["error"]["message"].startswith("database unreachable")
+    assert retry_after is not None
+
+
+def test_requests_fail_fast_while_the_database_is_down(pg: PrivatePostgres, live: LiveServer):
+    assert search(live)[0] == 200
+    pg.stop()
+    try:
+        search(live)  # may meet a connection the stop just closed: fails at once either way
+        status, body, retry, took = call(live, "GET", "/healthz")
+        assert_unavailable(status, body, retry)
+        assert took < HEALTH_WAIT_S + SLACK_S
+
+        status, body, retry, took = search(live, deadline_ms=300)
+        assert_unavailable(status, body, retry)
+        assert took < 0.3 + SLACK_S  # the key lookup and the search share the deadline
+
+        status, body, retry, took = call(live, "GET", "/v1/memories")
+        assert_unavailable(status, body, retry)
+        assert took < POOL_WAIT_S + SLACK_S
+    finally:
+        pg.start()
+    wait_healthy(live, 10)
+    assert search(live)[0] == 200
