@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import LiveServer, start_server
@@ -102,3 +103,13 @@ def test_requests_fail_fast_while_the_database_is_down(pg: PrivatePostgres, live
         pg.start()
     wait_healthy(live, 10)
     assert search(live)[0] == 200
+
+
+def test_no_request_fails_once_the_database_has_restarted(pg: PrivatePostgres, live: LiveServer):
+    with ThreadPoolExecutor(4) as pool:  # several searches at once: several pooled connections
+        assert [r[0] for r in pool.map(lambda _: search(live), range(8))] == [200] * 8
+    pg.restart()  # terminates every one of them
+    after = [search(live)[0] for _ in range(6)] + [call(live, "GET", "/v1/memories")[0]]
+    with ThreadPoolExecutor(4) as pool:
+        after += [r[0] for r in pool.map(lambda _: search(live), range(8))]
+    assert after == [200] * len(after)
