@@ -122,8 +122,11 @@ def serve(first_org: str, **given: Any) -> None:
     conf = resolve(SERVER_SETTINGS, given)
     _pin_blas()
     logging.basicConfig(level=conf["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
+    from relay.store import redact_url
+
     services = build_services(conf)
     store = services.store
+    shown = redact_url(conf["db"])
     if not store.list_orgs():
         from relay.auth import mint_key
 
@@ -133,14 +136,14 @@ def serve(first_org: str, **given: Any) -> None:
         )
         url = f"http://{conf['host']}:{conf['port']}"
         click.echo(
-            f"\nCreated organisation {org.name!r} ({org.id}) in {conf['db']}\n"
+            f"\nCreated organisation {org.name!r} ({org.id}) in {shown}\n"
             f"Admin API key (shown once, store it now):\n\n    {minted.secret}\n\n"
             "Next, in another terminal:\n"
             f"    export RELAY_URL={url} RELAY_API_KEY={minted.secret}\n"
             '    relay remember "Staging is the blue cluster" --source team/infra\n'
             '    relay search "which cluster is staging?"\n'
         )
-    click.echo(f"Relay {__version__} serving {conf['db']} on http://{conf['host']}:{conf['port']}")
+    click.echo(f"Relay {__version__} serving {shown} on http://{conf['host']}:{conf['port']}")
     uvicorn.run(
         asgi_app(services, conf["max_inflight"], conf["max_body_bytes"]),
         host=conf["host"],

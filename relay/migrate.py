@@ -30,8 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -75,14 +74,6 @@ def _json_list(value: str | None) -> list[str] | None:
     return None if value is None else list(json.loads(value))
 
 
-def sqlite_path(url: str) -> Path:
-    if url.startswith("sqlite:///"):
-        return Path("/" + url.removeprefix("sqlite:///").lstrip("/"))
-    if "://" in url:
-        raise InvalidRequestError(f"--from must be a sqlite:///path or a file path, not {url!r}")
-    return Path(url)
-
-
 def has_tokens(src: sqlite3.Connection) -> bool:
     """Whether the source stores token matrices (stores from before them do not)."""
     query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'passage_tokens'"
@@ -102,6 +93,10 @@ def not_a_store(src: sqlite3.Connection) -> str | None:
 
 def open_source(url: str) -> sqlite3.Connection:
     """The source, read-only, once it is known to be a Relay store."""
+    from relay.store import database_kind, sqlite_path
+
+    if database_kind(url) != "sqlite":
+        raise InvalidRequestError("--from must be a sqlite:///path or a file path")
     path = sqlite_path(url)
     if not path.exists():
         raise InvalidRequestError(f"no SQLite store at {path}")
@@ -706,12 +701,12 @@ def migrate(source: str, target: str, batch: int, verify_only: bool, defer_index
     """Copy a SQLite store into PostgreSQL: orgs, keys, memories with every revision,
     passages with their embeddings and token matrices. Resumable (re-run the same
     command) and verified by per-table counts and checksums."""
-    from relay.store.postgres import PostgresStore
+    from relay.store import database_kind, postgres_store, sqlite_path
 
-    if not target.startswith(("postgresql://", "postgres://")):
+    if database_kind(target) != "postgresql":
         raise InvalidRequestError("--to must be a postgresql:// URL")
     src = open_source(source)
-    store = PostgresStore(target)
+    store = cast("PostgresStore", postgres_store(target))
     try:
         if not verify_only:
             t = time.perf_counter()

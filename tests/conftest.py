@@ -94,6 +94,7 @@ class LiveServer:
     db: Path
     process: subprocess.Popen
     drain: threading.Thread | None = None
+    startup: str = ""  # what it printed until it was up
 
     def stop(self) -> None:
         self.process.terminate()
@@ -139,7 +140,7 @@ def start_server(db: Path, extra_env: dict[str, str] | None = None) -> LiveServe
     # Keep reading its output so a chatty server never blocks on a full pipe.
     drain = threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True)
     drain.start()
-    return LiveServer(url, key, db, proc, drain)
+    return LiveServer(url, key, db, proc, drain, "".join(lines))
 
 
 @pytest.fixture(scope="session")

@@ -27,11 +27,12 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def relay(home: Path, *args: str, stdin: str | None = None, **extra: str):
-    """Run `relay ARGS` in `home`; returns the CompletedProcess (text)."""
+def relay(home: Path, *args: str, stdin: str | None = None, cwd: Path | None = None, **extra: str):
+    """Run `relay ARGS` in `home` (from `cwd`); returns the CompletedProcess (text)."""
     return subprocess.run(
         [RELAY, *args],
         env=clean_env(home, **extra),
+        cwd=cwd,
         input=stdin,
         capture_output=True,
         text=True,

@@ -8,14 +8,18 @@ of one organisation; recall always passes the key's audiences.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
+from pathlib import Path
 from typing import Literal, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import numpy as np
 
+from relay.errors import InvalidRequestError, RelayError
 from relay.models import ApiKey, Memory, MemoryDraft, Org, Passage, PassageInput, Revision
 
 SaveMode = Literal["create", "edit", "upsert"]
@@ -165,15 +169,63 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+NO_POSTGRES = "PostgreSQL support is not installed: pip install 'relay-memory[postgres]'"
+
+
+def database_kind(url: str) -> Literal["sqlite", "postgresql"]:
+    """Which store a database URL names: a path or sqlite:///path, or postgresql://.
+    Anything else with a scheme is refused, never taken for a file name (which would
+    create folders named after the URL and serve an empty store)."""
+    found = _SCHEME.match(url)
+    scheme = found.group(1).lower() if found else None
+    if scheme in POSTGRES_SCHEMES:
+        return "postgresql"
+    if scheme is None or url.startswith("sqlite:///"):
+        return "sqlite"
+    raise InvalidRequestError(
+        f"unsupported database URL {scheme}://...: use a SQLite file path, sqlite:///path"
+        " or postgresql://..."
+    )
+
+
+def sqlite_path(url: str) -> Path:
+    """The file a SQLite database URL (a path, or sqlite:///path) names."""
+    if url.startswith("sqlite:///"):
+        return Path("/" + url.removeprefix("sqlite:///").lstrip("/"))
+    return Path(url)
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may be printed or logged: its password, if any, as ***."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if parts.password is None and all(k != "password" for k, _ in query):
+        return url
+    netloc = parts.netloc
+    if parts.password is not None:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.partition(':')[0]}:***@{host}"
+    query = [(k, "***" if k == "password" else v) for k, v in query]
+    return parts._replace(netloc=netloc, query=urlencode(query, safe="*/")).geturl()
+
+
+def postgres_store(url: str) -> Store:
+    """A PostgresStore on `url`, or one clear line when the `postgres` extra is missing."""
+    try:
+        from relay.store.postgres import PostgresStore
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in ("psycopg", "psycopg_pool"):
+            raise
+        raise RelayError(NO_POSTGRES) from None
+    return PostgresStore(url)
+
+
 def open_store(url: str) -> Store:
     """Open the store a URL names: a SQLite path (or sqlite:///path) or a postgresql:// URL."""
-    if url.startswith(("postgresql://", "postgres://")):
-        from relay.store.postgres import PostgresStore
-
-        return PostgresStore(url)
+    if database_kind(url) == "postgresql":
+        return postgres_store(url)
     from relay.store.sqlite import SQLiteStore
 
-    path = url.removeprefix("sqlite://").removeprefix("/") if url.startswith("sqlite:///") else url
-    if url.startswith("sqlite:///"):
-        path = "/" + path
-    return SQLiteStore(path)
+    return SQLiteStore(sqlite_path(url))

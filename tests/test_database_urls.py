@@ -1,0 +1,78 @@
+"""Database URLs through the real CLI: other schemes refused in one line (never taken for a
+file name), a password never printed, and a clear line when PostgreSQL support is missing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import start_server
+from integration_support import relay
+from postgres_support import truncate_all
+
+NO_POSTGRES = (
+    "relay: error: PostgreSQL support is not installed: pip install 'relay-memory[postgres]'"
+)
+
+
+def one_line_error(done) -> str:  # noqa: ANN001
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql+psycopg://relay:S3cretPw@127.0.0.1:1/relay", "mysql://u:S3cretPw@h/db"]
+)
+def test_other_schemes_are_refused_and_create_nothing(tmp_path: Path, url: str):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    for args, env in ((["org", "list", "--db", url], {}), (["serve"], {"RELAY_DB": url})):
+        done = relay(tmp_path, *args, cwd=work, **env)
+        line = one_line_error(done)
+        assert line.startswith("relay: error: unsupported database URL "), line
+        assert "S3cretPw" not in done.stdout + done.stderr
+    assert list(work.iterdir()) == []
+
+
+def test_sqlite_paths_and_urls_still_work(tmp_path: Path):
+    for db in (tmp_path / "plain.db", f"sqlite:///{tmp_path}/url.db"):
+        done = relay(tmp_path, "org", "create", "acme", "--db", str(db))
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "plain.db").exists() and (tmp_path / "url.db").exists()
+
+
+def test_serve_never_prints_the_password(tmp_path: Path, pg_url: str):
+    truncate_all(pg_url)  # an empty database: serve creates the first org and says where
+    url = pg_url.replace("postgres:@", "postgres:S3cretPw@", 1)  # local trust: ignored
+    assert url != pg_url
+    server = start_server(url)  # type: ignore[arg-type]  (a URL where a path usually goes)
+    try:
+        assert "Created organisation" in server.startup
+        assert "serving postgresql://postgres:***@" in server.startup
+        assert "S3cretPw" not in server.startup
+    finally:
+        server.stop()
+        truncate_all(pg_url)
+
+
+def test_missing_postgres_support_is_one_clear_line(tmp_path: Path, pg_url: str):
+    hide = tmp_path / "no-psycopg"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['psycopg'] = None\n")
+    path = os.pathsep.join(filter(None, [str(hide), os.environ.get("PYTHONPATH")]))
+    source = tmp_path / "src.db"
+    assert relay(tmp_path, "org", "create", "acme", "--db", str(source)).returncode == 0
+    runs = [
+        ["org", "list", "--db", pg_url],
+        ["key", "list", "--org", "acme", "--db", pg_url],
+        ["migrate", "--from", str(source), "--to", pg_url],
+    ]
+    for args in runs:
+        done = relay(tmp_path, *args, PYTHONPATH=path)
+        assert one_line_error(done) == NO_POSTGRES, args
+    done = relay(tmp_path, "serve", PYTHONPATH=path, RELAY_DB=pg_url)
+    assert one_line_error(done) == NO_POSTGRES
