@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 from relay import agents
-from relay.errors import RelayError
+from relay.errors import RelayError, StoreError, UnavailableError
 from relay.hook import config as hook_config
 
 SLOW_SERVER_MS = 150
@@ -165,13 +165,7 @@ class Doctor:
                 client.get("/healthz")
                 times.append((time.perf_counter() - start) * 1000)
         except RelayError as exc:
-            self.add(
-                "fail",
-                "server",
-                f"{exc.message}: every prompt goes without team memory",
-                f"start the server, or fix `url` in {self.home(self.paths.config)} "
-                "(`relay install --url ...`)",
-            )
+            self.add("fail", "server", *self._server_failure(exc))
             return False
         best = min(times)
         level = "warn" if best > SLOW_SERVER_MS else "ok"
@@ -184,6 +178,27 @@ class Doctor:
             else "",
         )
         return True
+
+    def _server_failure(self, exc: RelayError) -> tuple[str, str]:
+        """What a failed /healthz means, and its fix: the server is away, or it answered
+        that its own database is (a restart of the server would not help then)."""
+        from relay.client import ConnectionFailedError
+
+        assert self.cfg is not None
+        if isinstance(exc, UnavailableError | StoreError) and not isinstance(
+            exc, ConnectionFailedError
+        ):
+            return (
+                f"the server at {self.cfg.url} answers, but its database is unreachable"
+                f" ({exc.message}): every prompt goes without team memory",
+                "check the server's database: is PostgreSQL up, and reachable from the server"
+                " with its RELAY_DB?",
+            )
+        return (
+            f"{exc.message}: every prompt goes without team memory",
+            f"start the server, or fix `url` in {self.home(self.paths.config)} "
+            "(`relay install --url ...`)",
+        )
 
     def check_key(self) -> None:
         client = self._client()

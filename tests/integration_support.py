@@ -128,6 +128,22 @@ def start_module_server(tmp_path_factory, name: str):
     raise RuntimeError("relay serve did not come up on a port of its own")
 
 
+def wait_healthy(server, within_s: float) -> None:
+    """Until /healthz answers 200: start_server returns a moment before the port is bound,
+    and a server whose database was away needs a moment to use it again."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"/healthz not ok within {within_s} s"
+        time.sleep(0.1)
+
+
 def stop_server(server) -> None:
     server.stop()
     if server.process.stdout:

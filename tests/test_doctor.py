@@ -1,10 +1,12 @@
-"""`relay doctor` on a healthy install, a revoked key, a stopped server and a missing hook."""
+"""`relay doctor` on a healthy install, a revoked key, a stopped server, a server whose
+database is down and a missing hook."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from conftest import start_server
 from integration_support import (
     mint,
     registered_command,
@@ -13,7 +15,9 @@ from integration_support import (
     run_registered,
     start_module_server,
     stop_server,
+    wait_healthy,
 )
+from postgres_support import PrivatePostgres
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +103,24 @@ def test_stopped_server(tmp_path, tmp_path_factory):
     assert "fix: start the server" in done.stdout
     log = json.loads((tmp_path / ".relay/state/outcomes.jsonl").read_text().splitlines()[-1])
     assert log["outcome"] == "unavailable"
+
+
+@pytest.mark.postgres
+def test_server_up_but_its_database_down(tmp_path):
+    pg = PrivatePostgres()
+    own = start_server(pg.url)  # type: ignore[arg-type]  (a URL where a path usually goes)
+    try:
+        wait_healthy(own, 30)
+        installed(tmp_path, own.url, own.admin_key)
+        pg.stop()
+        done = doctor(tmp_path)
+    finally:
+        stop_server(own)
+        pg.close()
+    assert done.returncode == 1
+    assert f"the server at {own.url} answers, but its database is unreachable" in done.stdout
+    assert "fix: check the server's database: is PostgreSQL up" in done.stdout
+    assert "fix: start the server" not in done.stdout
 
 
 def test_missing_hook(tmp_path, server):

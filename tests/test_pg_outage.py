@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import LiveServer, start_server
+from integration_support import wait_healthy
 from postgres_support import PrivatePostgres
 
 from relay.server import HEALTH_WAIT_S
@@ -43,18 +44,6 @@ def call(server: LiveServer, method: str, path: str, body: object = None):  # no
 
 def search(server: LiveServer, deadline_ms: float = 5000):  # noqa: ANN201
     return call(server, "POST", "/v1/search", {"query": "staging", "deadline_ms": deadline_ms})
-
-
-def wait_healthy(server: LiveServer, within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            if call(server, "GET", "/healthz")[0] == 200:
-                return
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, f"/healthz not ok within {within_s} s"
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
