@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from relay import __version__
-from relay.errors import RelayError
+from relay.errors import InvalidRequestError, RelayError
 from relay.settings import SERVER_SETTINGS, resolve
 
 
@@ -70,10 +70,19 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _open_store(db: str | None):  # noqa: ANN202
-    from relay.store import open_store
+def _open_store(db: str | None, create: bool = False):  # noqa: ANN202
+    """The store `--db` (or RELAY_DB, or the default) names. Only `create` may make a new
+    SQLite file: a mistyped path given to a reading command would otherwise leave an empty
+    database (and its folders) behind and report 'no organisation'."""
+    from relay.store import database_kind, open_store, sqlite_path
 
-    return open_store(resolve(SERVER_SETTINGS, {"db": db}, {})["db"] if db is None else db)
+    url = resolve(SERVER_SETTINGS, {"db": db}, {})["db"] if db is None else db
+    if not create and database_kind(url) == "sqlite" and not sqlite_path(url).exists():
+        raise InvalidRequestError(
+            f"no Relay database at {sqlite_path(url)} (relay serve or relay org create makes "
+            "one; check --db or RELAY_DB)"
+        )
+    return open_store(url)
 
 
 def _echo_json(data: Any) -> None:
@@ -167,7 +176,7 @@ def org_create(name: str, db: str | None, as_json: bool) -> None:
     """Create an organisation and its first admin key."""
     from relay.auth import mint_key
 
-    store = _open_store(db)
+    store = _open_store(db, create=True)
     new = store.create_org(name)
     minted = mint_key(
         store, new.id, "admin", frozenset({"admin", "memory:read", "memory:write"}), frozenset()

@@ -38,6 +38,16 @@ def test_other_schemes_are_refused_and_create_nothing(tmp_path: Path, url: str):
     assert list(work.iterdir()) == []
 
 
+def test_a_mistyped_path_is_refused_by_reading_commands_and_creates_nothing(tmp_path: Path):
+    """QA: `relay key list --db typo.db` left an empty database (and its folders) behind and
+    said there was no organisation; `relay org list` printed nothing and exited 0."""
+    missing = tmp_path / "typo" / "relay.db"
+    for args in (["org", "list"], ["key", "list", "--org", "default"]):
+        done = relay(tmp_path, *args, "--db", str(missing))
+        assert one_line_error(done).startswith(f"relay: error: no Relay database at {missing}")
+    assert not (tmp_path / "typo").exists()
+
+
 def test_sqlite_paths_and_urls_still_work(tmp_path: Path):
     for db in (tmp_path / "plain.db", f"sqlite:///{tmp_path}/url.db"):
         done = relay(tmp_path, "org", "create", "acme", "--db", str(db))
