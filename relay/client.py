@@ -35,10 +35,14 @@ class ConnectionFailedError(errors.UnavailableError):
     """The server itself could not be reached (a remote UnavailableError is its database)."""
 
 
+class NotConfiguredError(errors.InvalidRequestError):
+    """This machine has no server to ask: nothing was sent anywhere."""
+
+
 class RelayClient:
     def __init__(self, url: str, api_key: str, timeout: float = 30.0) -> None:
         if not url:
-            raise errors.InvalidRequestError(
+            raise NotConfiguredError(
                 "no server URL: pass --url, set RELAY_URL, or run 'relay install'"
             )
         self.url = url.rstrip("/")

@@ -219,6 +219,8 @@ def render_history(memory_id: str, items: list[dict[str, Any]]) -> str:
 
 def tool_error_message(exc: errors.RelayError) -> str:
     """One clear sentence about a refused or failed call, and what it means for the task."""
+    from relay.client import NotConfiguredError
+
     if isinstance(exc, errors.ForbiddenError):
         return (
             f"denied by Relay: {exc.message}. Nothing was changed and nothing else was searched; "
@@ -234,8 +236,13 @@ def tool_error_message(exc: errors.RelayError) -> str:
             f"{exc.message}. Team memory is unavailable right now; carry on without it and verify "
             "facts against the repository or ask the user."
         )
+    if isinstance(exc, NotConfiguredError):
+        return (
+            f"Relay is not set up on this machine ({exc.message}). Team memory is unavailable; "
+            "carry on without it."
+        )
     if isinstance(exc, errors.InvalidRequestError):
-        return f"rejected by Relay: {exc.message}. Nothing was stored."
+        return f"rejected by Relay: {exc.message}. Nothing was stored or changed."
     return f"Relay error: {exc.message}"
 
 

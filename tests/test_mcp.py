@@ -162,6 +162,23 @@ def test_stdio_server_reports_an_unreachable_server_as_a_tool_error(tmp_path, se
     assert "carry on without it" in text(result)
 
 
+def test_stdio_server_without_a_configured_server_says_so(tmp_path, server):
+    """QA: with no URL anywhere, a search answered 'rejected by Relay: no server URL ...
+    Nothing was stored', as if the server had refused something."""
+    params = stdio_params(tmp_path, server, "reader")
+    config = tmp_path / "reader/.relay/config.json"
+    doc = json.loads(config.read_text())
+    config.write_text(json.dumps({k: v for k, v in doc.items() if k != "url"}))
+
+    async def main():
+        async with Client(params) as client:
+            return await client.call_tool("team_memory_search", {"query": "staging cluster"})
+
+    result = anyio.run(main)
+    assert result.is_error and "Relay is not set up on this machine" in text(result)
+    assert "rejected" not in text(result) and "carry on without it" in text(result)
+
+
 # -- streamable HTTP: /mcp on the Relay server -----------------------------------------------
 def http_client(server, key: str, mode: str = "auto") -> tuple[Client, httpx2.AsyncClient]:
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
