@@ -577,9 +577,12 @@ class Searcher:
         deadline_ms: float = 1000.0,
         mode: Mode = "hybrid",
         use_cache: bool = True,
+        until: float | None = None,
     ) -> SearchResponse:
+        """`until`: the monotonic time the caller's `deadline_ms` runs out, when its clock
+        started before this call (the server's key check); else it starts here."""
         start = time.monotonic()
-        deadline = start + deadline_ms / 1000.0
+        deadline = start + deadline_ms / 1000.0 if until is None else until
         query = (query or "").strip()[:MAX_QUERY_CHARS]
         if mode not in MODES:
             raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}")

@@ -312,8 +312,14 @@ def create_app(services: Services) -> FastAPI:
     @app.post("/v1/search", tags=["search"])
     def search(body: SearchBody, p: SearchAuth, request: Request) -> dict[str, Any]:
         auth.require(p, "memory:read")
-        left_ms = max(0.0, (request.state.deadline - time.monotonic()) * 1000)
-        response = searcher.search(p, body.query, body.k, left_ms, body.mode)  # type: ignore[arg-type]
+        response = searcher.search(
+            p,
+            body.query,
+            body.k,
+            body.deadline_ms,
+            body.mode,  # type: ignore[arg-type]
+            until=request.state.deadline,  # the key check already spent some of it
+        )
         metrics.observe_search(response)
         return response.to_dict()
 

@@ -583,6 +583,18 @@ def test_health_charts_and_developer_streaks(console: Console, live) -> None:
     assert "broken" not in row("bob@desk") and "ok" in row("bob@desk")
     console.shot("health")
 
+    # A deadline far above every search (QA: 10,000 ms over 11 to 29 ms searches) is named
+    # above the plot, not drawn: as a line it squashed the latencies onto the axis.
+    with httpx.Client(base_url=live["url"], headers=headers, timeout=30) as gx:
+        for n in range(6):
+            gx.post("/v1/search", json={"query": f"payroll owner {n}", "deadline_ms": 10_000})
+    console.go("#/memories")
+    console.go("#/health")
+    console.heading("Health")
+    label = console.d.find_element(By.CSS_SELECTOR, ".threshold-label")
+    assert label.get_attribute("textContent") == "deadline 10000 ms (far above the scale)"
+    assert console.d.find_elements(By.CSS_SELECTOR, "line.threshold") == []
+
 
 def test_csrf_cookie_and_headers(live) -> None:
     url = live["url"]

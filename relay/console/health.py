@@ -98,8 +98,9 @@ def attach(searcher: Searcher) -> tuple[SearchLog, Callable[..., SearchResponse]
         deadline_ms: float = 1000.0,
         mode: Any = "hybrid",
         use_cache: bool = True,
+        until: float | None = None,
     ) -> SearchResponse:
-        response = inner(principal, query, k, deadline_ms, mode, use_cache)
+        response = inner(principal, query, k, deadline_ms, mode, use_cache, until)
         log.record(principal, response, deadline_ms)
         return response
 
