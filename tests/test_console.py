@@ -571,7 +571,8 @@ def test_health_charts_and_developer_streaks(console: Console, live) -> None:
     figures = console.d.find_elements(By.CSS_SELECTOR, "figure.chart svg[role=img]")
     assert len(figures) == 4
     label = console.d.find_element(By.CSS_SELECTOR, ".threshold-label")
-    assert label.get_attribute("textContent") == "deadline 320 ms"
+    # drawn, or named above the plot when the searches took under 1/50 of it
+    assert label.get_attribute("textContent").startswith("deadline 320 ms")
     summary = console.d.find_element(By.CSS_SELECTOR, "dl.summary").text
     assert "Searches\n4" in summary and "Cache hit rate\n25.0%" in summary
 
