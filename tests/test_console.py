@@ -594,7 +594,8 @@ def test_health_charts_and_developer_streaks(console: Console, live) -> None:
     console.heading("Health")
     label = console.d.find_element(By.CSS_SELECTOR, ".threshold-label")
     assert label.get_attribute("textContent") == "deadline 10000 ms (far above the scale)"
-    assert console.d.find_elements(By.CSS_SELECTOR, "line.threshold") == []
+    latency = console.d.find_elements(By.CSS_SELECTOR, "figure.chart svg[role=img]")[0]
+    assert latency.find_elements(By.CSS_SELECTOR, "line.threshold") == []
 
 
 def test_csrf_cookie_and_headers(live) -> None:
