@@ -468,7 +468,52 @@ def create_app(services: Services) -> FastAPI:
     from relay.console import mount_console
 
     mount_console(app, services)  # the team console at /console (relay/console/)
+    app.openapi = _openapi_with_error_shape(app)  # type: ignore[method-assign]
     return app
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "status"],
+            "properties": {
+                "code": {"type": "string", "description": "stable, machine-readable"},
+                "message": {"type": "string"},
+                "status": {"type": "integer"},
+            },
+        }
+    },
+}
+
+
+def _openapi_with_error_shape(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """The framework's description, with the one error shape every endpoint really answers
+    with in place of the validation-error schema it assumes (which no response carries)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        spec = build()  # cached on the app: edited in place, once
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
+        schemas["Error"] = ERROR_SCHEMA
+        error = {
+            "description": "Error: {'error': {'code', 'message', 'status'}}",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+        for operations in spec.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)
+                responses["4XX"] = responses["5XX"] = error
+        return spec
+
+    return openapi
 
 
 def asgi_app(services: Services, max_inflight: int = 64, max_body_bytes: int = 262_144) -> ASGIApp:

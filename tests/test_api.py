@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -448,6 +449,14 @@ def test_health_metrics_and_openapi(api):
     assert "relay_search_total" in text and "relay_http_request_seconds_bucket" in text
     spec = api.client.get("/openapi.json").json()
     assert "/v1/search" in spec["paths"] and "/v1/memories/{memory_id}/revisions" in spec["paths"]
+    # errors are described as they are sent (QA: it promised FastAPI's {"detail": [...]})
+    assert "HTTPValidationError" not in json.dumps(spec)
+    error = spec["components"]["schemas"]["Error"]
+    assert error["properties"]["error"]["required"] == ["code", "message", "status"]
+    search_responses = spec["paths"]["/v1/search"]["post"]["responses"]
+    assert search_responses["4XX"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Error"
+    }
 
 
 def test_editing_an_expired_memory_keeps_its_expiry_unless_changed(api):
