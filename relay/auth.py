@@ -101,3 +101,9 @@ def require(principal: Principal, scope: str) -> None:
     """Admin implies every scope within its own organisation."""
     if scope not in principal.scopes and "admin" not in principal.scopes:
         raise ForbiddenError(f"this key lacks the {scope!r} scope")
+
+
+def management_view(p: Principal) -> frozenset[str] | None:
+    """The audiences whose memories a key manages (reads by id, lists, edits, supersedes):
+    an admin the whole org (None), any other key what its roles may read."""
+    return None if "admin" in p.scopes else p.audiences

@@ -152,6 +152,7 @@ class LocalBackend:
             draft,
             p.key_id,
             "create",
+            audiences=auth.management_view(p),
         )
         return memory.to_dict()
 

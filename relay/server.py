@@ -343,16 +343,20 @@ def create_app(services: Services) -> FastAPI:
             ]
         }
 
-    def _management_view(p: Principal) -> frozenset[str] | None:
-        return None if "admin" in p.scopes else p.audiences
-
     @app.post("/v1/memories", status_code=201, tags=["memories"])
     def create_memory(body: MemoryBody, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:write")
         draft = writes.draft_from_fields(body.model_dump(), store.known_audiences(p.org_id))
         memory_id = body.id or writes.new_memory_id()
         memory, _ = writes.save(
-            store, services.embedder, p.org_id, memory_id, draft, p.key_id, "create"
+            store,
+            services.embedder,
+            p.org_id,
+            memory_id,
+            draft,
+            p.key_id,
+            "create",
+            audiences=auth.management_view(p),
         )
         return memory.to_dict()
 
@@ -379,7 +383,7 @@ def create_app(services: Services) -> FastAPI:
             p.key_id,
             "upsert",
             batch=len(items),
-            audiences=_management_view(p),
+            audiences=auth.management_view(p),
         )
         return {"written": written, "unchanged": unchanged}
 
@@ -392,18 +396,20 @@ def create_app(services: Services) -> FastAPI:
         tag: str | None = None,
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
-        items, nxt = store.list_memories(p.org_id, _management_view(p), limit, cursor, source, tag)
+        items, nxt = store.list_memories(
+            p.org_id, auth.management_view(p), limit, cursor, source, tag
+        )
         return {"items": [m.to_dict() for m in items], "next_cursor": nxt}
 
     @app.get("/v1/memories/{memory_id}", tags=["memories"])
     def get_memory(memory_id: str, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:read")
-        return store.get_memory(p.org_id, memory_id, _management_view(p)).to_dict()
+        return store.get_memory(p.org_id, memory_id, auth.management_view(p)).to_dict()
 
     @app.patch("/v1/memories/{memory_id}", tags=["memories"])
     def edit_memory(memory_id: str, body: MemoryPatch, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:write")
-        current = store.get_memory(p.org_id, memory_id, _management_view(p))
+        current = store.get_memory(p.org_id, memory_id, auth.management_view(p))
         changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})
         fields = {**current.to_dict(), **changes, "valid_until": changes.get("valid_until")}
         # The memory's own audiences stay acceptable even after the last key holding one
@@ -423,20 +429,20 @@ def create_app(services: Services) -> FastAPI:
             p.key_id,
             "edit",
             body.expected_revision,
-            _management_view(p),
+            auth.management_view(p),
         )
         return memory.to_dict()
 
     @app.delete("/v1/memories/{memory_id}", status_code=204, tags=["memories"])
     def delete_memory(memory_id: str, p: Auth) -> Response:
         auth.require(p, "memory:write")
-        store.delete_memory(p.org_id, memory_id, p.key_id, _management_view(p))
+        store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
         return Response(status_code=204)
 
     @app.get("/v1/memories/{memory_id}/revisions", tags=["memories"])
     def revisions(memory_id: str, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:read")
-        items = store.history(p.org_id, memory_id, _management_view(p))
+        items = store.history(p.org_id, memory_id, auth.management_view(p))
         return {"items": [r.to_dict() for r in items]}
 
     @app.post("/v1/keys", status_code=201, tags=["keys"])

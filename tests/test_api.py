@@ -324,6 +324,46 @@ def test_an_oversized_body_sent_without_a_length_is_refused_as_too_large(api):
     assert small.status_code == 201, small.text
 
 
+def test_supersedes_cannot_reach_past_the_writers_audiences(api):
+    """QA: a key without the sre role could supersede, so hide from sre's own recall, an
+    sre-only memory, and tell from 201 against 400 that the hidden id existed; and an
+    sre-only memory could supersede a public one, taking it from everyone else."""
+    vault = remember(
+        api,
+        "acme_sre",
+        "Break-glass for the payments vault: page the CFO, then the HSM.",
+        audiences=["sre"],
+    )
+    hidden = api.client.post(
+        "/v1/memories",
+        json={"body": "dev note", "supersedes": [vault["id"]]},
+        headers=api.headers("acme_dev"),
+    )
+    missing = api.client.post(
+        "/v1/memories",
+        json={"body": "dev note", "supersedes": ["mem_never_was"]},
+        headers=api.headers("acme_dev"),
+    )
+    said = assert_error(hidden, 400, "invalid_request")["message"]
+    assert said == assert_error(missing, 400, "invalid_request")["message"].replace(
+        "mem_never_was", vault["id"]
+    )
+    assert vault["id"] in ids(search(api, "acme_sre", "payments vault break-glass"))
+
+    lunch = remember(api, "acme_dev", "The team lunch budget is 20 euros a person on Fridays.")
+    narrower = api.client.post(
+        "/v1/memories",
+        json={"body": "Lunch is 25 euros now.", "audiences": ["sre"], "supersedes": [lunch["id"]]},
+        headers=api.headers("acme_sre"),
+    )
+    assert "reaches all" in assert_error(narrower, 400, "invalid_request")["message"]
+    assert lunch["id"] in ids(search(api, "acme_dev", "team lunch budget per person"))
+    # a replacement for everyone it reached is a supersession like any other
+    wider = remember(api, "acme_sre", "Lunch is 25 euros a person now.", supersedes=[lunch["id"]])
+    found = ids(search(api, "acme_dev", "team lunch budget per person"))
+    assert wider["id"] in found and lunch["id"] not in found
+
+
 def test_a_bad_item_rejects_the_whole_batch(api):
     items = [{"id": "a", "body": "first fine memory"}, {"id": "b", "body": ""}]
     r = api.client.post(

@@ -106,11 +106,6 @@ def _no_store(request: Request, response: Response) -> None:
     response.headers["X-Content-Type-Options"] = "nosniff"
 
 
-def _management_view(p: Principal) -> frozenset[str] | None:
-    """As the API: admins manage the whole org, everyone else what their roles may read."""
-    return None if "admin" in p.scopes else p.audiences
-
-
 # -- request bodies -------------------------------------------------------------
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -275,7 +270,9 @@ def build_routers(
             source or None, tag or None, audience or None, author or None, status, expiring_days
         )
         now = datetime.now(UTC)
-        items, nxt = curate.filtered(store, p.org_id, _management_view(p), f, limit, cursor, now)
+        items, nxt = curate.filtered(
+            store, p.org_id, auth.management_view(p), f, limit, cursor, now
+        )
         names = key_names(p)
         return {"items": [memory_view(m, now, names) for m in items], "next_cursor": nxt}
 
@@ -291,19 +288,28 @@ def build_routers(
         auth.require(p, "memory:write")
         draft = writes.draft_from_fields(body.model_dump(), store.known_audiences(p.org_id))
         memory_id = body.id or writes.new_memory_id()
-        memory, _ = writes.save(store, embedder, p.org_id, memory_id, draft, p.key_id, "create")
+        memory, _ = writes.save(
+            store,
+            embedder,
+            p.org_id,
+            memory_id,
+            draft,
+            p.key_id,
+            "create",
+            audiences=auth.management_view(p),
+        )
         return memory_view(memory, datetime.now(UTC), key_names(p))
 
     @api.get("/memories/{memory_id}")
     def get_memory(memory_id: str, p: Session) -> dict[str, Any]:
         auth.require(p, "memory:read")
-        memory = store.get_memory(p.org_id, memory_id, _management_view(p))
+        memory = store.get_memory(p.org_id, memory_id, auth.management_view(p))
         return memory_view(memory, datetime.now(UTC), key_names(p))
 
     @api.patch("/memories/{memory_id}")
     def edit_memory(memory_id: str, body: MemoryPatch, p: Session) -> dict[str, Any]:
         auth.require(p, "memory:write")
-        view = _management_view(p)
+        view = auth.management_view(p)
         current = store.get_memory(p.org_id, memory_id, view)
         fields = current.to_dict()
         fields.update(body.model_dump(exclude_unset=True, exclude={"expected_revision"}))
@@ -324,14 +330,14 @@ def build_routers(
     @api.delete("/memories/{memory_id}", status_code=204)
     def delete_memory(memory_id: str, p: Session) -> Response:
         auth.require(p, "memory:write")
-        store.delete_memory(p.org_id, memory_id, p.key_id, _management_view(p))
+        store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
         return Response(status_code=204)
 
     @api.get("/memories/{memory_id}/revisions")
     def revisions(memory_id: str, p: Session) -> dict[str, Any]:
         auth.require(p, "memory:read")
         names = key_names(p)
-        items = store.history(p.org_id, memory_id, _management_view(p))
+        items = store.history(p.org_id, memory_id, auth.management_view(p))
         return {"items": [{**r.to_dict(), "author_name": names.get(r.author or "")} for r in items]}
 
     @api.get("/memories/{memory_id}/diff")
@@ -342,7 +348,7 @@ def build_routers(
         new: Annotated[int, Query(alias="to", ge=1)],
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
-        history = store.history(p.org_id, memory_id, _management_view(p))
+        history = store.history(p.org_id, memory_id, auth.management_view(p))
         a, b = curate.find_revision(history, old), curate.find_revision(history, new)
         return {
             "id": memory_id,
@@ -459,7 +465,7 @@ def build_routers(
         until = now.timestamp()
         since = until - hours * 3600
         events = search_log.events(p.org_id, since)
-        memories = {m.id: m for m in curate.scan(store, p.org_id, _management_view(p))}
+        memories = {m.id: m for m in curate.scan(store, p.org_id, auth.management_view(p))}
         counts = search_log.recalls(p.org_id)
         brief = lambda m: {"id": m.id, "title": m.title, "source": m.source}  # noqa: E731
         live = [

@@ -68,7 +68,7 @@ from relay.models import (
 )
 from relay.store import SaveMode, candidate_terms, connect_deadline
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
-from relay.store.rules import judge_write, same_content
+from relay.store.rules import judge_supersedes, judge_write, same_content
 from relay.store.vector_index import VectorIndex
 
 log = logging.getLogger("relay.store.postgres")
@@ -675,7 +675,7 @@ class PostgresStore:
             "SELECT * FROM memories WHERE org_id = %s AND id = %s", (org_id, memory_id)
         ).fetchone()
         current = _judge(row, memory_id, draft, mode, expected_revision, audiences)
-        _check_supersedes(conn, org_id, memory_id, draft.supersedes)
+        _check_supersedes(conn, org_id, memory_id, draft, audiences)
         if current is not None and same_content(current, draft):
             return current, False
         values = _values(org_id, memory_id, draft, author, current)
@@ -1334,22 +1334,25 @@ def _by_org(rows: Sequence[Any]) -> dict[str, list[int]]:
 
 
 def _check_supersedes(
-    conn: psycopg.Connection, org_id: str, memory_id: str, targets: Sequence[str]
+    conn: psycopg.Connection,
+    org_id: str,
+    memory_id: str,
+    draft: MemoryDraft,
+    writer: frozenset[str] | None,
 ) -> None:
-    if memory_id in targets:
-        raise InvalidRequestError("a memory cannot supersede itself")
-    if not targets:
-        return
-    rows = conn.execute(
-        "SELECT id FROM memories WHERE org_id = %s AND id = ANY(%s) AND deleted_at IS NULL",
-        (org_id, list(targets)),
-    ).fetchall()
-    found = {r["id"] for r in rows}
-    for target in targets:
-        if target not in found:
-            raise InvalidRequestError(
-                f"supersedes names {target!r}, which is not a memory of this organisation"
-            )
+    targets = list(draft.supersedes)
+    rows = (
+        conn.execute(
+            "SELECT id, audiences FROM memories WHERE org_id = %s AND id = ANY(%s)"
+            " AND deleted_at IS NULL",
+            (org_id, targets),
+        ).fetchall()
+        if targets
+        else []
+    )
+    judge_supersedes(
+        memory_id, targets, {r["id"]: r["audiences"] for r in rows}, writer, draft.audiences
+    )
 
 
 def _bump(conn: psycopg.Connection, org_id: str) -> None:

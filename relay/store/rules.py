@@ -3,7 +3,9 @@ with the same words."""
 
 from __future__ import annotations
 
-from relay.errors import ConflictError, NotFoundError
+from collections.abc import Mapping, Sequence
+
+from relay.errors import ConflictError, InvalidRequestError, NotFoundError
 from relay.models import EVERYONE, Memory, MemoryDraft
 from relay.store import SaveMode
 
@@ -47,3 +49,34 @@ def same_content(current: Memory, draft: MemoryDraft) -> bool:
         and tuple(current.supersedes) == tuple(draft.supersedes)
         and current.pinned == draft.pinned
     )
+
+
+def judge_supersedes(
+    memory_id: str,
+    targets: Sequence[str],
+    found: Mapping[str, Sequence[str]],
+    writer: frozenset[str] | None,
+    audiences: Sequence[str],
+) -> None:
+    """Raise unless the memory may supersede `targets`; `found` holds the audiences of
+    those that are live memories of the org, `writer` the writing key's (None: admin).
+
+    A target the writer may not read is answered exactly like one that does not exist (no
+    existence test, no hiding another audience's memory), and the new memory must reach
+    everyone its targets reached: recall never returns a superseded memory, so a narrower
+    replacement would take the fact away from the readers it leaves out."""
+    reach = set(audiences)
+    for target in targets:
+        if target == memory_id:
+            raise InvalidRequestError("a memory cannot supersede itself")
+        reached = set(found.get(target, ()))
+        if not reached or (writer is not None and not reached & (writer | {EVERYONE})):
+            raise InvalidRequestError(
+                f"supersedes names {target!r}, which is not a memory of this organisation"
+            )
+        left_out = set() if EVERYONE in reach else (reached - reach)
+        if left_out:
+            raise InvalidRequestError(
+                f"{target!r} reaches {', '.join(sorted(left_out))}, which this memory would not:"
+                " give it those audiences too, or leave it unsuperseded"
+            )

@@ -36,7 +36,7 @@ from relay.models import (
 )
 from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_sqlite import MIGRATIONS
-from relay.store.rules import judge_write, same_content
+from relay.store.rules import judge_supersedes, judge_write, same_content
 from relay.store.vector_index import VectorIndex
 
 
@@ -383,7 +383,7 @@ class SQLiteStore:
         current = None if row is None else _memory(row)
         deleted = row is not None and row["deleted_at"] is not None
         judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
-        self._check_supersedes(conn, org_id, memory_id, draft.supersedes)
+        self._check_supersedes(conn, org_id, memory_id, draft, audiences)
         if current is not None and same_content(current, draft):
             return current, False
         revision = 1 if current is None else current.revision + 1
@@ -479,20 +479,27 @@ class SQLiteStore:
 
         return saved, True
 
+    @staticmethod
     def _check_supersedes(
-        self, conn: sqlite3.Connection, org_id: str, memory_id: str, targets: Sequence[str]
+        conn: sqlite3.Connection,
+        org_id: str,
+        memory_id: str,
+        draft: MemoryDraft,
+        writer: frozenset[str] | None,
     ) -> None:
-        for target in targets:
-            if target == memory_id:
-                raise InvalidRequestError("a memory cannot supersede itself")
-            found = conn.execute(
-                "SELECT 1 FROM memories WHERE org_id = ? AND id = ? AND deleted_at IS NULL",
-                (org_id, target),
-            ).fetchone()
-            if not found:
-                raise InvalidRequestError(
-                    f"supersedes names {target!r}, which is not a memory of this organisation"
-                )
+        targets = list(draft.supersedes)
+        marks = ", ".join("?" for _ in targets)
+        rows = (
+            conn.execute(
+                f"SELECT id, audiences FROM memories WHERE org_id = ? AND id IN ({marks})"
+                " AND deleted_at IS NULL",
+                (org_id, *targets),
+            ).fetchall()
+            if targets
+            else []
+        )
+        found = {r["id"]: json.loads(r["audiences"]) for r in rows}
+        judge_supersedes(memory_id, targets, found, writer, draft.audiences)
 
     def current_memory(self, org_id: str, memory_id: str) -> Memory | None:
         with translate_errors():
