@@ -182,9 +182,7 @@ def hook_script(relay_hook: str) -> str:
         "",
     ]
     for var, name, help_text in SCRIPT_KNOBS:
-        default = hook_config.DEFAULTS[name]
-        value = f"{default:.2f}" if isinstance(default, float) else str(default)
-        lines += [f"# {help_text}", f"{var}={value}"]
+        lines += [f"# {help_text}", f"{var}={_knob_value(hook_config.DEFAULTS[name])}"]
     # The environment still wins (docs/hook.md: environment, then config, then defaults),
     # so `RELAY_THROTTLE_PROMPTS=0 claude` works for one session.
     exports = " \\\n  ".join(
@@ -192,6 +190,27 @@ def hook_script(relay_hook: str) -> str:
     )
     lines += ["", f"export {exports}", f'exec {shlex.quote(relay_hook)} "$@"', ""]
     return "\n".join(lines)
+
+
+def _knob_value(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
+    """Write `settings`' values of the script's knobs into an installed hook script, whose
+    values beat the config file's (`relay eval replay --apply`). False without a script."""
+    import re
+
+    try:
+        text = script.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    for var, name, _ in SCRIPT_KNOBS:
+        if name in settings:
+            line = f"{var}={_knob_value(settings[name])}"
+            text = re.sub(rf"^{var}=.*$", line, text, count=1, flags=re.MULTILINE)
+    write_atomic(script, text.encode(), 0o700)
+    return True
 
 
 def relay_config(current: dict[str, Any], url: str, key_file: Path) -> dict[str, Any]:

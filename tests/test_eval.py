@@ -19,6 +19,7 @@ from relay.eval.conversations import CLASSES, MEMORY_CLASSES, build_conversation
 from relay.eval.faults import KINDS
 from relay.eval.replay import extras, figures
 from relay.hook_bench import ON_TIME_SLACK_MS
+from relay.install import hook_script
 
 R_KEYS = {
     "hook_ms",
@@ -307,12 +308,31 @@ def test_figures_count_duplicates_and_tokens_kept_in_history():
     assert r["by_class"]["needs_memory"]["tokens_cumulative"] == 500
 
 
+def test_apply_also_sets_the_installed_scripts_knobs_which_beat_the_config(tmp_path):
+    """QA: --apply wrote min_prompt_len, throttle_prompts and overlap_threshold into the
+    config, and the installed script, whose values win, went on exporting its own."""
+    script = tmp_path / ".relay" / "relay-autosearch-hook.sh"
+    script.parent.mkdir()
+    script.write_text(hook_script("/usr/bin/relay-hook"))
+    script.chmod(0o700)
+    config = tmp_path / ".relay" / "config.json"
+    advised = {"min_prompt_len": 20, "throttle_prompts": 0, "overlap_threshold": 0.2}
+    written = apply({**advised, "min_score": 0.6}, {"RELAY_CONFIG": str(config)})
+    assert written == [config, script]
+    text = script.read_text()
+    assert "MIN_PROMPT_LEN=20\n" in text and "THROTTLE_PROMPTS=0\n" in text
+    assert "OVERLAP_THRESHOLD=0.20\n" in text and "DEADLINE_MS=400\n" in text
+    assert script.stat().st_mode & 0o777 == 0o700
+    done = subprocess.run(["sh", "-n", str(script)], capture_output=True)
+    assert done.returncode == 0, done.stderr  # still a valid script
+
+
 def test_apply_merges_the_advice_into_the_config_and_the_hook_honours_min_score(tmp_path):
     config = tmp_path / "relay" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps({"url": "http://relay.internal:8765", "throttle_prompts": 2}))
     written = apply({"min_score": 0.5, "throttle_prompts": 0}, {"RELAY_CONFIG": str(config)})
-    assert written == config
+    assert written == [config]  # no hook script beside it: the config alone
     assert json.loads(config.read_text()) == {
         "url": "http://relay.internal:8765",
         "throttle_prompts": 0,

@@ -281,8 +281,13 @@ def advise(
     }
 
 
-def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> Path:
-    """Merge `settings` into the Relay config file, keeping every other key; returns its path."""
+def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> list[Path]:
+    """Merge `settings` into the Relay config file, keeping every other key, and into the
+    knobs of the hook script `relay install` put beside it, whose values beat the config's;
+    returns the files written."""
+    from relay.agents import SCRIPT_NAME
+    from relay.install import set_script_knobs
+
     path = Path(hook_config.config_path(os.environ if environ is None else environ))
     existing: dict[str, Any] = {}
     if path.exists():
@@ -296,7 +301,8 @@ def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> Pa
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(json.dumps({**existing, **settings}, indent=2) + "\n")
     os.replace(tmp, path)
-    return path
+    script = path.with_name(SCRIPT_NAME)
+    return [path, script] if set_script_knobs(script, settings) else [path]
 
 
 def render(advice: dict[str, Any]) -> str:

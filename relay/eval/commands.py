@@ -257,8 +257,10 @@ def replay_command(
     click.echo(adv.render(advice))
     click.echo(f"report: {html_path} (figures behind it: {report_json})")
     if apply_:
-        path = adv.apply(advice["recommended"])
-        click.echo(f"applied to {path}: " + json.dumps(advice["recommended"]))
+        written = adv.apply(advice["recommended"])
+        click.echo(
+            f"applied to {' and '.join(map(str, written))}: " + json.dumps(advice["recommended"])
+        )
 
 
 @eval_group.command("faults")
