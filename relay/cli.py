@@ -423,7 +423,7 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
 @click.option(
     "--source-prefix",
     metavar="NAME",
-    help="Folder name that starts every source, in place of the repository's ('' for none).",
+    help="Name that starts every source, in place of the repository's ('' for none).",
 )
 @click.option("--audience", "audiences", multiple=True, help="Audience for every imported memory.")
 @click.option(
@@ -445,8 +445,8 @@ def import_(
 
     \b
     Each memory's source names its file the same way from any folder:
-      - in a git work tree: <repository folder>/<path in the repository>,
-        e.g. shop-backend/AGENTS.md;
+      - in a git work tree: <repository>/<path in the repository>, the repository
+        named by its origin remote (acme/shop-backend/AGENTS.md), else by its folder;
       - elsewhere: the path relative to the current folder (or to --root).
     Ids derive from the source and the section, so re-importing is idempotent.
     Re-importing a file forgets the memories of sections it no longer has (not with

@@ -117,7 +117,7 @@ def source_for(path: Path, root: Path | None = None, prefix: str | None = None) 
     """
     if root is None and (repo := git_work_tree(path)) is not None:
         rel = _relative_to(path, repo)
-        name = repo.name if prefix is None else prefix.strip("/")
+        name = repository_name(repo) if prefix is None else prefix.strip("/")
     else:
         rel = _relative_to(path, root) if root is not None else _relative_to_cwd(path)
         name = (prefix or "").strip("/")
@@ -131,6 +131,39 @@ def git_work_tree(path: Path) -> Path | None:
         if os.path.lexists(folder / ".git"):
             return folder
     return None
+
+
+def repository_name(work_tree: Path) -> str:
+    """What names a repository the same on every teammate's machine: its `origin` remote as
+    `owner/repo` (`git@github.com:acme/api.git` -> `acme/api`), else the folder's name.
+    Two repositories in folders of the same name (`api`) would otherwise share sources,
+    and re-importing one would retire the other's memories."""
+    url = _origin_url(work_tree)
+    if url:
+        path = re.sub(r"^[a-z+]+://[^/]*/|^[^/:]+:", "", url.strip()).removesuffix(".git")
+        parts = [part for part in path.rstrip("/").split("/") if part]
+        if parts:
+            return "/".join(parts[-2:])
+    return work_tree.name
+
+
+def _origin_url(work_tree: Path) -> str | None:
+    """The `origin` remote's URL from the repository's config (a linked worktree's or a
+    submodule's `.git` is a file naming its git folder; a worktree's config is shared)."""
+    git = work_tree / ".git"
+    try:
+        if git.is_file():
+            line = git.read_text(encoding="utf-8").strip()
+            git = (work_tree / line.removeprefix("gitdir:").strip()).resolve()
+            common = git / "commondir"
+            if common.is_file():
+                git = (git / common.read_text(encoding="utf-8").strip()).resolve()
+        config = (git / "config").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    section = re.search(r'^\[remote "origin"\]\s*$(.*?)(?=^\[|\Z)', config, re.M | re.S)
+    url = section and re.search(r"^\s*url\s*=\s*(\S+)", section.group(1), re.M)
+    return url.group(1) if url else None
 
 
 def _relative_to(path: Path, root: Path) -> str:

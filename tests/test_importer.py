@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 
@@ -536,6 +537,32 @@ def test_linked_worktree_or_submodule_counts_as_a_repository(tmp_path):
     (tmp_path / ".git").mkdir()
     rules = write(tmp_path / "vendor" / "lib" / ".cursorrules", "x")
     assert source_for(rules) == "lib/.cursorrules"
+
+
+def test_a_repository_with_an_origin_is_named_by_it(tmp_path):
+    """QA: two repositories in folders called `api` (work and personal) shared sources, and
+    importing one retired the other's memories. With an origin remote the name is the
+    remote's owner/repo, the same on every teammate's machine, whatever the folder."""
+
+    def repo(folder: str, remote: str | None) -> Path:
+        root = tmp_path / folder
+        root.mkdir(parents=True)
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        if remote:
+            subprocess.run(["git", "-C", str(root), "remote", "add", "origin", remote], check=True)
+        return write(root / "AGENTS.md", "x")
+
+    work = repo("work/api", "git@github.com:acme/api.git")
+    personal = repo("personal/api", "https://gitlab.com/me/hobby-api")
+    local = repo("scratch/api", None)
+    assert source_for(work) == "acme/api/AGENTS.md"
+    assert source_for(personal) == "me/hobby-api/AGENTS.md"
+    assert source_for(local) == "api/AGENTS.md"  # no remote: the folder's name
+    linked = tmp_path / "api-wt"
+    git = ["git", "-C", str(work.parent), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    subprocess.run([*git, "worktree", "add", "-q", "-b", "wt", str(linked)], check=True)
+    assert source_for(write(linked / "AGENTS.md", "x")) == "acme/api/AGENTS.md"
 
 
 def test_iter_import_files_expands_directories(tmp_path):
