@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 import numpy as np
 import psycopg
@@ -182,6 +184,16 @@ def test_relay_options_are_taken_out_of_the_url(monkeypatch):
     assert (opts.pool_size, opts.exact_max, opts.app_role) == (3, 7, "r")
     assert opts.conninfo == "postgresql://u@/db?host=%2Ftmp%2Fx"
     assert parse_url("postgresql://u@h/db?pool_size=12").pool_size == 12
+
+
+def test_the_socket_form_without_an_authority_connects(pg_url: str):
+    """QA: postgresql:///db?host=/socket/dir (libpq's own form, in docs/deployment.md)
+    became postgresql:/db..., which libpq refused as an invalid connection option."""
+    bare = re.sub(r"^postgresql://[^/]*/", "postgresql:///", pg_url)
+    user = urlsplit(pg_url).username
+    url = f"{bare}&user={user}" if "?" in bare else f"{bare}?user={user}"
+    with psycopg.connect(parse_url(url).conninfo) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_the_vector_cache_option_is_read_and_zero_turns_it_off(pg_url: str):

@@ -178,6 +178,10 @@ def parse_url(url: str) -> PgOptions:
     if cache_mb < 0:
         raise InvalidRequestError("vector_cache_mb must be 0 (off) or more")
     conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
+    if not parts.netloc:
+        # urlunsplit drops the empty authority (postgresql:/db), which libpq then refuses:
+        # keep the `///` of the socket form, postgresql:///db?host=/socket/dir.
+        conninfo = conninfo.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
     return PgOptions(conninfo, pool, exact, own.get("app_role") or APP_ROLE, cache_mb)
 
 
