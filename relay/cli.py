@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -72,16 +73,23 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _open_store(db: str | None, create: bool = False):  # noqa: ANN202
     """The store `--db` (or RELAY_DB, or the default) names. Only `create` may make a new
-    SQLite file: a mistyped path given to a reading command would otherwise leave an empty
-    database (and its folders) behind and report 'no organisation'."""
+    SQLite file, and none may write Relay's tables into a file that is not a Relay store:
+    a mistyped path would otherwise leave an empty database (and its folders) behind, or
+    change someone else's database, and report 'no organisation'."""
+    from relay.migrate import open_source
     from relay.store import database_kind, open_store, sqlite_path
 
     url = resolve(SERVER_SETTINGS, {"db": db}, {})["db"] if db is None else db
-    if not create and database_kind(url) == "sqlite" and not sqlite_path(url).exists():
-        raise InvalidRequestError(
-            f"no Relay database at {sqlite_path(url)} (relay serve or relay org create makes "
-            "one; check --db or RELAY_DB)"
-        )
+    if re.match(r"postgres(ql)?:(?!//)", url):
+        raise InvalidRequestError("a PostgreSQL URL starts postgresql:// (the // is missing)")
+    if database_kind(url) == "sqlite":
+        if sqlite_path(url).exists():
+            open_source(url).close()  # read-only: refuses a file that is not a Relay store
+        elif not create:
+            raise InvalidRequestError(
+                f"no Relay database at {sqlite_path(url)} (relay serve or relay org create "
+                "makes one; check --db or RELAY_DB)"
+            )
     return open_store(url)
 
 
@@ -191,8 +199,13 @@ def org_create(name: str, db: str | None, as_json: bool) -> None:
 @db_option
 def org_list(db: str | None) -> None:
     """List organisations."""
-    for o in _open_store(db).list_orgs():
+    orgs = _open_store(db).list_orgs()
+    for o in orgs:
         click.echo(f"{o.id}\t{o.name}")
+    if not orgs:
+        click.echo(
+            "no organisations yet (relay serve or relay org create makes the first)", err=True
+        )
 
 
 @cli.group()

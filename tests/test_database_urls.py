@@ -48,6 +48,25 @@ def test_a_mistyped_path_is_refused_by_reading_commands_and_creates_nothing(tmp_
     assert not (tmp_path / "typo").exists()
 
 
+def test_a_file_that_is_no_relay_store_is_refused_and_left_as_it_was(tmp_path: Path):
+    """QA (second pass): `relay org list --db other.db` wrote Relay's tables into another
+    program's SQLite file (and into an empty file), printed nothing and exited 0."""
+    import sqlite3
+
+    other, empty = tmp_path / "other.db", tmp_path / "empty.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    empty.write_bytes(b"")
+    before = {p: p.read_bytes() for p in (other, empty)}
+    for db in (other, empty):
+        for args in (["org", "list"], ["org", "create", "acme"]):
+            done = relay(tmp_path, *args, "--db", str(db))
+            assert "is not a Relay SQLite store" in one_line_error(done)
+    assert {p: p.read_bytes() for p in (other, empty)} == before
+    done = relay(tmp_path, "org", "list", "--db", "postgresql:u:S3cretPw@h/db")
+    assert "the // is missing" in one_line_error(done) and "S3cretPw" not in done.stderr
+
+
 def test_sqlite_paths_and_urls_still_work(tmp_path: Path):
     for db in (tmp_path / "plain.db", f"sqlite:///{tmp_path}/url.db"):
         done = relay(tmp_path, "org", "create", "acme", "--db", str(db))
