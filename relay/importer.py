@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from relay import hygiene
 from relay.errors import InvalidRequestError
@@ -197,8 +197,12 @@ def drafts_from_path(
     except OSError as exc:
         raise InvalidRequestError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
     source = source_for(path, root, prefix)
-    rule_file = path.name in RULE_FILE_NAMES or path.suffix.lower() in RULE_SUFFIXES
-    return drafts_from_text(text, source, rules=rule_file)
+    return drafts_from_text(text, source, rules=is_rule_file(path))
+
+
+def is_rule_file(path: PurePath) -> bool:
+    """A bullet-style rule file (`.cursorrules`, `.mdc`): one memory per rule."""
+    return path.name in RULE_FILE_NAMES or path.suffix.lower() in RULE_SUFFIXES
 
 
 def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[ImportDraft]:
@@ -255,20 +259,27 @@ def check_drafts(drafts: Iterable[ImportDraft]) -> None:
     error names the file and section, and one bad section stops the whole import, not
     only the batch it would have travelled in.
     """
+    seen: dict[str, int] = {}
     for draft in drafts:
+        seen[draft.source] = seen.get(draft.source, 0) + 1
         try:
             hygiene.check_body(draft.body)
             hygiene.check_title(draft.title)
             hygiene.check_source(draft.source)
             hygiene.check_tags(draft.tags)
         except InvalidRequestError as exc:
-            message = f"{draft_label(draft)}: {exc.message}"
+            message = f"{draft_label(draft, seen[draft.source])}: {exc.message}"
             raise type(exc)(message, **exc.details) from None
 
 
-def draft_label(draft: ImportDraft) -> str:
-    """The file and section a draft came from, as `CLAUDE.md › Ops › CI token`."""
-    return TITLE_SEPARATOR.join(part for part in (draft.source, draft.title) if part)
+def draft_label(draft: ImportDraft, ordinal: int) -> str:
+    """The file and section a draft came from, as `CLAUDE.md › Ops › CI token`; an untitled
+    rule or part by its place in the file (`.cursorrules › rule 3`), never by its text,
+    which may hold the secret being refused."""
+    section = (
+        draft.title or f"{'rule' if is_rule_file(PurePath(draft.source)) else 'part'} {ordinal}"
+    )
+    return TITLE_SEPARATOR.join((draft.source, section))
 
 
 def _title(context: str | None, heading_path: tuple[str, ...], part: int | None) -> str | None:

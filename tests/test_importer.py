@@ -491,8 +491,17 @@ def test_drafts_pass_write_hygiene(tmp_path):
 def test_check_drafts_names_file_and_section():
     token = "gh" + "p_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa"
     check_drafts(drafts_from_text("# Ops\nmake ship\n", "CLAUDE.md"))
-    with pytest.raises(SecretDetectedError, match=r"^notes\.md: memory looks like"):
+    with pytest.raises(SecretDetectedError, match=r"^notes\.md › part 1: memory looks like"):
         check_drafts(drafts_from_text(f"TOKEN={token}\n# Ops\nok\n", "notes.md"))
+    # an untitled rule by its place, not its text (QA: only the file was named)
+    rules = drafts_from_text(
+        f"- Prefer pathlib.\n- Deploy with TOKEN={token}\n", "app/.cursorrules", rules=True
+    )
+    with pytest.raises(
+        SecretDetectedError, match=r"^app/\.cursorrules › rule 2: memory looks"
+    ) as e:
+        check_drafts(rules)
+    assert token not in str(e.value)
     with pytest.raises(SecretDetectedError, match=r"^CLAUDE\.md › Ops › CI: memory looks"):
         check_drafts(drafts_from_text(f"# Ops\nok\n## CI\nTOKEN={token}\n", "CLAUDE.md"))
 
