@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.errors import ConflictError, NotFoundError
+from relay.errors import ConflictError, ForbiddenError, NotFoundError
 
 if TYPE_CHECKING:
     from relay.client import RelayClient
@@ -100,6 +100,18 @@ def _upsert(
 ) -> dict:
     try:
         return client.post("/v1/memories/batch", {"items": _items(batch, audiences)})
+    except NotFoundError as exc:
+        # An id this import owns, held by a memory this key may not read: the file was
+        # imported before for an audience this key lacks (the server answers as if the
+        # memory did not exist). Name the section, not the bare id.
+        hit = re.search(r"'([^']+)'", exc.message)
+        draft = next((d for d in batch if hit and d.id == hit.group(1)), None)
+        if draft is None:
+            raise
+        raise ForbiddenError(
+            f"{draft.source}: already imported for an audience this key cannot read; "
+            "import it with a key that has that role (or use --audience as before)"
+        ) from None
     except ConflictError:
         # Some new section had been retired before. Rare, so only now is each new
         # section's id checked for a tombstone, and the batch sent once more.

@@ -29,9 +29,11 @@ def git_repo(path: Path) -> Path:
     return path
 
 
-def relay_import(server, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """`relay import ARGS` run from `cwd`, as the server's admin."""
-    env = clean_env(cwd, RELAY_URL=server.url, RELAY_API_KEY=server.admin_key)
+def relay_import(
+    server, cwd: Path, *args: str, key: str | None = None
+) -> subprocess.CompletedProcess:
+    """`relay import ARGS` run from `cwd`, as the server's admin (or with `key`)."""
+    env = clean_env(cwd, RELAY_URL=server.url, RELAY_API_KEY=key or server.admin_key)
     return subprocess.run(
         [RELAY, "import", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
@@ -209,3 +211,26 @@ def test_a_retired_section_can_come_back(tmp_path, server):
     agents.write_text(AGENTS.replace("# Deploy\nTag from main.\n", ""), encoding="utf-8")
     gone = relay_import(server, repo, "AGENTS.md")
     assert summary(gone) == "imported 2 memories: 0 new or changed, 2 unchanged, 1 retired"
+
+
+def test_a_file_imported_for_an_audience_this_key_lacks_is_named(tmp_path, server):
+    """QA (second pass): a teammate without the role got 'no memory imp_89834ac2912c4962'."""
+
+    def mint(name: str, roles: list[str]) -> str:
+        made = httpx.post(
+            f"{server.url}/v1/keys",
+            json={"name": name, "scopes": ["memory:read", "memory:write"], "roles": roles},
+            headers={"Authorization": f"Bearer {server.admin_key}"},
+            timeout=30,
+        )
+        assert made.status_code == 201, made.text
+        return made.json()["secret"]
+
+    ops, dev = mint("ops bot", ["ops"]), mint("dev", [])
+    repo = git_repo(tmp_path / "qa2-ops")
+    write(repo / "docs" / "ops.md", "# Paging\nPage the on-call.\n# Rollback\nRevert the tag.\n")
+    summary(relay_import(server, repo, "--audience", "ops", "docs/ops.md", key=ops))
+    done = relay_import(server, repo, "docs/ops.md", key=dev)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]  # after the progress line
+    assert line.startswith("relay: error: qa2-ops/docs/ops.md: already imported for an audience")
