@@ -462,10 +462,18 @@ def import_(
         named by its origin remote (acme/shop-backend/AGENTS.md), else by its folder;
       - elsewhere: the path relative to the current folder (or to --root).
     Ids derive from the source and the section, so re-importing is idempotent.
-    Re-importing a file forgets the memories of sections it no longer has (not with
-    --keep-removed); memories from other files or written by hand are never touched."""
-    from relay.import_writer import import_files
-    from relay.importer import check_drafts, drafts_from_path, iter_import_files, source_for
+    Re-importing a file forgets the memories of sections it no longer has, and
+    importing a folder of a git work tree forgets those of its files deleted or renamed
+    since (not with --keep-removed); memories from other files or written by hand are
+    never touched."""
+    from relay.import_writer import import_files, vanished
+    from relay.importer import (
+        check_drafts,
+        drafts_from_path,
+        folder_prefixes,
+        iter_import_files,
+        source_for,
+    )
 
     drafts_by_source, failed = {}, []
     for f in iter_import_files(paths):
@@ -480,8 +488,13 @@ def import_(
         raise click.UsageError("no importable files found")
     drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]
     check_drafts(drafts)
+    gone = (
+        {}
+        if keep_removed or root
+        else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
+    )
     with click.progressbar(length=len(drafts), label="importing", file=sys.stderr) as bar:
-        tally = import_files(client, drafts_by_source, audiences, keep_removed, bar.update)
+        tally = import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone)
     click.echo(
         f"imported {len(drafts)} memories: {tally.written} new or changed,"
         f" {tally.unchanged} unchanged, {tally.retired} retired"

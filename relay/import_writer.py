@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relay.errors import ConflictError, ForbiddenError, NotFoundError
@@ -43,8 +44,10 @@ def import_files(
     audiences: Sequence[str] = (),
     keep_removed: bool = False,
     on_batch: Callable[[int], None] = lambda _: None,
+    gone: Mapping[str, set[str]] | None = None,
 ) -> ImportTally:
-    """Upsert every file's drafts, then retire what each file no longer holds."""
+    """Upsert every file's drafts, then retire what each file no longer holds, and the
+    memories of files `gone` from a named folder (`vanished`)."""
     owned = {source: owned_ids(client, source) for source in drafts_by_source}
     drafts = [
         draft
@@ -60,7 +63,7 @@ def import_files(
         on_batch(len(batch))
     if not keep_removed:
         kept = {d.id for d in drafts}
-        for memory_id in sorted(set().union(*owned.values()) - kept):
+        for memory_id in sorted(set().union(*owned.values(), *(gone or {}).values()) - kept):
             client.request("DELETE", f"/v1/memories/{urllib.parse.quote(memory_id)}")
             tally.retired += 1
     return tally
@@ -68,7 +71,24 @@ def import_files(
 
 def owned_ids(client: RelayClient, source: str) -> set[str]:
     """The live memories an earlier import of `source` made."""
-    return {m["id"] for m in _list_source(client, source) if _IMPORTED_ID.fullmatch(m["id"])}
+    return {m["id"] for m in _list(client, {"source": source}) if _IMPORTED_ID.fullmatch(m["id"])}
+
+
+def vanished(
+    client: RelayClient, folders: Mapping[str, Path], parsed: Collection[str]
+) -> dict[str, set[str]]:
+    """The import-made memories of files once imported from under `folders` (source
+    prefix -> the folder on disk) that are no longer there: deleted or renamed since. A
+    file that is there but was not read this time (a folder the walk skips) keeps its."""
+    out: dict[str, set[str]] = {}
+    for prefix, folder in folders.items():
+        for memory in _list(client, {"source_prefix": prefix}):
+            source = memory["source"]
+            if source in parsed or not _IMPORTED_ID.fullmatch(memory["id"]):
+                continue
+            if not (folder / source[len(prefix) :]).exists():
+                out.setdefault(source, set()).add(memory["id"])
+    return out
 
 
 def with_live_ids(drafts: Sequence[ImportDraft], owned: set[str]) -> list[ImportDraft]:
@@ -82,8 +102,8 @@ def _base_id(memory_id: str) -> str:
     return match.group(1) if match else memory_id
 
 
-def _list_source(client: RelayClient, source: str) -> Iterator[dict]:
-    query = {"source": source, "limit": 500}
+def _list(client: RelayClient, filters: dict[str, str]) -> Iterator[dict]:
+    query: dict[str, str | int] = {**filters, "limit": 500}
     while True:
         page = client.get(f"/v1/memories?{urllib.parse.urlencode(query)}")
         yield from page["items"]

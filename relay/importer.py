@@ -124,6 +124,17 @@ def source_for(path: Path, root: Path | None = None, prefix: str | None = None) 
     return f"{name}/{rel}" if name else rel
 
 
+def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[str, Path]:
+    """Each named folder inside a git work tree, by the source prefix of the files under
+    it (`acme/api/docs/`). Only there does a source name one file on every machine, so
+    only there may a file missing from the folder retire what was imported from it."""
+    folders = {}
+    for path in paths:
+        if Path(path).is_dir() and git_work_tree(Path(path) / "_") is not None:
+            folders[source_for(Path(path) / "_", None, prefix)[:-1]] = Path(path)
+    return folders
+
+
 def git_work_tree(path: Path) -> Path | None:
     """The top of the git work tree holding `path`, found lexically, or None."""
     # `.git` is a file in linked worktrees and submodules, so any kind of entry counts.

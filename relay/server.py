@@ -394,10 +394,11 @@ def create_app(services: Services) -> FastAPI:
         cursor: str | None = None,
         source: str | None = None,
         tag: str | None = None,
+        source_prefix: Annotated[str | None, Query(max_length=500)] = None,
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
         items, nxt = store.list_memories(
-            p.org_id, auth.management_view(p), limit, cursor, source, tag
+            p.org_id, auth.management_view(p), limit, cursor, source, tag, source_prefix
         )
         return {"items": [m.to_dict() for m in items], "next_cursor": nxt}
 

@@ -455,6 +455,22 @@ def test_keys_are_created_listed_and_never_show_their_secret_again(api):
     assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == len(listed)
 
 
+def test_list_memories_by_source_prefix_takes_it_literally(api):
+    for source in ("team/docs/x.md", "team/docsy.md", "team/do_s/y.md", "team/docs%/z.md"):
+        remember(api, "acme_dev", f"a note kept in {source}", source=source)
+    h = api.headers("acme_dev")
+
+    def under(prefix: str) -> list[str]:
+        r = api.client.get("/v1/memories", params={"source_prefix": prefix}, headers=h)
+        assert r.status_code == 200, r.text
+        return sorted(m["source"] for m in r.json()["items"])
+
+    assert under("team/docs/") == ["team/docs/x.md"]
+    assert under("team/do_s/") == ["team/do_s/y.md"]  # no wildcard in _ or %
+    assert under("team/docs%") == ["team/docs%/z.md"]
+    assert len(under("team/")) == 4
+
+
 def test_list_memories_paginates(api):
     h = api.headers("acme_dev")
     for i in range(7):

@@ -234,3 +234,28 @@ def test_a_file_imported_for_an_audience_this_key_lacks_is_named(tmp_path, serve
     assert done.returncode != 0 and "Traceback" not in done.stderr
     line = done.stderr.strip().splitlines()[-1]  # after the progress line
     assert line.startswith("relay: error: qa2-ops/docs/ops.md: already imported for an audience")
+
+
+def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
+    """QA (second pass): after `mv docs/runbook.md docs/ops.md`, `relay import docs/` kept
+    the runbook's memories beside the new file's, and naming the old path was refused."""
+    repo = git_repo(tmp_path / "qa2-folder")
+    runbook = write(repo / "docs" / "runbook.md", "# Paging\nPage the on-call.\n")
+    write(repo / "docs" / "guide.md", "# Style\nUse black.\n")
+    hidden = write(repo / "docs" / ".private" / "notes.md", "# Keys\nAsk IT.\n")
+    summary(relay_import(server, repo, "docs", str(hidden)))
+    by_hand = remember(server, body="Runbooks live in docs.", source="qa2-folder/docs/runbook.md")
+
+    runbook.rename(repo / "docs" / "ops.md")
+    done = relay_import(server, repo, "docs")
+    assert summary(done) == "imported 2 memories: 1 new or changed, 1 unchanged, 1 retired"
+    assert bodies(server, "qa2-folder/docs/runbook.md") == ["Runbooks live in docs."]
+    assert bodies(server, "qa2-folder/docs/ops.md") == ["Page the on-call."]
+    assert history(server, by_hand["id"]) == ["create"]
+    # still on disk, only not walked (a hidden folder): kept
+    assert bodies(server, "qa2-folder/docs/.private/notes.md") == ["Ask IT."]
+    # --keep-removed keeps a gone file's memories too
+    (repo / "docs" / "guide.md").unlink()
+    kept = relay_import(server, repo, "--keep-removed", "docs")
+    assert summary(kept) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
+    assert bodies(server, "qa2-folder/docs/guide.md") == ["Use black."]

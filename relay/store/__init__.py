@@ -117,6 +117,7 @@ class Store(Protocol):
         cursor: str | None = None,
         source: str | None = None,
         tag: str | None = None,
+        source_prefix: str | None = None,
     ) -> tuple[list[Memory], str | None]: ...
     def history(
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None

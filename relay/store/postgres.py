@@ -857,6 +857,7 @@ class PostgresStore:
         cursor: str | None = None,
         source: str | None = None,
         tag: str | None = None,
+        source_prefix: str | None = None,
     ) -> tuple[list[Memory], str | None]:
         params = _params(org_id, audiences, limit=limit + 1)
         query = f"SELECT m.* FROM memories m WHERE {managed_sql(audiences)}"
@@ -866,6 +867,9 @@ class PostgresStore:
         if source:
             query += " AND m.source = %(source)s"
             params["source"] = source
+        if source_prefix:
+            query += " AND starts_with(m.source, %(prefix)s)"
+            params["prefix"] = source_prefix
         if tag:
             query += " AND %(tag)s = ANY(m.tags)"
             params["tag"] = tag

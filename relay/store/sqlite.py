@@ -581,6 +581,7 @@ class SQLiteStore:
         cursor: str | None = None,
         source: str | None = None,
         tag: str | None = None,
+        source_prefix: str | None = None,
     ) -> tuple[list[Memory], str | None]:
         params: dict[str, object] = {"org": org_id, **_audience_params(audiences)}
         count = None if audiences is None else len(params) - 1
@@ -591,6 +592,9 @@ class SQLiteStore:
         if source:
             sql += " AND m.source = :source"
             params["source"] = source
+        if source_prefix:
+            sql += " AND substr(m.source, 1, length(:prefix)) = :prefix"
+            params["prefix"] = source_prefix
         if tag:
             sql += " AND EXISTS (SELECT 1 FROM json_each(m.tags) WHERE json_each.value = :tag)"
             params["tag"] = tag
