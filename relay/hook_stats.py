@@ -34,6 +34,7 @@ OUTCOMES = (
 )
 SEARCHED = ("hit", "no_match", "timeout", "unavailable", "unauthorized", "invalid_response")
 UNAVAILABLE_STREAK_ALERT = 3
+UNSENT = "timeout:no_budget_left"  # the hook's reason for a timeout that made no request
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -151,7 +152,7 @@ def summarise(state_dir: str, since_s: float | None = 86400, now: float | None =
         outcome = entry.get("outcome")
         if outcome in counts:
             counts[outcome] += 1
-        if outcome in ("skipped", "disabled") and isinstance(entry.get("reason"), str):
+        if outcome in ("skipped", "disabled", "timeout") and isinstance(entry.get("reason"), str):
             key = f"{outcome}:{entry['reason']}"
             reasons[key] = reasons.get(key, 0) + 1
         ms = entry.get("ms")
@@ -216,14 +217,14 @@ def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
-def _outcome_lines(summary: dict, outcomes: list[str]) -> list[str]:
-    """Each outcome's count, and under it its reasons' (`skip_reasons` keys are outcome:reason)."""
+def _outcome_lines(counts: dict[str, int], reasons: dict[str, int]) -> list[str]:
+    """Each outcome's count, and under it its reasons' (`reasons` keys are outcome:reason)."""
     lines = []
-    for outcome in outcomes:
-        lines.append(f"    {outcome:<17} {summary['outcomes'][outcome]}")
-        for key, count in summary["skip_reasons"].items():
+    for outcome, count in counts.items():
+        lines.append(f"    {outcome:<17} {count}")
+        for key, n in reasons.items():
             if key.startswith(outcome + ":"):
-                lines.append(f"      {key.split(':', 1)[1]:<25} {count}")
+                lines.append(f"      {key.split(':', 1)[1]:<25} {n}")
     return lines
 
 
@@ -234,13 +235,20 @@ def render(summary: dict) -> str:
         lines.append("")
     period = f"since {summary['since']}" if summary["since"] else "all time"
     lines.append(f"Relay hook, {period} ({summary['invocations']} prompts and session starts)")
-    counts = summary["outcomes"]
-    searched = sum(counts[o] for o in SEARCHED)
-    lines.append(f"  searched {searched}, of which:")
-    lines += _outcome_lines(summary, [o for o in OUTCOMES if o in SEARCHED])
-    others = [o for o in OUTCOMES if o not in SEARCHED and counts[o]]
-    lines.append(f"  not searched {sum(counts[o] for o in others)}, of which:")
-    lines += _outcome_lines(summary, others)
+    counts, reasons = summary["outcomes"], summary["skip_reasons"]
+    # A timeout before any request (the budget was gone before the gate decided) searched
+    # nothing: it is counted with the prompts that were not searched.
+    unsent = reasons.get(UNSENT, 0)
+    searched = {o: counts[o] - (unsent if o == "timeout" else 0) for o in OUTCOMES if o in SEARCHED}
+    others = {o: counts[o] for o in OUTCOMES if o not in SEARCHED and counts[o]}
+    if unsent:
+        others["timeout"] = unsent
+    lines.append(f"  searched {sum(searched.values())}, of which:")
+    lines += _outcome_lines(searched, {k: n for k, n in reasons.items() if k != UNSENT})
+    lines.append(f"  not searched {sum(others.values())}, of which:")
+    lines += _outcome_lines(
+        others, {k: n for k, n in reasons.items() if k.split(":")[0] != "timeout" or k == UNSENT}
+    )
     h, hit = summary["hook_ms"], summary["hit_ms"]
     lines.append(f"  hook time ms      p50 {h['p50']}  p95 {h['p95']}  p99 {h['p99']}")
     lines.append(f"  on hits ms        p50 {hit['p50']}  p95 {hit['p95']}  p99 {hit['p99']}")

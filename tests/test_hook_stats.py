@@ -54,6 +54,23 @@ def test_stats_on_an_empty_or_torn_log(tmp_path):
     assert result.exit_code == 2
 
 
+def test_a_timeout_before_any_request_is_not_counted_as_searched(tmp_path):
+    """QA (second pass): a run whose budget was gone before it could send its request
+    (timeout, no_budget_left) was listed under 'searched'."""
+    lines = [
+        {"outcome": "hit", "ms": {"total": 40}},
+        {"outcome": "timeout", "reason": "no_budget_left", "ms": {"total": 390}},
+        {"outcome": "skipped", "reason": "short_prompt", "ms": {"total": 5}},
+    ]
+    (tmp_path / "outcomes.jsonl").write_text(
+        "".join(json.dumps({"ts": "2026-11-29T00:00:00.000Z", **e}) + "\n" for e in lines)
+    )
+    text = CliRunner().invoke(stats, ["--state-dir", str(tmp_path), "--since", "all"]).output
+    assert "searched 1, of which:" in text and "    timeout           0" in text
+    assert "not searched 2, of which:" in text
+    assert "    timeout           1\n      no_budget_left" in text
+
+
 def test_parse_since():
     assert parse_since("24h") == 86400
     assert parse_since("30m") == 1800
