@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from relay.eval.advice import best_knobs, current_knobs, simulate
+from relay.eval.advice import (
+    best_knobs,
+    current_knobs,
+    render_exclusions,
+    simulate,
+    worth_excluding,
+)
 from relay.eval.conversations import Conversation, Turn
 
 
@@ -84,3 +90,27 @@ def test_the_advice_meets_the_targets_on_each_half_of_the_conversations():
     knobs, predicted, rule = best_knobs([first, second], probes, current, ungated)
     assert knobs["min_score"] > 0.3 and rule.endswith("on each half too")
     assert predicted["quiet_rate"] == 1.0 and predicted["useful_rate"] == 0.5
+
+
+def test_a_class_is_advised_out_only_when_it_searches_often_and_never_helps():
+    """QA (second pass): 'exclude follow_up: 1 of 50 searched ... it searches 0.02 -> 0.14'
+    advised excluding a class that hardly searched, while the advised knobs raised it."""
+    cost = {"class": "follow_up", "turns": 50, "helped": 0}
+    assert not worth_excluding({**cost, "searched": 1})
+    assert worth_excluding({**cost, "searched": 10})
+    assert not worth_excluding({**cost, "class": "nothing_relevant", "searched": 10})
+    entry = {
+        **cost,
+        "searched": 10,
+        "added_ms": 3.0,
+        "knob": "min_prompt_len",
+        "searched_now": 0.2,
+        "searched_advised": 0.3,
+        "injected_now": 0.1,
+        "injected_advised": 0.1,
+    }
+    first = render_exclusions([entry])
+    assert first[0].startswith("  follow_up (the advised knobs still let it search more")
+    assert render_exclusions([{**entry, "searched_advised": 0.1}])[0].startswith(
+        "  follow_up (exclude)"
+    )

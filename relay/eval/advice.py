@@ -51,6 +51,8 @@ SEARCH_COST = 0.1  # score lost per prompt that searches
 QUIET_TARGET = 0.9  # of nothing-needed prompts get nothing
 TOKEN_TARGET = 1 / 3  # of the ungated cumulative tokens, at most
 NO_HELP = 0.1  # a class whose searches bring a gold memory less often than this does not help
+# ... and is worth excluding only if it searches at all often (1 of 50 prompts is noise).
+MIN_SEARCHED_SHARE = 0.05
 Probes = dict[tuple[str, str], list[dict[str, Any]]]
 
 
@@ -227,6 +229,16 @@ def class_costs(on: list[dict[str, Any]], off: list[dict[str, Any]]) -> list[dic
 EXCLUDING_KNOB = {"follow_up": "min_prompt_len", "same_topic": "overlap_threshold"}
 
 
+def worth_excluding(cost: dict[str, Any]) -> bool:
+    """A class the gate can recognise that searches often enough and almost never helps."""
+    return (
+        cost["class"] in EXCLUDING_KNOB
+        and cost["searched"] > 0
+        and cost["searched"] >= MIN_SEARCHED_SHARE * cost["turns"]
+        and cost["helped"] / cost["searched"] < NO_HELP
+    )
+
+
 def advise(
     conversations: list[Conversation],
     probes: Probes,
@@ -251,7 +263,7 @@ def advise(
     exclude = [
         {**c, "knob": EXCLUDING_KNOB[c["class"]], **effect(c["class"])}
         for c in costs
-        if c["class"] in EXCLUDING_KNOB and c["searched"] and c["helped"] / c["searched"] < NO_HELP
+        if worth_excluding(c)
     ]
     nothing = [c for c in costs if c["class"] == "nothing_relevant"]
     threshold = (
@@ -305,16 +317,30 @@ def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> li
     return [path, script] if set_script_knobs(script, settings) else [path]
 
 
-def render(advice: dict[str, Any]) -> str:
-    lines = ["advice (from this team's replay):"]
-    for c in advice["exclude"]:
+def render_exclusions(entries: list[dict[str, Any]]) -> list[str]:
+    """One line per class worth excluding (`worth_excluding`), with what the advice does."""
+    lines = []
+    for c in entries:
+        # The advised knobs serve every class at once: say so when they let this one
+        # search more, rather than advise excluding it in the same breath.
+        verdict = (
+            "the advised knobs still let it search more, for the other classes' sake"
+            if c["searched_advised"] > c["searched_now"]
+            else "exclude"
+        )
         lines.append(
-            f"  exclude {c['class']}: {c['searched']} of {c['turns']} searched, "
+            f"  {c['class']} ({verdict}): {c['searched']} of {c['turns']} searched, "
             f"{c['helped']} brought a gold memory, {c['added_ms']:+.0f} ms per turn; "
             f"knob {c['knob']}; with the advised knobs it searches {c['searched_now']:.2f} -> "
             f"{c['searched_advised']:.2f} and injects {c['injected_now']:.2f} -> "
             f"{c['injected_advised']:.2f} of its prompts"
         )
+    return lines
+
+
+def render(advice: dict[str, Any]) -> str:
+    lines = ["advice (from this team's replay):"]
+    lines += render_exclusions(advice["exclude"])
     if not advice["exclude"]:
         lines.append("  no prompt class the gate can recognise searches without helping")
     t = advice["threshold"]
