@@ -126,10 +126,6 @@ class LocalBackend:
         self.services = services
         self.principal = principal
 
-    def _view(self) -> frozenset[str] | None:
-        # Same rule as the API's management routes: admins manage every memory of the org.
-        return None if "admin" in self.principal.scopes else self.principal.audiences
-
     def search(self, query: str, k: int, deadline_ms: float) -> dict[str, Any]:
         from relay import auth
 
@@ -141,34 +137,25 @@ class LocalBackend:
     def remember(self, fields: dict[str, Any]) -> dict[str, Any]:
         from relay import auth, writes
 
-        p, store = self.principal, self.services.store
-        auth.require(p, "memory:write")
-        draft = writes.draft_from_fields(fields, store.known_audiences(p.org_id))
-        memory, _ = writes.save(
-            store,
-            self.services.embedder,
-            p.org_id,
-            writes.new_memory_id(),
-            draft,
-            p.key_id,
-            "create",
-            audiences=auth.management_view(p),
-        )
-        return memory.to_dict()
+        auth.require(self.principal, "memory:write")
+        return writes.create(
+            self.services.store, self.services.embedder, self.principal, fields
+        ).to_dict()
 
     def forget(self, memory_id: str) -> None:
         from relay import auth
 
         auth.require(self.principal, "memory:write")
         p = self.principal
-        self.services.store.delete_memory(p.org_id, memory_id, p.key_id, self._view())
+        self.services.store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
 
     def history(self, memory_id: str) -> list[dict[str, Any]]:
         from relay import auth
 
         auth.require(self.principal, "memory:read")
         p = self.principal
-        return [r.to_dict() for r in self.services.store.history(p.org_id, memory_id, self._view())]
+        items = self.services.store.history(p.org_id, memory_id, auth.management_view(p))
+        return [r.to_dict() for r in items]
 
 
 def _quote(memory_id: str) -> str:

@@ -346,19 +346,7 @@ def create_app(services: Services) -> FastAPI:
     @app.post("/v1/memories", status_code=201, tags=["memories"])
     def create_memory(body: MemoryBody, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:write")
-        draft = writes.draft_from_fields(body.model_dump(), store.known_audiences(p.org_id))
-        memory_id = body.id or writes.new_memory_id()
-        memory, _ = writes.save(
-            store,
-            services.embedder,
-            p.org_id,
-            memory_id,
-            draft,
-            p.key_id,
-            "create",
-            audiences=auth.management_view(p),
-        )
-        return memory.to_dict()
+        return writes.create(store, services.embedder, p, body.model_dump(), body.id).to_dict()
 
     @app.post("/v1/memories/batch", tags=["memories"])
     def upsert_memories(body: MemoryBatch, p: Auth) -> dict[str, Any]:

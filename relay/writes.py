@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from relay import hygiene, late
+from relay import auth, hygiene, late
 from relay.embedding import Embedder
 from relay.errors import InvalidRequestError
-from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput
+from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal
 from relay.passages import split_passages
 from relay.store import SaveMode, Store
 from relay.text import lexical_terms
@@ -116,6 +116,29 @@ def prepare(
         ]
         prepared.append(PreparedWrite(memory_id, draft, passages))
     return prepared
+
+
+def create(
+    store: Store,
+    embedder: Embedder,
+    principal: Principal,
+    fields: dict[str, Any],
+    memory_id: str | None = None,
+) -> Memory:
+    """A new memory written by `principal` (API, MCP, console): its fields checked, an id
+    made unless given, and what it supersedes judged against what the key may read."""
+    draft = draft_from_fields(fields, store.known_audiences(principal.org_id))
+    memory, _ = save(
+        store,
+        embedder,
+        principal.org_id,
+        memory_id or new_memory_id(),
+        draft,
+        principal.key_id,
+        "create",
+        audiences=auth.management_view(principal),
+    )
+    return memory
 
 
 def save(

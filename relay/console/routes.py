@@ -286,18 +286,7 @@ def build_routers(
     @api.post("/memories", status_code=201)
     def create_memory(body: MemoryBody, p: Session) -> dict[str, Any]:
         auth.require(p, "memory:write")
-        draft = writes.draft_from_fields(body.model_dump(), store.known_audiences(p.org_id))
-        memory_id = body.id or writes.new_memory_id()
-        memory, _ = writes.save(
-            store,
-            embedder,
-            p.org_id,
-            memory_id,
-            draft,
-            p.key_id,
-            "create",
-            audiences=auth.management_view(p),
-        )
+        memory = writes.create(store, embedder, p, body.model_dump(), body.id)
         return memory_view(memory, datetime.now(UTC), key_names(p))
 
     @api.get("/memories/{memory_id}")
