@@ -221,6 +221,7 @@ MALFORMED_STDIN = {
     "deep": b"[" * 100_000 + b"]" * 100_000,
     "huge": b'{"prompt": "' + b"a" * (5 * 1024 * 1024) + b'"}',  # over the 4 MiB stdin cap
     "trailing": b'{"prompt": "how do we run the database migrations?"} {}',
+    "truncated": b'{"session_id": "s3", "prompt',
 }
 
 
@@ -233,6 +234,9 @@ def test_malformed_stdin_ends_silently(tmp_path, kind):
         assert run.ms <= DEADLINE + SLACK
         assert server.requests == []
     assert hook.last()["outcome"] == "skipped"
+    # and the log says why (QA, session 6: a truncated object logged no reason at all: the
+    # JSON scanner failed with a SystemError the hook did not expect)
+    assert hook.last()["reason"] in ("bad_input", "stdin_too_large")
 
 
 def test_stdin_never_closed_ends_by_the_deadline(tmp_path):

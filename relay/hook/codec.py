@@ -50,6 +50,10 @@ def loads(text: str | bytes) -> object:
         raise ValueError(f"invalid JSON at offset {exc.value}") from None
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    except SystemError:
+        # An unterminated string: `_json` builds that error from `json.decoder`, which this
+        # process never imported, and fails with a SystemError instead.
+        raise ValueError("invalid JSON: unterminated string") from None
     if text[end:].strip(_WHITESPACE):
         raise ValueError(f"extra data at offset {end}")
     return value
