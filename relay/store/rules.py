@@ -21,6 +21,9 @@ def judge_write(
     """Raise unless a write of `mode` may go ahead against the stored `current` memory."""
     if deleted:
         raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
+    if mode == "create" and current is not None:
+        # Ids are unique in the org: a taken one is taken whoever may read it.
+        raise ConflictError(f"memory {memory_id!r} already exists")
     if (
         current is not None
         and audiences is not None
@@ -28,8 +31,6 @@ def judge_write(
     ):
         # Invisible to this writer: answer exactly as if it did not exist.
         raise NotFoundError(f"no memory {memory_id!r}")
-    if mode == "create" and current is not None:
-        raise ConflictError(f"memory {memory_id!r} already exists")
     if mode == "edit" and current is None:
         raise NotFoundError(f"no memory {memory_id!r}")
     if expected_revision is not None and (current is None or current.revision != expected_revision):
