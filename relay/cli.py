@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -76,15 +75,12 @@ def _open_store(db: str | None, create: bool = False):  # noqa: ANN202
     SQLite file, and none may write Relay's tables into a file that is not a Relay store:
     a mistyped path would otherwise leave an empty database (and its folders) behind, or
     change someone else's database, and report 'no organisation'."""
-    from relay.migrate import open_source
-    from relay.store import database_kind, open_store, sqlite_path
+    from relay.store import database_kind, open_relay_file, open_store, sqlite_path
 
     url = resolve(SERVER_SETTINGS, {"db": db}, {})["db"] if db is None else db
-    if re.match(r"postgres(ql)?:(?!//)", url):
-        raise InvalidRequestError("a PostgreSQL URL starts postgresql:// (the // is missing)")
     if database_kind(url) == "sqlite":
         if sqlite_path(url).exists():
-            open_source(url).close()  # read-only: refuses a file that is not a Relay store
+            open_relay_file(url).close()
         elif not create:
             raise InvalidRequestError(
                 f"no Relay database at {sqlite_path(url)} (relay serve or relay org create "

@@ -80,34 +80,13 @@ def has_tokens(src: sqlite3.Connection) -> bool:
     return src.execute(query).fetchone() is not None
 
 
-def not_a_store(src: sqlite3.Connection) -> str | None:
-    """Why the source is not a Relay store, or None when it is (`passage_tokens` is
-    optional: stores from before token matrices lack it)."""
-    try:
-        rows = src.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    except sqlite3.DatabaseError as exc:  # not SQLite at all
-        return str(exc)
-    missing = [t for t in TABLES if t not in {r[0] for r in rows} and t != "passage_tokens"]
-    return f"tables missing: {', '.join(missing)}" if missing else None
-
-
 def open_source(url: str) -> sqlite3.Connection:
     """The source, read-only, once it is known to be a Relay store."""
-    from relay.store import database_kind, sqlite_path
+    from relay.store import database_kind, open_relay_file
 
     if database_kind(url) != "sqlite":
         raise InvalidRequestError("--from must be a sqlite:///path or a file path")
-    path = sqlite_path(url)
-    if not path.exists():
-        raise InvalidRequestError(f"no SQLite store at {path}")
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.DatabaseError as exc:  # a folder, say
-        raise InvalidRequestError(f"{path} is not a Relay SQLite store ({exc})") from exc
-    why = not_a_store(conn)
-    if why:
-        conn.close()
-        raise InvalidRequestError(f"{path} is not a Relay SQLite store ({why})")
+    conn = open_relay_file(url)
     conn.row_factory = sqlite3.Row
     return conn
 

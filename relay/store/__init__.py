@@ -9,6 +9,7 @@ of one organisation; recall always passes the key's audiences.
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -179,6 +180,8 @@ def database_kind(url: str) -> Literal["sqlite", "postgresql"]:
     """Which store a database URL names: a path or sqlite:///path, or postgresql://.
     Anything else with a scheme is refused, never taken for a file name (which would
     create folders named after the URL and serve an empty store)."""
+    if re.match(r"postgres(ql)?:(?!//)", url):  # never echoed: it may hold a password
+        raise InvalidRequestError("a PostgreSQL URL starts postgresql:// (the // is missing)")
     found = _SCHEME.match(url)
     scheme = found.group(1).lower() if found else None
     if scheme in POSTGRES_SCHEMES:
@@ -196,6 +199,30 @@ def sqlite_path(url: str) -> Path:
     if url.startswith("sqlite:///"):
         return Path("/" + url.removeprefix("sqlite:///").lstrip("/"))
     return Path(url)
+
+
+# Tables every version of the SQLite store has had (passage_tokens came later).
+SQLITE_TABLES = ("orgs", "api_keys", "memories", "memory_audiences", "memory_revisions", "passages")
+
+
+def open_relay_file(url: str) -> sqlite3.Connection:
+    """The SQLite store a URL names, opened read-only once it is known to be one: never
+    write Relay's tables into a file that is something else (or empty)."""
+    path = sqlite_path(url)
+    if not path.exists():
+        raise InvalidRequestError(f"no SQLite store at {path}")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:  # not SQLite at all, or a folder
+        raise InvalidRequestError(f"{path} is not a Relay SQLite store ({exc})") from None
+    missing = [t for t in SQLITE_TABLES if t not in names]
+    if missing:
+        conn.close()
+        raise InvalidRequestError(
+            f"{path} is not a Relay SQLite store (tables missing: {', '.join(missing)})"
+        )
+    return conn
 
 
 def redact_url(url: str) -> str:

@@ -696,7 +696,7 @@ class SQLiteStore:
             "SELECT count(*) FROM (SELECT 1 FROM passages_fts"
             " JOIN passages p NOT INDEXED ON p.rowid = passages_fts.rowid"
             " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
-            f" WHERE passages_fts MATCH :match AND p.org_id = :org"
+            " WHERE passages_fts MATCH :match AND p.org_id = :org"
             f" AND {visible_sql(len(params) - 3)} LIMIT :cap)"
         )
         with self._read() as conn:
