@@ -86,6 +86,7 @@ def _remote_error(exc: urllib.error.HTTPError) -> errors.RelayError:
     try:
         payload = json.loads(exc.read() or b"{}")["error"]
         cls = _BY_CODE.get(payload.get("code"), errors.RelayError)
-        return cls(payload.get("message") or f"HTTP {exc.code}")
+        details = payload.get("details") if isinstance(payload.get("details"), dict) else {}
+        return cls(payload.get("message") or f"HTTP {exc.code}", **details)
     except (ValueError, KeyError, TypeError, AttributeError):
         return errors.RelayError(f"HTTP {exc.code} from the server")

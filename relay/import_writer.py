@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from relay.importer import ImportDraft
 
 BATCH_SIZE = 128
-_IMPORTED_ID = re.compile(r"(imp_[0-9a-f]{16})(?:\.([0-9]+))?")
+_IMPORTED_ID = re.compile(r"(imp_[0-9a-f]{16})(?:\.[0-9]+)?")
 
 
 @dataclass
@@ -124,8 +124,7 @@ def _upsert(
         # An id this import owns, held by a memory this key may not read: the file was
         # imported before for an audience this key lacks (the server answers as if the
         # memory did not exist). Name the section, not the bare id.
-        hit = re.search(r"'([^']+)'", exc.message)
-        draft = next((d for d in batch if hit and d.id == hit.group(1)), None)
+        draft = next((d for d in batch if d.id == exc.details.get("memory_id")), None)
         if draft is None:
             raise
         raise ForbiddenError(

@@ -30,9 +30,9 @@ def judge_write(
         and not (set(current.audiences) & (audiences | {EVERYONE}))
     ):
         # Invisible to this writer: answer exactly as if it did not exist.
-        raise NotFoundError(f"no memory {memory_id!r}")
+        raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
     if mode == "edit" and current is None:
-        raise NotFoundError(f"no memory {memory_id!r}")
+        raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
     if expected_revision is not None and (current is None or current.revision != expected_revision):
         have = None if current is None else current.revision
         raise ConflictError(f"memory {memory_id!r} is at revision {have}, not {expected_revision}")
