@@ -462,14 +462,8 @@ def import_(
     importing a folder of a git work tree forgets those of its files deleted or renamed
     since (not with --keep-removed); memories from other files or written by hand are
     never touched."""
-    from relay.import_writer import import_files, vanished
-    from relay.importer import (
-        check_drafts,
-        drafts_from_path,
-        folder_prefixes,
-        iter_import_files,
-        source_for,
-    )
+    from relay.import_writer import check_drafts, import_files, vanished
+    from relay.importer import drafts_from_path, folder_prefixes, iter_import_files, source_for
 
     drafts_by_source, failed = {}, []
     for f in iter_import_files(paths):
@@ -483,7 +477,7 @@ def import_(
     if not drafts_by_source and not failed:
         raise click.UsageError("no importable files found")
     drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]
-    check_drafts(drafts)
+    check_drafts(drafts, audiences)
     gone = (
         {}
         if keep_removed or root

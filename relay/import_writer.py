@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import urllib.parse
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relay.errors import ConflictError, ForbiddenError, NotFoundError
+from relay.errors import ConflictError, ForbiddenError, InvalidRequestError, NotFoundError
+from relay.importer import draft_label
 
 if TYPE_CHECKING:
     from relay.client import RelayClient
@@ -157,15 +158,33 @@ def _has_history(client: RelayClient, memory_id: str) -> bool:
     return True
 
 
+def check_drafts(drafts: Iterable[ImportDraft], audiences: Sequence[str] = ()) -> None:
+    """Judge every draft as the server will (`relay.writes.draft_from_fields`, on the item
+    the batch will carry), before anything is written. The server names a rejected item
+    only by its place in a batch; here the error names the file and section, and one bad
+    section stops the whole import, not only the batch it would have travelled in."""
+    from relay.writes import draft_from_fields
+
+    seen: dict[str, int] = {}
+    for draft in drafts:
+        seen[draft.source] = seen.get(draft.source, 0) + 1
+        try:
+            draft_from_fields(_item(draft, audiences))  # the org's audiences: the server's
+        except InvalidRequestError as exc:
+            message = f"{draft_label(draft, seen[draft.source])}: {exc.message}"
+            raise type(exc)(message, **exc.details) from None
+
+
 def _items(batch: list[ImportDraft], audiences: Sequence[str]) -> list[dict]:
-    return [
-        {
-            "id": d.id,
-            "body": d.body,
-            "title": d.title,
-            "source": d.source,
-            "tags": list(d.tags),
-            **({"audiences": list(audiences)} if audiences else {}),
-        }
-        for d in batch
-    ]
+    return [_item(d, audiences) for d in batch]
+
+
+def _item(d: ImportDraft, audiences: Sequence[str]) -> dict:
+    return {
+        "id": d.id,
+        "body": d.body,
+        "title": d.title,
+        "source": d.source,
+        "tags": list(d.tags),
+        **({"audiences": list(audiences)} if audiences else {}),
+    }

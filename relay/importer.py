@@ -14,7 +14,7 @@ Parsing only: no store, no network. Supported inputs:
   `always-apply`.
 
 `source` names the file the same way from any working directory: a file in a git work
-tree is `<repository folder>/<path in the repository>` (see `source_for`); the section
+tree is `<repository>/<path in the repository>` (see `source_for`); the section
 lives in the title. Ids are derived from the source, the section's heading path and its
 ordinal among memories with the same path, so re-importing an unchanged file yields the
 same ids and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
@@ -30,7 +30,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from relay import hygiene
 from relay.errors import InvalidRequestError
 from relay.hygiene import MAX_BODY_CHARS, MAX_TAG_CHARS, MAX_TITLE_CHARS, normalize_text
 
@@ -110,10 +109,11 @@ def _enter_dir(parent: Path, name: str) -> bool:
 def source_for(path: Path, root: Path | None = None, prefix: str | None = None) -> str:
     """The provenance recorded for `path`, POSIX style, the same from any working directory.
 
-    A file in a git work tree is `<repository folder>/<path in the repository>`, so two
-    repositories' `AGENTS.md` stay apart; any other file is relative to the working
-    directory. `root` makes the path relative to that folder instead, with no folder name;
-    `prefix`, when given, replaces the folder name (an empty prefix drops it).
+    A file in a git work tree is `<repository>/<path in the repository>`, the repository
+    named by `repository_name`, so two repositories' `AGENTS.md` stay apart; any other
+    file is relative to the working directory. `root` makes the path relative to that
+    folder instead, with no name before it; `prefix`, when given, replaces the
+    repository's name (an empty prefix drops it).
     """
     if root is None and (repo := git_work_tree(path)) is not None:
         rel = _relative_to(path, repo)
@@ -261,26 +261,6 @@ def draft_id(source: str, heading_path: tuple[str, ...], ordinal: int, part: int
     if part > 1:
         key += f"\0part {part}"
     return "imp_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
-
-
-def check_drafts(drafts: Iterable[ImportDraft]) -> None:
-    """Judge every draft as the server will, before anything is written.
-
-    The server names a rejected batch item only by its place in the batch; here the
-    error names the file and section, and one bad section stops the whole import, not
-    only the batch it would have travelled in.
-    """
-    seen: dict[str, int] = {}
-    for draft in drafts:
-        seen[draft.source] = seen.get(draft.source, 0) + 1
-        try:
-            hygiene.check_body(draft.body)
-            hygiene.check_title(draft.title)
-            hygiene.check_source(draft.source)
-            hygiene.check_tags(draft.tags)
-        except InvalidRequestError as exc:
-            message = f"{draft_label(draft, seen[draft.source])}: {exc.message}"
-            raise type(exc)(message, **exc.details) from None
 
 
 def draft_label(draft: ImportDraft, ordinal: int) -> str:

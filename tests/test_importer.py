@@ -17,9 +17,9 @@ from relay.hygiene import (
     check_tags,
     check_title,
 )
+from relay.import_writer import check_drafts
 from relay.importer import (
     ImportDraft,
-    check_drafts,
     draft_id,
     drafts_from_path,
     drafts_from_text,
