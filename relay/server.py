@@ -1,6 +1,7 @@
 """The HTTP API: FastAPI over the store and the search pipeline.
 
-Every route authorizes first (`principal` dependency), then checks its scope.
+Every route authorizes first (`principal` dependency), then checks its scope; a body
+that fails to parse or validate is judged after the key too (`_invalid`).
 Every error leaves through `error_response()`, so clients see one shape.
 """
 
@@ -19,6 +20,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -269,7 +271,14 @@ def create_app(services: Services) -> FastAPI:
         app.add_exception_handler(exc_type, lambda _r, e: error_response(e))  # type: ignore[arg-type]
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI parses and validates a body before any dependency runs, so a bad body
+        # would tell an unauthenticated caller 422 before its key was looked at.
+        if request.url.path.startswith("/v1/"):
+            try:
+                await run_in_threadpool(_principal, request, request.headers.get("authorization"))
+            except RelayError as denied:
+                return error_response(denied)
         err = InvalidRequestError(validation_message(exc.errors()[0] if exc.errors() else {}))
         err.status = 422
         return error_response(err)

@@ -428,6 +428,32 @@ def test_every_error_has_one_shape(api, method, path, headers, json, status, cod
     assert_error(r, status, code)
 
 
+@pytest.mark.parametrize(
+    ("path", "content"),
+    [
+        ("/v1/search", '{"query": ""}'),
+        ("/v1/search", '{"query": "x", "deadline_ms": -1}'),
+        ("/v1/search", "{not json"),
+        ("/v1/memories", "{not json"),
+        ("/v1/keys", "[]"),
+    ],
+)
+def test_a_bad_body_without_a_valid_key_is_unauthorized_not_invalid(api, path, content):
+    """The key is judged before the body: a caller without one learns nothing of what the
+    route would accept, and a client sees the error it must fix first."""
+    for headers in ({}, {"Authorization": "Bearer relay_abc_nottherightsecretatall"}):
+        r = api.client.post(
+            path, content=content, headers={**headers, "Content-Type": "application/json"}
+        )
+        assert_error(r, 401, "unauthorized")
+    r = api.client.post(
+        path,
+        content=content,
+        headers={**api.headers("acme_admin"), "Content-Type": "application/json"},
+    )
+    assert_error(r, 422, "invalid_request")
+
+
 def test_oversized_request_body_is_refused(api):
     r = api.client.post(
         "/v1/memories",
