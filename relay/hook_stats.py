@@ -100,12 +100,18 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99)}
 
 
+def _unsent(entry: dict) -> bool:
+    """A timeout before any request: the budget was gone before the gate had decided, so it
+    searched nothing and says nothing about the server."""
+    return f"{entry.get('outcome')}:{entry.get('reason')}" == UNSENT
+
+
 def _streak(entries: list[dict], outcomes: tuple[str, ...]) -> dict[str, Any]:
     """The trailing run of searches ending in `outcomes`; breaker skips neither break nor count."""
     length, started = 0, None
     for entry in reversed(entries):
         outcome = entry.get("outcome")
-        if outcome == "circuit_open":
+        if outcome == "circuit_open" or _unsent(entry):
             continue
         if outcome not in SEARCHED:
             continue
@@ -165,12 +171,19 @@ def summarise(state_dir: str, since_s: float | None = 86400, now: float | None =
         tokens += _num(entry.get("tokens"))
         dupes += _num(entry.get("duplicates"))
     cfg = hook_config.load()
+    unsent = reasons.get(UNSENT, 0)
+    searched = {o: counts[o] - (unsent if o == "timeout" else 0) for o in SEARCHED}
+    not_searched = {o: counts[o] for o in OUTCOMES if o not in SEARCHED and counts[o]}
+    if unsent:
+        not_searched["timeout"] = unsent
     summary: dict[str, Any] = {
         "state_dir": state_dir,
         "since": None if since is None else _iso(since),
         "until": _iso(now),
         "invocations": len(entries),
         "outcomes": counts,
+        "searched": searched,
+        "not_searched": not_searched,
         "skip_reasons": dict(sorted(reasons.items())),
         "hook_ms": percentiles(totals),
         "hit_ms": percentiles(hit_totals),
@@ -235,14 +248,8 @@ def render(summary: dict) -> str:
         lines.append("")
     period = f"since {summary['since']}" if summary["since"] else "all time"
     lines.append(f"Relay hook, {period} ({summary['invocations']} prompts and session starts)")
-    counts, reasons = summary["outcomes"], summary["skip_reasons"]
-    # A timeout before any request (the budget was gone before the gate decided) searched
-    # nothing: it is counted with the prompts that were not searched.
-    unsent = reasons.get(UNSENT, 0)
-    searched = {o: counts[o] - (unsent if o == "timeout" else 0) for o in OUTCOMES if o in SEARCHED}
-    others = {o: counts[o] for o in OUTCOMES if o not in SEARCHED and counts[o]}
-    if unsent:
-        others["timeout"] = unsent
+    searched, others = summary["searched"], summary["not_searched"]
+    reasons = summary["skip_reasons"]
     lines.append(f"  searched {sum(searched.values())}, of which:")
     lines += _outcome_lines(searched, {k: n for k, n in reasons.items() if k != UNSENT})
     lines.append(f"  not searched {sum(others.values())}, of which:")

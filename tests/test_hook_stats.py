@@ -69,6 +69,27 @@ def test_a_timeout_before_any_request_is_not_counted_as_searched(tmp_path):
     assert "searched 1, of which:" in text and "    timeout           0" in text
     assert "not searched 2, of which:" in text
     assert "    timeout           1\n      no_budget_left" in text
+    summary = summarise(str(tmp_path), since_s=None)
+    assert summary["searched"]["timeout"] == 0 and summary["searched"]["hit"] == 1
+    assert summary["not_searched"] == {"skipped": 1, "timeout": 1}
+
+
+def test_timeouts_that_sent_nothing_make_no_server_down_streak(tmp_path):
+    """A slow machine that spent the budget before the request is not a server that is
+    down: those runs neither count in nor break the timeout/unavailable streak."""
+    lines = [
+        {"outcome": "unavailable"},
+        {"outcome": "timeout", "reason": "no_budget_left"},
+        {"outcome": "timeout", "reason": "no_budget_left"},
+        {"outcome": "timeout", "reason": "no_budget_left"},
+        {"outcome": "timeout", "reason": "late"},
+    ]
+    (tmp_path / "outcomes.jsonl").write_text(
+        "".join(json.dumps({"ts": "2026-11-29T00:00:00.000Z", **e}) + "\n" for e in lines)
+    )
+    summary = summarise(str(tmp_path), since_s=None)
+    assert summary["unavailable_streak"]["length"] == 2
+    assert summary["problems"] == []
 
 
 def test_parse_since():
