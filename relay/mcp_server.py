@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 import click
 
 from relay import errors
+from relay.hook.pack import label_attribute, label_text
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -193,13 +194,16 @@ def render_history(memory_id: str, items: list[dict[str, Any]]) -> str:
                 if len(body) <= HISTORY_TEXT_CHARS
                 else body[:HISTORY_TEXT_CHARS] + " [truncated]"
             )
-            text = text.replace("</relay-memory", "</relay-memory_")
-        title = f"{r['title']}: " if r.get("title") else ""
-        lines.append(
-            f'<relay-memory id="{memory_id}" revision="{r.get("revision")}" '
-            f'action="{r.get("action")}" source="{r.get("source") or "unknown"}" '
-            f'recorded="{(r.get("recorded_at") or "")[:10]}">\n{title}{text}\n</relay-memory>'
+        if r.get("title"):
+            text = f"{r['title']}: {text}"
+        attrs = (
+            f'id="{label_attribute(memory_id)}" '
+            f'revision="{label_attribute(str(r.get("revision")))}" '
+            f'action="{label_attribute(str(r.get("action")))}" '
+            f'source="{label_attribute(r.get("source") or "unknown")}" '
+            f'recorded="{label_attribute((r.get("recorded_at") or "")[:10])}"'
         )
+        lines.append(f"<relay-memory {attrs}>\n{label_text(text)}\n</relay-memory>")
     if len(newest) > HISTORY_MAX_REVISIONS:
         lines.append(f"({len(newest) - HISTORY_MAX_REVISIONS} older revisions not shown)")
     return "\n".join(lines)

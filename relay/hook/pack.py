@@ -98,28 +98,33 @@ def validate(payload: object) -> list[dict]:
     return records
 
 
-def _attr(value: str, limit: int = 200) -> str:
+def label_attribute(value: str, limit: int = 200) -> str:
+    """A value fit for a label's quoted attribute: printable, no quote or angle bracket."""
     cleaned = "".join(ch for ch in value[:limit] if ch.isprintable() and ch not in '"<>')
     return cleaned or "unknown"
+
+
+def label_text(text: str) -> str:
+    """Text fit for inside a label: printable, and unable to open or close a label."""
+    text = "".join(ch if ch.isprintable() or ch in "\n\t" else " " for ch in text).strip()
+    return text.replace(f"</{_TAG}", f"</{_TAG}_").replace(f"<{_TAG}", f"<{_TAG}_")
 
 
 def _body(record: dict) -> str:
     text = record["text"]
     if record["title"]:
         text = f"{record['title']}: {text}"
-    text = "".join(ch if ch.isprintable() or ch in "\n\t" else " " for ch in text).strip()
-    # A passage must not be able to close its own label.
-    return text.replace(f"</{_TAG}", f"</{_TAG}_").replace(f"<{_TAG}", f"<{_TAG}_")
+    return label_text(text)
 
 
 def _render(record: dict, body: str) -> str:
     date = record["updated_at"][:10] if record["updated_at"] else "unknown"
     attrs = (
-        f'id="{_attr(record["id"])}" revision="{record["revision"]}" '
-        f'source="{_attr(record["source"])}" updated="{_attr(date)}"'
+        f'id="{label_attribute(record["id"])}" revision="{record["revision"]}" '
+        f'source="{label_attribute(record["source"])}" updated="{label_attribute(date)}"'
     )
     if record["conflicts_with"]:
-        attrs += f' conflicts_with="{_attr(",".join(record["conflicts_with"]))}"'
+        attrs += f' conflicts_with="{label_attribute(",".join(record["conflicts_with"]))}"'
     return f"<{_TAG} {attrs}>\n{body}\n</{_TAG}>"
 
 
