@@ -140,6 +140,7 @@ def serve(first_org: str, **given: Any) -> None:
     services = build_services(conf)
     store = services.store
     shown = redact_url(conf["db"])
+    _warn_if_shared(conf["db"])
     if not store.list_orgs():
         from relay.auth import mint_key
 
@@ -164,6 +165,22 @@ def serve(first_org: str, **given: Any) -> None:
         log_level=conf["log_level"],
         access_log=False,
     )
+
+
+def _warn_if_shared(db: str) -> None:
+    """A SQLite file other users may read gives them every audience's memories."""
+    from relay.store import database_kind, sqlite_path
+
+    if database_kind(db) != "sqlite":
+        return
+    path = sqlite_path(db)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o044:
+        click.echo(
+            f"warning: {path} is readable by other users of this machine (mode {mode:o}), and "
+            f"it holds every audience's memories; make it yours alone: chmod 600 {path}*",
+            err=True,
+        )
 
 
 # -- organisations and keys -----------------------------------------------------

@@ -74,6 +74,27 @@ def test_sqlite_paths_and_urls_still_work(tmp_path: Path):
     assert (tmp_path / "plain.db").exists() and (tmp_path / "url.db").exists()
 
 
+def test_a_new_database_is_its_owners_alone_and_serve_warns_about_a_shared_one(tmp_path: Path):
+    """QA: under the usual umask 022 the server's database (every audience's memories and
+    the key hashes) was created readable by every user of the machine."""
+    old = os.umask(0o022)
+    try:
+        done = relay(tmp_path, "org", "create", "acme", "--db", str(tmp_path / "new" / "r.db"))
+    finally:
+        os.umask(old)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "new" / "r.db").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "new" / "r.db"
+    shared.chmod(0o644)  # as a database made before this fix was
+    server = start_server(shared)
+    try:
+        assert "is readable by other users of this machine (mode 644)" in server.startup
+        assert f"chmod 600 {shared}*" in server.startup
+    finally:
+        server.stop()
+
+
 def test_serve_never_prints_the_password(tmp_path: Path, pg_url: str):
     truncate_all(pg_url)  # an empty database: serve creates the first org and says where
     url = pg_url.replace("postgres:@", "postgres:S3cretPw@", 1)  # local trust: ignored

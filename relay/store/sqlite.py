@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import secrets
 import sqlite3
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -119,13 +120,22 @@ def fts_match(org_id: str | None, terms: Sequence[str]) -> str:
 DOMINANT_SHARE = 0.5
 
 
+def _create_private(path: Path) -> None:
+    """Make a new database file readable by its owner alone (SQLite gives its -wal and -shm
+    files the same mode): it holds every audience's memories, which the server alone may
+    filter. A new folder for it is the owner's alone too; existing ones are left as found."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 class SQLiteStore:
     """The embedded store (see module docstring)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _create_private(Path(self.path))
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._writer = self._connect()
