@@ -90,7 +90,7 @@ def check_title(title: str | None) -> str | None:
         return None
     if len(title) > MAX_TITLE_CHARS:
         raise TooLargeError(
-            f"title is {len(title)} characters; the limit is {MAX_TITLE_CHARS}",
+            f"title is {len(title):,} characters; the limit is {MAX_TITLE_CHARS}",
             field="title",
             limit=MAX_TITLE_CHARS,
         )
@@ -234,7 +234,12 @@ def check_valid_until(ts: datetime | str | None, now: datetime | None = None) ->
         raise InvalidRequestError(
             "valid_until must be an ISO 8601 string or a datetime", field="valid_until"
         )
-    ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+    try:
+        ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+    except OverflowError:
+        raise InvalidRequestError(
+            f"valid_until {ts.isoformat()} is out of range", field="valid_until"
+        ) from None
     if now is None:
         now = datetime.now(UTC)
     elif now.tzinfo is None:

@@ -27,6 +27,7 @@ import click
 
 from relay import errors
 from relay.hook.pack import label_attribute, label_text
+from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -283,15 +284,20 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
             str,
             Field(
                 min_length=1,
-                max_length=20_000,
+                max_length=MAX_BODY_CHARS,
                 description="The fact, self-contained, with the why; plain text or Markdown.",
             ),
         ],
         ctx: Context,
-        title: Annotated[str | None, Field(max_length=200, description="Short title.")] = None,
+        title: Annotated[
+            str | None, Field(max_length=MAX_TITLE_CHARS, description="Short title.")
+        ] = None,
         source: Annotated[
             str | None,
-            Field(max_length=300, description="Path-like provenance, e.g. team/infra/clusters."),
+            Field(
+                max_length=MAX_SOURCE_CHARS,
+                description="Path-like provenance, e.g. team/infra/clusters.",
+            ),
         ] = None,
         tags: Annotated[list[str] | None, Field(max_length=16, description="Tags.")] = None,
         audiences: Annotated[

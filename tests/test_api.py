@@ -454,6 +454,62 @@ def test_a_bad_body_without_a_valid_key_is_unauthorized_not_invalid(api, path, c
     assert_error(r, 422, "invalid_request")
 
 
+@pytest.mark.parametrize(
+    ("path", "json", "status", "message"),
+    [
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": "9999-12-31T23:59:59-14:00"},
+            422,
+            "valid_until: is past 9999-12-31T23:59:59Z",
+        ),
+        (
+            "/v1/keys",
+            {"name": "n", "scopes": ["memory:read"], "expires_at": "9999-12-31T23:59:59-14:00"},
+            422,
+            "expires_at: is past 9999-12-31T23:59:59Z",
+        ),
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": 99999999999},
+            422,
+            "valid_until: must be an ISO 8601 date or time",
+        ),
+        ("/v1/search", {"query": "deploys", "k": True}, 422, "k: Input should be a valid integer"),
+        ("/v1/search", {"query": "deploys", "k": "2"}, 422, "k: Input should be a valid integer"),
+        ("/v1/memories", {"body": "Deploys freeze.", "pinned": "yes"}, 422, "pinned: Input"),
+        ("/v1/memories", {"body": "Deploys freeze.", "title": "t" * 500}, 413, "title is 500"),
+        ("/v1/memories", {"body": "Deploys freeze.", "title": "t" * 1500}, 413, "title is 1,500"),
+        ("/v1/memories", {"body": "x" * 120_000}, 413, "body is 120,000 characters"),
+    ],
+)
+def test_fields_are_read_strictly_and_one_field_has_one_error(api, path, json, status, message):
+    """QA: an out-of-range time was a 500, a number was read as milliseconds since 1970,
+    `true` was taken for k=1, and a title of 201 to 1,000 characters was 413 while a longer
+    one was 422."""
+    r = api.client.post(path, json=json, headers=api.headers("acme_admin"))
+    err = assert_error(r, status, "too_large" if status == 413 else "invalid_request")
+    assert err["message"].startswith(message), err["message"]
+
+
+def test_a_time_without_an_offset_is_utc(api):
+    for path, fields, field in (
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": "2099-01-31"},
+            "valid_until",
+        ),
+        (
+            "/v1/keys",
+            {"name": "n", "scopes": ["memory:read"], "expires_at": "2099-01-31T18:00"},
+            "expires_at",
+        ),
+    ):
+        r = api.client.post(path, json=fields, headers=api.headers("acme_admin"))
+        assert r.status_code == 201, r.text
+        assert r.json()[field].startswith("2099-01-31T") and r.json()[field].endswith("Z")
+
+
 def test_oversized_request_body_is_refused(api):
     r = api.client.post(
         "/v1/memories",
