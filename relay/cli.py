@@ -319,6 +319,16 @@ def _memory_fields(
 
 
 def memory_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The fields of a new memory."""
+    return _memory_options(fn, "default all")
+
+
+def edit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The same fields for an edit: each one given replaces the memory's, the rest stay."""
+    return _memory_options(fn, "replaces its audiences; kept if not given")
+
+
+def _memory_options(fn: Callable[..., Any], audience_default: str) -> Callable[..., Any]:
     for opt in reversed(
         [
             click.option("--title", help="Short title."),
@@ -327,7 +337,7 @@ def memory_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 "--audience",
                 "audiences",
                 multiple=True,
-                help="Role allowed to see it (repeatable; default all).",
+                help=f"Role allowed to see it (repeatable; {audience_default}).",
             ),
             click.option("--tag", "tags", multiple=True, help="Tag (repeatable)."),
             click.option(
@@ -369,7 +379,7 @@ def remember(client, body: str, as_json: bool, **opts: Any) -> None:  # noqa: AN
 @cli.command()
 @click.argument("memory_id")
 @click.option("--body", help="New text (or - for stdin).")
-@memory_options
+@edit_options
 @click.option("--expected-revision", type=int, help="Fail if the memory moved on meanwhile.")
 @client_options
 def edit(

@@ -468,3 +468,16 @@ def test_the_readme_one_minute_path(tmp_path, server):
     )
     context = json.loads(by_hand.stdout)["hookSpecificOutput"]["additionalContext"]
     assert "Staging is the blue cluster" in context and 'source="team/infra"' in context
+
+
+def test_edit_help_says_what_an_edit_keeps():
+    """QA: `relay edit --help` said `--audience` defaults to all, but an edit keeps the
+    memory's audiences unless given (the PATCH changes only the fields it carries)."""
+    from click.testing import CliRunner
+
+    from relay.cli import cli
+
+    edit = CliRunner().invoke(cli, ["edit", "--help"], terminal_width=200).output
+    remember = CliRunner().invoke(cli, ["remember", "--help"], terminal_width=200).output
+    assert "replaces its audiences; kept if not given" in edit and "default all" not in edit
+    assert "default all" in remember
