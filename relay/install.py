@@ -9,18 +9,23 @@ atomically -> print what changed, file by file -> record in
 
 uninstall: for each recorded file, remove Relay's entries; when what remains
 means the same as the original, the original bytes go back, and a file install
-created is deleted. Whatever else the user changed meanwhile is kept.
+created is deleted. Whatever else the user changed meanwhile is kept. Every file
+it will change is checked first (nothing is touched when one cannot be); then the
+agents' settings go first and Relay's own files, backups and record last, so a
+run stopped part way leaves what a second run needs, and says what is left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -523,29 +528,98 @@ def _reverse_what(role: str | None) -> str:
     }.get(role or "", "Relay's entries")
 
 
-def apply_uninstall(changes: list[Change], paths: Paths, manifest: dict[str, Any]) -> list[str]:
-    lines = []
-    for c in changes:
+def uninstall_order(changes: list[Change]) -> list[Change]:
+    """The agents' settings first, Relay's own files last: stopped part way, the key, the
+    config and the script are still there for the hooks left behind, and for a second run."""
+    return sorted(changes, key=lambda c: c.role in OWN_FILES)
+
+
+def why_unchangeable(path: Path, remove: bool) -> str | None:
+    """Why `path` could not be replaced (or removed), found without changing it; None if it can.
+
+    Replacing and removing both need the folder writable; neither needs the file itself
+    writable, but both fail on an immutable or append-only file (chattr), which opening it
+    for writing (no truncation, nothing written) reveals as EPERM.
+    """
+    target = path if remove else Path(os.path.realpath(path))
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        return f"its folder {target.parent} is not writable"
+    try:
+        os.close(os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.EROFS):
+            return f"{exc.strerror} (read-only, or marked immutable: see lsattr)"
+    return None
+
+
+def _leftovers(paths: Paths, manifest: dict[str, Any]) -> list[Path]:
+    """Relay's backups and its install record: removed once every file is undone."""
+    out = [
+        Path(backup)
+        for record in manifest.get("files", {}).values()
+        for backup in record.get("backups", []) + [record.get("original")]
+        if backup
+    ]
+    return [*dict.fromkeys(out), paths.manifest]
+
+
+def uninstall_blockers(changes: list[Change], paths: Paths, manifest: dict[str, Any]) -> list[str]:
+    """Every file uninstall would change or remove that it cannot, before it changes any."""
+    targets = [(c.path, c.after is None) for c in changes if c.changed]
+    targets += [(p, True) for p in _leftovers(paths, manifest) if p.exists()]
+    out = []
+    for path, remove in targets:
+        why = why_unchangeable(path, remove)
+        if why:
+            out.append(f"{tilde(path, paths.home)}: {why}")
+    return out
+
+
+def apply_uninstall(
+    changes: list[Change],
+    paths: Paths,
+    manifest: dict[str, Any],
+    echo: Callable[[str], None],
+) -> None:
+    """Undo each change in `uninstall_order`, echoing a line for each as it is done; an
+    OSError part way becomes a RelayError naming what was not undone."""
+    ordered = uninstall_order(changes)
+    for i, c in enumerate(ordered):
         label = tilde(c.path, paths.home)
-        if c.after is None:
-            c.path.unlink(missing_ok=True)
-            lines.append(f"  removed    {label}  ({c.what})")
-        elif not c.changed:
-            lines.append(f"  unchanged  {label}")
-        else:
-            write_atomic(c.path, c.after, 0o644)
-            lines.append(f"  restored   {label}  (without {c.what})")
-    for record in manifest.get("files", {}).values():
-        for backup in record.get("backups", []) + [record.get("original")]:
-            if backup:
-                Path(backup).unlink(missing_ok=True)
-    paths.manifest.unlink(missing_ok=True)
+        try:
+            if c.after is None:
+                c.path.unlink(missing_ok=True)
+                line = f"  removed    {label}  ({c.what})"
+            elif not c.changed:
+                line = f"  unchanged  {label}"
+            else:
+                write_atomic(c.path, c.after, 0o644)
+                line = f"  restored   {label}  (without {c.what})"
+        except OSError as exc:
+            done = [tilde(x.path, paths.home) for x in ordered[:i] if x.changed]
+            left = [tilde(x.path, paths.home) for x in ordered[i:] if x.changed]
+            raise _stopped(label, exc, done, left) from exc
+        echo(line)
+    for path in _leftovers(paths, manifest):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            done = [tilde(x.path, paths.home) for x in ordered if x.changed]
+            raise _stopped(tilde(path, paths.home), exc, done, []) from exc
     for d in sorted(manifest.get("dirs", []), key=len, reverse=True):
         try:
             Path(d).rmdir()  # only if empty: the hook's state or a database may live there
         except OSError:
             pass
-    return lines
+
+
+def _stopped(label: str, exc: OSError, done: list[str], left: list[str]) -> RelayError:
+    return RelayError(
+        f"uninstall stopped at {label}: {exc.strerror or exc}. "
+        f"Already undone: {', '.join(done) or 'nothing'}. "
+        f"Not yet: {', '.join([*left, 'Relay backups and install record'])}. "
+        "Fix that, then run `relay uninstall` again: it goes on from there"
+    )
 
 
 def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
@@ -694,16 +768,18 @@ def uninstall(dry_run: bool) -> None:
         click.echo("No install record (~/.relay/install.json): removing Relay's entries only.")
         changes = plan_uninstall_without_manifest(paths)
     if dry_run:
-        for c in changes:
+        for c in uninstall_order(changes):
             state = "remove" if c.after is None else "restore" if c.changed else "keep"
             click.echo(f"  would {state:<8} {tilde(c.path, paths.home)}")
         return
-    try:
-        lines = apply_uninstall(changes, paths, manifest)
-    except OSError as exc:
-        raise RelayError(f"uninstall stopped: {exc}") from exc
-    for line in lines:
-        click.echo(line)
     for warning in warnings:
         click.echo(f"  warning: {warning}", err=True)
+    blockers = uninstall_blockers(changes, paths, manifest)
+    if blockers:
+        raise RelayError(
+            "uninstall cannot change "
+            + "; ".join(blockers)
+            + ". Nothing was changed; fix that, then run `relay uninstall` again"
+        )
+    apply_uninstall(changes, paths, manifest, click.echo)
     click.echo("Relay is no longer wired into the agents on this machine.")

@@ -3,10 +3,14 @@ the exact command written into the agents' settings, run with realistic stdin.""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import stat
 import statistics
+import subprocess
 import time
 import tomllib
 from pathlib import Path
@@ -425,7 +429,6 @@ def test_the_registered_command_costs_a_few_milliseconds(tmp_path, server):
         "RELAY_MIN_PROMPT_LEN": "15",
         "RELAY_DEADLINE_MS": "400",
     }
-    import subprocess
 
     direct, wrapped = [], []
     for _ in range(15):
@@ -456,7 +459,6 @@ def test_the_readme_one_minute_path(tmp_path, server):
     assert made.returncode == 0 and made.stdout.startswith("remembered mem_"), made.stderr
     checked = relay(home, "doctor")
     assert checked.returncode == 0, checked.stdout
-    import subprocess
 
     by_hand = subprocess.run(
         [str(home / ".relay/relay-autosearch-hook.sh")],
@@ -481,3 +483,88 @@ def test_edit_help_says_what_an_edit_keeps():
     remember = CliRunner().invoke(cli, ["remember", "--help"], terminal_width=200).output
     assert "replaces its audiences; kept if not given" in edit and "default all" not in edit
     assert "default all" in remember
+
+
+# -- uninstall that cannot finish ----------------------------------------------------------
+@contextlib.contextmanager
+def unchangeable(path: Path):
+    """`path` made impossible to replace or remove, by real means: the immutable attribute
+    for root (who ignores permissions), a read-only folder for anyone else."""
+    if os.geteuid() != 0:
+        mode = path.parent.stat().st_mode
+        path.parent.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.parent.chmod(mode)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(path)]).returncode != 0:
+        pytest.skip("root ignores permissions, and chattr +i does not work here")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("locked", [".claude/settings.json", ".codex/config.toml"])
+def test_uninstall_changes_nothing_when_one_file_cannot_be_changed(tmp_path, server, locked):
+    """QA: with settings.json immutable, uninstall deleted the key, the config and the hook
+    script first, printed nothing of it, then stopped, leaving the hooks behind. Every file
+    is checked first now (config.toml comes last, so ordering alone would not do)."""
+    home = tmp_path
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    write(home / ".codex/config.toml", EXISTING_CODEX_CONFIG)
+    original = snapshot(home)
+    assert install(home, server).returncode == 0
+    installed = snapshot(home)
+    with unchangeable(home / locked):
+        stopped = relay(home, "uninstall")
+    assert snapshot(home) == installed
+    assert stopped.returncode == 1
+    assert f"~/{locked}" in stopped.stderr and "Nothing was changed" in stopped.stderr
+    assert "removed" not in stopped.stdout and "restored" not in stopped.stdout
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(home) == original
+
+
+def test_an_uninstall_stopped_part_way_says_what_it_did_and_what_is_left(
+    tmp_path, server, monkeypatch
+):
+    """A failure no check foresaw (here a write that raises) stops the run: the agents'
+    settings go first, Relay's own files and the install record last, and the error names
+    what was undone and what was not; a second run finishes the job."""
+    from click.testing import CliRunner
+
+    from relay import install as installer
+    from relay.errors import RelayError
+
+    home = tmp_path
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    write(home / ".codex/config.toml", EXISTING_CODEX_CONFIG)
+    original = snapshot(home)
+    assert install(home, server).returncode == 0
+    real_write = installer.write_atomic
+
+    def failing_write(path: Path, data: bytes, mode: int, force_mode: bool = False) -> None:
+        if path.name == "config.toml":
+            raise OSError(errno.EIO, "Input/output error")
+        real_write(path, data, mode, force_mode)
+
+    monkeypatch.setattr(installer, "write_atomic", failing_write)
+    env = {"HOME": str(home), "RELAY_CONFIG": None, "CLAUDE_CONFIG_DIR": None, "CODEX_HOME": None}
+    stopped = CliRunner().invoke(installer.uninstall, [], env=env)
+    assert isinstance(stopped.exception, RelayError)
+    message = stopped.exception.message
+    assert message.startswith("uninstall stopped at ~/.codex/config.toml: Input/output error")
+    assert "Already undone: ~/.claude/settings.json, ~/.claude.json, ~/.codex/hooks.json" in message
+    assert "Not yet: ~/.codex/config.toml, ~/.relay/key, ~/.relay/config.json" in message
+    assert "restored   ~/.claude/settings.json" in stopped.stdout
+    assert "removed    ~/.codex/hooks.json" in stopped.stdout
+    assert "~/.relay/key" not in stopped.stdout
+    for kept in (".relay/key", ".relay/config.json", ".relay/install.json"):
+        assert (home / kept).exists(), kept
+    monkeypatch.undo()
+    finished = relay(home, "uninstall")
+    assert finished.returncode == 0, finished.stderr
+    assert snapshot(home) == original
