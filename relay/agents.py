@@ -293,12 +293,10 @@ def add_codex_config(
     return new, notes
 
 
-def codex_hooks_enabled(text: str) -> bool | None:
-    """The `[features] hooks` (or legacy `codex_hooks`) flag; None when unset or unreadable."""
-    try:
-        features = tomllib.loads(text).get("features")
-    except tomllib.TOMLDecodeError:
-        return None
+def codex_hooks_enabled(config: dict[str, Any]) -> bool | None:
+    """The `[features] hooks` (or legacy `codex_hooks`) flag of a parsed config.toml; None
+    when unset. (The caller parses: a file that is not TOML is its own finding.)"""
+    features = config.get("features")
     if not isinstance(features, dict):
         return None
     value = features.get("hooks", features.get("codex_hooks"))

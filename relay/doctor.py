@@ -360,17 +360,44 @@ class Doctor:
             )
         return ok
 
-    def _check_codex_flag(self) -> None:
+    def _codex_config(self, area: str) -> dict[str, Any] | None:
+        """~/.codex/config.toml parsed ({} when absent); None when Codex cannot read it
+        either, after one failure saying where it breaks (install refuses to edit it too)."""
+        import tomllib
+
         path = self.paths.codex_config
         try:
-            text = path.read_text()
-        except OSError:
+            return tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except UnicodeDecodeError:
+            why = "not UTF-8 text"
+        except tomllib.TOMLDecodeError as exc:
+            why = f"not valid TOML ({exc})"
+        except OSError as exc:
+            why = f"unreadable ({exc.strerror})"
+        self._fail_once(
+            area,
+            f"Codex: {self.home(path)} is {why}: Codex cannot load its config, and "
+            "`relay install` will not edit it",
+            "fix the file, then `relay install`",
+        )
+        return None
+
+    def _fail_once(self, area: str, message: str, fix: str) -> None:
+        if not any(f.message == message for f in self.findings):  # two checks read one file
+            self.add("fail", area, message, fix)
+
+    def _check_codex_flag(self) -> None:
+        data = self._codex_config("hooks")
+        if data is None:
             return
-        if agents.codex_hooks_enabled(text) is False:
+        if agents.codex_hooks_enabled(data) is False:
             self.add(
                 "fail",
                 "hooks",
-                f"Codex: hooks are turned off in {self.home(path)} ([features] hooks = false)",
+                "Codex: hooks are turned off in "
+                f"{self.home(self.paths.codex_config)} ([features] hooks = false)",
                 "set `hooks = true` under [features]",
             )
         else:
@@ -385,21 +412,25 @@ class Doctor:
     def check_mcp(self) -> None:
         claude = self.paths.claude_json
         try:
-            doc = json.loads(claude.read_text()) if claude.exists() else {}
-        except (OSError, ValueError):
-            doc = {}
-        entry = (
-            (doc.get("mcpServers") or {}).get(agents.SERVER_NAME) if isinstance(doc, dict) else None
-        )
-        self._mcp_finding("Claude Code", claude, entry)
-        try:
-            import tomllib
-
-            data = tomllib.loads(self.paths.codex_config.read_text())
-        except (OSError, ValueError):
-            data = {}
-        entry = (data.get("mcp_servers") or {}).get(agents.SERVER_NAME)
-        self._mcp_finding("Codex", self.paths.codex_config, entry)
+            doc = json.loads(claude.read_text(encoding="utf-8")) if claude.exists() else {}
+        except (OSError, ValueError) as exc:
+            what = "unreadable" if isinstance(exc, OSError) else "not valid JSON"
+            self.add(
+                "fail",
+                "mcp",
+                f"Claude Code: {self.home(claude)} is {what} ({exc}): Claude Code cannot load "
+                "its MCP servers, and `relay install` will not edit it",
+                "fix the file, then `relay install`",
+            )
+        else:
+            servers = doc.get("mcpServers") if isinstance(doc, dict) else None
+            entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
+            self._mcp_finding("Claude Code", claude, entry)
+        data = self._codex_config("mcp")
+        if data is not None:
+            servers = data.get("mcp_servers")
+            entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
+            self._mcp_finding("Codex", self.paths.codex_config, entry)
 
     def _mcp_finding(self, label: str, path: Path, entry: Any) -> None:
         if not isinstance(entry, dict):

@@ -156,3 +156,31 @@ def test_no_install_at_all(tmp_path):
     assert done.returncode == 1
     assert "no Relay config at ~/.relay/config.json" in done.stdout
     assert "relay install" in done.stdout
+
+
+def test_a_codex_config_that_is_not_toml_fails(tmp_path, server):
+    """QA: with a broken ~/.codex/config.toml doctor said `ok` for the Codex hooks, warned
+    that the MCP server was gone and advised `relay install`, which then refused the file;
+    the summary read "Recall is wired up". Codex cannot start with such a file."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".codex/config.toml"
+    config.write_text(config.read_text() + 'model = "gpt-5\n')
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "Recall is wired up" not in done.stdout
+    failed = failures(tmp_path)
+    broken = [f for f in failed if "~/.codex/config.toml is not valid TOML" in f]
+    assert len(broken) == 1 and "(at line " in broken[0], failed
+    assert "trust the two Relay hooks" not in done.stdout
+    assert "no longer in ~/.codex/config.toml" not in done.stdout
+    assert "fix: fix the file, then `relay install`" in done.stdout
+
+
+def test_a_claude_json_that_is_not_json_fails(tmp_path, server):
+    installed(tmp_path, server.url, server.admin_key)
+    claude_json = tmp_path / ".claude.json"
+    claude_json.write_text(claude_json.read_text()[:-3])
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert any("~/.claude.json is not valid JSON" in f for f in failures(tmp_path))
+    assert "no longer in ~/.claude.json" not in done.stdout
