@@ -464,7 +464,7 @@ class Doctor:
         from relay import hook_stats
 
         cfg = self.cfg or hook_config.load(self.environ)
-        summary = hook_stats.summarise(cfg.state_dir, 86400)
+        summary = hook_stats.summarise(cfg.state_dir, 86400, cfg=cfg)
         if summary["invocations"] == 0:
             self.add(
                 "ok",
@@ -501,7 +501,7 @@ class Doctor:
             self.add(
                 "warn",
                 "log",
-                f"the hook's circuit breaker is {breaker['state']} (after "
+                f"the hook's circuit breaker for {breaker['url']} is {breaker['state']} (after "
                 f"{breaker.get('failures', 0)} failures): searches are skipped for a cool-down",
                 "it closes by itself once the server answers; fix the server if it does not",
             )

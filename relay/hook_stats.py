@@ -123,30 +123,29 @@ def _streak(entries: list[dict], outcomes: tuple[str, ...]) -> dict[str, Any]:
 
 
 def breaker_state(state_dir: str, cfg: dict) -> dict[str, Any]:
-    path = os.path.join(state_dir, "breaker.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except (OSError, ValueError):
-        return {"state": "closed", "failures": 0}
-    if not isinstance(raw, dict):
-        return {"state": "closed", "failures": 0}
-    opened = raw.get("opened_at")
-    state = "closed"
-    if isinstance(opened, int | float):
-        state = "open" if time.time() < opened + cfg["breaker_cooldown_s"] else "half_open"
+    """The breaker of the configured URL, as the hook reads it: state that a run with
+    another URL left (RELAY_URL set for one session, say) is not this URL's."""
+    from relay.hook import breaker
+
+    found = breaker.status(state_dir, cfg["url"], cfg["breaker_cooldown_s"])
     out: dict[str, Any] = {
-        "state": state,
-        "failures": raw.get("failures", 0),
-        "url": raw.get("url"),
+        "state": found["state"],
+        "failures": found["failures"],
+        "url": cfg["url"] or None,
     }
-    if isinstance(opened, int | float):
-        out["opened_at"] = datetime.fromtimestamp(opened, UTC).isoformat(timespec="seconds")
+    if found["opened_at"] is not None:
+        out["opened_at"] = _iso(found["opened_at"])
     return out
 
 
-def summarise(state_dir: str, since_s: float | None = 86400, now: float | None = None) -> dict:
-    """Counts per outcome, hook time percentiles, injected tokens, duplicates, streaks, breaker."""
+def summarise(
+    state_dir: str,
+    since_s: float | None = 86400,
+    now: float | None = None,
+    cfg: hook_config.Config | None = None,
+) -> dict:
+    """Counts per outcome, hook time percentiles, injected tokens, duplicates, streaks, and
+    the breaker of `cfg`'s URL (default: the hook's settings from this environment)."""
     now = time.time() if now is None else now
     since = None if since_s is None else now - since_s
     entries = list(read_entries(state_dir, since))
@@ -170,7 +169,7 @@ def summarise(state_dir: str, since_s: float | None = 86400, now: float | None =
         records += _num(entry.get("records"))
         tokens += _num(entry.get("tokens"))
         dupes += _num(entry.get("duplicates"))
-    cfg = hook_config.load()
+    cfg = hook_config.load() if cfg is None else cfg
     unsent = reasons.get(UNSENT, 0)
     searched = {o: counts[o] - (unsent if o == "timeout" else 0) for o in SEARCHED}
     not_searched = {o: counts[o] for o in OUTCOMES if o not in SEARCHED and counts[o]}
@@ -217,8 +216,9 @@ def problems(summary: dict) -> list[str]:
             f"the last {down} searches timed out or found no server since "
             f"{summary['unavailable_streak']['since']}: check RELAY_URL and the server"
         )
-    if summary["breaker"]["state"] != "closed":
-        out.append(f"the hook's circuit breaker is {summary['breaker']['state']}")
+    breaker = summary["breaker"]
+    if breaker["state"] != "closed":
+        out.append(f"the hook's circuit breaker for {breaker['url']} is {breaker['state']}")
     return out
 
 
@@ -266,7 +266,10 @@ def render(summary: dict) -> str:
     )
     lines.append(f"  duplicates avoided {summary['duplicates_avoided']}")
     b = summary["breaker"]
-    lines.append(f"  breaker           {b['state']} (consecutive failures {b.get('failures', 0)})")
+    where = f" for {b['url']}" if b.get("url") else ""
+    lines.append(
+        f"  breaker           {b['state']}{where} (consecutive failures {b.get('failures', 0)})"
+    )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import start_server
+from hook_support import free_port
 from integration_support import (
     mint,
     registered_command,
@@ -184,3 +185,23 @@ def test_a_claude_json_that_is_not_json_fails(tmp_path, server):
     assert done.returncode == 1, done.stdout
     assert any("~/.claude.json is not valid JSON" in f for f in failures(tmp_path))
     assert "no longer in ~/.claude.json" not in done.stdout
+
+
+def test_a_breaker_left_by_another_url_is_not_reported(tmp_path, server):
+    """QA: prompts run with RELAY_URL pointing elsewhere opened the breaker for that URL;
+    doctor warned that the hook's breaker was open, though the hook ignores that state."""
+    installed(tmp_path, server.url, server.admin_key)
+    command = registered_command(tmp_path / ".claude/settings.json", "UserPromptSubmit")
+    elsewhere = f"http://127.0.0.1:{free_port()}"  # nothing listens: unavailable at once
+    for n in range(3):
+        payload = {
+            "session_id": f"elsewhere-{n}",
+            "prompt_id": "p",
+            "hook_event_name": "UserPromptSubmit",
+            "prompt": "how do we deploy the billing service to staging?",
+        }
+        run_registered(command, tmp_path, payload, extra_env={"RELAY_URL": elsewhere})
+    breaker = json.loads((tmp_path / ".relay/state/breaker.json").read_text())
+    assert breaker["url"] == elsewhere and breaker["opened_at"]
+    done = doctor(tmp_path)
+    assert "circuit breaker" not in done.stdout, done.stdout

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 from hook_support import FakeRelay, Hook, record, reply, results
 
+from relay.hook import config
 from relay.hook_stats import parse_since, stats, summarise
 
 
@@ -98,3 +99,29 @@ def test_parse_since():
     for bad in ("-1d", "bogus", "xh"):
         with pytest.raises(ValueError, match="period"):
             parse_since(bad)
+
+
+def test_the_breaker_reported_is_the_configured_urls(tmp_path):
+    """QA: hook runs with RELAY_URL set to another (slow) server left breaker.json for that
+    URL, and `relay stats` and `relay doctor` said the breaker was open although the hook,
+    configured for its usual URL, ignores that state (docs/hook.md) and searched normally."""
+    with FakeRelay(reply(500, {"error": "boom"})) as elsewhere:
+        hook = Hook(tmp_path, elsewhere.url, RELAY_BREAKER_FAILURES="2")
+        for session in ("s1", "s2"):
+            hook.prompt("how do we write a database migration?", session=session)
+    assert hook.last()["outcome"] == "unavailable"
+    state_dir = str(hook.state_dir)
+    env = {"RELAY_URL": "http://127.0.0.1:8893", "RELAY_CONFIG": str(tmp_path / "none.json")}
+    text = CliRunner().invoke(stats, ["--state-dir", state_dir, "--since", "all"], env=env)
+    assert "circuit breaker" not in text.output
+    assert "breaker           closed for http://127.0.0.1:8893" in text.output
+
+    def settings(url: str) -> config.Config:
+        return config.load({"RELAY_URL": url, "RELAY_CONFIG": str(tmp_path / "none.json")})
+
+    usual = summarise(state_dir, None, cfg=settings("http://127.0.0.1:8893"))
+    assert usual["breaker"]["state"] == "closed" and usual["breaker"]["failures"] == 0
+    assert not any("breaker" in p for p in usual["problems"])
+    there = summarise(state_dir, None, cfg=settings(elsewhere.url))
+    assert there["breaker"]["state"] == "open" and there["breaker"]["failures"] == 2
+    assert f"the hook's circuit breaker for {elsewhere.url} is open" in there["problems"]

@@ -38,13 +38,15 @@ def _read(path: str, url: str) -> dict:
     return state
 
 
-def status(state_dir: str, url: str, cooldown_s: float, now: float | None = None) -> str:
-    """'closed', 'open' or 'half_open' (cool-down over, probe pending or due)."""
+def status(state_dir: str, url: str, cooldown_s: float, now: float | None = None) -> dict:
+    """`url`'s breaker as its hooks see it (for `relay stats` and `relay doctor`): `state`
+    'closed', 'open' or 'half_open' (cool-down over, probe pending or due), `failures`,
+    `opened_at`. State another URL left reads as closed: the hooks ignore it too."""
     now = time.time() if now is None else now
     state = _read(_paths(state_dir)[0], url)
-    if state["opened_at"] is None:
-        return "closed"
-    return "open" if now < state["opened_at"] + cooldown_s else "half_open"
+    opened = state["opened_at"]
+    phase = "closed" if opened is None else "open" if now < opened + cooldown_s else "half_open"
+    return {"state": phase, "failures": state["failures"], "opened_at": opened}
 
 
 def admit(state_dir: str, url: str, cooldown_s: float, until: float) -> tuple[bool, bool]:
