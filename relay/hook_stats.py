@@ -101,8 +101,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def _unsent(entry: dict) -> bool:
-    """A timeout before any request: the budget was gone before the gate had decided, so it
-    searched nothing and says nothing about the server."""
+    """A timeout before any request: the budget was gone before the process could read
+    stdin (it started late) or before the gate had decided, so it searched nothing and
+    says nothing about the server."""
     return f"{entry.get('outcome')}:{entry.get('reason')}" == UNSENT
 
 

@@ -258,6 +258,34 @@ def test_stdin_never_closed_ends_by_the_deadline(tmp_path):
     assert hook.last()["ms"]["total"] < 300
 
 
+def test_a_process_that_starts_after_its_deadline_is_no_stdin_timeout(tmp_path):
+    """QA: under load a run logged `stdin_timeout` with stdin ready (`ms.stdin` 0.17) but
+    `ms.start` 411 of a 400 ms budget: the process started late, and `relay stats` blamed the
+    agent's stdin. The interpreter here sleeps before it reaches the hook, as a loaded
+    machine would, with the whole payload already waiting on stdin."""
+    import sys
+
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS=str(DEADLINE))
+        late = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import time; time.sleep({DEADLINE / 1000 + 0.05}); "
+                "from relay.hook import main; main(['relay-hook'])",
+            ],
+            input=hook.payload(PROMPT),
+            capture_output=True,
+            env=hook.env,
+            timeout=30,
+        )
+        assert (late.returncode, late.stdout) == (0, b"")
+        assert server.requests == []
+    entry = hook.last()
+    assert entry["ms"]["start"] > DEADLINE
+    assert (entry["outcome"], entry["reason"]) == ("timeout", "no_budget_left")
+
+
 def test_missing_and_unknown_fields_are_tolerated(tmp_path):
     with FakeRelay(reply(200, results(record("mem_a")))) as server:
         hook = Hook(tmp_path, server.url)

@@ -63,9 +63,13 @@ def _ms(seconds: float) -> float:
 
 
 def _read_stdin(until: float) -> tuple[bytes | None, str | None]:
-    """(all of stdin, None), or (None, why) when it is too large or not closed in time."""
+    """(all of stdin, None), or (None, why): `stdin_too_large`, `stdin_timeout` (not closed
+    in time), or `no_budget_left` when the time was up before reading began: the process
+    started late (a loaded machine), which says nothing about the agent's stdin."""
     import select
 
+    if time.monotonic() >= until:
+        return None, "no_budget_left"
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -141,6 +145,8 @@ def _dispatch(inv: Invocation) -> None:
         except ValueError:
             payload = None
     inv.ms["stdin"] = _ms(time.monotonic() - t)
+    if problem == "no_budget_left":  # a timeout that sent nothing, as relay stats counts it
+        return inv.finish("timeout", problem)
     if not isinstance(payload, dict):
         return inv.finish("skipped", problem or "bad_input")
     session_id = payload.get("session_id")
