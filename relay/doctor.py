@@ -30,6 +30,7 @@ from relay.errors import RelayError, StoreError, UnavailableError
 from relay.hook import config as hook_config
 
 SLOW_SERVER_MS = 150
+BUDGET_ALERT_RUNS = 3  # runs out of budget before a search, in 24 h, worth a finding
 EXPIRY_WARNING = timedelta(days=7)
 AGENT_LABELS = {"claude-code": "Claude Code", "codex": "Codex"}
 
@@ -496,6 +497,7 @@ class Doctor:
                 f"{down['since']}",
                 "check the server and the network; `relay stats` has the details",
             )
+        self._check_budget(summary)
         breaker = summary["breaker"]
         if breaker["state"] != "closed":
             self.add(
@@ -517,6 +519,24 @@ class Doctor:
             "the machine is slow to start Python; see docs/hook.md, Measuring"
             if level == "warn"
             else "",
+        )
+
+    def _check_budget(self, summary: dict[str, Any]) -> None:
+        """A deadline too short for this machine: at least as many runs ran out of budget
+        before they could search (`timeout`, `no_budget_left`) as searched; none searched
+        at all is a failure (QA: RELAY_DEADLINE_MS=50 ran out on 6 prompts of 6)."""
+        unsent = summary["not_searched"].get("timeout", 0)
+        searched = sum(summary["searched"].values())
+        if unsent < BUDGET_ALERT_RUNS or unsent < searched:
+            return
+        self.add(
+            "fail" if searched == 0 else "warn",
+            "log",
+            f"{unsent} runs in the last 24 h ran out of budget before they could search "
+            f"(timeout, no_budget_left) and {searched} searched: the hook's deadline is too "
+            "short for how fast this machine starts it",
+            f"raise DEADLINE_MS in {self.home(self.paths.script)} (the default is "
+            f"{hook_config.DEFAULTS['deadline_ms']} ms)",
         )
 
 

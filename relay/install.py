@@ -53,7 +53,8 @@ SCRIPT_KNOBS = (
     (
         "DEADLINE_MS",
         "deadline_ms",
-        "Whole budget per prompt in milliseconds, from process start; then the prompt goes on.",
+        "Whole budget per prompt in ms, from process start; then the prompt goes on"
+        f" ({hook_config.DEADLINE_MIN_MS}..{hook_config.DEADLINE_MAX_MS}, else ignored).",
     ),
 )
 # Knobs written into config.json at their defaults (re-running install restores them).

@@ -4,6 +4,7 @@ database is down and a missing hook."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from conftest import start_server
@@ -205,3 +206,21 @@ def test_a_breaker_left_by_another_url_is_not_reported(tmp_path, server):
     assert breaker["url"] == elsewhere and breaker["opened_at"]
     done = doctor(tmp_path)
     assert "circuit breaker" not in done.stdout, done.stdout
+
+
+def test_a_deadline_this_machine_cannot_search_in_fails(tmp_path, server):
+    """QA: with a deadline too short, every prompt ran out of budget before its request
+    (`timeout`, `no_budget_left`) and nothing said so; doctor reads it from the log."""
+    installed(tmp_path, server.url, server.admin_key)
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    entry = {"ts": now, "event": "prompt", "outcome": "timeout", "reason": "no_budget_left"}
+    log = tmp_path / ".relay/state/outcomes.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text((json.dumps({**entry, "ms": {"total": 60}}) + "\n") * 6)
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert any(
+        f.startswith("log: 6 runs in the last 24 h ran out of budget before they could search")
+        for f in failures(tmp_path)
+    )
+    assert "fix: raise DEADLINE_MS in ~/.relay/relay-autosearch-hook.sh" in done.stdout

@@ -286,6 +286,17 @@ def test_a_process_that_starts_after_its_deadline_is_no_stdin_timeout(tmp_path):
     assert (entry["outcome"], entry["reason"]) == ("timeout", "no_budget_left")
 
 
+def test_a_deadline_too_short_to_ever_search_is_ignored(tmp_path):
+    """QA: RELAY_DEADLINE_MS=50 was accepted (the documented range began at 50) and every
+    prompt ended `timeout`, `no_budget_left`: 50 ms kept back for packing and 20 for the
+    server leave nothing once the process has started. Below the least deadline that can
+    search, the value is out of range and the layer below applies (here the default)."""
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="50")
+        assert_hit_contract(hook.prompt(PROMPT))
+    assert hook.last()["deadline_ms"] > 100  # the server was given the default's budget
+
+
 def test_missing_and_unknown_fields_are_tolerated(tmp_path):
     with FakeRelay(reply(200, results(record("mem_a")))) as server:
         hook = Hook(tmp_path, server.url)

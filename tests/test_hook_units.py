@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -213,6 +214,21 @@ def test_config_layers_file_then_environment_and_bad_values_fall_back(tmp_path):
     assert config.load({"RELAY_CONFIG": str(tmp_path / "missing.json")}).url == ""
     (tmp_path / "broken.json").write_text("{not json")
     assert config.load({"RELAY_CONFIG": str(tmp_path / "broken.json")}).deadline_ms == 400
+
+
+def test_the_least_deadline_is_one_that_can_search_and_the_docs_say_so():
+    """Below PACK_RESERVE_S + MIN_SERVER_MS (plus the process's start) no request is ever
+    sent; such a deadline is out of range, and docs/hook.md states the range the code uses."""
+    from relay.hook import run
+
+    floor = config.DEADLINE_MIN_MS
+    assert floor > run.PACK_RESERVE_S * 1000 + run.MIN_SERVER_MS + 10  # + one /proc tick
+    env = {"RELAY_CONFIG": "/nonexistent/config.json"}
+    assert config.load({**env, "RELAY_DEADLINE_MS": str(floor - 1)}).deadline_ms == 400
+    assert config.load({**env, "RELAY_DEADLINE_MS": str(floor)}).deadline_ms == floor
+    docs = (Path(__file__).parent.parent / "docs/hook.md").read_text()
+    (row,) = [line for line in docs.splitlines() if line.startswith("| `deadline_ms`")]
+    assert f"{floor}..{config.DEADLINE_MAX_MS}" in row
 
 
 def test_settings_table_has_help_and_env_names_for_every_knob():

@@ -63,6 +63,18 @@ def _text(raw: object) -> str:
     return raw.strip()
 
 
+# The budget's fixed parts (docs/hook.md, Deadline). The server is told the budget left
+# minus PACK_RESERVE_S (for transfer, validation and packing), and a search is not sent
+# with less than MIN_SERVER_MS for the server. Before it goes, the process has started and
+# passed the gates: about 20 ms on an idle machine (docs/hook.md, Measuring), and the start
+# time read from /proc errs early by up to one 10 ms tick. A deadline below their sum can
+# never search, so it is out of range like any other bad value (and the layer below applies).
+PACK_RESERVE_S = 0.050
+MIN_SERVER_MS = 20
+START_FLOOR_MS = 30
+DEADLINE_MIN_MS = round(PACK_RESERVE_S * 1000) + MIN_SERVER_MS + START_FLOOR_MS
+DEADLINE_MAX_MS = 10_000
+
 # name, default, parser, help. Environment variable: RELAY_<NAME upper-cased>.
 SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
     ("url", "", _text, "Base URL of the Relay server, http:// or https://."),
@@ -75,7 +87,13 @@ SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
     ),
     ("state_dir", "~/.relay/state", _text, "Session state, breaker and outcome log."),
     ("memory_off", False, _bool, "Kill switch: 1 disables recall entirely."),
-    ("deadline_ms", 400, _int(50, 10_000), "Whole budget from process start, in milliseconds."),
+    (
+        "deadline_ms",
+        400,
+        _int(DEADLINE_MIN_MS, DEADLINE_MAX_MS),
+        "Whole budget from process start, in milliseconds; less than"
+        f" {DEADLINE_MIN_MS} could never search.",
+    ),
     ("min_prompt_len", 15, _int(0, 100_000), "Prompts shorter than this never search."),
     ("throttle_prompts", 2, _int(0, 1000), "No new search within this many prompts of the last."),
     (

@@ -23,9 +23,11 @@ RESPONSE_MAX = 256 * 1024
 QUERY_MAX_CHARS = 2000
 EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
 SERVER_MAX_K = 12  # the most results one search returns (relay.search.MAX_K: not importable here)
-PACK_RESERVE_S = 0.050  # kept back from the server: transfer, validate, pack (DESIGN.md)
+# PACK_RESERVE_S (kept back from the server: transfer, validate, pack) and MIN_SERVER_MS
+# live with the settings, whose least deadline_ms they set.
+PACK_RESERVE_S = config.PACK_RESERVE_S
+MIN_SERVER_MS = config.MIN_SERVER_MS
 EXIT_RESERVE_S = 0.025  # kept back from the network: breaker, log and exit, slower under load
-MIN_SERVER_MS = 20
 SOURCES = ("startup", "resume", "clear", "compact")
 
 
