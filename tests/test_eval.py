@@ -18,6 +18,7 @@ from relay.eval.commands import eval_group
 from relay.eval.conversations import CLASSES, MEMORY_CLASSES, build_conversations
 from relay.eval.faults import KINDS
 from relay.eval.replay import extras, figures
+from relay.eval.report import targets
 from relay.hook_bench import ON_TIME_SLACK_MS
 from relay.install import hook_script
 
@@ -306,6 +307,36 @@ def test_figures_count_duplicates_and_tokens_kept_in_history():
     assert r["useful_rate"] == 0.5 and r["quiet_rate"] == 1.0
     assert r["by_class"]["follow_up"]["tokens_cumulative"] == 0
     assert r["by_class"]["needs_memory"]["tokens_cumulative"] == 500
+
+
+def test_a_memory_prompt_without_gold_is_not_measured_for_usefulness():
+    """QA: a team row with `kind` but no `relevant` ran the whole replay, then crashed in the
+    figures (int + None); its usefulness is unknown, so it is left out, and null if alone."""
+
+    def row(turn: int, kind: str, useful: bool | None) -> dict:
+        return {
+            "conversation": "c",
+            "turn": turn,
+            "turns": 2,
+            "kind": kind,
+            "outcome": "hit",
+            "ms": 10.0,
+            "tokens": 50,
+            "records": 1,
+            "duplicates": 0,
+            "useful": useful,
+            "quiet": False,
+        }
+
+    unlabelled = figures([row(1, "needs_memory", None)], conversations=1)
+    assert unlabelled["useful_rate"] is None
+    assert unlabelled["by_class"]["needs_memory"]["useful_rate"] is None
+    mixed = figures([row(1, "needs_memory", None), row(2, "topic_shift", True)], 1)
+    assert mixed["useful_rate"] == 1.0
+    result = {"on": unlabelled, "ungated": unlabelled}
+    more = {"modes": {"on": {"over_deadline": 0}}}
+    verdicts = {name: ok for name, _, ok in targets(result, more)}
+    assert verdicts["usefulness ≥ 0.8 on memory-needing prompts"] is None  # not "not met"
 
 
 def test_apply_also_sets_the_installed_scripts_knobs_which_beat_the_config(tmp_path):

@@ -150,8 +150,11 @@ class _Context:
 
 
 # -- figures -------------------------------------------------------------------------
-def _rate(values: list[bool]) -> float | None:
-    return round(sum(values) / len(values), 4) if values else None
+def _rate(values: list[bool | None]) -> float | None:
+    """The share of True among the values that were measured (None: not measurable, e.g.
+    usefulness of a prompt whose row names no gold memory); None when none were."""
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 4) if known else None
 
 
 def figures(rows: list[dict[str, Any]], conversations: int, classes: bool = True) -> dict[str, Any]:
@@ -179,7 +182,7 @@ def figures(rows: list[dict[str, Any]], conversations: int, classes: bool = True
             by_kind[r["kind"]].append(r)
         out["by_class"] = {k: figures(v, conversations, False) for k, v in sorted(by_kind.items())}
     else:
-        out["useful_rate"] = _rate([r["useful"] for r in rows if r["useful"] is not None])
+        out["useful_rate"] = _rate([r["useful"] for r in rows])
         out["quiet_rate"] = _rate([r["quiet"] for r in rows])
     return out
 
@@ -237,7 +240,7 @@ def extras(rows: list[dict[str, Any]], deadline_ms: int) -> dict[str, Any]:
             "by_slice": {
                 k: {
                     "n": len(v),
-                    "useful_rate": _rate([r["useful"] for r in v if r["useful"] is not None]),
+                    "useful_rate": _rate([r["useful"] for r in v]),
                     "quiet_rate": _rate([r["quiet"] for r in v]),
                 }
                 for k, v in sorted(slices.items())

@@ -211,12 +211,19 @@ def _rate(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-def _check(ok: bool) -> str:
+def _check(ok: bool | None) -> str:
+    if ok is None:
+        return '<span class="meta">not measured</span>'
     return '<span class="pass">met</span>' if ok else '<span class="fail">not met</span>'
 
 
-def targets(result: dict[str, Any], more: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """The issue's targets, each with the measured figure."""
+def _at_least(value: float | None, target: float) -> bool | None:
+    return None if value is None else value >= target
+
+
+def targets(result: dict[str, Any], more: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """The issue's targets, each with the measured figure (None: the data cannot tell, e.g.
+    usefulness when no prompt names the memories it needs)."""
     on, ungated = result["on"], result["ungated"]
     ratio = (
         on["tokens_cumulative"] / ungated["tokens_cumulative"]
@@ -230,12 +237,12 @@ def targets(result: dict[str, Any], more: dict[str, Any]) -> list[tuple[str, str
         (
             "usefulness ≥ 0.8 on memory-needing prompts",
             _rate(on["useful_rate"]),
-            (on["useful_rate"] or 0) >= 0.8,
+            _at_least(on["useful_rate"], 0.8),
         ),
         (
             "≥ 0.9 of nothing-needed prompts get nothing",
             _rate(on["quiet_rate"]),
-            (on["quiet_rate"] or 0) >= 0.9,
+            _at_least(on["quiet_rate"], 0.9),
         ),
         ("cumulative tokens ≤ 1/3 of ungated", f"{ratio:.3f} of ungated", ratio <= 1 / 3),
     ]
@@ -259,9 +266,9 @@ def replay_page(report: dict[str, Any]) -> str:
     ]
     cards = []
     for name, figure, ok in targets(result, more):
+        verdict = "meta" if ok is None else "pass" if ok else "fail"
         cards.append(
-            f'<div class="card">{_e(name)}<b class="{"pass" if ok else "fail"}">{_e(figure)}</b>'
-            f"{_check(ok)}</div>"
+            f'<div class="card">{_e(name)}<b class="{verdict}">{_e(figure)}</b>{_check(ok)}</div>'
         )
     body.append(f'<div class="cards">{"".join(cards)}</div>')
     body.append("<h2>Hook wall time, spawn to exit</h2>")
