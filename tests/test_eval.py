@@ -228,6 +228,28 @@ def test_replay_of_a_jsonl_needs_a_server():
     assert result.exit_code != 0 and "--url" in result.output
 
 
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (['{"prompt": "write a migration"}', "{bad"], "line 2: not JSON"),
+        (['{"prompt": "write a migration"}', "", '["a"]'], "line 3: not a JSON object"),
+        (['{"prompt": "fix it", "relevant": "team:x"}'], "line 1: 'relevant' is not a list"),
+        (['{"prompt": "a", "session": "s", "turn": "2"}'], "line 1: 'turn' is not a whole"),
+        (['{"query": ""}'], "line 1: no prompt"),
+    ],
+)
+def test_a_bad_row_in_a_prompts_jsonl_is_one_line_naming_its_line(tmp_path, lines, expected):
+    """QA: an array row raised AttributeError; a bad JSON on line 2 said 'line 1 column 2'."""
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(
+        eval_group, ["replay", str(prompts), "--url", "http://127.0.0.1:9", "--key", "k"]
+    )
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.output.startswith(f"Error: {prompts}: {expected}")
+    assert result.output.count("\n") == 1
+
+
 def _locomo_like() -> list[dict]:
     rows = []
     for store in ("conv-a", "conv-b"):

@@ -9,11 +9,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from relay.hook_bench import BENCH
+
+if TYPE_CHECKING:
+    from relay.eval.conversations import Conversation
 
 
 def _progress(message: str) -> None:
@@ -50,6 +53,16 @@ def _meta(dataset: str, deadline_ms: int, **more: Any) -> dict[str, Any]:
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         **more,
     }
+
+
+def _conversations(source: Path, count: int | None, seed: int, turns: int) -> list[Conversation]:
+    """The conversations to replay; a bad row is one line naming the file and its line."""
+    from relay.eval.conversations import load_conversations
+
+    try:
+        return load_conversations(source, count, seed, turns)
+    except (ValueError, KeyError, OSError) as exc:
+        raise click.ClickException(f"{source}: {exc}") from None
 
 
 def _folder_option(name: str, help_text: str):  # noqa: ANN202
@@ -157,7 +170,7 @@ def replay_command(
     from relay.eval import advice as adv
     from relay.eval import replay as rp
     from relay.eval import report as rep
-    from relay.eval.conversations import load_conversations, write_jsonl
+    from relay.eval.conversations import write_jsonl
     from relay.eval.harness import OrgKeys, Server, api, load_database
     from relay.eval.harness import workdir as make_workdir
     from relay.hook_bench import HOOK, compile_hook, warm_up
@@ -167,10 +180,7 @@ def replay_command(
         raise click.UsageError(f"{source} has no memories.jsonl")
     if not bench and not (url and key):
         raise click.UsageError("a JSONL of prompts needs --url and --key (the team's server)")
-    try:
-        conversations = load_conversations(source, count, seed, turns)
-    except (ValueError, KeyError) as exc:
-        raise click.UsageError(f"{source}: {exc}") from None
+    conversations = _conversations(source, count, seed, turns)
     if not conversations:
         raise click.UsageError(f"{source}: no conversations to replay")
     stores = {c.store for c in conversations}
@@ -303,14 +313,13 @@ def faults_command(
     and restarted; then deletion and key revocation with warm caches, and a compaction."""
     from relay.eval import faults as fl
     from relay.eval import report as rep
-    from relay.eval.conversations import load_conversations
     from relay.eval.harness import Server, load_database
     from relay.eval.harness import workdir as make_workdir
     from relay.hook_bench import compile_hook
 
     if not (source / "memories.jsonl").exists():
         raise click.UsageError(f"{source} has no memories.jsonl")
-    conversations = load_conversations(source, count, seed, turns)
+    conversations = _conversations(source, count, seed, turns)
     work, tmp = make_workdir(workdir, "relay-eval-faults-")
     server = None
     try:

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.bench_recall import read_jsonl
-
 CLASSES = ("needs_memory", "topic_shift", "same_topic", "follow_up", "nothing_relevant")
 MEMORY_CLASSES = ("needs_memory", "topic_shift")  # useful_rate: did the context hold a gold memory
 QUIET_CLASSES = ("follow_up", "nothing_relevant")  # quiet_rate: did they get nothing
@@ -290,9 +288,10 @@ def load_conversations(
     Rows with sessions (`meta.session` or `session`) replay as those sessions;
     otherwise conversations are built (`count` of them, default one per store).
     Team rows may use `prompt` for `query` and put `session`/`turn` at the top level.
+    A line that is not a JSON object with a prompt is a ValueError naming its line.
     """
     source = path / "queries.jsonl" if path.is_dir() else path
-    rows = [_normalise(r, i) for i, r in enumerate(read_jsonl(source))]
+    rows = [_normalise(r, n) for n, r in read_rows(source)]
     if has_sessions(rows):
         conversations = from_sessions(rows)
         return conversations[:count] if count else conversations
@@ -300,21 +299,58 @@ def load_conversations(
     return build_conversations(rows, count or len(stores), seed, turns)
 
 
-def _normalise(row: dict[str, Any], index: int) -> dict[str, Any]:
-    meta = dict(row.get("meta") or {})
+def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, row) for every non-blank line of a JSONL file; a line that is not UTF-8,
+    not JSON or not an object is a ValueError that names it (json's own position would say
+    line 1, the line being parsed alone)."""
+    out = []
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"line {n}: not UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f'line {n}: not a JSON object (a row is {{"prompt": ...}})')
+            out.append((n, row))
+    return out
+
+
+def _normalise(row: dict[str, Any], line: int) -> dict[str, Any]:
+    meta = row.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"line {line}: 'meta' is not an object")
+    meta = dict(meta)
     for key in ("session", "turn", "answer"):
         if key in row and key not in meta:
             meta[key] = row[key]
     query = row.get("query") or row.get("prompt")
     if not isinstance(query, str) or not query.strip():
-        raise ValueError(f"line {index + 1}: no prompt (a 'query' or 'prompt' string)")
+        raise ValueError(f"line {line}: no prompt (a 'query' or 'prompt' string)")
+    relevant = row.get("relevant") or []
+    if not isinstance(relevant, list) or not all(isinstance(g, str) for g in relevant):
+        raise ValueError(f"line {line}: 'relevant' is not a list of memory ids")
+    turn = meta.get("turn")
+    if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int)):
+        raise ValueError(f"line {line}: 'turn' is not a whole number")
+    for key in ("store", "kind"):
+        if row.get(key) is not None and not isinstance(row[key], str):
+            raise ValueError(f"line {line}: '{key}' is not a string")
+    if meta.get("session") is not None and not isinstance(meta["session"], str | int):
+        raise ValueError(f"line {line}: 'session' is not a string")
     return {
         **row,
         "store": row.get("store") or "team",
-        "qid": row.get("qid") or f"q{index}",
+        "qid": row.get("qid") or f"line{line}",
         "query": query,
-        "relevant": list(row.get("relevant") or ()),
-        "answerable": row.get("answerable", bool(row.get("relevant"))),
+        "relevant": relevant,
+        "answerable": row.get("answerable", bool(relevant)),
         "meta": meta,
     }
 
