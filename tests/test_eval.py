@@ -15,7 +15,12 @@ from hook_support import FakeRelay, Hook, assert_hit_contract, record, reply, re
 
 from relay.eval.advice import apply
 from relay.eval.commands import eval_group
-from relay.eval.conversations import CLASSES, MEMORY_CLASSES, build_conversations
+from relay.eval.conversations import (
+    CLASSES,
+    MEMORY_CLASSES,
+    build_conversations,
+    load_conversations,
+)
 from relay.eval.faults import KINDS
 from relay.eval.replay import extras, figures
 from relay.eval.report import targets
@@ -248,6 +253,36 @@ def test_a_bad_row_in_a_prompts_jsonl_is_one_line_naming_its_line(tmp_path, line
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert result.output.startswith(f"Error: {prompts}: {expected}")
     assert result.output.count("\n") == 1
+
+
+def test_a_teams_prompts_replay_as_written_with_their_own_classes(tmp_path):
+    """QA: a sessionless JSONL of one prompt became a 20-turn conversation repeating it ten
+    times, its explicit needs_memory rewritten to nothing_relevant; prompts with sessions
+    and no kind were all classed nothing_relevant, and the advice fitted to that guess."""
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"prompt": "write a database migration for orders", "kind": "needs_memory"},
+        {"prompt": "ok, do it", "session": "a", "turn": 2},
+        {"prompt": "which cluster do load tests use", "session": "a", "turn": 1},
+        {"prompt": "add the charge endpoint", "session": "a", "turn": 3, "relevant": ["m1"]},
+        {"prompt": "explain CMD versus ENTRYPOINT"},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    conversations = load_conversations(prompts, None, seed=0)
+    assert [[(t.prompt, t.kind) for t in c.turns] for c in conversations] == [
+        [
+            ("which cluster do load tests use", "unlabelled"),
+            ("ok, do it", "unlabelled"),
+            ("add the charge endpoint", "needs_memory"),
+        ],
+        [("write a database migration for orders", "needs_memory")],
+        [("explain CMD versus ENTRYPOINT", "unlabelled")],
+    ]
+    assert [c.turns[0].relevant for c in conversations] == [(), (), ()]
+    assert len(load_conversations(prompts, 2, seed=0)) == 2
+    prompts.write_text('{"prompt": "fix the flaky test", "kind": "needs-memory"}\n')
+    with pytest.raises(ValueError, match="line 1: kind 'needs-memory' is not one of"):
+        load_conversations(prompts, None, seed=0)
 
 
 def _locomo_like() -> list[dict]:

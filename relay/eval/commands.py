@@ -133,7 +133,7 @@ def eval_group() -> None:
     "--conversations",
     "count",
     type=click.IntRange(1),
-    help="Conversations to replay [sessions: all; built: one per store].",
+    help="Conversations to replay [sessions and a team's prompts: all; built: one per store].",
 )
 @click.option(
     "--config",

@@ -6,12 +6,16 @@ A conversation is a list of turns, each a prompt with its class:
   same_topic        already answered by what an earlier prompt put in context
   follow_up         "continue", "ok, do it": nothing new should be injected
   nothing_relevant  a substantive prompt no memory covers
+  unlabelled        a team's prompt with neither a class nor gold: its latency, outcome
+                    and tokens count, but whether recall helped it cannot be judged
 `coding_prompts` carries these classes and its sessions (`meta.session`, `meta.turn`).
 For question sets without sessions (`locomo_observations`) `build_conversations`
 mixes them into 20-turn conversations, deterministically for a seed: needs-memory
 questions grouped by the session their gold comes from (a new group is a topic
 shift), later questions whose gold is a subset of an earlier one's (same topic),
 follow-ups, and the folder's empty-gold questions (nothing relevant).
+A team's JSONL of prompts is replayed as written (`from_prompts`): nothing is added or
+repeated, since padding a team's prompts with copies of themselves measures nothing real.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 CLASSES = ("needs_memory", "topic_shift", "same_topic", "follow_up", "nothing_relevant")
 MEMORY_CLASSES = ("needs_memory", "topic_shift")  # useful_rate: did the context hold a gold memory
 QUIET_CLASSES = ("follow_up", "nothing_relevant")  # quiet_rate: did they get nothing
+UNLABELLED = "unlabelled"  # a team row with no kind and no gold: in no rate
 TURNS_PER_CONVERSATION = 20
 
 # The class of each of the 20 turns of a built conversation: three topics, the
@@ -116,25 +121,44 @@ def from_sessions(rows: Iterable[dict[str, Any]]) -> list[Conversation]:
     for (store, session), items in sorted(grouped.items()):
         items.sort(key=lambda r: (r.get("meta") or {}).get("turn", 0))
         cid = f"{store}/{session}"
-        turns = tuple(
-            Turn(
-                conversation=cid,
-                no=i,
-                prompt=r.get("query") or r.get("prompt") or "",
-                kind=r.get("kind") or _default_kind(r),
-                relevant=tuple(r.get("relevant") or ()),
-                answer=_answer(r.get("meta") or {}),
-                store=store,
-                source_kind=r.get("kind"),
-            )
-            for i, r in enumerate(items, 1)
-        )
+        turns = tuple(_turn(cid, i, r, store) for i, r in enumerate(items, 1))
         out.append(Conversation(cid, store, turns))
     return out
 
 
+def from_prompts(rows: list[dict[str, Any]]) -> list[Conversation]:
+    """A team's prompts as written: rows with a session replay as that session, in turn
+    order; a row without one is a conversation of its own (no context is invented for it)."""
+    in_sessions = [r for r in rows if r["meta"].get("session") is not None]
+    alone = [
+        Conversation(
+            f"{r['store']}/{r['qid']}",
+            r["store"],
+            (_turn(f"{r['store']}/{r['qid']}", 1, r, r["store"]),),
+        )
+        for r in rows
+        if r["meta"].get("session") is None
+    ]
+    return from_sessions(in_sessions) + alone
+
+
+def _turn(cid: str, no: int, row: dict[str, Any], store: str) -> Turn:
+    return Turn(
+        conversation=cid,
+        no=no,
+        prompt=row.get("query") or row.get("prompt") or "",
+        kind=row.get("kind") or _default_kind(row),
+        relevant=tuple(row.get("relevant") or ()),
+        answer=_answer(row.get("meta") or {}),
+        store=store,
+        source_kind=row.get("kind"),
+    )
+
+
 def _default_kind(row: dict[str, Any]) -> str:
-    return "needs_memory" if row.get("relevant") else "nothing_relevant"
+    """A row that names gold needs memory; one with neither class nor gold is unlabelled
+    (calling it nothing_relevant would score, and advise on, a guess)."""
+    return "needs_memory" if row.get("relevant") else UNLABELLED
 
 
 def _topic(row: dict[str, Any]) -> str:
@@ -283,15 +307,19 @@ def _same_topic(
 def load_conversations(
     path: Path, count: int | None, seed: int, turns: int = TURNS_PER_CONVERSATION
 ) -> list[Conversation]:
-    """A bench folder (its queries.jsonl) or a team's JSONL of prompts.
+    """A bench folder (its queries.jsonl) or a team's JSONL of prompts (the first `count`
+    conversations, default all).
 
-    Rows with sessions (`meta.session` or `session`) replay as those sessions;
-    otherwise conversations are built (`count` of them, default one per store).
-    Team rows may use `prompt` for `query` and put `session`/`turn` at the top level.
+    A folder whose rows have sessions (`meta.session`) replays them; otherwise
+    conversations are built from its questions (`count` of them, default one per store).
+    A team's JSONL replays as written (`from_prompts`); its rows may use `prompt` for
+    `query`, put `session`/`turn` at the top level, and give a `kind` from CLASSES.
     A line that is not a JSON object with a prompt is a ValueError naming its line.
     """
-    source = path / "queries.jsonl" if path.is_dir() else path
-    rows = [_normalise(r, n) for n, r in read_rows(source)]
+    if not path.is_dir():
+        conversations = from_prompts([_team_row(r, n) for n, r in read_rows(path)])
+        return conversations[:count] if count else conversations
+    rows = [_normalise(r, n) for n, r in read_rows(path / "queries.jsonl")]
     if has_sessions(rows):
         conversations = from_sessions(rows)
         return conversations[:count] if count else conversations
@@ -319,6 +347,16 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
             if not isinstance(row, dict):
                 raise ValueError(f'line {n}: not a JSON object (a row is {{"prompt": ...}})')
             out.append((n, row))
+    return out
+
+
+def _team_row(row: dict[str, Any], line: int) -> dict[str, Any]:
+    """A team's row, whose `kind` is the prompt's class (a bench folder's may be the data's
+    own slice): a misspelt class would otherwise count as a class of its own."""
+    out = _normalise(row, line)
+    kind = out.get("kind")
+    if kind is not None and kind not in (*CLASSES, UNLABELLED):
+        raise ValueError(f"line {line}: kind {kind!r} is not one of {', '.join(CLASSES)}")
     return out
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from relay.eval.conversations import MEMORY_CLASSES
+from relay.eval.conversations import MEMORY_CLASSES, UNLABELLED
 from relay.hook_bench import ON_TIME_SLACK_MS
 
 COLOURS = {"on": "#2f6fdf", "off": "#9aa5b4", "ungated": "#e0832f"}
@@ -357,6 +357,8 @@ def replay_page(report: dict[str, Any]) -> str:
     classes = sorted(result["on"]["by_class"])
     groups = []
     for c in classes:
+        if c == UNLABELLED:  # no rate to draw: nobody said what it needed
+            continue
         key = "useful_rate" if c in MEMORY_CLASSES or c == "same_topic" else "quiet_rate"
         groups.append(
             (
