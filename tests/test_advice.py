@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from relay.eval.advice import (
     best_knobs,
+    cannot_advise,
     current_knobs,
     render_exclusions,
     simulate,
@@ -114,3 +115,31 @@ def test_a_class_is_advised_out_only_when_it_searches_often_and_never_helps():
     assert render_exclusions([{**entry, "searched_advised": 0.1}])[0].startswith(
         "  follow_up (exclude)"
     )
+
+
+def test_no_advice_without_gold_or_without_prompts_that_need_nothing():
+    """QA: five unlabelled team prompts, all taken for nothing_relevant, got the advice
+    'min_score 0.1 -> 0.8' (silence everything), and --apply wrote it."""
+    gold = ("write the migration for orders by hand", "needs_memory", ("g1",))
+    no_gold = ("write the migration for orders by hand", "needs_memory", ())
+    quiet = (NOTHING[0], "nothing_relevant", ())
+    unlabelled = (NOTHING[1], "unlabelled", ())
+    assert cannot_advise([_conversation("c", [gold, quiet])]) is None
+    for turns in ([no_gold, quiet], [unlabelled, quiet], [quiet]):
+        reason = cannot_advise([_conversation("c", turns)])
+        assert reason and reason.startswith("no prompt names the memories it needs")
+    reason = cannot_advise([_conversation("c", [gold, unlabelled])])
+    assert reason and reason.startswith("no prompt is labelled follow_up or nothing_relevant")
+
+
+def test_usefulness_is_judged_only_on_prompts_that_name_their_gold():
+    conversation = _conversation(
+        "c",
+        [
+            ("where does the payments service deploy migrations", "needs_memory", ("g1",)),
+            ("which kubernetes cluster hosts staging for checkout", "needs_memory", ()),
+        ],
+    )
+    probes = {("acme", t.prompt): [_record("g1", 0.9)] for t in conversation.turns}
+    knobs = {**current_knobs(None), "throttle_prompts": 0}
+    assert simulate([conversation], probes, knobs)["useful_rate"] == 1.0

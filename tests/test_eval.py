@@ -193,39 +193,82 @@ def test_faults_drills_on_the_team_dataset(team, tmp_path):
     assert 'data-plot="drills"' in html and 'data-plot="latency"' in html
 
 
-def test_replay_of_a_teams_jsonl_against_its_own_server(tmp_path):
+@pytest.fixture(scope="module")
+def team_server(tmp_path_factory):
+    """A running `relay serve` holding four of the team's memories, as a team runs it."""
     from conftest import start_server
+    from eval_support import MEMORIES
 
-    server = start_server(tmp_path / "relay.db")
+    server = start_server(tmp_path_factory.mktemp("team-server") / "relay.db")
     try:
         headers = {"Authorization": f"Bearer {server.admin_key}"}
-        from eval_support import MEMORIES
-
         for mid, text in MEMORIES[:4]:
             response = httpx.post(
                 f"{server.url}/v1/memories", json={"id": mid, "body": text}, headers=headers
             )
             assert response.status_code == 201, response.text
-        prompts = tmp_path / "prompts.jsonl"
-        rows = [
-            {"prompt": p, "session": s, "turn": i, "kind": k, "relevant": g}
-            for s, turns in SESSIONS.items()
-            for i, (p, k, g) in enumerate(turns, 1)
-        ]
-        prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        result = CliRunner().invoke(
-            eval_group,
-            ["replay", str(prompts), "--url", server.url, "--key", server.admin_key]
-            + ["--json", str(tmp_path / "f.json"), "--report-dir", str(tmp_path / "rep")],
-        )
-        assert result.exit_code == 0, result.output
-        data = json.loads((tmp_path / "f.json").read_text())
-        assert data["conversations"] == 2 and data["turns"] == len(rows)
-        assert data["on"]["duplicate_rate"] == 0.0
+        yield server
     finally:
         server.stop()
         if server.process.stdout:
             server.process.stdout.close()
+
+
+def test_replay_of_a_teams_jsonl_against_its_own_server(team_server, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"prompt": p, "session": s, "turn": i, "kind": k, "relevant": g}
+        for s, turns in SESSIONS.items()
+        for i, (p, k, g) in enumerate(turns, 1)
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(
+        eval_group,
+        ["replay", str(prompts), "--url", team_server.url, "--key", team_server.admin_key]
+        + ["--json", str(tmp_path / "f.json"), "--report-dir", str(tmp_path / "rep")],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert data["conversations"] == 2 and data["turns"] == len(rows)
+    assert data["on"]["duplicate_rate"] == 0.0
+
+
+def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tmp_path):
+    """QA: prompts without gold were scored as nothing_relevant, the advice raised min_score
+    to 0.8 to silence them all, and --apply wrote it; a needs_memory row without relevant
+    crashed the figures. Now: figures without rates, 'no advice', and --apply refused."""
+    prompts = tmp_path / "min.jsonl"
+    rows = [
+        {
+            "prompt": "write a database migration by hand for the orders table",
+            "session": "a",
+            "turn": 1,
+            "kind": "needs_memory",
+        },
+        {"prompt": "which column type should hold the refund amount", "session": "a", "turn": 2},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["replay", str(prompts), "--url", team_server.url, "--key", team_server.admin_key]
+    args += ["--json", str(tmp_path / "f.json"), "--report-dir", str(tmp_path / "rep")]
+    config = tmp_path / "config.json"
+    env = {"RELAY_CONFIG": str(config)}
+    applied = CliRunner().invoke(eval_group, [*args, "--apply"], env=env)
+    assert applied.exit_code == 1, applied.output
+    assert applied.output.startswith(
+        "Error: --apply: no advice to apply: no prompt names the memories it needs"
+    )
+    assert not config.exists() and not (tmp_path / "rep").exists()  # stopped before replaying
+
+    result = CliRunner().invoke(eval_group, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert "no advice: no prompt names the memories it needs" in result.output
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert data["turns"] == 2 and data["on"]["useful_rate"] is None
+    assert set(data["on"]["by_class"]) == {"needs_memory", "unlabelled"}
+    report = json.loads((tmp_path / "rep" / "replay.json").read_text())
+    assert set(report["advice"]) == {"refused", "current"}
+    assert "No advice: no prompt names" in (tmp_path / "rep" / "replay.html").read_text()
+    assert not config.exists()
 
 
 def test_replay_of_a_jsonl_needs_a_server():

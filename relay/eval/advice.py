@@ -56,6 +56,29 @@ MIN_SEARCHED_SHARE = 0.05
 Probes = dict[tuple[str, str], list[dict[str, Any]]]
 
 
+def cannot_advise(conversations: list[Conversation]) -> str | None:
+    """Why these prompts cannot judge a setting, or None. The advice trades prompts that need
+    a memory (and name it) against prompts that need nothing; with either side missing, it
+    would fit the other alone: silence everything, or inject on every prompt."""
+    turns = [t for c in conversations for t in c.turns]
+    if not any(t.kind in MEMORY_CLASSES and t.relevant for t in turns):
+        return (
+            "no prompt names the memories it needs (a needs_memory or topic_shift row with "
+            "'relevant' ids), so whether recall helps cannot be judged"
+        )
+    if not any(t.kind in QUIET_CLASSES for t in turns):
+        return (
+            "no prompt is labelled follow_up or nothing_relevant, so whether recall keeps "
+            "quiet when nothing is needed cannot be judged"
+        )
+    return None
+
+
+def refused(reason: str, current: dict[str, Any]) -> dict[str, Any]:
+    """The advice when `cannot_advise` gave a reason: the knobs as they are, and why."""
+    return {"refused": reason, "current": {k: current[k] for k in KNOBS}}
+
+
 def current_knobs(config: Path | None) -> dict[str, Any]:
     """The knobs the replay's `on` mode ran with: defaults, overridden by --config."""
     environ = {"RELAY_CONFIG": str(config)} if config else {"RELAY_CONFIG": os.devnull}
@@ -126,7 +149,7 @@ def simulate(
             counts[0] += 1
             counts[1] += did_search
             counts[2] += context is not None
-            if turn.kind in MEMORY_CLASSES:
+            if turn.kind in MEMORY_CLASSES and turn.relevant:
                 useful.append(any(g in held for g in turn.relevant))
             if turn.kind in QUIET_CLASSES:
                 quiet.append(context is None)
@@ -339,6 +362,8 @@ def render_exclusions(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def render(advice: dict[str, Any]) -> str:
+    if advice.get("refused"):
+        return f"no advice: {advice['refused']} (label the prompts: docs/eval.md)"
     lines = ["advice (from this team's replay):"]
     lines += render_exclusions(advice["exclude"])
     if not advice["exclude"]:

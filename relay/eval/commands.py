@@ -183,6 +183,9 @@ def replay_command(
     conversations = _conversations(source, count, seed, turns)
     if not conversations:
         raise click.UsageError(f"{source}: no conversations to replay")
+    refusal = adv.cannot_advise(conversations)
+    if apply_ and refusal:  # before the replay: minutes of it would end in nothing to apply
+        raise click.ClickException(f"--apply: no advice to apply: {refusal}")
     stores = {c.store for c in conversations}
     work, tmp = make_workdir(workdir, "relay-eval-replay-")
     server = None
@@ -228,17 +231,20 @@ def replay_command(
             result = rp.public(rows, len(conversations))
             more = rp.extras(rows, deadline_ms)
             current = adv.current_knobs(config)
-            _progress(
-                "advice: one search per distinct prompt, then the hook's gate replayed offline"
-            )
-            probes = adv.probe(
-                conversations,
-                lambda store, body: api(
-                    base, "POST", "/v1/search", keys[store].read["probe"], body
-                ),
-                max(current["max_records"], *adv.GRID["max_records"]),
-            )
-            advice = adv.advise(conversations, probes, rows, current)
+            if refusal:
+                advice = adv.refused(refusal, current)
+            else:
+                _progress(
+                    "advice: one search per distinct prompt, then the hook's gate replayed offline"
+                )
+                probes = adv.probe(
+                    conversations,
+                    lambda store, body: api(
+                        base, "POST", "/v1/search", keys[store].read["probe"], body
+                    ),
+                    max(current["max_records"], *adv.GRID["max_records"]),
+                )
+                advice = adv.advise(conversations, probes, rows, current)
     finally:
         if server is not None:
             server.stop()

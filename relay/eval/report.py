@@ -411,6 +411,11 @@ def replay_page(report: dict[str, Any]) -> str:
 
 def _advice_html(advice: dict[str, Any]) -> list[str]:
     out = ["<h2>Advice</h2>"]
+    if advice.get("refused"):
+        return [
+            *out,
+            f"<p>No advice: {_e(advice['refused'])} (docs/eval.md says how to label).</p>",
+        ]
     if advice["exclude"]:
         out.append(
             _table(
