@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
+from relay.errors import RelayError
 from relay.eval.advice import (
     best_knobs,
     cannot_advise,
     current_knobs,
+    probe,
     render_exclusions,
     simulate,
     worth_excluding,
@@ -143,3 +147,13 @@ def test_usefulness_is_judged_only_on_prompts_that_name_their_gold():
     probes = {("acme", t.prompt): [_record("g1", 0.9)] for t in conversation.turns}
     knobs = {**current_knobs(None), "throttle_prompts": 0}
     assert simulate([conversation], probes, knobs)["useful_rate"] == 1.0
+
+
+def test_a_probe_the_server_refuses_is_an_error_not_an_empty_answer():
+    """An empty list for a 401 or 503 would count as 'nothing relevant' in the advice."""
+    conversation = _conversation("c", [(NOTHING[0], "nothing_relevant", ())])
+    assert probe([conversation], lambda store, body: (200, {"results": []})) == {
+        ("acme", NOTHING[0]): []
+    }
+    with pytest.raises(RelayError, match="a search answered HTTP 401"):
+        probe([conversation], lambda store, body: (401, None))

@@ -271,6 +271,29 @@ def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tm
     assert not config.exists()
 
 
+def test_a_refused_key_or_a_server_down_stops_the_replay_at_once(team_server, tmp_path):
+    """QA: a wrong key gave exit 0 and a full report of 'unauthorized' turns that looked
+    quiet; a server down ran the whole replay, then a ConnectionRefusedError traceback."""
+    from conftest import free_port
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand", "kind": "follow_up"}\n')
+    down = f"http://127.0.0.1:{free_port()}"
+    cases = [
+        (team_server.url, "relay_abc_def", f"Error: {team_server.url} refused the key: "),
+        (down, team_server.admin_key, f"Error: cannot reach the Relay server at {down}: "),
+    ]
+    for url, key, expected in cases:
+        result = CliRunner().invoke(
+            eval_group,
+            ["replay", str(prompts), "--url", url, "--key", key]
+            + ["--report-dir", str(tmp_path / "rep")],
+        )
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+        assert result.output.startswith(expected) and result.output.count("\n") == 1, result.output
+        assert not (tmp_path / "rep").exists()
+
+
 def test_replay_of_a_jsonl_needs_a_server():
     result = CliRunner().invoke(eval_group, ["replay", __file__])
     assert result.exit_code != 0 and "--url" in result.output

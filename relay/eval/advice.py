@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relay.errors import RelayError
 from relay.eval.conversations import (
     MEMORY_CLASSES,
     QUIET_CLASSES,
@@ -92,7 +93,8 @@ def probe(
     max_records: int = max(GRID["max_records"]),
 ) -> Probes:
     """What the server answers each distinct prompt, as the hook would validate it; as many
-    results as the largest `max_records` tried needs."""
+    results as the largest `max_records` tried needs. A search not answered 200 raises
+    RelayError: taken for an empty answer, it would pass for "nothing relevant"."""
     out: Probes = {}
     for conv in conversations:
         for turn in conv.turns:
@@ -101,7 +103,9 @@ def probe(
                 continue
             body = {"query": query, "k": results_wanted(max_records), "deadline_ms": 2000}
             status, payload = search(conv.store, body)
-            out[conv.store, query] = validate(payload) if status == 200 else []
+            if status != 200:
+                raise RelayError(f"a search answered HTTP {status}")
+            out[conv.store, query] = validate(payload)
     return out
 
 

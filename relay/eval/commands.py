@@ -65,6 +65,21 @@ def _conversations(source: Path, count: int | None, seed: int, turns: int) -> li
         raise click.ClickException(f"{source}: {exc}") from None
 
 
+def _check_server(url: str, key: str) -> None:
+    """One request before the replay (`GET /v1/whoami`): the server answers, takes the key,
+    and the key may read. Otherwise every hook run would quietly log the failure and the
+    report would measure a server that is down, or a key that is refused."""
+    from relay.errors import RelayError, UnauthorizedError
+    from relay.install import verify
+
+    try:
+        verify(url, key)
+    except UnauthorizedError as exc:
+        raise click.ClickException(f"{url} refused the key: {exc.message}") from None
+    except RelayError as exc:
+        raise click.ClickException(exc.message) from None
+
+
 def _folder_option(name: str, help_text: str):  # noqa: ANN202
     return click.option(
         name, type=click.Path(exists=True, file_okay=False, path_type=Path), help=help_text
@@ -167,6 +182,9 @@ def replay_command(
     fresh `relay serve`; its sessions replayed, or conversations built from its
     questions), or a team's JSONL of prompts replayed against --url/--key.
     """
+    import http.client
+
+    from relay.errors import RelayError
     from relay.eval import advice as adv
     from relay.eval import replay as rp
     from relay.eval import report as rep
@@ -186,6 +204,9 @@ def replay_command(
     refusal = adv.cannot_advise(conversations)
     if apply_ and refusal:  # before the replay: minutes of it would end in nothing to apply
         raise click.ClickException(f"--apply: no advice to apply: {refusal}")
+    if not bench:
+        assert url and key
+        _check_server(url, key)
     stores = {c.store for c in conversations}
     work, tmp = make_workdir(workdir, "relay-eval-replay-")
     server = None
@@ -237,13 +258,18 @@ def replay_command(
                 _progress(
                     "advice: one search per distinct prompt, then the hook's gate replayed offline"
                 )
-                probes = adv.probe(
-                    conversations,
-                    lambda store, body: api(
-                        base, "POST", "/v1/search", keys[store].read["probe"], body
-                    ),
-                    max(current["max_records"], *adv.GRID["max_records"]),
-                )
+                try:
+                    probes = adv.probe(
+                        conversations,
+                        lambda store, body: api(
+                            base, "POST", "/v1/search", keys[store].read["probe"], body
+                        ),
+                        max(current["max_records"], *adv.GRID["max_records"]),
+                    )
+                except (OSError, http.client.HTTPException, RelayError) as exc:
+                    raise click.ClickException(
+                        f"{base}: the advice's searches failed after the replay: {exc}"
+                    ) from None
                 advice = adv.advise(conversations, probes, rows, current)
     finally:
         if server is not None:
