@@ -294,6 +294,29 @@ def test_a_refused_key_or_a_server_down_stops_the_replay_at_once(team_server, tm
         assert not (tmp_path / "rep").exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("{bad", "not a readable JSON file (Expecting property name"),
+        ("[1]", "not a JSON object"),
+        ('{"url": "http://x", "min_score": 2}', "min_score: 2.0 outside 0.0..1.0"),
+        ('{"throttle_prompts": "often"}', "throttle_prompts: invalid literal"),
+    ],
+)
+def test_a_config_the_hook_could_not_read_is_an_error(team, tmp_path, text, expected):
+    """QA: --config '{bad' was silently ignored (the hook falls back to its defaults), so the
+    replay measured the defaults under the file's name."""
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    result = CliRunner().invoke(
+        eval_group,
+        ["replay", str(team), "--config", str(config), "--report-dir", str(tmp_path / "rep")],
+    )
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.output.startswith(f"Error: --config {config}: {expected}"), result.output
+    assert result.output.count("\n") == 1
+
+
 def test_replay_of_a_jsonl_needs_a_server():
     result = CliRunner().invoke(eval_group, ["replay", __file__])
     assert result.exit_code != 0 and "--url" in result.output

@@ -65,6 +65,26 @@ def _conversations(source: Path, count: int | None, seed: int, turns: int) -> li
         raise click.ClickException(f"{source}: {exc}") from None
 
 
+def _check_config(path: Path) -> None:
+    """--config must be a config the hook reads as written: the hook falls back to the default
+    for a file or knob it cannot read (a typo must not break a prompt), so a replay would
+    measure the defaults under the file's name."""
+    from relay.hook.config import SETTINGS
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"--config {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise click.ClickException(f"--config {path}: not a JSON object")
+    for name, _, parse, _ in SETTINGS:
+        if name in data:
+            try:
+                parse(data[name])
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise click.ClickException(f"--config {path}: {name}: {exc}") from None
+
+
 def _check_server(url: str, key: str) -> None:
     """One request before the replay (`GET /v1/whoami`): the server answers, takes the key,
     and the key may read. Otherwise every hook run would quietly log the failure and the
@@ -193,6 +213,8 @@ def replay_command(
     from relay.eval.harness import workdir as make_workdir
     from relay.hook_bench import HOOK, compile_hook, warm_up
 
+    if config is not None:
+        _check_config(config)
     bench = source.is_dir()
     if bench and not (source / "memories.jsonl").exists():
         raise click.UsageError(f"{source} has no memories.jsonl")
