@@ -4,6 +4,7 @@ server, the documented JSON, advice that the hook honours, and a report Chromium
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -23,7 +24,7 @@ from relay.eval.conversations import (
 )
 from relay.eval.faults import KINDS
 from relay.eval.replay import extras, figures
-from relay.eval.report import targets
+from relay.eval.report import histogram, targets
 from relay.hook_bench import ON_TIME_SLACK_MS
 from relay.install import hook_script
 
@@ -168,6 +169,16 @@ def test_report_renders_in_headless_chromium_with_every_plot_drawn(replayed, tmp
             orange += abs(r - 0xE0) < 24 and abs(g - 0x83) < 24 and abs(b - 0x2F) < 24
     assert inked > 0.02 * width * height  # far from blank
     assert blue > 200 and orange > 200  # the 'on' and 'ungated' series were painted
+
+
+def test_every_drill_has_its_own_colour_in_the_latency_plot():
+    """QA: the faults latency plot drew deletion in hung's blue, revocation in slow_body's
+    orange and compaction in denied_key's green: six colours for nine lines."""
+    svg = histogram({kind: [100.0 + i] for i, kind in enumerate(KINDS)}, [], "drills")
+    strokes = re.findall(r'<polyline fill="none" stroke="([^"]+)"', svg)
+    legend = re.findall(r'<rect x="[^"]+" y="6" width="12" height="12" fill="([^"]+)"', svg)
+    assert len(strokes) == len(KINDS) == len(set(strokes))
+    assert legend == strokes
 
 
 def test_faults_drills_on_the_team_dataset(team, tmp_path):

@@ -19,7 +19,20 @@ from relay.eval.conversations import MEMORY_CLASSES, UNLABELLED
 from relay.hook_bench import ON_TIME_SLACK_MS
 
 COLOURS = {"on": "#2f6fdf", "off": "#9aa5b4", "ungated": "#e0832f"}
-PALETTE = ("#2f6fdf", "#e0832f", "#1a9e77", "#c2185b", "#7b61c9", "#9aa5b4")
+# One colour per series of a plot, none repeated for up to ten (the fault drills draw nine
+# latency lines): no red, which marks the deadline, and no pale grey, hard to see as a line.
+PALETTE = (
+    "#2f6fdf",
+    "#e0832f",
+    "#1a9e77",
+    "#c2185b",
+    "#7b61c9",
+    "#8c564b",
+    "#17a2b8",
+    "#a4a61d",
+    "#3d4757",
+    "#e377c2",
+)
 W, H = 920, 300
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 44
 
