@@ -4,6 +4,7 @@ server, the documented JSON, advice that the hook honours, and a report Chromium
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from relay.eval.conversations import (
 )
 from relay.eval.faults import KINDS
 from relay.eval.replay import extras, figures
-from relay.eval.report import histogram, targets
+from relay.eval.report import histogram, lines, targets
 from relay.hook_bench import ON_TIME_SLACK_MS
 from relay.install import hook_script
 
@@ -179,6 +180,30 @@ def test_every_drill_has_its_own_colour_in_the_latency_plot():
     legend = re.findall(r'<rect x="[^"]+" y="6" width="12" height="12" fill="([^"]+)"', svg)
     assert len(strokes) == len(KINDS) == len(set(strokes))
     assert legend == strokes
+
+
+def _round_ticks(labels: list[str], reaches: float) -> bool:
+    """Labels 0, s, 2s, ... up to at least `reaches`, with s 1, 2, 2.5 or 5 x 10^k."""
+    values = [float(x[:-1]) * 1000 if x.endswith("k") else float(x) for x in labels]
+    step = values[1]
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    return (
+        all(math.isclose(v, i * step, abs_tol=1e-12) for i, v in enumerate(values))
+        and min(abs(mantissa - m) for m in (1, 2, 2.5, 5)) < 1e-9
+        and values[-1] >= reaches
+    )
+
+
+@pytest.mark.parametrize("top", [4700.0, 3750.0, 1250.0, 266.0, 0.37, 1.0, 12_345.0])
+def test_axis_ticks_are_round_numbers_labelled_exactly(top):
+    """QA: the tokens axis of a replay ran to 5000 in quarters, labelled '1.2k' for 1250
+    and '3.8k' for 3750."""
+    svg = lines({"on": [0.0, top / 2, top], "ungated": [top / 3]}, "tokens", "c", "tokens")
+    y = re.findall(r'text-anchor="end">([^<]+)</text>', svg)
+    assert _round_ticks(y, top), y
+    svg = histogram({"on": [top]}, [], "c")
+    x = [t[: -len(" ms")] for t in re.findall(r">([^<>]+ ms)</text>", svg)]
+    assert _round_ticks(x, top * 1.05), x
 
 
 def test_faults_drills_on_the_team_dataset(team, tmp_path):

@@ -45,29 +45,35 @@ def _colour(name: str, i: int) -> str:
     return COLOURS.get(name, PALETTE[i % len(PALETTE)])
 
 
-def _nice_max(value: float) -> float:
+def _axis(value: float, most: int) -> tuple[float, int]:
+    """A round step (1, 2, 2.5 or 5 times a power of ten) and how many of them, at most
+    `most`, reach `value`: the axis runs to step x count and every tick is a round number
+    (a top of 5000 cut in four put ticks at 1250 and 3750)."""
     if value <= 0:
-        return 1.0
-    step = 10 ** math.floor(math.log10(value))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * step >= value:
-            return m * step
-    return 10 * step
+        return 1 / most, most
+    magnitude = 10 ** math.floor(math.log10(value / most))
+    step = next(
+        m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude * most >= value * (1 - 1e-9)
+    )
+    return step, max(1, math.ceil(value / step - 1e-9))
 
 
-def _frame(kind: str, label_y: str, y_max: float, caption: str, inner: list[str], n: int) -> str:
-    """Axes, y grid and legend space around the marks; `n` marks drawn (for checks)."""
+def _frame(
+    kind: str, label_y: str, y_axis: tuple[float, int], caption: str, inner: list[str], n: int
+) -> str:
+    """Axes, y grid (`_axis`: step, count) and legend space around the marks; `n` marks
+    drawn (for checks)."""
+    step, count = y_axis
     parts = [
         f'<svg class="plot" data-plot="{kind}" data-marks="{n}" viewBox="0 0 {W} {H}" '
         f'width="{W}" height="{H}" xmlns="http://www.w3.org/2000/svg" role="img" '
         f'aria-label="{_e(caption)}">'
     ]
-    for i in range(5):
-        value = y_max * i / 4
-        y = H - BOTTOM - (H - TOP - BOTTOM) * i / 4
+    for i in range(count + 1):
+        y = H - BOTTOM - (H - TOP - BOTTOM) * i / count
         parts.append(
             f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eef1f5"/>'
-            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(value)}</text>'
+            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_tick(step * i)}</text>'
         )
     parts.append(
         f'<text x="14" y="{TOP + (H - TOP - BOTTOM) / 2:.0f}" text-anchor="middle" '
@@ -81,9 +87,15 @@ def _frame(kind: str, label_y: str, y_max: float, caption: str, inner: list[str]
     return f"<figure>{''.join(parts)}<figcaption>{_e(caption)}</figcaption></figure>"
 
 
-def _num(value: float) -> str:
+def _tick(value: float) -> str:
+    """An axis label, exact (3750 is "3.75k", never "3.8k"), float noise rounded away."""
     if value >= 1000:
-        return f"{value / 1000:.1f}k".replace(".0k", "k")
+        return f"{value / 1000:.10g}k"
+    return f"{value:.10g}"
+
+
+def _num(value: float) -> str:
+    """A figure in a tooltip: whole numbers exact, fractions to two places."""
     return f"{value:.2f}".rstrip("0").rstrip(".") if value % 1 else f"{value:.0f}"
 
 
@@ -104,7 +116,8 @@ def histogram(
 ) -> str:
     """Share of runs per time bin, one step line per series, vertical lines at `marks`."""
     values = [v for vs in series.values() for v in vs]
-    x_max = _nice_max(max([*values, *(m for m, _ in marks), 1.0]) * 1.05)
+    x_step, x_count = _axis(max([*values, *(m for m, _ in marks), 1.0]) * 1.05, 5)
+    x_max = x_step * x_count
     width = x_max / bins
     plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
     shares = {}
@@ -113,7 +126,8 @@ def histogram(
         for v in vs:
             counts[min(bins - 1, int(v / width))] += 1
         shares[name] = [c / len(vs) if vs else 0.0 for c in counts]
-    y_max = _nice_max(max((s for ss in shares.values() for s in ss), default=0.0))
+    y_axis = _axis(max((s for ss in shares.values() for s in ss), default=0.0), 4)
+    y_max = y_axis[0] * y_axis[1]
     inner = _legend(list(series))
     n = 0
     for i, (name, ss) in enumerate(shares.items()):
@@ -134,14 +148,14 @@ def histogram(
             f'stroke="#c62828" stroke-dasharray="5 4"/>'
             f'<text x="{x + 4:.1f}" y="{TOP + 12 + 14 * m}" fill="#c62828">{_e(label)}</text>'
         )
-    for i in range(6):
-        x = LEFT + plot_w * i / 5
-        anchor = "end" if i == 5 else "middle"
+    for i in range(x_count + 1):
+        x = LEFT + plot_w * i / x_count
+        anchor = "end" if i == x_count else "middle"
         inner.append(
             f'<text x="{x:.1f}" y="{H - BOTTOM + 16}" text-anchor="{anchor}">'
-            f"{_num(x_max * i / 5)} ms</text>"
+            f"{_tick(x_step * i)} ms</text>"
         )
-    return _frame("latency", "share of prompts", y_max, caption, inner, n)
+    return _frame("latency", "share of prompts", y_axis, caption, inner, n)
 
 
 def bars(
@@ -154,7 +168,8 @@ def bars(
 ) -> str:
     """Grouped vertical bars: one group per label, one bar per series (None: no bar)."""
     values = [v for _, g in groups for v in g.values() if v is not None]
-    top = y_max or _nice_max(max(values, default=0.0))
+    y_axis = (y_max / 4, 4) if y_max else _axis(max(values, default=0.0), 4)
+    top = y_axis[0] * y_axis[1]
     plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
     slot = plot_w / max(len(groups), 1)
     bar_w = slot * 0.8 / max(len(series), 1)
@@ -178,13 +193,14 @@ def bars(
             f'<text x="{x0 + slot * 0.4:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle">'
             f"{_e(label)}</text>"
         )
-    return _frame(kind, label_y, top, caption, inner, n)
+    return _frame(kind, label_y, y_axis, caption, inner, n)
 
 
 def lines(series: dict[str, list[float]], label_y: str, caption: str, kind: str) -> str:
     """One line per series over turns 1..n."""
     longest = max((len(v) for v in series.values()), default=0)
-    top = _nice_max(max((x for v in series.values() for x in v), default=0.0))
+    y_axis = _axis(max((x for v in series.values() for x in v), default=0.0), 4)
+    top = y_axis[0] * y_axis[1]
     plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
     inner = _legend(list(series))
     n = 0
@@ -205,7 +221,7 @@ def lines(series: dict[str, list[float]], label_y: str, caption: str, kind: str)
                 f'<text x="{x:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle">{t + 1}</text>'
             )
     inner.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{H - 6}" text-anchor="middle">turn</text>')
-    return _frame(kind, label_y, top, caption, inner, n)
+    return _frame(kind, label_y, y_axis, caption, inner, n)
 
 
 # -- pages ------------------------------------------------------------------------------
