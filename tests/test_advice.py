@@ -9,6 +9,7 @@ from relay.eval.advice import (
     best_knobs,
     cannot_advise,
     current_knobs,
+    moved_by,
     probe,
     render_exclusions,
     simulate,
@@ -109,6 +110,9 @@ def test_a_class_is_advised_out_only_when_it_searches_often_and_never_helps():
         "searched": 10,
         "added_ms": 3.0,
         "knob": "min_prompt_len",
+        "knob_now": 15,
+        "knob_advised": 25,
+        "moved_by": {"min_prompt_len": [15, 25]},
         "searched_now": 0.2,
         "searched_advised": 0.3,
         "injected_now": 0.1,
@@ -157,3 +161,47 @@ def test_a_probe_the_server_refuses_is_an_error_not_an_empty_answer():
     }
     with pytest.raises(RelayError, match="a search answered HTTP 401"):
         probe([conversation], lambda store, body: (401, None))
+
+
+def test_an_exclusion_credits_the_knob_that_moved_the_class_not_the_one_named_for_it():
+    """QA: 'same_topic (exclude) ... knob overlap_threshold ... searches 1.00 -> 0.00' while
+    overlap_threshold stayed 0.3: the drop came from throttle_prompts 2 -> 0, which made
+    the prompt before it search, so the overlap gate compared it with that one."""
+    conversation = _conversation(
+        "c",
+        [
+            (NOTHING[0], "needs_memory", ("g1",)),
+            (NOTHING[1], "nothing_relevant", ()),
+            ("which kubernetes cluster hosts staging for checkout", "needs_memory", ("g2",)),
+            ("the kubernetes cluster hosting staging for checkout again", "same_topic", ("g2",)),
+        ],
+    )
+    probes = {("acme", t.prompt): [] for t in conversation.turns}
+    current = current_knobs(None)
+    advised = {**current, "throttle_prompts": 0, "min_score": 0.5}
+    now = simulate([conversation], probes, current)["searched_by_class"]["same_topic"]
+    then = simulate([conversation], probes, advised)["searched_by_class"]["same_topic"]
+    assert (now, then) == (1.0, 0.0)
+    moved = moved_by([conversation], probes, current, advised, "same_topic")
+    assert moved == {"throttle_prompts": [2, 0]}
+    assert moved_by([conversation], probes, current, current, "same_topic") == {}
+    entry = {
+        "class": "same_topic",
+        "turns": 1,
+        "searched": 1,
+        "helped": 0,
+        "added_ms": 3.0,
+        "knob": "overlap_threshold",
+        "knob_now": 0.3,
+        "knob_advised": 0.3,
+        "moved_by": moved,
+        "searched_now": now,
+        "searched_advised": then,
+        "injected_now": 0.0,
+        "injected_advised": 0.0,
+    }
+    line = render_exclusions([entry])[0]
+    assert "overlap_threshold stays 0.3" in line
+    assert "the advised throttle_prompts 2 -> 0 makes it search 1.00 -> 0.00" in line
+    unmoved = render_exclusions([{**entry, "moved_by": {}, "searched_advised": 1.0}])[0]
+    assert "the advised knobs leave it searching 1.00" in unmoved

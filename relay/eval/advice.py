@@ -266,6 +266,31 @@ def worth_excluding(cost: dict[str, Any]) -> bool:
     )
 
 
+def moved_by(
+    conversations: list[Conversation],
+    probes: Probes,
+    current: dict[str, Any],
+    recommended: dict[str, Any],
+    kind: str,
+) -> dict[str, list[Any]]:
+    """The advised changes that move how often `kind` searches or injects ({knob: [now,
+    advised]}), each tried alone on the current knobs; all of them when they do it only
+    together, none when the class comes out as it was. The knob that recognises a class
+    is not always the one that moves it: a new throttle changes which prompt searched
+    last, and so what the overlap gate compares a same-topic prompt with."""
+    changed = {k: [current[k], recommended[k]] for k in KNOBS if recommended[k] != current[k]}
+
+    def shares(knobs: dict[str, Any]) -> tuple[float, float]:
+        sim = simulate(conversations, probes, knobs)
+        return sim["searched_by_class"].get(kind, 0.0), sim["injected_by_class"].get(kind, 0.0)
+
+    before = shares(current)
+    if shares(recommended) == before:
+        return {}
+    alone = {k: v for k, v in changed.items() if shares({**current, k: v[1]}) != before}
+    return alone or changed
+
+
 def advise(
     conversations: list[Conversation],
     probes: Probes,
@@ -288,7 +313,14 @@ def advise(
         }
 
     exclude = [
-        {**c, "knob": EXCLUDING_KNOB[c["class"]], **effect(c["class"])}
+        {
+            **c,
+            "knob": EXCLUDING_KNOB[c["class"]],
+            "knob_now": current[EXCLUDING_KNOB[c["class"]]],
+            "knob_advised": recommended[EXCLUDING_KNOB[c["class"]]],
+            "moved_by": moved_by(conversations, probes, current, recommended, c["class"]),
+            **effect(c["class"]),
+        }
         for c in costs
         if worth_excluding(c)
     ]
@@ -355,14 +387,32 @@ def render_exclusions(entries: list[dict[str, Any]]) -> list[str]:
             if c["searched_advised"] > c["searched_now"]
             else "exclude"
         )
+        # Name the knob that recognises the class with its own change, and credit the
+        # predicted effect to the changes that make it, not to that knob.
+        knob = (
+            f"{c['knob']} {c['knob_now']} -> {c['knob_advised']}"
+            if c["knob_advised"] != c["knob_now"]
+            else f"{c['knob']} stays {c['knob_now']}"
+        )
+        effect = (
+            f"the advised {changes(c['moved_by'])} makes it search {c['searched_now']:.2f} -> "
+            f"{c['searched_advised']:.2f} and inject {c['injected_now']:.2f} -> "
+            f"{c['injected_advised']:.2f} of its prompts"
+            if c["moved_by"]
+            else f"the advised knobs leave it searching {c['searched_now']:.2f} and injecting "
+            f"{c['injected_now']:.2f} of its prompts"
+        )
         lines.append(
             f"  {c['class']} ({verdict}): {c['searched']} of {c['turns']} searched, "
             f"{c['helped']} brought a gold memory, {c['added_ms']:+.0f} ms per turn; "
-            f"knob {c['knob']}; with the advised knobs it searches {c['searched_now']:.2f} -> "
-            f"{c['searched_advised']:.2f} and injects {c['injected_now']:.2f} -> "
-            f"{c['injected_advised']:.2f} of its prompts"
+            f"the gate's knob for it: {knob}; {effect}"
         )
     return lines
+
+
+def changes(moved: dict[str, list[Any]], arrow: str = "->") -> str:
+    """'throttle_prompts 2 -> 0, min_score 0.1 -> 0.3'."""
+    return ", ".join(f"{k} {now} {arrow} {new}" for k, (now, new) in moved.items())
 
 
 def render(advice: dict[str, Any]) -> str:

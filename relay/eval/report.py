@@ -15,6 +15,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from relay.eval.advice import changes
 from relay.eval.conversations import MEMORY_CLASSES, UNLABELLED
 from relay.hook_bench import ON_TIME_SLACK_MS
 
@@ -454,7 +455,8 @@ def _advice_html(advice: dict[str, Any]) -> list[str]:
                     "searched",
                     "brought gold",
                     "added ms",
-                    "knob",
+                    "the gate's knob for it (now → advised)",
+                    "advised changes that move it",
                     "searches (now → advised)",
                     "injects (now → advised)",
                 ],
@@ -465,7 +467,8 @@ def _advice_html(advice: dict[str, Any]) -> list[str]:
                         c["searched"],
                         c["helped"],
                         c["added_ms"],
-                        c["knob"],
+                        f"{c['knob']} {c['knob_now']} → {c['knob_advised']}",
+                        changes(c["moved_by"], "→") or "none",
                         f"{c['searched_now']:.2f} → {c['searched_advised']:.2f}",
                         f"{c['injected_now']:.2f} → {c['injected_advised']:.2f}",
                     ]
