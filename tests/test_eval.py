@@ -561,3 +561,17 @@ def test_apply_merges_the_advice_into_the_config_and_the_hook_honours_min_score(
         hook.env["RELAY_API_KEY"] = "relay_test_0123456789abcdef"
         context = assert_hit_contract(hook.prompt("how do we write a database migration?"))
     assert 'id="mem_good"' in context and "mem_weak" not in context
+
+
+def test_the_replay_takes_only_deadlines_the_hook_accepts(tmp_path):
+    """A deadline the hook would ignore (under its least) must not be replayed as if used."""
+    from click.testing import CliRunner
+
+    from relay.cli import cli
+    from relay.hook.config import DEADLINE_MIN_MS
+
+    for command in ("replay", "faults"):
+        done = CliRunner().invoke(
+            cli, ["eval", command, str(tmp_path), "--deadline-ms", str(DEADLINE_MIN_MS - 1)]
+        )
+        assert done.exit_code == 2 and "--deadline-ms" in done.output, done.output

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from relay.hook.config import DEADLINE_MAX_MS, DEADLINE_MIN_MS
 from relay.hook_bench import BENCH
 
 if TYPE_CHECKING:
@@ -124,10 +125,10 @@ common = [
     ),
     click.option(
         "--deadline-ms",
-        type=click.IntRange(50, 10_000),
+        type=click.IntRange(DEADLINE_MIN_MS, DEADLINE_MAX_MS),
         default=400,
         show_default=True,
-        help="The hook's DEADLINE_MS.",
+        help="The hook's DEADLINE_MS (what the hook accepts: a shorter one could never search).",
     ),
     click.option(
         "--json",
