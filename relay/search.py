@@ -247,12 +247,12 @@ class SearchSettings:
     hybrid: Model = HYBRID  # calibrated relevance when cosine and MaxSim are known
     pooled: Model = POOLED  # ... the cosine only (token matrices not backfilled yet)
     lexical: Model = LEXICAL  # ... and when only the lexical stage ran
-    # The gate's threshold, chosen with the wrong-person weights: the most dev near-miss
-    # abstention that costs <= 1 point of dev recall@3 and refuses >= 0.9 of questions about
-    # another conversation (scripts/tune.py rules; BENCHMARKS.md "Recall"). A team that would
-    # rather miss than be told about the wrong person serves 0.7 (`relay serve --threshold`):
-    # the lowest that refuses 0.8 of dev near misses.
-    threshold: float = 0.2
+    # The gate's threshold: the lowest that refuses >= 0.9 of dev questions about another
+    # conversation, at the wrong-person weights chosen with it (scripts/tune.py rules;
+    # BENCHMARKS.md "Recall"). A team that would rather miss than be told about the wrong
+    # person serves 0.7 (`relay serve --threshold`): the lowest that refuses 0.8 of dev
+    # near misses.
+    threshold: float = 0.1
     # A hit must score at least this share of the best hit: in a small org every memory is
     # a candidate, and the unrelated ones should not ride along with the answer. The highest
     # share that costs at most 0.5 point of dev recall@5 on every folder (BENCHMARKS.md).

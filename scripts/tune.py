@@ -9,15 +9,20 @@ Loads the folder once, then prints dev-split figures for each setting given
 `hybrid.gate.NAME`, `hybrid.on_ranker` (and the same under `pooled.`, `lexical.`)
 change one weight of a relevance model.
 
-`rules` applies, in order, the two rules that set the defaults after calibrate.py
+`rules` applies, in order, the rules that set the defaults after calibrate.py
 has fitted the weights (BENCHMARKS.md "Recall"), printing every grid point:
 
-1. `threshold` and the wrong-person gate (`topic_elsewhere`, `words_elsewhere`, in every
-   model's gate) together: of the pairs that cost at most 1 point of dev recall@3 on both
+1. the wrong-person gate (`topic_elsewhere`, `words_elsewhere`, in every model's gate),
+   tried with thresholds: of the pairs that cost at most 1 point of dev recall@3 on both
    LoCoMo folders against no threshold and abstain on at least 0.9 of their dev
-   foreign-conversation questions, the one with the most dev adversarial abstention
-   on locomo_observations (then the most dev recall@3); for each gate, thresholds are
-   tried upward until one costs more;
+   foreign-conversation questions, the gate of the one with the most dev adversarial
+   abstention on locomo_observations (then the most dev recall@3); for each gate,
+   thresholds are tried upward until one costs more;
+1b. `threshold`: at that gate, the lowest that abstains on at least 0.9 of both LoCoMo
+   folders' dev foreign-conversation questions. The default threshold does what the issue
+   asks of it and no more: near misses are the strict point's job, and spending the whole
+   point of dev recall@3 on them (session 6: threshold 0.2) overshot it on held-out
+   questions (-1.4), since dev (6 questions a point) cannot tell 0.1 from 0.2;
 2. `relative`: the highest share that costs at most 0.5 point of dev recall@5 on every
    folder;
 3. `min_score`: with that `relative`, the highest floor on a hit's score for which the two
@@ -143,8 +148,19 @@ def rules() -> None:
                 key = (adversarial(r), r3(r, "locomo_observations"), (topic, words), t)
                 best = max(best, key) if best else key
         assert best is not None, "no threshold keeps to 1 point of recall@3"
-        (topic, words), threshold = best[2], best[3]
-        print(f"threshold {threshold}, gate -{topic}, -{words}", flush=True)
+        topic, words = best[2]
+        print(f"gate -{topic}, -{words} (chosen at threshold {best[3]})", flush=True)
+        threshold = next(
+            t
+            for t in THRESHOLDS
+            if all(
+                abstention(r, "foreign-conversation") >= 0.9
+                for r in run(
+                    with_gate(dataclasses.replace(plain, threshold=t), topic, words)
+                ).values()
+            )
+        )
+        print(f"threshold {threshold}", flush=True)
         gated = with_gate(dataclasses.replace(plain, threshold=threshold), topic, words)
         names = tuple(loaded)
         none = run(gated, names)
