@@ -479,6 +479,10 @@ def import_(
     """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
     section or rule.
 
+    Any other text file named explicitly (CONVENTIONS.txt, .windsurfrules) is read as
+    Markdown. Structured data (JSON, JSON lines, CSV, TSV, YAML, TOML, XML) is refused
+    and nothing is imported.
+
     \b
     Each memory's source names its file the same way from any folder:
       - in a git work tree: <repository>/<path in the repository>, the repository

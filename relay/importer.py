@@ -12,6 +12,10 @@ Parsing only: no store, no network. Supported inputs:
   `alwaysApply`) read without PyYAML, then the body as for `.cursorrules`. The description
   leads the title, each glob becomes a tag `glob:<pattern>`, `alwaysApply: true` the tag
   `always-apply`.
+- Any other text file named explicitly (`CONVENTIONS.txt`, `.windsurfrules`): as Markdown.
+
+Structured data is refused, never read as Markdown (`refuse_structured`): a `relay export`
+file imported as text would turn every audience's memories into one memory for everyone.
 
 `source` names the file the same way from any working directory: a file in a git work
 tree is `<repository>/<path in the repository>` (see `source_for`); the section
@@ -24,6 +28,7 @@ into parts rather than rejected.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -40,6 +45,22 @@ RULE_SUFFIXES = frozenset({".mdc"})
 SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__"})
 # Hidden directories are skipped except these, where instruction files live.
 ALLOWED_HIDDEN = frozenset({".github", ".cursor"})
+# Data formats that reading as Markdown would mangle, by suffix; JSON is also found by content.
+STRUCTURED_SUFFIXES = {
+    ".json": "JSON",
+    ".jsonl": "JSON lines",
+    ".ndjson": "JSON lines",
+    ".csv": "CSV",
+    ".tsv": "TSV",
+    ".yaml": "YAML",
+    ".yml": "YAML",
+    ".toml": "TOML",
+    ".xml": "XML",
+}
+SUPPORTED_FORMATS = (
+    "Markdown (.md, .markdown: CLAUDE.md, AGENTS.md), .cursorrules, .mdc"
+    " and plain-text rule files (.txt, .windsurfrules)"
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +91,9 @@ def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
     Directories yield supported files only, in sorted order, skipping `.git`,
     `node_modules`, virtualenvs and hidden directories other than `.github` and
     `.cursor/rules`. Symlinked directories are not followed. A file named explicitly is
-    yielded whatever its type (it is read as Markdown). Each file is yielded once.
+    yielded whatever its name (it is read as Markdown), unless it holds structured data:
+    then, as for any file that turns out to hold JSON, `refuse_structured` raises before
+    the caller has written anything. Each file is yielded once.
     """
     seen: set[Path] = set()
     for path in paths:
@@ -85,7 +108,44 @@ def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
             key = file.resolve()
             if key not in seen:
                 seen.add(key)
+                refuse_structured(file)
                 yield file
+
+
+def refuse_structured(path: Path) -> None:
+    """Raise when `path` holds structured data (JSON, JSON lines, CSV, ...), by its suffix or,
+    for JSON, its content: read as Markdown it would become junk memories for everyone."""
+    kind = STRUCTURED_SUFFIXES.get(path.suffix.lower()) or _json_kind(path)
+    if kind:
+        raise InvalidRequestError(
+            f"{path} holds {kind}, which relay import would mangle: it reads"
+            f" {SUPPORTED_FORMATS}; nothing was imported",
+            path=str(path),
+        )
+
+
+def _json_kind(path: Path) -> str | None:
+    """What the file holds when it is a JSON document ("JSON") or one JSON object or array a
+    line ("JSON lines"), else None. Markdown that opens with `[link](...)` is neither."""
+    try:
+        text = path.read_text(encoding="utf-8-sig").strip()
+    except (OSError, UnicodeDecodeError):
+        return None  # drafts_from_path names the problem
+    if not text.startswith(("{", "[")):
+        return None
+    try:
+        json.loads(text)
+        return "JSON"
+    except ValueError:
+        pass
+    for line in text.splitlines():
+        try:
+            value = json.loads(line) if line.strip() else {}
+        except ValueError:
+            return None
+        if not isinstance(value, dict | list):
+            return None
+    return "JSON lines"
 
 
 def _walk(top: Path) -> Iterator[Path]:

@@ -50,6 +50,17 @@ def live_memories(server, source: str) -> list[dict]:
     return response.json()["items"]
 
 
+def every_memory(server) -> list[dict]:
+    response = httpx.get(
+        f"{server.url}/v1/memories",
+        params={"limit": 500},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["items"]
+
+
 def summary(done: subprocess.CompletedProcess) -> str:
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
@@ -259,3 +270,40 @@ def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
     kept = relay_import(server, repo, "--keep-removed", "docs")
     assert summary(kept) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
     assert bodies(server, "qa2-folder/docs/guide.md") == ["Use black."]
+
+
+# --- structured data -------------------------------------------------------------------------
+
+
+def test_an_export_file_is_refused_and_nothing_is_written(tmp_path, server):
+    """QA: `relay import memories-backup.jsonl` printed `imported 2 memories`, and a reader
+    key then found the payments-only memory in the raw JSONL, stored for everyone."""
+    from integration_support import mint, relay
+
+    mint(server.url, server.admin_key, "payments dev", ["memory:write"], ["payments"])  # the role
+    reader = mint(server.url, server.admin_key, "reader", ["memory:read"])["secret"]
+    secret = "Payments-only: the Stripe webhook retry window is 72 hours."
+    remember(server, body=secret, audiences=["payments"])
+    env = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+    backup = tmp_path / "memories-backup.jsonl"
+    assert relay(tmp_path, "export", "-o", str(backup), **env).returncode == 0
+    assert secret in backup.read_text(encoding="utf-8")
+    before = every_memory(server)
+    agents = write(git_repo(tmp_path / "qa-export") / "AGENTS.md", "# Build\nRun make.\n")
+
+    for args in (["memories-backup.jsonl"], [str(agents), "memories-backup.jsonl"]):
+        done = relay_import(server, tmp_path, *args)
+        assert done.returncode == 2, done.stdout
+        assert done.stderr == (
+            "relay: error: memories-backup.jsonl holds JSON lines, which relay import would"
+            " mangle: it reads Markdown (.md, .markdown: CLAUDE.md, AGENTS.md), .cursorrules,"
+            " .mdc and plain-text rule files (.txt, .windsurfrules); nothing was imported\n"
+        )
+    assert every_memory(server) == before
+    found = httpx.post(
+        f"{server.url}/v1/search",
+        json={"query": "Stripe webhook retry window refunds", "deadline_ms": 2000},
+        headers={"Authorization": f"Bearer {reader}"},
+        timeout=30,
+    ).json()["results"]
+    assert all("Stripe" not in r["text"] for r in found)

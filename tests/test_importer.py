@@ -625,3 +625,46 @@ def test_symlinked_directories_are_not_followed(tmp_path):
     write(tmp_path / "docs" / "a.md", "a")
     (tmp_path / "docs" / "loop").symlink_to(tmp_path / "docs", target_is_directory=True)
     assert list(iter_import_files([tmp_path])) == [tmp_path / "docs" / "a.md"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "kind"),
+    [
+        ("memories-backup.jsonl", '{"id": "mem_1", "body": "x"}\n', "JSON lines"),
+        ("events.ndjson", '{"a": 1}\n', "JSON lines"),
+        ("settings.json", '{"a": 1}\n', "JSON"),
+        ("people.csv", "name,team\nana,payments\n", "CSV"),
+        ("people.tsv", "name\tteam\nana\tpayments\n", "TSV"),
+        ("config.yaml", "# settings\nretries: 3\n", "YAML"),
+        ("backup.txt", '{"id": "mem_1"}\n\n{"id": "mem_2"}\n', "JSON lines"),
+        ("dump", '[{"id": "mem_1"},\n {"id": "mem_2"}]\n', "JSON"),
+    ],
+)
+def test_structured_data_named_explicitly_is_refused(tmp_path, name, text, kind):
+    """QA: `relay import memories-backup.jsonl` made 'Part 1'/'Part 2' memories of raw
+    JSONL for everyone, restricted memories included."""
+    path = write(tmp_path / name, text)
+    with pytest.raises(InvalidRequestError) as refused:
+        list(iter_import_files([write(tmp_path / "AGENTS.md", "# a\nb\n"), path]))
+    message = refused.value.message
+    assert message.startswith(f"{path} holds {kind}, which relay import would mangle")
+    assert "Markdown" in message and ".cursorrules" in message and ".mdc" in message
+    assert message.endswith("nothing was imported") and "\n" not in message
+
+
+def test_plain_text_named_explicitly_is_still_read_as_markdown(tmp_path):
+    files = [
+        write(tmp_path / "CONVENTIONS.txt", "Use black.\n"),
+        write(tmp_path / ".windsurfrules", "- Use black.\n- Use ruff.\n"),
+        write(tmp_path / "links.md", "[guide](docs/guide.md) explains the layout.\n"),
+        write(tmp_path / "empty.txt", ""),
+    ]
+    assert list(iter_import_files(files)) == files
+    assert [d.body for d in drafts_from_path(files[0], tmp_path)] == ["Use black."]
+
+
+def test_a_walked_markdown_file_that_holds_json_lines_is_refused(tmp_path):
+    write(tmp_path / "docs" / "a.md", "# a\nb\n")
+    write(tmp_path / "docs" / "backup.md", '{"id": "mem_1"}\n{"id": "mem_2"}\n')
+    with pytest.raises(InvalidRequestError, match="backup.md holds JSON lines"):
+        list(iter_import_files([tmp_path / "docs"]))
