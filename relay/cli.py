@@ -530,7 +530,9 @@ def import_(
 )
 @client_options
 def export(client, output) -> None:  # noqa: ANN001
-    """Export every memory the key may read as JSONL."""
+    """Export every memory the key may read as JSONL (relay restore reads it back).
+
+    Expired and superseded memories are included; deleted ones are not."""
     cursor = None
     while True:
         query = "" if cursor is None else "&cursor=" + urllib.parse.quote(cursor)
@@ -540,6 +542,53 @@ def export(client, output) -> None:  # noqa: ANN001
         cursor = page["next_cursor"]
         if not cursor:
             break
+
+
+@cli.command()
+@click.argument(
+    "file", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path)
+)
+@client_options
+def restore(client, file: Path) -> None:  # noqa: ANN001
+    """Restore the memories of a relay export file (FILE, or - for stdin).
+
+    \b
+    Each memory is written back under its id with its title, body, source,
+    audiences, tags, valid_until, supersedes and pinned, through the checks every
+    write passes: the key writes only what it may, and each audience must be a role
+    some key of the organisation carries. Restoring again changes nothing.
+    Not carried: revision history and authorship. A memory new to the organisation
+    starts at revision 1, written by this key, dated now.
+    \b
+    - memories already expired (or expiring within 5 minutes) are skipped and counted;
+    - a memory is written after the memories of the file it supersedes;
+    - a supersedes link to a memory neither in the file nor readable with this key
+      here (deleted since, or outside the exporting key's audiences) is dropped and
+      counted, unless the server holds that link (the restore then stops: dropping it
+      would bring the superseded memory back into recall);
+    - a malformed line stops the restore, naming it, before anything is written;
+    - it also stops at a memory deleted here since (deleted ids are never reused) and
+      at a batch the server refuses (an unknown audience): the batches before stay
+      written, and running the restore again once fixed finishes it."""
+    from relay.restore import read_export, restore_memories
+
+    name = "<stdin>" if str(file) == "-" else str(file)
+    try:
+        text = sys.stdin.read() if name == "<stdin>" else file.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"{name} is not UTF-8 text") from None
+    memories = read_export(text, name)
+    with click.progressbar(length=len(memories), label="restoring", file=sys.stderr) as bar:
+        tally = restore_memories(client, memories, name, bar.update)
+    dropped = (
+        f", {tally.dropped_links} supersedes link(s) to memories not here dropped"
+        if tally.dropped_links
+        else ""
+    )
+    click.echo(
+        f"restored {tally.restored} memories: {tally.written} new or changed,"
+        f" {tally.unchanged} unchanged, {tally.expired} expired skipped{dropped}"
+    )
 
 
 # -- benchmarks ------------------------------------------------------------------

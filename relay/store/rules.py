@@ -20,7 +20,9 @@ def judge_write(
 ) -> None:
     """Raise unless a write of `mode` may go ahead against the stored `current` memory."""
     if deleted:
-        raise ConflictError(f"memory {memory_id!r} was deleted; its id cannot be reused")
+        raise ConflictError(
+            f"memory {memory_id!r} was deleted; its id cannot be reused", memory_id=memory_id
+        )
     if mode == "create" and current is not None:
         # Ids are unique in the org: a taken one is taken whoever may read it.
         raise ConflictError(f"memory {memory_id!r} already exists")

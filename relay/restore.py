@@ -1,0 +1,352 @@
+"""Restore a `relay export` file: `relay restore`, export's way back.
+
+An export is JSON lines, one memory a line as `GET /v1/memories` shows it
+(`Memory.to_dict`). Each memory is written back under its id with what a write can
+carry (`RESTORED_FIELDS`) through the batch endpoint, so the restoring key may write
+only what it may, every field is checked as on every write, and an unchanged memory
+makes no new revision: restoring twice changes nothing. History and authorship cannot
+be carried: a memory new to the organisation starts at revision 1, by the restoring key.
+
+What a write would refuse, and what a restore must still get right:
+
+- A memory already expired (or about to, before its batch lands) cannot be written:
+  it is skipped and counted, never fatal.
+- `supersedes` may name only memories that exist, so a memory is written after those
+  it supersedes (`write_order`). A cycle, which edits can make, is written in two steps.
+  A link to a memory neither in the file nor readable by the key on the server (deleted
+  since, or outside the exporting key's audiences) is dropped and counted, unless the
+  server already holds it on that memory: dropping it then would bring the superseded
+  memory back into its readers' recall, so the restore stops and says so.
+- Every line is read and checked before anything is written: a malformed line stops the
+  restore with its file and line. The server may still refuse a batch (an audience the
+  organisation has no key for); the batches before it stay written.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from relay.errors import InvalidRequestError, NotFoundError, RelayError
+
+if TYPE_CHECKING:
+    from relay.client import RelayClient
+
+RESTORED_FIELDS = (
+    "id",
+    "title",
+    "body",
+    "source",
+    "audiences",
+    "tags",
+    "valid_until",
+    "supersedes",
+    "pinned",
+)
+BATCH_SIZE = 128
+# Under the server's default request cap (max_body_bytes, 256 KiB): a batch of long
+# memories is sent in several requests, never refused as too large.
+MAX_BATCH_BYTES = 192 * 1024
+# A memory expiring this soon could expire before its batch is written, and the server
+# would then refuse the whole batch; it is skipped with the expired ones.
+EXPIRY_MARGIN = timedelta(minutes=5)
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "body": (str,),
+    "title": (str, type(None)),
+    "source": (str, type(None)),
+    "valid_until": (str, type(None)),
+    "pinned": (bool,),
+}
+_LISTS = ("audiences", "tags", "supersedes")
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+_BATCH_ITEM = re.compile(r"^items\.(\d+): (.*)$", re.S)
+
+
+@dataclass(frozen=True)
+class ExportedMemory:
+    """One line of an export, reduced to what a restore writes."""
+
+    line: int
+    fields: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return self.fields["id"]
+
+    @property
+    def supersedes(self) -> list[str]:
+        return self.fields.get("supersedes") or []
+
+
+@dataclass
+class RestoreTally:
+    restored: int = 0
+    written: int = 0
+    unchanged: int = 0
+    expired: int = 0
+    dropped_links: int = 0
+
+
+def is_exported_memory(value: object) -> bool:
+    """Whether a parsed JSON value has the shape of one `relay export` line."""
+    return _problem(value) is None
+
+
+def _problem(value: object) -> str | None:
+    if not isinstance(value, dict):
+        return "a JSON object is expected"
+    for name in ("id", "body", "audiences"):
+        if name not in value:
+            return f"it has no {name!r}"
+    for name, types in _TYPES.items():
+        if name in value and not isinstance(value[name], types):
+            return f"{name!r} is not {'true or false' if types == (bool,) else 'a string'}"
+    for name in _LISTS:
+        items = value.get(name)
+        if items is not None and (
+            not isinstance(items, list) or not all(isinstance(i, str) for i in items)
+        ):
+            return f"{name!r} is not a list of strings"
+    if not value["audiences"]:
+        return "'audiences' is empty (an export names at least 'all')"
+    return None
+
+
+def read_export(text: str, name: str) -> list[ExportedMemory]:
+    """Parse an export, every line or none: raises naming the file and line of the first
+    one that is not an exported memory, or repeats an id."""
+    memories: list[ExportedMemory] = []
+    lines: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidRequestError(
+                f"{name}:{number}: not JSON ({exc.msg}); a relay export file has one memory a line",
+                line=number,
+            ) from None
+        problem = _problem(value)
+        if problem:
+            raise InvalidRequestError(
+                f"{name}:{number}: not a memory from relay export: {problem}", line=number
+            )
+        if value["id"] in lines:
+            raise InvalidRequestError(
+                f"{name}:{number}: memory {value['id']!r} is already on line {lines[value['id']]}",
+                line=number,
+            )
+        lines[value["id"]] = number
+        fields = {k: value[k] for k in RESTORED_FIELDS if k in value}
+        memories.append(ExportedMemory(number, fields))
+    return memories
+
+
+def split_expired(
+    memories: Sequence[ExportedMemory], name: str, now: datetime
+) -> tuple[list[ExportedMemory], int]:
+    """The memories still valid a few minutes from `now`, and how many are not."""
+    from relay.hygiene import check_valid_until
+
+    live = []
+    for memory in memories:
+        try:  # judged against the earliest date there is, so this only parses it
+            until = check_valid_until(memory.fields.get("valid_until"), _EARLIEST)
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"{name}:{memory.line}: {exc.message}") from None
+        if until is None or until > now + EXPIRY_MARGIN:
+            live.append(memory)
+    return live, len(memories) - len(live)
+
+
+def check_memories(memories: Sequence[ExportedMemory], name: str, now: datetime) -> None:
+    """Judge every memory as the server will (`draft_from_fields`) before anything is written,
+    naming the line of the first one it would refuse (a secret, an oversized body)."""
+    from relay.writes import draft_from_fields
+
+    for memory in memories:
+        try:
+            draft_from_fields(memory.fields, None, now)
+        except InvalidRequestError as exc:
+            raise type(exc)(f"{name}:{memory.line}: {exc.message}", **exc.details) from None
+
+
+def write_order(
+    memories: Sequence[ExportedMemory],
+) -> tuple[list[ExportedMemory], set[tuple[str, str]]]:
+    """The memories in file order, except that each comes after those among them it
+    supersedes; and the links that had to wait: a cycle is broken at its earliest line."""
+    index = {m.id: i for i, m in enumerate(memories)}
+    waiting = {m.id: {t for t in m.supersedes if t in index and t != m.id} for m in memories}
+    dependents: dict[str, list[str]] = {}
+    for memory_id, targets in waiting.items():
+        for target in targets:
+            dependents.setdefault(target, []).append(memory_id)
+    ready = [index[mid] for mid, targets in waiting.items() if not targets]
+    heapq.heapify(ready)
+    placed: set[str] = set()
+    order: list[ExportedMemory] = []
+    deferred: set[tuple[str, str]] = set()
+    while len(order) < len(memories):
+        if not ready:  # all that is left waits on a cycle: its earliest line goes first
+            mid = _earliest_in_cycle(waiting, placed, index)
+            deferred |= {(mid, target) for target in waiting[mid]}
+            waiting[mid] = set()
+            heapq.heappush(ready, index[mid])
+        memory = memories[heapq.heappop(ready)]
+        if memory.id in placed:
+            continue
+        order.append(memory)
+        placed.add(memory.id)
+        for dependent in dependents.get(memory.id, ()):
+            if dependent not in placed and memory.id in waiting[dependent]:
+                waiting[dependent].discard(memory.id)
+                if not waiting[dependent]:
+                    heapq.heappush(ready, index[dependent])
+    return order, deferred
+
+
+def _earliest_in_cycle(
+    waiting: dict[str, set[str]], placed: set[str], index: dict[str, int]
+) -> str:
+    """Follow what the earliest unplaced memory waits on until a memory repeats: those
+    from its first visit on form a cycle; the one of them earliest in the file."""
+    node = min((mid for mid in waiting if mid not in placed), key=index.__getitem__)
+    path: list[str] = []
+    visited: dict[str, int] = {}
+    while node not in visited:
+        visited[node] = len(path)
+        path.append(node)
+        node = min(waiting[node], key=index.__getitem__)
+    return min(path[visited[node] :], key=index.__getitem__)
+
+
+def restore_memories(
+    client: RelayClient,
+    memories: Sequence[ExportedMemory],
+    name: str,
+    on_batch: Callable[[int], None] = lambda _: None,
+    now: datetime | None = None,
+) -> RestoreTally:
+    """Write the export's memories back; see the module's docstring for the rules."""
+    now = now or datetime.now(UTC)
+    live, expired = split_expired(memories, name, now)
+    check_memories(live, name, now)
+    order, deferred = write_order(live)
+    in_file = {m.id for m in live}
+    tally = RestoreTally(restored=len(live), expired=expired)
+    on_batch(expired)
+    links = _Links(client)
+    first: list[ExportedMemory] = []
+    second: list[ExportedMemory] = []
+    for memory in order:
+        kept, waiting = [], []
+        for target in memory.supersedes:
+            if target in in_file and (memory.id, target) not in deferred:
+                kept.append(target)
+            elif links.readable(target):
+                kept.append(target)
+            elif target in in_file:
+                waiting.append(target)  # a cycle: linked once the target is written
+            elif links.held_by(memory.id, target):
+                raise InvalidRequestError(
+                    f"{name}:{memory.line}: {memory.id} supersedes {target!r}, which this key"
+                    " cannot read, and dropping the link would bring it back into recall:"
+                    " restore with a key that may read it"
+                )
+            else:
+                tally.dropped_links += 1
+        first.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": kept}))
+        if waiting:  # the links in the file's order: a reordered list would be a change
+            linked = [t for t in memory.supersedes if t in kept or t in waiting]
+            second.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": linked}))
+    for batch in _batches(first):
+        result = _send(client, batch, name)
+        tally.written += result["written"]
+        tally.unchanged += result["unchanged"]
+        on_batch(len(batch))
+    for batch in _batches(second):
+        _send(client, batch, name)
+    return tally
+
+
+class _Links:
+    """What the server says about `supersedes` targets outside the file, asked once each."""
+
+    def __init__(self, client: RelayClient) -> None:
+        self.client = client
+        self.memories: dict[str, dict | None] = {}
+
+    def _get(self, path: str) -> dict | None:
+        try:
+            return self.client.get(path)
+        except NotFoundError:
+            return None
+
+    def memory(self, memory_id: str) -> dict | None:
+        if memory_id not in self.memories:
+            self.memories[memory_id] = self._get(f"/v1/memories/{_quote(memory_id)}")
+        return self.memories[memory_id]
+
+    def readable(self, memory_id: str) -> bool:
+        return self.memory(memory_id) is not None
+
+    def held_by(self, memory_id: str, target: str) -> bool:
+        """Whether the server's `memory_id` supersedes `target` while this key cannot see
+        `target` at all (a deleted target the key may read leaves a readable tombstone, and
+        linking to it changes nothing)."""
+        stored = self.memory(memory_id)
+        if stored is None or target not in stored.get("supersedes", ()):
+            return False
+        return self._get(f"/v1/memories/{_quote(target)}/revisions") is None
+
+
+def _quote(memory_id: str) -> str:
+    return urllib.parse.quote(memory_id, safe="")
+
+
+def _batches(memories: Sequence[ExportedMemory]) -> list[list[ExportedMemory]]:
+    batches: list[list[ExportedMemory]] = []
+    size = MAX_BATCH_BYTES
+    for memory in memories:
+        item_size = len(json.dumps(memory.fields).encode()) + 2
+        if not batches or len(batches[-1]) >= BATCH_SIZE or size + item_size > MAX_BATCH_BYTES:
+            batches.append([])
+            size = len('{"items": []}')
+        batches[-1].append(memory)
+        size += item_size
+    return batches
+
+
+def _send(client: RelayClient, batch: list[ExportedMemory], name: str) -> dict:
+    try:
+        return client.post("/v1/memories/batch", {"items": [m.fields for m in batch]})
+    except RelayError as exc:
+        raise _located(exc, batch, name) from None
+
+
+def _located(exc: RelayError, batch: list[ExportedMemory], name: str) -> RelayError:
+    """The server's refusal of a batch, naming the file and line instead of `items.N`."""
+    match = _BATCH_ITEM.match(exc.message)
+    memory, message = None, exc.message
+    if match and int(match.group(1)) < len(batch):
+        memory, message = batch[int(match.group(1))], match.group(2)
+    else:
+        memory = next((m for m in batch if m.id == exc.details.get("memory_id")), None)
+        if memory is not None and isinstance(exc, NotFoundError):
+            message = (
+                f"{memory.id} exists for an audience this key cannot read; restore it with a"
+                " key that has that role"
+            )
+    if memory is None:
+        return exc
+    return type(exc)(f"{name}:{memory.line}: {message}", **exc.details)

@@ -1,0 +1,374 @@
+"""`relay restore`: a `relay export` file written back, against real servers."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from integration_support import mint, relay, remember, start_module_server, stop_server
+
+from relay.errors import InvalidRequestError, SecretDetectedError
+from relay.models import iso
+from relay.restore import (
+    RESTORED_FIELDS,
+    ExportedMemory,
+    check_memories,
+    read_export,
+    write_order,
+)
+
+# --- reading an export (no server) ---------------------------------------------------------
+
+
+def line(memory_id: str, **fields) -> str:
+    return json.dumps(
+        {"id": memory_id, "body": f"Fact {memory_id}.", "audiences": ["all"], **fields}
+    )
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ('{"id": "m2", "body": "x", "audiences": ["all"]', "not JSON (Expecting ',' delimiter)"),
+        ('["m2"]', "not a memory from relay export: a JSON object is expected"),
+        ('{"id": "m2", "body": "x"}', "not a memory from relay export: it has no 'audiences'"),
+        (line("m2", audiences=[]), "'audiences' is empty (an export names at least 'all')"),
+        (line("m2", tags="a,b"), "'tags' is not a list of strings"),
+        (line("m2", pinned="yes"), "'pinned' is not true or false"),
+        (line("m1"), "memory 'm1' is already on line 1"),
+    ],
+)
+def test_a_malformed_line_is_named_by_file_and_line(bad, message):
+    text = "\n".join([line("m1"), bad, line("m3")]) + "\n"
+    with pytest.raises(InvalidRequestError) as refused:
+        read_export(text, "backup.jsonl")
+    assert refused.value.message.startswith("backup.jsonl:2: ")
+    assert message in refused.value.message
+    assert "\n" not in refused.value.message
+
+
+def test_only_what_a_write_carries_is_read():
+    exported = {
+        "id": "m1",
+        "revision": 4,
+        "title": "T",
+        "body": "B",
+        "source": "s",
+        "audiences": ["all"],
+        "tags": ["t"],
+        "author": "k1",
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-02T00:00:00Z",
+        "valid_until": None,
+        "supersedes": [],
+        "superseded_by": "m0",
+        "pinned": True,
+    }
+    (memory,) = read_export("\n" + json.dumps(exported) + "\n\n", "f")
+    assert memory.line == 2
+    assert memory.fields == {k: exported[k] for k in RESTORED_FIELDS}
+
+
+def test_a_secret_is_named_by_line_before_anything_is_written():
+    token = "gh" + "p_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa"
+    memories = read_export(line("m1") + "\n" + line("m2", body=f"GITHUB_TOKEN={token}"), "f")
+    with pytest.raises(SecretDetectedError, match=r"^f:2: memory looks like it contains a secret"):
+        check_memories(memories, "f", datetime.now(UTC))
+
+
+def memories(*supersedes: tuple[str, list[str]]) -> list[ExportedMemory]:
+    return [
+        ExportedMemory(i, {"id": mid, "body": mid, "audiences": ["all"], "supersedes": targets})
+        for i, (mid, targets) in enumerate(supersedes, start=1)
+    ]
+
+
+def test_write_order_puts_what_is_superseded_first_and_keeps_file_order_otherwise():
+    order, deferred = write_order(
+        memories(("a", ["b"]), ("b", ["c"]), ("x", []), ("c", []), ("d", ["elsewhere"]))
+    )
+    assert [m.id for m in order] == ["x", "c", "b", "a", "d"]
+    assert deferred == set()
+
+
+def test_write_order_breaks_a_cycle_at_its_earliest_line():
+    order, deferred = write_order(memories(("z", ["a"]), ("a", ["b"]), ("b", ["a"])))
+    assert [m.id for m in order] == ["a", "z", "b"]
+    assert deferred == {("a", "b")}
+
+
+# --- round trips against real servers ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    live = start_module_server(tmp_path_factory, "restore-source")
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    live = start_module_server(tmp_path_factory, "restore-target")
+    yield live
+    stop_server(live)
+
+
+def run(server, home: Path, *args: str, key: str | None = None, stdin: str | None = None):
+    env = {"RELAY_URL": server.url, "RELAY_API_KEY": key or server.admin_key}
+    return relay(home, *args, stdin=stdin, cwd=home, **env)
+
+
+def get(server, path: str, key: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key or server.admin_key}"}
+    return httpx.get(f"{server.url}{path}", headers=headers, timeout=30)
+
+
+def listed(server, prefix: str, key: str | None = None) -> dict[str, dict]:
+    """Every memory the key may list whose id starts with `prefix`, by id."""
+    out, cursor = {}, None
+    while True:
+        page = get(server, "/v1/memories?limit=500" + (f"&cursor={cursor}" if cursor else ""), key)
+        assert page.status_code == 200, page.text
+        out.update({m["id"]: m for m in page.json()["items"] if m["id"].startswith(prefix)})
+        if not (cursor := page.json()["next_cursor"]):
+            return out
+
+
+def restored_fields(memory: dict) -> dict:
+    return {k: memory[k] for k in (*RESTORED_FIELDS, "superseded_by")}
+
+
+def summary(done) -> str:
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_export_then_restore_into_a_fresh_server(tmp_path, source, target):
+    mint(source.url, source.admin_key, "payments dev", ["memory:write"], ["payments"])
+    reader = mint(source.url, source.admin_key, "reader", ["memory:read"])["secret"]
+    later = (datetime.now(UTC) + timedelta(days=30)).replace(microsecond=0)
+    a = source.admin_key
+    remember(source.url, a, id="rt-c-old", body="Staging is the green cluster.", pinned=True)
+    remember(
+        source.url,
+        a,
+        id="rt-b-pay",
+        body="Payments-only: the Stripe webhook retry window is 72 hours.",
+        title="Stripe webhooks",
+        source="payments/runbook",
+        audiences=["payments"],
+        tags=["stripe", "webhooks"],
+        valid_until=iso(later),
+    )
+    # Listed (and exported) before the memory it supersedes: ids are listed in order.
+    remember(
+        source.url, a, id="rt-a-new", body="Staging is the blue cluster.", supersedes=["rt-c-old"]
+    )
+    soon = later + timedelta(days=1)
+    remember(
+        source.url, a, id="rt-d-gone", body="Deploys freeze on Fridays.", valid_until=iso(soon)
+    )
+
+    backup = tmp_path / "memories-backup.jsonl"
+    assert run(source, tmp_path, "export", "-o", str(backup)).returncode == 0
+    exported = {m["id"]: m for m in map(json.loads, backup.read_text().splitlines())}
+    assert list(exported)[:4] == ["rt-a-new", "rt-b-pay", "rt-c-old", "rt-d-gone"]
+    # The export was taken long ago: one of its memories has expired since.
+    backup.write_text(backup.read_text().replace(iso(soon), "2000-01-01T00:00:00Z"))
+
+    # The fresh server has no key with the role yet: the audience is refused, by line.
+    refused = run(target, tmp_path, "restore", "memories-backup.jsonl")
+    assert refused.returncode == 2
+    assert "memories-backup.jsonl:2: unknown audience" in refused.stderr.splitlines()[-1]
+    assert listed(target, "rt-") == {}
+
+    mint(target.url, target.admin_key, "payments dev", ["memory:write"], ["payments"])
+    target_reader = mint(target.url, target.admin_key, "reader", ["memory:read"])["secret"]
+    done = run(target, tmp_path, "restore", "memories-backup.jsonl")
+    assert summary(done) == (
+        "restored 3 memories: 3 new or changed, 0 unchanged, 1 expired skipped"
+    )
+    back = listed(target, "rt-")
+    assert sorted(back) == ["rt-a-new", "rt-b-pay", "rt-c-old"]
+    for memory_id, memory in back.items():
+        assert restored_fields(memory) == restored_fields(exported[memory_id]), memory_id
+        assert memory["revision"] == 1
+    assert back["rt-c-old"]["superseded_by"] == "rt-a-new"
+
+    # Still the payments role's alone.
+    for server, key in ((source, reader), (target, target_reader)):
+        assert "rt-b-pay" not in listed(server, "rt-", key)
+        assert get(server, "/v1/memories/rt-b-pay", key).status_code == 404
+        found = httpx.post(
+            f"{server.url}/v1/search",
+            json={"query": "Stripe webhook retry window refunds", "deadline_ms": 2000},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        ).json()["results"]
+        assert all(r["id"] != "rt-b-pay" for r in found)
+
+    # Again, from stdin: nothing changes.
+    again = run(target, tmp_path, "restore", "-", stdin=backup.read_text())
+    assert summary(again) == "restored 3 memories: 0 new or changed, 3 unchanged, 1 expired skipped"
+    assert {k: m["revision"] for k, m in listed(target, "rt-").items()} == dict.fromkeys(back, 1)
+
+
+def exported_line(memory_id: str, **fields) -> str:
+    return json.dumps(
+        {
+            "id": memory_id,
+            "revision": 1,
+            "title": None,
+            "body": f"Rule {memory_id} of the long list.",
+            "source": "bulk/rules",
+            "audiences": ["all"],
+            "tags": [],
+            "author": "k",
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+            "valid_until": None,
+            "supersedes": [],
+            "superseded_by": None,
+            "pinned": False,
+            **fields,
+        }
+    )
+
+
+def test_more_than_a_batch_with_supersedes_across_batches(tmp_path, target):
+    # Each memory supersedes the next one in the file: the last line must be written first.
+    ids = [f"bulk-{i:03d}" for i in range(300)]
+    text = "\n".join(
+        exported_line(mid, supersedes=[ids[i + 1]] if i + 1 < len(ids) else [])
+        for i, mid in enumerate(ids)
+    )
+    (tmp_path / "bulk.jsonl").write_text(text + "\n")
+    done = run(target, tmp_path, "restore", "bulk.jsonl")
+    assert (
+        summary(done) == "restored 300 memories: 300 new or changed, 0 unchanged, 0 expired skipped"
+    )
+    back = listed(target, "bulk-")
+    assert [back[mid]["supersedes"] for mid in ids[:2]] == [[ids[1]], [ids[2]]]
+    assert [back[mid]["superseded_by"] for mid in ids[-2:]] == [ids[-3], ids[-2]]
+    assert back[ids[0]]["superseded_by"] is None
+    again = run(target, tmp_path, "restore", "bulk.jsonl")
+    assert (
+        summary(again)
+        == "restored 300 memories: 0 new or changed, 300 unchanged, 0 expired skipped"
+    )
+
+
+def test_a_malformed_line_stops_the_restore_before_anything_is_written(tmp_path, target):
+    good = [exported_line(f"bad-{i}") for i in range(3)]
+    (tmp_path / "broken.jsonl").write_text("\n".join([good[0], good[1][:-1], good[2]]) + "\n")
+    done = run(target, tmp_path, "restore", "broken.jsonl")
+    assert done.returncode == 2
+    assert done.stderr == (
+        "relay: error: broken.jsonl:2: not JSON (Expecting ',' delimiter); a relay export file"
+        " has one memory a line\n"
+    )
+    assert listed(target, "bad-") == {}
+
+
+def test_a_supersedes_cycle_is_restored_and_restoring_again_changes_nothing(tmp_path, target):
+    text = "\n".join(
+        [
+            exported_line("cyc-0"),
+            exported_line("cyc-a", supersedes=["cyc-b", "cyc-0"]),
+            exported_line("cyc-b", supersedes=["cyc-a"]),
+        ]
+    )
+    (tmp_path / "cycle.jsonl").write_text(text + "\n")
+    done = run(target, tmp_path, "restore", "cycle.jsonl")
+    assert summary(done) == "restored 3 memories: 3 new or changed, 0 unchanged, 0 expired skipped"
+    back = listed(target, "cyc-")
+    assert [back[m]["supersedes"] for m in ("cyc-a", "cyc-b")] == [["cyc-b", "cyc-0"], ["cyc-a"]]
+    revisions = {mid: m["revision"] for mid, m in back.items()}
+    again = run(target, tmp_path, "restore", "cycle.jsonl")
+    assert summary(again) == "restored 3 memories: 0 new or changed, 3 unchanged, 0 expired skipped"
+    assert {mid: m["revision"] for mid, m in listed(target, "cyc-").items()} == revisions
+
+
+def test_links_to_memories_not_in_the_file(tmp_path, source):
+    """A link to a memory deleted since is dropped and counted; one the server holds to a
+    memory this key cannot read stops the restore rather than bring that memory back."""
+    mint(source.url, source.admin_key, "ops", ["memory:write"], ["ops"])
+    dev = mint(source.url, source.admin_key, "dev", ["memory:read", "memory:write"])["secret"]
+    a = source.admin_key
+    remember(source.url, a, id="ln-old-ops", body="Page ops by phone.", audiences=["ops"])
+    remember(source.url, a, id="ln-new", body="Page ops in the app.", supersedes=["ln-old-ops"])
+    remember(source.url, a, id="ln-gone", body="Rotate the pager weekly.")
+    remember(source.url, a, id="ln-newer", body="Rotate the pager daily.", supersedes=["ln-gone"])
+    assert (
+        httpx.delete(
+            f"{source.url}/v1/memories/ln-gone",
+            headers={"Authorization": f"Bearer {a}"},
+            timeout=30,
+        ).status_code
+        == 204
+    )
+
+    # The dev key cannot read ln-old-ops: its export holds ln-new without the memory it supersedes.
+    assert run(source, tmp_path, "export", "-o", "dev.jsonl", key=dev).returncode == 0
+    exported = [json.loads(x) for x in (tmp_path / "dev.jsonl").read_text().splitlines()]
+    assert {m["id"] for m in exported if m["id"].startswith("ln-")} == {"ln-new", "ln-newer"}
+    refused = run(source, tmp_path, "restore", "dev.jsonl", key=dev)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith(
+        "ln-new supersedes 'ln-old-ops', which this key cannot read, and dropping the link"
+        " would bring it back into recall: restore with a key that may read it"
+    )
+    assert get(source, "/v1/memories/ln-new").json()["revision"] == 1
+
+    # ln-newer's link to the deleted ln-gone is the only one that cannot come back.
+    (tmp_path / "newer.jsonl").write_text(
+        "\n".join(json.dumps(m) for m in exported if m["id"] == "ln-newer") + "\n"
+    )
+    done = run(source, tmp_path, "restore", "newer.jsonl", key=dev)
+    assert summary(done) == (
+        "restored 1 memories: 1 new or changed, 0 unchanged, 0 expired skipped,"
+        " 1 supersedes link(s) to memories not here dropped"
+    )
+    assert get(source, "/v1/memories/ln-newer").json()["supersedes"] == []
+
+
+def test_a_memory_deleted_since_is_named_by_its_line(tmp_path, source):
+    """Deleted ids are never reused, so a restore cannot bring one back under its id."""
+    remember(source.url, source.admin_key, id="del-x", body="Use the old VPN.")
+    exported = get(source, "/v1/memories/del-x").json()
+    assert (
+        httpx.delete(
+            f"{source.url}/v1/memories/del-x",
+            headers={"Authorization": f"Bearer {source.admin_key}"},
+            timeout=30,
+        ).status_code
+        == 204
+    )
+    (tmp_path / "old.jsonl").write_text(
+        exported_line("del-ok") + "\n" + json.dumps(exported) + "\n"
+    )
+    done = run(source, tmp_path, "restore", "old.jsonl")
+    assert done.returncode == 5
+    assert done.stderr.strip().splitlines()[-1] == (
+        "relay: error: old.jsonl:2: memory 'del-x' was deleted; its id cannot be reused"
+    )
+    assert get(source, "/v1/memories/del-ok").status_code == 404
+
+
+def test_a_memory_this_key_cannot_read_is_named_by_its_line(tmp_path, source):
+    mint(source.url, source.admin_key, "sre", ["memory:write"], ["sre"])
+    dev = mint(source.url, source.admin_key, "dev2", ["memory:read", "memory:write"])["secret"]
+    remember(
+        source.url, source.admin_key, id="hid-sre", body="Failover by hand.", audiences=["sre"]
+    )
+    (tmp_path / "sre.jsonl").write_text(json.dumps(get(source, "/v1/memories/hid-sre").json()))
+    done = run(source, tmp_path, "restore", "sre.jsonl", key=dev)
+    assert done.returncode == 4
+    assert done.stderr.strip().splitlines()[-1] == (
+        "relay: error: sre.jsonl:1: hid-sre exists for an audience this key cannot read;"
+        " restore it with a key that has that role"
+    )
