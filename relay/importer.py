@@ -57,6 +57,7 @@ STRUCTURED_SUFFIXES = {
     ".toml": "TOML",
     ".xml": "XML",
 }
+EXPORT = "a relay export"  # what `relay restore` reads back
 SUPPORTED_FORMATS = (
     "Markdown (.md, .markdown: CLAUDE.md, AGENTS.md), .cursorrules, .mdc"
     " and plain-text rule files (.txt, .windsurfrules)"
@@ -115,7 +116,14 @@ def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
 def refuse_structured(path: Path) -> None:
     """Raise when `path` holds structured data (JSON, JSON lines, CSV, ...), by its suffix or,
     for JSON, its content: read as Markdown it would become junk memories for everyone."""
-    kind = STRUCTURED_SUFFIXES.get(path.suffix.lower()) or _json_kind(path)
+    kind = _json_kind(path)
+    if kind == EXPORT:
+        raise InvalidRequestError(
+            f"{path} is a relay export file: restore it with `relay restore {path}`; relay"
+            f" import reads {SUPPORTED_FORMATS} and would mangle it; nothing was imported",
+            path=str(path),
+        )
+    kind = STRUCTURED_SUFFIXES.get(path.suffix.lower()) or kind
     if kind:
         raise InvalidRequestError(
             f"{path} holds {kind}, which relay import would mangle: it reads"
@@ -125,8 +133,11 @@ def refuse_structured(path: Path) -> None:
 
 
 def _json_kind(path: Path) -> str | None:
-    """What the file holds when it is a JSON document ("JSON") or one JSON object or array a
-    line ("JSON lines"), else None. Markdown that opens with `[link](...)` is neither."""
+    """What the file holds when it is a JSON document ("JSON"), one JSON object or array a
+    line ("JSON lines"), or one exported memory a line (`EXPORT`), else None. Markdown that
+    opens with `[link](...)` is none of these."""
+    from relay.restore import is_exported_memory
+
     try:
         text = path.read_text(encoding="utf-8-sig").strip()
     except (OSError, UnicodeDecodeError):
@@ -134,18 +145,18 @@ def _json_kind(path: Path) -> str | None:
     if not text.startswith(("{", "[")):
         return None
     try:
-        json.loads(text)
-        return "JSON"
+        values = [json.loads(line) for line in text.splitlines() if line.strip()]
     except ValueError:
-        pass
-    for line in text.splitlines():
-        try:
-            value = json.loads(line) if line.strip() else {}
-        except ValueError:
-            return None
-        if not isinstance(value, dict | list):
-            return None
-    return "JSON lines"
+        values = []
+    if values and all(isinstance(value, dict | list) for value in values):
+        if all(map(is_exported_memory, values)):
+            return EXPORT
+        return "JSON lines" if len(values) > 1 else "JSON"
+    try:
+        json.loads(text)
+    except ValueError:
+        return None
+    return "JSON"
 
 
 def _walk(top: Path) -> Iterator[Path]:

@@ -295,9 +295,10 @@ def test_an_export_file_is_refused_and_nothing_is_written(tmp_path, server):
         done = relay_import(server, tmp_path, *args)
         assert done.returncode == 2, done.stdout
         assert done.stderr == (
-            "relay: error: memories-backup.jsonl holds JSON lines, which relay import would"
-            " mangle: it reads Markdown (.md, .markdown: CLAUDE.md, AGENTS.md), .cursorrules,"
-            " .mdc and plain-text rule files (.txt, .windsurfrules); nothing was imported\n"
+            "relay: error: memories-backup.jsonl is a relay export file: restore it with"
+            " `relay restore memories-backup.jsonl`; relay import reads Markdown (.md,"
+            " .markdown: CLAUDE.md, AGENTS.md), .cursorrules, .mdc and plain-text rule files"
+            " (.txt, .windsurfrules) and would mangle it; nothing was imported\n"
         )
     assert every_memory(server) == before
     found = httpx.post(

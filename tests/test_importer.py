@@ -668,3 +668,15 @@ def test_a_walked_markdown_file_that_holds_json_lines_is_refused(tmp_path):
     write(tmp_path / "docs" / "backup.md", '{"id": "mem_1"}\n{"id": "mem_2"}\n')
     with pytest.raises(InvalidRequestError, match="backup.md holds JSON lines"):
         list(iter_import_files([tmp_path / "docs"]))
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_an_export_file_points_to_relay_restore(tmp_path, count):
+    memory = {"id": "mem_1", "revision": 1, "body": "x", "audiences": ["payments"]}
+    path = write(tmp_path / "backup.txt", "\n".join([json.dumps(memory)] * count) + "\n")
+    with pytest.raises(InvalidRequestError) as refused:
+        list(iter_import_files([path]))
+    assert refused.value.message.startswith(
+        f"{path} is a relay export file: restore it with `relay restore {path}`; relay import"
+        " reads Markdown"
+    )
