@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from relay import errors
 from relay.hook import config as hook_config
@@ -29,6 +30,29 @@ _BY_CODE: dict[str, type[errors.RelayError]] = {
         errors.StoreError,
     )
 }
+
+
+T = TypeVar("T")
+# What one POST /v1/memories/batch may carry: at most 256 items, in a request body the
+# server caps at max_body_bytes (256 KiB by default). Batches stay well inside both.
+BATCH_ITEMS = 128
+BATCH_BYTES = 192 * 1024
+
+
+def batches(items: Sequence[T], as_item: Callable[[T], Any]) -> Iterator[list[T]]:
+    """`items` in runs the batch endpoint accepts: at most BATCH_ITEMS, and at most
+    BATCH_BYTES of JSON as `RelayClient.request` encodes it (one larger item goes alone)."""
+    batch: list[T] = []
+    size = 0
+    for item in items:
+        item_size = len(json.dumps(as_item(item))) + 2  # ASCII only: the rest is escaped
+        if batch and (len(batch) >= BATCH_ITEMS or size + item_size > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += item_size
+    if batch:
+        yield batch
 
 
 class ConnectionFailedError(errors.UnavailableError):

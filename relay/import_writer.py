@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from relay.client import RelayClient
     from relay.importer import ImportDraft
 
-BATCH_SIZE = 128
 _IMPORTED_ID = re.compile(r"(imp_[0-9a-f]{16})(?:\.[0-9]+)?")
 
 
@@ -55,9 +54,10 @@ def import_files(
         for source, file_drafts in drafts_by_source.items()
         for draft in with_live_ids(file_drafts, owned[source])
     ]
+    from relay.client import batches
+
     tally = ImportTally()
-    for start in range(0, len(drafts), BATCH_SIZE):
-        batch = drafts[start : start + BATCH_SIZE]
+    for batch in batches(drafts, lambda d: _item(d, audiences)):
         result = _upsert(client, batch, audiences, owned)
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]

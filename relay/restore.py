@@ -49,10 +49,6 @@ RESTORED_FIELDS = (
     "supersedes",
     "pinned",
 )
-BATCH_SIZE = 128
-# Under the server's default request cap (max_body_bytes, 256 KiB): a batch of long
-# memories is sent in several requests, never refused as too large.
-MAX_BATCH_BYTES = 192 * 1024
 # A memory expiring this soon could expire before its batch is written, and the server
 # would then refuse the whole batch; it is skipped with the expired ones.
 EXPIRY_MARGIN = timedelta(minutes=5)
@@ -238,6 +234,8 @@ def restore_memories(
     now: datetime | None = None,
 ) -> RestoreTally:
     """Write the export's memories back; see the module's docstring for the rules."""
+    from relay.client import batches
+
     now = now or datetime.now(UTC)
     live, expired = split_expired(memories, name, now)
     check_memories(live, name, now)
@@ -269,12 +267,12 @@ def restore_memories(
         if waiting:  # the links in the file's order: a reordered list would be a change
             linked = [t for t in memory.supersedes if t in kept or t in waiting]
             second.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": linked}))
-    for batch in _batches(first):
+    for batch in batches(first, lambda m: m.fields):
         result = _send(client, batch, name)
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]
         on_batch(len(batch))
-    for batch in _batches(second):
+    for batch in batches(second, lambda m: m.fields):
         _send(client, batch, name)
     return tally
 
@@ -312,19 +310,6 @@ class _Links:
 
 def _quote(memory_id: str) -> str:
     return urllib.parse.quote(memory_id, safe="")
-
-
-def _batches(memories: Sequence[ExportedMemory]) -> list[list[ExportedMemory]]:
-    batches: list[list[ExportedMemory]] = []
-    size = MAX_BATCH_BYTES
-    for memory in memories:
-        item_size = len(json.dumps(memory.fields).encode()) + 2
-        if not batches or len(batches[-1]) >= BATCH_SIZE or size + item_size > MAX_BATCH_BYTES:
-            batches.append([])
-            size = len('{"items": []}')
-        batches[-1].append(memory)
-        size += item_size
-    return batches
 
 
 def _send(client: RelayClient, batch: list[ExportedMemory], name: str) -> dict:

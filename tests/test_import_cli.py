@@ -308,3 +308,13 @@ def test_an_export_file_is_refused_and_nothing_is_written(tmp_path, server):
         timeout=30,
     ).json()["results"]
     assert all("Stripe" not in r["text"] for r in found)
+
+
+def test_long_sections_travel_in_requests_the_server_accepts(tmp_path, server):
+    """One batch of long sections was refused whole: 'request body too large'."""
+    accented = "Déjà vérifié à l'étape précédente: côté serveur, réécrire l'entrée. " * 60
+    repo = git_repo(tmp_path / "qa-long")
+    write(repo / "GUIDE.md", "".join(f"# Étape {i}\n{accented}\n\n" for i in range(40)))
+    done = relay_import(server, repo, "GUIDE.md")
+    assert summary(done) == "imported 40 memories: 40 new or changed, 0 unchanged, 0 retired"
+    assert len(live_memories(server, "qa-long/GUIDE.md")) == 40

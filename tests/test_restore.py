@@ -372,3 +372,14 @@ def test_a_memory_this_key_cannot_read_is_named_by_its_line(tmp_path, source):
         "relay: error: sre.jsonl:1: hid-sre exists for an audience this key cannot read;"
         " restore it with a key that has that role"
     )
+
+
+def test_long_memories_travel_in_requests_the_server_accepts(tmp_path, target):
+    accented = "Déjà vérifié à l'étape précédente: côté serveur, réécrire l'entrée. " * 60
+    text = "\n".join(exported_line(f"long-{i:02d}", body=accented) for i in range(40))
+    assert len(text) > 256 * 1024  # escaped to ASCII, as the client sends it
+    (tmp_path / "long.jsonl").write_text(text + "\n")
+    done = run(target, tmp_path, "restore", "long.jsonl")
+    assert (
+        summary(done) == "restored 40 memories: 40 new or changed, 0 unchanged, 0 expired skipped"
+    )
