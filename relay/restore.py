@@ -126,7 +126,7 @@ def read_export(text: str, name: str) -> list[ExportedMemory]:
             continue
         try:
             value = json.loads(raw)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise InvalidRequestError(
                 f"{name}:{number}: not JSON ({exc.msg}); a relay export file has one memory a line",
                 line=number,
