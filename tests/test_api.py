@@ -364,6 +364,47 @@ def test_supersedes_cannot_reach_past_the_writers_audiences(api):
     assert wider["id"] in found and lunch["id"] not in found
 
 
+def test_an_edit_keeps_what_the_memory_supersedes_without_judging_it_again(api):
+    """QA (session 7): once a superseded memory was deleted, every edit of the memory that
+    superseded it failed, a title change too; and so did any edit by a key that cannot read
+    the superseded memory. A kept link is not judged again; a narrowing edit still is."""
+    old = remember(
+        api, "acme_sre", "The on-call rota is in the ops wiki.", audiences=["sre", "dev"]
+    )
+    new = remember(
+        api,
+        "acme_sre",
+        "The on-call rota moved to the pager app.",
+        audiences=["sre", "dev"],
+        supersedes=[old["id"]],
+    )
+    h = api.headers("acme_dev")
+    r = api.client.patch(f"/v1/memories/{new['id']}", json={"title": "Rota"}, headers=h)
+    assert r.status_code == 200, r.text  # dev reads both: the ordinary case
+    narrowed = api.client.patch(
+        f"/v1/memories/{new['id']}", json={"audiences": ["sre"]}, headers=api.headers("acme_sre")
+    )
+    assert "reaches dev" in assert_error(narrowed, 400, "invalid_request")["message"]
+    assert api.client.delete(f"/v1/memories/{old['id']}", headers=h).status_code == 204
+    r = api.client.patch(f"/v1/memories/{new['id']}", json={"title": "On-call rota"}, headers=h)
+    assert r.status_code == 200, r.text
+    assert r.json()["supersedes"] == [old["id"]] and r.json()["title"] == "On-call rota"
+
+    vault = remember(api, "acme_sre", "The vault runbook is in the sre wiki.", audiences=["sre"])
+    moved = remember(
+        api,
+        "acme_sre",
+        "The vault runbook moved to the shared docs.",
+        audiences=["sre", "dev"],
+        supersedes=[vault["id"]],
+    )
+    r = api.client.patch(f"/v1/memories/{moved['id']}", json={"title": "Vault"}, headers=h)
+    assert r.status_code == 200, r.text  # dev cannot read what it supersedes, and need not
+    hidden = api.client.patch(f"/v1/memories/{moved['id']}", json={"audiences": ["dev"]}, headers=h)
+    message = assert_error(hidden, 400, "invalid_request")["message"]
+    assert "sre" not in message and vault["id"] not in message  # nothing told of it
+
+
 def test_a_bad_item_rejects_the_whole_batch(api):
     items = [{"id": "a", "body": "first fine memory"}, {"id": "b", "body": ""}]
     r = api.client.post(

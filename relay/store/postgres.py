@@ -679,7 +679,8 @@ class PostgresStore:
             "SELECT * FROM memories WHERE org_id = %s AND id = %s", (org_id, memory_id)
         ).fetchone()
         current = _judge(row, memory_id, draft, mode, expected_revision, audiences)
-        _check_supersedes(conn, org_id, memory_id, draft, audiences)
+        kept = () if current is None else current.supersedes
+        _check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and same_content(current, draft):
             return current, False
         values = _values(org_id, memory_id, draft, author, current)
@@ -1347,6 +1348,7 @@ def _check_supersedes(
     memory_id: str,
     draft: MemoryDraft,
     writer: frozenset[str] | None,
+    kept: Sequence[str],
 ) -> None:
     targets = list(draft.supersedes)
     rows = (
@@ -1359,7 +1361,7 @@ def _check_supersedes(
         else []
     )
     judge_supersedes(
-        memory_id, targets, {r["id"]: r["audiences"] for r in rows}, writer, draft.audiences
+        memory_id, targets, {r["id"]: r["audiences"] for r in rows}, writer, draft.audiences, kept
     )
 
 

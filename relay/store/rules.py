@@ -3,7 +3,7 @@ with the same words."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
 from relay.models import EVERYONE, Memory, MemoryDraft
@@ -60,20 +60,27 @@ def judge_supersedes(
     found: Mapping[str, Sequence[str]],
     writer: frozenset[str] | None,
     audiences: Sequence[str],
+    kept: Collection[str] = (),
 ) -> None:
     """Raise unless the memory may supersede `targets`; `found` holds the audiences of
-    those that are live memories of the org, `writer` the writing key's (None: admin).
+    those that are live memories of the org, `writer` the writing key's (None: admin),
+    `kept` the targets the memory already supersedes (an edit carries them over).
 
-    A target the writer may not read is answered exactly like one that does not exist (no
-    existence test, no hiding another audience's memory), and the new memory must reach
-    everyone its targets reached: recall never returns a superseded memory, so a narrower
-    replacement would take the fact away from the readers it leaves out."""
+    A new target the writer may not read is answered exactly like one that does not exist
+    (no existence test, no hiding another audience's memory), and the memory must reach
+    everyone its live targets reached: recall never returns a superseded memory, so a
+    narrower replacement would take the fact away from the readers it leaves out. A kept
+    target is not judged again for existence or access: it may have been deleted since,
+    or be one this writer cannot read, and an edit of the title must not fail on either."""
     reach = set(audiences)
     for target in targets:
         if target == memory_id:
             raise InvalidRequestError("a memory cannot supersede itself")
         reached = set(found.get(target, ()))
-        if not reached or (writer is not None and not reached & (writer | {EVERYONE})):
+        readable = writer is None or bool(reached & (writer | {EVERYONE}))
+        if target in kept and not reached:
+            continue  # deleted since: the link stays in the history, and takes nothing
+        if target not in kept and not (reached and readable):
             raise InvalidRequestError(
                 f"supersedes names {target!r}, which is not a memory of this organisation"
             )
@@ -82,4 +89,7 @@ def judge_supersedes(
             raise InvalidRequestError(
                 f"{target!r} reaches {', '.join(sorted(left_out))}, which this memory would not:"
                 " give it those audiences too, or leave it unsuperseded"
+                if readable
+                else "this memory already supersedes one that reaches audiences it would"
+                " no longer reach: keep its audiences"
             )

@@ -393,7 +393,8 @@ class SQLiteStore:
         current = None if row is None else _memory(row)
         deleted = row is not None and row["deleted_at"] is not None
         judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
-        self._check_supersedes(conn, org_id, memory_id, draft, audiences)
+        kept = () if current is None else current.supersedes
+        self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and same_content(current, draft):
             return current, False
         revision = 1 if current is None else current.revision + 1
@@ -496,6 +497,7 @@ class SQLiteStore:
         memory_id: str,
         draft: MemoryDraft,
         writer: frozenset[str] | None,
+        kept: Sequence[str],
     ) -> None:
         targets = list(draft.supersedes)
         marks = ", ".join("?" for _ in targets)
@@ -509,7 +511,7 @@ class SQLiteStore:
             else []
         )
         found = {r["id"]: json.loads(r["audiences"]) for r in rows}
-        judge_supersedes(memory_id, targets, found, writer, draft.audiences)
+        judge_supersedes(memory_id, targets, found, writer, draft.audiences, kept)
 
     def current_memory(self, org_id: str, memory_id: str) -> Memory | None:
         with translate_errors():
