@@ -15,8 +15,9 @@ What a write would refuse, and what a restore must still get right:
   it supersedes (`write_order`). A cycle, which edits can make, is written in two steps.
   A link to a memory neither in the file nor readable by the key on the server (deleted
   since, or outside the exporting key's audiences) is dropped and counted, unless the
-  server already holds it on that memory: dropping it then would bring the superseded
-  memory back into its readers' recall, so the restore stops and says so.
+  server already holds it on that memory: then it is kept (a write carries over the
+  links a memory already has), since dropping it would bring the superseded memory back
+  into its readers' recall.
 - Every line is read and checked before anything is written: a malformed line stops the
   restore with its file and line. The server may still refuse a batch (an audience the
   organisation has no key for); the batches before it stay written.
@@ -256,11 +257,7 @@ def restore_memories(
             elif target in in_file:
                 waiting.append(target)  # a cycle: linked once the target is written
             elif links.held_by(memory.id, target):
-                raise InvalidRequestError(
-                    f"{name}:{memory.line}: {memory.id} supersedes {target!r}, which this key"
-                    " cannot read, and dropping the link would bring it back into recall:"
-                    " restore with a key that may read it"
-                )
+                kept.append(target)  # the server keeps a link it holds, readable or not
             else:
                 tally.dropped_links += 1
         first.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": kept}))
