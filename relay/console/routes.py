@@ -37,7 +37,7 @@ from relay.hook import codec, gate, state
 from relay.hook import config as hook_config
 from relay.hook.client import HookFailure
 from relay.hook.pack import PROMPT_INTRO, pack, tokens, validate
-from relay.hook.run import PACK_RESERVE_S, QUERY_MAX_CHARS, results_wanted
+from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
 from relay.models import ApiKey, Principal, iso
 from relay.search import MAX_K, SearchResponse
@@ -67,7 +67,9 @@ PAGE_HEADERS = {
     "Cache-Control": "no-store",
 }
 # What the hook tells the server by default: its budget less start-up and the packing reserve.
-HOOK_SERVER_MS = int(hook_config.DEFAULTS["deadline_ms"]) - 25 - int(PACK_RESERVE_S * 1000)  # type: ignore[call-overload]
+HOOK_SERVER_MS = (
+    int(hook_config.DEFAULTS["deadline_ms"]) - 25 - int(hook_config.PACK_RESERVE_S * 1000)
+)  # type: ignore[call-overload]
 
 
 def csrf_token(key: str) -> str:

@@ -23,10 +23,6 @@ RESPONSE_MAX = 256 * 1024
 QUERY_MAX_CHARS = 2000
 EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
 SERVER_MAX_K = 12  # the most results one search returns (relay.search.MAX_K: not importable here)
-# PACK_RESERVE_S (kept back from the server: transfer, validate, pack) and MIN_SERVER_MS
-# live with the settings, whose least deadline_ms they set.
-PACK_RESERVE_S = config.PACK_RESERVE_S
-MIN_SERVER_MS = config.MIN_SERVER_MS
 EXIT_RESERVE_S = 0.025  # kept back from the network: breaker, log and exit, slower under load
 SOURCES = ("startup", "resume", "clear", "compact")
 
@@ -212,8 +208,9 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
     if probe:
         inv.log["probe"] = True
 
-    server_ms = int((inv.until - time.monotonic() - PACK_RESERVE_S) * 1000)
-    if server_ms < MIN_SERVER_MS:
+    # PACK_RESERVE_S and MIN_SERVER_MS live with the settings, whose least deadline they set.
+    server_ms = int((inv.until - time.monotonic() - config.PACK_RESERVE_S) * 1000)
+    if server_ms < config.MIN_SERVER_MS:
         return inv.finish("timeout", "no_budget_left")
     inv.log["deadline_ms"] = server_ms
     body = codec.dumps(
