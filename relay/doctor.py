@@ -104,7 +104,10 @@ class Doctor:
                     "fix the file or run `relay install` again",
                 )
                 return False
-        self.cfg = cfg = hook_config.load(self.environ)
+        from relay.install import script_environ
+
+        # The settings the hook runs with: the script's knobs beat the config file.
+        self.cfg = cfg = hook_config.load(script_environ(self.paths.script, self.environ))
         for var in ("RELAY_URL", "RELAY_API_KEY", "RELAY_API_KEY_FILE"):
             if self.environ.get(var) and path.exists():
                 self.add(

@@ -202,6 +202,23 @@ def _knob_value(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def script_environ(script: Path, environ: dict[str, str]) -> dict[str, str]:
+    """`environ` as the installed script hands it to the hook: each knob's `RELAY_<VAR>`
+    set from the script's `<VAR>=value` line unless `environ` already sets it."""
+    import re
+
+    try:
+        text = script.read_text(encoding="utf-8")
+    except OSError:
+        return dict(environ)
+    out = dict(environ)
+    for var, _, _ in SCRIPT_KNOBS:
+        found = re.search(rf"^{var}=(\S*)\s*$", text, flags=re.MULTILINE)
+        if found and not out.get(f"RELAY_{var}"):
+            out[f"RELAY_{var}"] = found.group(1).strip("'\"")
+    return out
+
+
 def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
     """Write `settings`' values of the script's knobs into an installed hook script, whose
     values beat the config file's (`relay eval replay --apply`). False without a script."""

@@ -34,8 +34,8 @@ def installed(home, url: str, key: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def doctor(home):
-    return relay(home, "doctor")
+def doctor(home, **env: str):
+    return relay(home, "doctor", **env)
 
 
 def findings(home) -> list[dict]:
@@ -224,3 +224,17 @@ def test_a_deadline_this_machine_cannot_search_in_fails(tmp_path, server):
         for f in failures(tmp_path)
     )
     assert "fix: raise DEADLINE_MS in ~/.relay/relay-autosearch-hook.sh" in done.stdout
+
+
+def test_doctor_reads_the_settings_the_hook_runs_with(tmp_path, server):
+    """QA (session 7): doctor showed the config file's deadline, though the hook script's
+    DEADLINE_MS, which the agents run, beats it (an environment variable beats both)."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace("DEADLINE_MS=400", "DEADLINE_MS=900"))
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    log = tmp_path / ".relay/state/outcomes.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text(json.dumps({"ts": now, "outcome": "hit", "ms": {"total": 40}}) + "\n")
+    assert "(deadline 900 ms)" in doctor(tmp_path).stdout
+    assert "(deadline 700 ms)" in doctor(tmp_path, RELAY_DEADLINE_MS="700").stdout
