@@ -3,7 +3,8 @@ recall into Claude Code and Codex, then take exactly that back out.
 
 install: check the URL and key with one request (`GET /v1/whoami`) -> plan every
 file's new content in memory (a file that is not valid JSON or TOML stops the
-plan: nothing is written) -> back up each file it changes -> write each one
+plan: nothing is written) -> check that every file it changes can be (nothing is
+written otherwise) -> back up each file it changes -> write each one
 atomically -> print what changed, file by file -> record in
 `~/.relay/install.json` which files it created and where the originals are.
 
@@ -560,8 +561,11 @@ def why_unchangeable(path: Path, remove: bool) -> str | None:
     for writing (no truncation, nothing written) reveals as EPERM.
     """
     target = path if remove else Path(os.path.realpath(path))
-    if not os.access(target.parent, os.W_OK | os.X_OK):
-        return f"its folder {target.parent} is not writable"
+    folder = target.parent  # or, for a file in a folder still to be made, where it will be
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"its folder {folder} is not writable"
     try:
         os.close(os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
     except OSError as exc:
@@ -581,10 +585,12 @@ def _leftovers(paths: Paths, manifest: dict[str, Any]) -> list[Path]:
     return [*dict.fromkeys(out), paths.manifest]
 
 
-def uninstall_blockers(changes: list[Change], paths: Paths, manifest: dict[str, Any]) -> list[str]:
-    """Every file uninstall would change or remove that it cannot, before it changes any."""
+def blockers(changes: list[Change], paths: Paths, manifest: dict[str, Any] | None) -> list[str]:
+    """Every file install (`manifest` None) or uninstall would change or remove that it
+    cannot, found before it changes any."""
     targets = [(c.path, c.after is None) for c in changes if c.changed]
-    targets += [(p, True) for p in _leftovers(paths, manifest) if p.exists()]
+    if manifest is not None:
+        targets += [(p, True) for p in _leftovers(paths, manifest) if p.exists()]
     out = []
     for path, remove in targets:
         why = why_unchangeable(path, remove)
@@ -761,6 +767,13 @@ def install(
             state = "unchanged" if not c.changed else "create" if c.before is None else "update"
             click.echo(f"  would {state:<9} {tilde(c.path, paths.home)}  ({c.what})")
         return
+    blocked = blockers(changes, paths, None)
+    if blocked:
+        raise RelayError(
+            "install cannot change "
+            + "; ".join(blocked)
+            + ". Nothing was changed; fix that, then run `relay install` again"
+        )
     for line in apply(changes, paths, url):
         click.echo(line)
     click.echo("")
@@ -792,11 +805,11 @@ def uninstall(dry_run: bool) -> None:
         return
     for warning in warnings:
         click.echo(f"  warning: {warning}", err=True)
-    blockers = uninstall_blockers(changes, paths, manifest)
-    if blockers:
+    blocked = blockers(changes, paths, manifest)
+    if blocked:
         raise RelayError(
             "uninstall cannot change "
-            + "; ".join(blockers)
+            + "; ".join(blocked)
             + ". Nothing was changed; fix that, then run `relay uninstall` again"
         )
     apply_uninstall(changes, paths, manifest, click.echo)

@@ -528,6 +528,23 @@ def test_uninstall_changes_nothing_when_one_file_cannot_be_changed(tmp_path, ser
     assert snapshot(home) == original
 
 
+@pytest.mark.parametrize("locked", [".claude/settings.json", ".codex/config.toml"])
+def test_install_changes_nothing_when_one_file_cannot_be_changed(tmp_path, server, locked):
+    """Install wrote its files one after another: an immutable config.toml stopped it after
+    the key, the script and the Claude settings were written, and before the install record
+    that uninstall needs. Every file is checked first now, as uninstall does."""
+    home = tmp_path
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    write(home / ".codex/config.toml", EXISTING_CODEX_CONFIG)
+    original = snapshot(home)
+    with unchangeable(home / locked):
+        stopped = install(home, server)
+    assert snapshot(home) == original
+    assert stopped.returncode == 1
+    assert f"~/{locked}" in stopped.stderr and "Nothing was changed" in stopped.stderr
+    assert install(home, server).returncode == 0
+
+
 def test_an_uninstall_stopped_part_way_says_what_it_did_and_what_is_left(
     tmp_path, server, monkeypatch
 ):
