@@ -494,10 +494,26 @@ def import_(
     since (not with --keep-removed); memories from other files or written by hand are
     never touched."""
     from relay.import_writer import check_drafts, import_files, vanished
-    from relay.importer import drafts_from_path, folder_prefixes, iter_import_files, source_for
+    from relay.importer import (
+        drafts_from_path,
+        folder_prefixes,
+        iter_import_files,
+        named_by_folder,
+        source_for,
+    )
 
-    drafts_by_source, failed = {}, []
+    drafts_by_source, failed, warned = {}, [], set()
     for f in iter_import_files(paths):
+        work_tree = named_by_folder(f, root, source_prefix)
+        if work_tree is not None and work_tree not in warned:
+            warned.add(work_tree)
+            click.echo(
+                f"relay: warning: {work_tree} has no origin remote, so its sources are named"
+                f" by its folder ({work_tree.name}/...): another repository in a folder of"
+                " that name would share them, and importing it would overwrite and retire"
+                " these; name it with --source-prefix",
+                err=True,
+            )
         try:
             drafts_by_source[source_for(f, root, source_prefix)] = drafts_from_path(
                 f, root, source_prefix

@@ -229,6 +229,17 @@ def repository_name(work_tree: Path) -> str:
     return work_tree.name
 
 
+def named_by_folder(path: Path, root: Path | None, prefix: str | None) -> Path | None:
+    """The work tree whose folder name alone names `path`'s source (no origin remote, no
+    `--source-prefix`, no `--root`), or None. Another repository in a folder of the same
+    name would share those sources, and re-importing either would overwrite and retire
+    the other's memories: worth a warning."""
+    if root is not None or prefix is not None:
+        return None
+    work_tree = git_work_tree(path)
+    return work_tree if work_tree is not None and not _origin_url(work_tree) else None
+
+
 def _origin_url(work_tree: Path) -> str | None:
     """The `origin` remote's URL from the repository's config (a linked worktree's or a
     submodule's `.git` is a file naming its git folder; a worktree's config is shared)."""

@@ -110,6 +110,27 @@ def test_source_prefix_names_the_repository(tmp_path, server):
     assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
     assert [m["body"] for m in live_memories(server, "billing/CLAUDE.md")] == ["Ship on Tuesdays."]
     assert live_memories(server, "my-checkout/CLAUDE.md") == []
+    assert "no origin remote" not in done.stderr
+
+
+def test_a_repository_named_by_its_folder_alone_is_warned_about_once(tmp_path, server):
+    """Two repositories without an origin, in folders of the same name, share sources, and
+    importing one overwrites and retires the other's memories: say so, once per repository,
+    before anything is written."""
+    repo = git_repo(tmp_path / "a" / "shop")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "docs" / "deploy.md", "# Deploy\nTag from main.\n")
+    done = relay_import(server, repo, "AGENTS.md", "docs")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("has no origin remote") == 1, done.stderr
+    assert "(shop/...)" in done.stderr and "--source-prefix" in done.stderr
+    subprocess.run(
+        ["git", "-C", str(repo), "remote", "add", "origin", "git@example.com:acme/shop.git"],
+        check=True,
+    )
+    named = relay_import(server, repo, "AGENTS.md")
+    assert "no origin remote" not in named.stderr
+    assert [m["body"] for m in live_memories(server, "acme/shop/AGENTS.md")] == ["Run make."]
 
 
 # --- a rejected section --------------------------------------------------------------------
