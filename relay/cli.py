@@ -435,7 +435,10 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
 @click.option("--json", "as_json", is_flag=True, help="Print the raw response.")
 @client_options
 def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noqa: ANN001
-    """Search team memory the way the recall hook does."""
+    """Search team memory through the server's pipeline, as the recall hook does.
+
+    Lists everything the server returns above its threshold; the hook then injects at
+    most its max_records of these, scoring at least its min_score (docs/hook.md)."""
     response = client.post(
         "/v1/search", {"query": query, "k": k, "mode": mode, "deadline_ms": 2000}
     )

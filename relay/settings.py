@@ -54,7 +54,7 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
         None,
         "relevance threshold on the server's estimate that a query has an answer at all: 0"
         " answers every query; 0.7 refuses most questions about the wrong person, at some"
-        " recall (default: the calibrated setting, docs/http-api.md)",
+        " recall (default 0.1, the calibrated setting: docs/http-api.md)",
         fraction,
     ),
 )

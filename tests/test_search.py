@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 from relay.auth import mint_key
 from relay.models import MemoryDraft, Principal
-from relay.search import Searcher
+from relay.search import Searcher, SearchSettings
 from relay.writes import save, save_many
 
 
@@ -217,3 +218,13 @@ def test_a_memory_a_key_cannot_read_changes_nothing_it_gets(store, embedder):
     assert found[0] == before[0] == ["m1"]
     assert all(a and a[0] == "registry" for a in found[1:])
     searcher.close()
+
+
+def test_the_threshold_the_docs_and_help_name_is_the_default():
+    from relay.settings import SERVER_SETTINGS
+
+    default = SearchSettings().threshold
+    (setting,) = [s for s in SERVER_SETTINGS if s.name == "threshold"]
+    assert f"default {default}," in setting.help
+    docs = (Path(__file__).parent.parent / "docs/http-api.md").read_text()
+    assert f"the default,\n{default}, is calibrated" in docs
