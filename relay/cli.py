@@ -583,8 +583,7 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
     - a memory is written after the memories of the file it supersedes;
     - a supersedes link to a memory neither in the file nor readable with this key
       here (deleted since, or outside the exporting key's audiences) is dropped and
-      counted, unless the server holds that link (the restore then stops: dropping it
-      would bring the superseded memory back into recall);
+      counted, unless the server already holds that link, which is then kept;
     - a malformed line stops the restore, naming it, before anything is written;
     - it also stops at a memory deleted here since (deleted ids are never reused) and
       at a batch the server refuses (an unknown audience): the batches before stay

@@ -293,9 +293,11 @@ def test_a_supersedes_cycle_is_restored_and_restoring_again_changes_nothing(tmp_
     assert {mid: m["revision"] for mid, m in listed(target, "cyc-").items()} == revisions
 
 
-def test_links_to_memories_not_in_the_file(tmp_path, source):
-    """A link to a memory deleted since is dropped and counted; one the server holds to a
-    memory this key cannot read is kept, rather than bring that memory back."""
+def test_links_to_memories_not_in_the_file(tmp_path, source, target):
+    """A link the server already holds is kept, to a memory deleted since or to one this
+    key cannot read (dropping it would bring that memory back), so restoring into the
+    server the file came from changes nothing; elsewhere a link to a memory that is not
+    there is dropped and counted."""
     mint(source.url, source.admin_key, "ops", ["memory:write"], ["ops"])
     dev = mint(source.url, source.admin_key, "dev", ["memory:read", "memory:write"])["secret"]
     a = source.admin_key
@@ -330,11 +332,14 @@ def test_links_to_memories_not_in_the_file(tmp_path, source):
         "\n".join(json.dumps(m) for m in exported if m["id"] == "ln-newer") + "\n"
     )
     done = run(source, tmp_path, "restore", "newer.jsonl", key=dev)
-    assert summary(done) == (
+    assert summary(done) == "restored 1 memories: 0 new or changed, 1 unchanged, 0 expired skipped"
+    assert get(source, "/v1/memories/ln-newer").json()["supersedes"] == ["ln-gone"]
+    elsewhere = run(target, tmp_path, "restore", "newer.jsonl")
+    assert summary(elsewhere) == (
         "restored 1 memories: 1 new or changed, 0 unchanged, 0 expired skipped,"
         " 1 supersedes link(s) to memories not here dropped"
     )
-    assert get(source, "/v1/memories/ln-newer").json()["supersedes"] == []
+    assert get(target, "/v1/memories/ln-newer").json()["supersedes"] == []
 
 
 def test_a_memory_deleted_since_is_named_by_its_line(tmp_path, source):
