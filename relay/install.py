@@ -561,6 +561,8 @@ def why_unchangeable(path: Path, remove: bool) -> str | None:
     for writing (no truncation, nothing written) reveals as EPERM.
     """
     target = path if remove else Path(os.path.realpath(path))
+    if target != path and not target.parent.exists():
+        return f"it is a link to {target}, in a folder that does not exist"
     folder = target.parent  # or, for a file in a folder still to be made, where it will be
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

@@ -545,6 +545,23 @@ def test_install_changes_nothing_when_one_file_cannot_be_changed(tmp_path, serve
     assert install(home, server).returncode == 0
 
 
+def test_a_settings_file_linked_into_a_missing_folder_stops_install_before_anything(
+    tmp_path, server
+):
+    """QA: with ~/.claude/settings.json a link into a dotfiles folder that does not exist,
+    install wrote the key, config and script, then failed with a traceback, before the
+    install record uninstall needs."""
+    home = tmp_path
+    (home / ".claude").mkdir()
+    (home / ".claude/settings.json").symlink_to(home / "dotfiles/missing.json")
+    original = snapshot(home)
+    stopped = install(home, server)
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr
+    assert "~/.claude/settings.json: it is a link to" in stopped.stderr
+    assert "in a folder that does not exist" in stopped.stderr
+    assert snapshot(home) == original
+
+
 def test_an_uninstall_stopped_part_way_says_what_it_did_and_what_is_left(
     tmp_path, server, monkeypatch
 ):
