@@ -107,7 +107,16 @@ class Doctor:
         from relay.install import script_environ
 
         # The settings the hook runs with: the script's knobs beat the config file.
-        self.cfg = cfg = hook_config.load(script_environ(self.paths.script, self.environ))
+        ignored: list[str] = []
+        self.cfg = cfg = hook_config.load(script_environ(self.paths.script, self.environ), ignored)
+        for what in ignored:
+            self.add(
+                "warn",
+                "config",
+                f"the hook ignores {what} and uses the value below it (docs/hook.md)",
+                "fix the value (RELAY_<NAME> in the environment or in the hook script, else"
+                " config.json)",
+            )
         for var in ("RELAY_URL", "RELAY_API_KEY", "RELAY_API_KEY_FILE"):
             if self.environ.get(var) and path.exists():
                 self.add(
@@ -438,7 +447,9 @@ class Doctor:
 
     def _mcp_finding(self, label: str, path: Path, entry: Any) -> None:
         if not isinstance(entry, dict):
-            if self.manifest and str(path) in self.manifest.get("files", {}):
+            # Missing after an install that registered it; `--no-mcp` is a choice, not a fault.
+            m = self.manifest
+            if m and m.get("mcp", True) and str(path) in m.get("files", {}):
                 self.add(
                     "warn",
                     "mcp",

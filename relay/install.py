@@ -434,8 +434,9 @@ def load_manifest(paths: Paths) -> dict[str, Any]:
     return data if isinstance(data, dict) and data.get("version") == MANIFEST_VERSION else {}
 
 
-def apply(changes: list[Change], paths: Paths, url: str) -> list[str]:
-    """Back up, write and record every change; one report line per file."""
+def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> list[str]:
+    """Back up, write and record every change (and whether the MCP server was registered,
+    for `relay doctor`); one report line per file."""
     manifest = load_manifest(paths) or {"version": MANIFEST_VERSION, "files": {}, "dirs": []}
     created_dirs: list[str] = manifest["dirs"]
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -469,6 +470,7 @@ def apply(changes: list[Change], paths: Paths, url: str) -> list[str]:
     for c in changes:
         lines += [f"  note: {tilde(c.path, paths.home)}: {n}" for n in c.notes]
     manifest["url"] = url
+    manifest["mcp"] = mcp
     ensure_dir(paths.relay_dir, created_dirs)
     write_atomic(paths.manifest, (json.dumps(manifest, indent=2) + "\n").encode(), 0o600)
     return lines
@@ -776,7 +778,7 @@ def install(
             + "; ".join(blocked)
             + ". Nothing was changed; fix that, then run `relay install` again"
         )
-    for line in apply(changes, paths, url):
+    for line in apply(changes, paths, url, register_mcp):
         click.echo(line)
     click.echo("")
     for line in trust_instructions(paths, agent_names):

@@ -238,3 +238,25 @@ def test_doctor_reads_the_settings_the_hook_runs_with(tmp_path, server):
     log.write_text(json.dumps({"ts": now, "outcome": "hit", "ms": {"total": 40}}) + "\n")
     assert "(deadline 900 ms)" in doctor(tmp_path).stdout
     assert "(deadline 700 ms)" in doctor(tmp_path, RELAY_DEADLINE_MS="700").stdout
+
+
+def test_doctor_says_which_knobs_the_hook_ignores(tmp_path, server):
+    """QA (session 7): DEADLINE_MS=50 in the hook script, or a min_score of "high" in
+    config.json, is ignored by the hook (it falls back to the layer below), and doctor said
+    nothing of it."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace("DEADLINE_MS=400", "DEADLINE_MS=50"))
+    config = tmp_path / ".relay/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "min_score": "high"}))
+    warned = [f["message"] for f in findings(tmp_path) if f["level"] == "warn"]
+    assert any(m.startswith("the hook ignores deadline_ms '50'") for m in warned), warned
+    assert any(m.startswith("the hook ignores min_score 'high'") for m in warned), warned
+
+
+def test_an_install_without_mcp_is_not_told_to_install_it(tmp_path, server):
+    """QA (session 7): after `relay install --no-mcp`, doctor warned that the MCP server
+    was 'no longer' in ~/.codex/config.toml and told the user to run relay install."""
+    done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key, "--no-mcp")
+    assert done.returncode == 0, done.stderr
+    assert not [f for f in findings(tmp_path) if f["area"] == "mcp" and f["level"] != "ok"]

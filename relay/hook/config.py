@@ -186,20 +186,24 @@ def _read_file(path: str) -> dict:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def load(environ: Mapping[str, str] | None = None) -> Config:
-    """Defaults, then the config file, then RELAY_* variables; a bad value keeps the layer below."""
+def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = None) -> Config:
+    """Defaults, then the config file, then RELAY_* variables; a bad value keeps the layer
+    below, and is described in `ignored` when given (`relay doctor` shows them)."""
     environ = os.environ if environ is None else environ
-    from_file = _read_file(config_path(environ))
+    path = config_path(environ)
+    from_file = _read_file(path)
     resolved = Config()
     for name, default, parse, _ in SETTINGS:
         value = default
-        for layer in (from_file.get(name), environ.get("RELAY_" + name.upper())):
+        variable = "RELAY_" + name.upper()
+        for where, layer in ((path, from_file.get(name)), (variable, environ.get(variable))):
             if layer is None:
                 continue
             try:
                 value = parse(layer)
-            except (ValueError, TypeError, OverflowError):
-                pass
+            except (ValueError, TypeError, OverflowError) as exc:
+                if ignored is not None:
+                    ignored.append(f"{name} {layer!r} in {where} ({exc})")
         resolved[name] = value
     resolved["state_dir"] = os.path.expanduser(resolved["state_dir"] or "~/.relay/state")
     resolved["api_key"] = _resolve_key(resolved)
