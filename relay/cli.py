@@ -518,12 +518,14 @@ def import_(
                 err=True,
             )
         try:
-            drafts_by_source[source_for(f, root, source_prefix)] = drafts_from_path(
-                f, root, source_prefix
-            )
+            drafts = drafts_from_path(f, root, source_prefix)
         except RelayError as exc:  # one unreadable file must not sink the rest
             failed.append(f)
             click.echo(f"relay: skipped {f}: {exc.message}", err=True)
+            continue
+        drafts_by_source[source_for(f, root, source_prefix)] = drafts
+        if not drafts:
+            click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
     if not drafts_by_source and not failed:
         raise click.UsageError("no importable files found")
     drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]

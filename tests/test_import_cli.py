@@ -339,3 +339,14 @@ def test_long_sections_travel_in_requests_the_server_accepts(tmp_path, server):
     done = relay_import(server, repo, "GUIDE.md")
     assert summary(done) == "imported 40 memories: 40 new or changed, 0 unchanged, 0 retired"
     assert len(live_memories(server, "qa-long/GUIDE.md")) == 40
+
+
+def test_a_file_with_nothing_to_import_says_so(tmp_path, server):
+    """QA (session 7): an empty file, or one with only front matter, printed 'imported 0
+    memories' and nothing else."""
+    write(tmp_path / "empty.md", "")
+    write(tmp_path / "meta.mdc", "---\ndescription: nothing yet\n---\n")
+    done = relay_import(server, tmp_path, "empty.md", "meta.mdc")
+    assert done.returncode == 0, done.stderr
+    assert "empty.md holds no section with text: nothing to import" in done.stderr
+    assert "meta.mdc holds no section with text: nothing to import" in done.stderr
