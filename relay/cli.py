@@ -505,18 +505,12 @@ def import_(
         source_for,
     )
 
-    drafts_by_source, failed, warned = {}, [], set()
+    drafts_by_source, failed = {}, []
+    unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
     for f in iter_import_files(paths):
         work_tree = named_by_folder(f, root, source_prefix)
-        if work_tree is not None and work_tree not in warned:
-            warned.add(work_tree)
-            click.echo(
-                f"relay: warning: {work_tree} has no origin remote, so its sources are named"
-                f" by its folder ({work_tree.name}/...): another repository in a folder of"
-                " that name would share them, and importing it would overwrite and retire"
-                " these; name it with --source-prefix",
-                err=True,
-            )
+        if work_tree is not None:
+            unnamed[work_tree] = None
         try:
             drafts = drafts_from_path(f, root, source_prefix)
         except RelayError as exc:  # one unreadable file must not sink the rest
@@ -530,6 +524,14 @@ def import_(
         raise click.UsageError("no importable files found")
     drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]
     check_drafts(drafts, audiences)
+    for work_tree in unnamed:  # said once everything is checked, just before writing
+        click.echo(
+            f"relay: warning: {work_tree} has no origin remote, so its sources are named by"
+            f" its folder ({work_tree.name}/...): another repository in a folder of that name"
+            " would share them, and importing it would overwrite and retire these; name it"
+            " with --source-prefix",
+            err=True,
+        )
     gone = (
         {}
         if keep_removed or root
