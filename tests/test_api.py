@@ -186,6 +186,37 @@ def test_delete_is_gone_from_search_cache_and_history_text_at_once(api):
         assert raw_count(store, fts) == 0
 
 
+def test_a_deleted_memory_s_history_stays_with_those_who_could_read_it(api):
+    """QA: once a memory was deleted, every key of the org read its revisions (source,
+    audiences, tags, author) although it could never read the memory. The tombstone keeps
+    the audiences of the last live revision."""
+    m = remember(
+        api,
+        "acme_sre",
+        "The payments vault runbook lives in the sre wiki.",
+        audiences=["sre"],
+        source="ops/vault",
+        tags=["vault"],
+    )
+    path = f"/v1/memories/{m['id']}/revisions"
+    never = assert_error(
+        api.client.get("/v1/memories/mem_never_was/revisions", headers=api.headers("acme_dev")),
+        404,
+        "not_found",
+    )["message"]
+    sre = api.headers("acme_sre")
+    assert api.client.delete(f"/v1/memories/{m['id']}", headers=sre).status_code == 204
+    for who in ("acme_dev", "acme_reader"):
+        said = assert_error(api.client.get(path, headers=api.headers(who)), 404, "not_found")
+        assert said["message"] == never.replace("mem_never_was", m["id"])
+    for who in ("acme_sre", "acme_admin"):
+        items = api.client.get(path, headers=api.headers(who)).json()["items"]
+        assert [(r["action"], r["source"]) for r in items] == [
+            ("create", "ops/vault"),
+            ("delete", None),
+        ]
+
+
 def test_every_edit_is_a_new_revision(api):
     m = remember(api, "acme_dev", "Use pnpm for the web app.")
     h = api.headers("acme_dev")

@@ -76,6 +76,13 @@ class MemModel:
             return False
         return "admin" in key.scopes or bool(self.audiences & key.audiences)
 
+    def history_by(self, key: KeyModel) -> bool:
+        """May `key` list its revisions: as a management read, deleted or not (a tombstone
+        keeps the audiences of the last live revision)."""
+        if self.org != key.org:
+            return False
+        return "admin" in key.scopes or bool(self.audiences & key.audiences)
+
     def recall(self, key: KeyModel, now: float) -> str:
         """May `key` recall it at `now`: yes, no or unsure (near its expiry)."""
         if self.deleted or self.org != key.org or not (self.audiences & key.audiences):
@@ -345,12 +352,10 @@ class Drill:
         if not self.scoped(key, "memory:read", status, "history"):
             return
         target = self.mems.get((key.org, m.id))
-        visible = target is not None and (target.deleted or target.managed_by(key))
-        if not visible:
+        if target is None or not target.history_by(key):
             if status != 404:
                 self.leak(f"history {m.id} by {key.name}@{key.org} (may not): {status}")
             return
-        assert target is not None
         got = [
             (r["revision"], r.get("action"), r.get("body")) for r in (data or {}).get("items", [])
         ]

@@ -884,13 +884,14 @@ class PostgresStore:
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None
     ) -> list[Revision]:
         params = _params(org_id, audiences, id=memory_id)
-        # Visibility follows the memory's current (or last) audiences; tombstones stay listable.
+        # Listed to the keys that may read the memory: a deleted one keeps the audiences of
+        # its last live revision, so deleting it shows its tombstone to nobody new.
         query = "SELECT 1 FROM memories m WHERE m.org_id = %(org)s AND m.id = %(id)s"
         if audiences is not None:
             query += (
-                " AND (m.deleted_at IS NOT NULL OR EXISTS (SELECT 1 FROM memory_audiences ma"
+                " AND EXISTS (SELECT 1 FROM memory_audiences ma"
                 " WHERE ma.org_id = m.org_id AND ma.memory_id = m.id"
-                " AND ma.audience = ANY(%(aud)s)))"
+                " AND ma.audience = ANY(%(aud)s))"
             )
         with self._tx(org_id) as conn:
             if conn.execute(query, params).fetchone() is None:

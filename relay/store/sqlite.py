@@ -623,14 +623,15 @@ class SQLiteStore:
         params: dict[str, object] = {"org": org_id, "id": memory_id, **_audience_params(audiences)}
         count = None if audiences is None else len(params) - 2
         with self._read() as conn:
-            # Visibility follows the memory's current (or last) audiences; tombstones stay listable.
+            # Listed to the keys that may read the memory: a deleted one keeps the audiences
+            # of its last live revision, so deleting it shows its tombstone to nobody new.
             sql = "SELECT 1 FROM memories m WHERE m.org_id = :org AND m.id = :id"
             if count is not None:
                 names = ", ".join(f":a{i}" for i in range(count))
                 sql += (
-                    " AND (m.deleted_at IS NOT NULL OR EXISTS (SELECT 1 FROM memory_audiences ma"
+                    " AND EXISTS (SELECT 1 FROM memory_audiences ma"
                     " WHERE ma.org_id = m.org_id AND ma.memory_id = m.id"
-                    f" AND ma.audience IN ({names})))"
+                    f" AND ma.audience IN ({names}))"
                 )
             if conn.execute(sql, params).fetchone() is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
