@@ -417,7 +417,10 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
         _echo_json(items)
         return
     for r in items:
-        text = r["body"] if r["body"] is not None else "(deleted: text removed)"
+        if r.get("withheld"):
+            text = "(withheld: written for audiences this key cannot read)"
+        else:
+            text = r["body"] if r["body"] is not None else "(deleted: text removed)"
         head = f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}  {r['title'] or ''}"
         click.echo(f"{head}\n    {text}")
 

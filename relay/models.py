@@ -117,9 +117,26 @@ class Memory:
         }
 
 
+# What a withheld revision does not show: all but its number, action and time.
+WITHHELD_FIELDS = (
+    "author",
+    "title",
+    "body",
+    "source",
+    "audiences",
+    "tags",
+    "valid_until",
+    "supersedes",
+)
+
+
 @dataclass(frozen=True)
 class Revision:
-    """One entry of a memory's history; a deletion leaves a tombstone with no text."""
+    """One entry of a memory's history; a deletion leaves a tombstone with no text.
+
+    `withheld`: the reader may read the memory but not this revision (written for audiences
+    it lacks), so only that it happened, what it was and when are shown; its content, its
+    author and its audiences are the store's to keep (WITHHELD_FIELDS: null)."""
 
     id: str
     revision: int
@@ -133,13 +150,15 @@ class Revision:
     tags: tuple[str, ...] = ()
     valid_until: datetime | None = None
     supersedes: tuple[str, ...] = ()
+    withheld: bool = False
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        shown: dict[str, object] = {
             "id": self.id,
             "revision": self.revision,
             "action": self.action,
             "recorded_at": iso(self.recorded_at),
+            "withheld": self.withheld,
             "author": self.author,
             "title": self.title,
             "body": self.body,
@@ -149,6 +168,9 @@ class Revision:
             "valid_until": iso(self.valid_until),
             "supersedes": list(self.supersedes),
         }
+        if self.withheld:  # null, not []: unknown to this reader, not empty
+            shown.update(dict.fromkeys(WITHHELD_FIELDS))
+        return shown
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,104 @@ def test_a_deleted_memory_s_history_stays_with_those_who_could_read_it(api):
         ]
 
 
+def narrowed_and_widened_again(api) -> str:
+    """A memory for all, edited to sre alone with a secret body, then back to all (QA's)."""
+    m = remember(api, "acme_sre", "Deploys go through the release train.", source="team/deploy")
+    h = api.headers("acme_sre")
+    narrowed = {
+        "body": "The HSM break-glass code is in envelope 7 in the CFO's safe.",
+        "title": "Break-glass",
+        "source": "ops/vault",
+        "audiences": ["sre"],
+        "tags": ["vault"],
+    }
+    r = api.client.patch(f"/v1/memories/{m['id']}", json=narrowed, headers=h)
+    assert r.status_code == 200, r.text
+    widened = {
+        "body": "Deploys go through the release train on Tuesdays.",
+        "title": None,
+        "source": "team/deploy",
+        "audiences": ["all"],
+        "tags": [],
+    }
+    r = api.client.patch(f"/v1/memories/{m['id']}", json=widened, headers=h)
+    assert r.status_code == 200, r.text
+    return m["id"]
+
+
+def test_history_withholds_a_revision_from_keys_outside_its_audiences(api):
+    """QA: history followed only the memory's current audiences, so a key without the sre
+    role read in full a revision written for sre alone once the memory was for all again."""
+    memory_id = narrowed_and_widened_again(api)
+    path = f"/v1/memories/{memory_id}/revisions"
+    for who in ("acme_dev", "acme_reader"):
+        items = api.client.get(path, headers=api.headers(who)).json()["items"]
+        assert [(r["revision"], r["action"], r["withheld"]) for r in items] == [
+            (1, "create", False),
+            (2, "edit", True),
+            (3, "edit", False),
+        ]
+        withheld = items[1]
+        assert isinstance(withheld["recorded_at"], str)
+        assert {k: v for k, v in withheld.items() if k not in ("recorded_at",)} == {
+            "id": memory_id,
+            "revision": 2,
+            "action": "edit",
+            "withheld": True,
+            **dict.fromkeys(
+                ("author", "title", "body", "source", "audiences", "tags"),
+            ),
+            "valid_until": None,
+            "supersedes": None,
+        }
+        assert "envelope" not in json.dumps(items) and "ops/vault" not in json.dumps(items)
+        assert items[2]["body"] == "Deploys go through the release train on Tuesdays."
+    for who in ("acme_sre", "acme_admin"):
+        items = api.client.get(path, headers=api.headers(who)).json()["items"]
+        assert [r["withheld"] for r in items] == [False, False, False]
+        assert (items[1]["source"], items[1]["audiences"]) == ("ops/vault", ["sre"])
+
+    # Deleted, it stays so: the tombstone goes with the last live revision's audiences.
+    assert (
+        api.client.delete(f"/v1/memories/{memory_id}", headers=api.headers("acme_dev")).status_code
+        == 204
+    )
+    items = api.client.get(path, headers=api.headers("acme_dev")).json()["items"]
+    assert [(r["action"], r["withheld"], r["source"]) for r in items] == [
+        ("create", False, "team/deploy"),
+        ("edit", True, None),
+        ("edit", False, "team/deploy"),
+        ("delete", False, None),
+    ]
+
+
+def test_relay_history_shows_a_withheld_revision_as_withheld(api, monkeypatch):
+    """`relay history` prints a withheld revision's number, action and time, and says why
+    there is nothing more (here through the in-process app, on both stores)."""
+    from click.testing import CliRunner
+
+    from relay import cli
+    from relay.client import RelayClient
+
+    memory_id = narrowed_and_widened_again(api)
+
+    class ThroughApp(RelayClient):
+        def request(self, method: str, path: str, body: object = None) -> object:
+            r = api.client.request(method, path, json=body, headers=api.headers("acme_dev"))
+            assert r.status_code < 400, r.text
+            return r.json()
+
+    monkeypatch.setattr(
+        RelayClient, "from_config", classmethod(lambda cls, *_: ThroughApp("http://app", "k"))
+    )
+    shown = CliRunner().invoke(cli.cli, ["history", memory_id])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[2].startswith("rev 2  edit ") and lines[2].rstrip().endswith("Z")
+    assert lines[3] == "    (withheld: written for audiences this key cannot read)"
+    assert "envelope" not in shown.output and "Break-glass" not in shown.output
+
+
 def test_every_edit_is_a_new_revision(api):
     m = remember(api, "acme_dev", "Use pnpm for the web app.")
     h = api.headers("acme_dev")

@@ -81,6 +81,33 @@ def test_filters_diff_and_isolation(api) -> None:
     assert listed() == []
 
 
+def test_a_withheld_revision_is_listed_but_not_compared(api) -> None:
+    """The console reads history through the store as the API does: a revision written for
+    audiences the key lacks is listed withheld, and comparing it is refused, not diffed."""
+    h = api.headers("acme_sre")
+    made = api.client.post("/v1/memories", json={"body": "Deploys use the train."}, headers=h)
+    path = f"/v1/memories/{made.json()['id']}"
+    for edit in (
+        {"body": "Break-glass: envelope 7.", "audiences": ["sre"]},
+        {"body": "Deploys use the train on Tuesdays.", "audiences": ["all"]},
+    ):
+        assert api.client.patch(path, json=edit, headers=h).status_code == 200
+    memory_id = made.json()["id"]
+    sign_in(api, "acme_dev")
+    c = api.client
+    items = c.get(f"/console/api/memories/{memory_id}/revisions").json()["items"]
+    assert [(r["withheld"], r["body"]) for r in items] == [
+        (False, "Deploys use the train."),
+        (True, None),
+        (False, "Deploys use the train on Tuesdays."),
+    ]
+    refused = c.get(f"/console/api/memories/{memory_id}/diff", params={"from": 2, "to": 3})
+    assert refused.status_code == 400 and "withheld" in refused.json()["error"]["message"]
+    assert "envelope" not in refused.text
+    fine = c.get(f"/console/api/memories/{memory_id}/diff", params={"from": 1, "to": 3})
+    assert fine.status_code == 200 and "envelope" not in fine.text
+
+
 def test_session_cookie_csrf_and_scopes(api) -> None:
     c = api.client
     c.cookies.clear()

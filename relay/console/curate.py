@@ -104,9 +104,15 @@ def filtered(
 
 
 def find_revision(history: list[Revision], number: int) -> Revision:
+    """Revision `number` of a history, to compare: a withheld one has nothing to compare."""
     for r in history:
-        if r.revision == number:
-            return r
+        if r.revision != number:
+            continue
+        if r.withheld:
+            raise InvalidRequestError(
+                f"revision {number} is withheld: it was written for audiences this key cannot read"
+            )
+        return r
     raise NotFoundError(f"no revision {number}")
 
 

@@ -68,7 +68,8 @@ class MemModel:
     valid_until: float | None
     pinned: bool
     deleted: bool = False
-    history: list[tuple[int, str, str | None]] = field(default_factory=list)  # rev, action, body
+    # rev, action, body, audiences (a deletion's: the last live revision's)
+    history: list[tuple[int, str, str | None, frozenset[str]]] = field(default_factory=list)
 
     def managed_by(self, key: KeyModel) -> bool:
         """Management reads (get, list, edit, delete): any expiry, audience or admin."""
@@ -82,6 +83,15 @@ class MemModel:
         if self.org != key.org:
             return False
         return "admin" in key.scopes or bool(self.audiences & key.audiences)
+
+    def history_seen_by(self, key: KeyModel) -> list[tuple[int, str, str | None, bool]]:
+        """(rev, action, body, withheld) as `key` lists them: a revision written for
+        audiences it lacks is withheld, whatever the memory's audiences are now."""
+        seen = []
+        for rev, action, body, audiences in self.history:
+            readable = "admin" in key.scopes or bool(audiences & key.audiences)
+            seen.append((rev, action, body if readable else None, not readable))
+        return seen
 
     def recall(self, key: KeyModel, now: float) -> str:
         """May `key` recall it at `now`: yes, no or unsure (near its expiry)."""
@@ -233,7 +243,7 @@ class Drill:
         if data.get("revision") != 1:
             self.leak(f"create {mem_id} revision {data.get('revision')}")
         m = MemModel(org, mem_id, token, 1, body, frozenset(audiences), valid_until, pinned)
-        m.history.append((1, "create", body))
+        m.history.append((1, "create", body, m.audiences))
         self.mems[(org, mem_id)] = m
 
     def op_edit(self) -> None:
@@ -281,7 +291,7 @@ class Drill:
             return
         m.revision += 1
         m.body, m.token, m.audiences = body, token, new_aud
-        m.history.append((m.revision, "edit", body))
+        m.history.append((m.revision, "edit", body, new_aud))
         if data.get("revision") != m.revision:
             self.leak(f"edit {m.id} answered revision {data.get('revision')}, model {m.revision}")
 
@@ -308,9 +318,9 @@ class Drill:
         if status != 204:
             self.leak(f"delete {m.id}: {status} {data}")
             return
-        m.history = [(r, a, None) for r, a, _ in m.history]
+        m.history = [(r, a, None, aud) for r, a, _, aud in m.history]
         m.revision += 1
-        m.history.append((m.revision, "delete", None))
+        m.history.append((m.revision, "delete", None, m.audiences))
         m.deleted = True
 
     def op_get(self) -> None:
@@ -357,10 +367,12 @@ class Drill:
                 self.leak(f"history {m.id} by {key.name}@{key.org} (may not): {status}")
             return
         got = [
-            (r["revision"], r.get("action"), r.get("body")) for r in (data or {}).get("items", [])
+            (r["revision"], r.get("action"), r.get("body"), r.get("withheld"))
+            for r in (data or {}).get("items", [])
         ]
-        if status != 200 or got != target.history:
-            self.leak(f"history {m.id} by {key.name}: {status} {got} != model {target.history}")
+        want = target.history_seen_by(key)
+        if status != 200 or got != want:
+            self.leak(f"history {m.id} by {key.name}: {status} {got} != model {want}")
 
     def op_list(self) -> None:
         key = self.pick_key()

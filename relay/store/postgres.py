@@ -58,6 +58,7 @@ from relay.errors import (
 )
 from relay.models import (
     EVERYONE,
+    WITHHELD_FIELDS,
     ApiKey,
     Memory,
     MemoryDraft,
@@ -229,6 +230,23 @@ def managed_sql(audiences: frozenset[str] | None) -> str:
             " AND ma.memory_id = m.id AND ma.audience = ANY(%(aud)s))"
         )
     return " AND ".join(clauses)
+
+
+def history_sql(audience_filter: bool) -> str:
+    """A memory's revisions (`org`, `id`), oldest first, each one's content withheld
+    (`WITHHELD_FIELDS` null, `withheld` true) unless its audiences meet the reader's `aud`;
+    a deletion, which has none of its own, takes the memory's last. Without the filter (an
+    admin management read) nothing is withheld."""
+    readable = "true"
+    if audience_filter:
+        readable = "coalesce(r.audiences, m.audiences) && %(aud)s::text[]"
+    content = ", ".join(f"CASE WHEN readable THEN {c} END AS {c}" for c in WITHHELD_FIELDS)
+    return (
+        f"SELECT id, revision, action, recorded_at, NOT readable AS withheld, {content}"
+        f" FROM (SELECT r.*, {readable} AS readable FROM memory_revisions r"
+        " JOIN memories m ON m.org_id = r.org_id AND m.id = r.id"
+        " WHERE r.org_id = %(org)s AND r.id = %(id)s) AS v ORDER BY revision"
+    )
 
 
 def exact_vector_sql() -> str:
@@ -896,11 +914,7 @@ class PostgresStore:
         with self._tx(org_id) as conn:
             if conn.execute(query, params).fetchone() is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
-            rows = conn.execute(
-                "SELECT * FROM memory_revisions WHERE org_id = %(org)s AND id = %(id)s"
-                " ORDER BY revision",
-                params,
-            ).fetchall()
+            rows = conn.execute(history_sql(audiences is not None), params).fetchall()
         return [_revision(r) for r in rows]
 
     def pinned(self, org_id: str, audiences: frozenset[str], now: datetime) -> list[Memory]:
@@ -1468,4 +1482,5 @@ def _revision(row: dict[str, Any]) -> Revision:
         tags=tup(row["tags"]),
         valid_until=row["valid_until"],
         supersedes=tup(row["supersedes"]),
+        withheld=row["withheld"],
     )

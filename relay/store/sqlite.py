@@ -27,6 +27,7 @@ import numpy as np
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
 from relay.models import (
     EVERYONE,
+    WITHHELD_FIELDS,
     ApiKey,
     Memory,
     MemoryDraft,
@@ -77,6 +78,27 @@ def visible_sql(audience_count: int | None) -> str:
             f" AND ma.memory_id = m.id AND ma.audience IN ({names}))",
         ]
     return " AND ".join(clauses)
+
+
+def history_sql(audience_count: int | None) -> str:
+    """A memory's revisions (`:org`, `:id`), oldest first, each one's content withheld
+    (`WITHHELD_FIELDS` null, `withheld` 1) unless its audiences meet the reader's
+    :a0..:aN; a deletion, which has none of its own, takes the memory's last. None: an
+    admin management read, which withholds nothing."""
+    readable = "1"
+    if audience_count is not None:
+        names = ", ".join(f":a{i}" for i in range(audience_count))
+        readable = (
+            "EXISTS (SELECT 1 FROM json_each(coalesce(r.audiences, m.audiences))"
+            f" WHERE json_each.value IN ({names}))"
+        )
+    content = ", ".join(f"CASE WHEN readable THEN {c} END AS {c}" for c in WITHHELD_FIELDS)
+    return (
+        f"SELECT id, revision, action, recorded_at, NOT readable AS withheld, {content}"
+        f" FROM (SELECT r.*, {readable} AS readable FROM memory_revisions r"
+        " JOIN memories m ON m.org_id = r.org_id AND m.id = r.id"
+        " WHERE r.org_id = :org AND r.id = :id) ORDER BY revision"
+    )
 
 
 def _audience_params(audiences: frozenset[str] | None) -> dict[str, str]:
@@ -635,10 +657,7 @@ class SQLiteStore:
                 )
             if conn.execute(sql, params).fetchone() is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
-            rows = conn.execute(
-                "SELECT * FROM memory_revisions WHERE org_id = :org AND id = :id ORDER BY revision",
-                params,
-            ).fetchall()
+            rows = conn.execute(history_sql(count), params).fetchall()
         return [_revision(r) for r in rows]
 
     def pinned(self, org_id: str, audiences: frozenset[str], now: datetime) -> list[Memory]:
@@ -1029,4 +1048,5 @@ def _revision(row: sqlite3.Row) -> Revision:
         tags=loads(row["tags"]),
         valid_until=_dt(row["valid_until"]),
         supersedes=loads(row["supersedes"]),
+        withheld=bool(row["withheld"]),
     )

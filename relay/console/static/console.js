@@ -494,7 +494,7 @@ function historySection(m, items) {
           h('td', {}, r.action),
           h('td', {}, when(r.recorded_at)),
           h('td', {}, r.author_name || r.author || ''),
-          h('td', {}, r.body === null ? '(tombstone: text removed)' : r.title || ''),
+          h('td', {}, r.withheld ? '(withheld: written for audiences this key cannot read)' : r.body === null ? '(tombstone: text removed)' : r.title || ''),
         ),
       ),
     ),
