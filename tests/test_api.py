@@ -534,6 +534,72 @@ def test_an_edit_keeps_what_the_memory_supersedes_without_judging_it_again(api):
     assert "sre" not in message and vault["id"] not in message  # nothing told of it
 
 
+def test_an_edit_cannot_drop_a_link_to_a_memory_the_writer_cannot_read(api):
+    """QA: a key that cannot read a superseded memory edited the memory superseding it with
+    `"supersedes": []` and so brought it back into recall for those who can read it (and
+    could not put the link back). Such a link is carried over, by an edit or a batch, and
+    whether the hidden memory still lives changes nothing in the answer."""
+    q = "when does the payments vault rotate its HSM keys?"
+    hidden = remember(
+        api, "acme_sre", "The payments vault rotates its HSM keys every Monday.", audiences=["sre"]
+    )
+    newer = remember(
+        api,
+        "acme_admin",
+        "The payments vault rotates its HSM keys on the first of each month.",
+        supersedes=[hidden["id"]],
+    )
+    other = remember(api, "acme_dev", "The payments vault has a staging twin.")
+    assert hidden["id"] not in ids(search(api, "acme_sre", q))
+    path, dev = f"/v1/memories/{newer['id']}", api.headers("acme_dev")
+    r = api.client.patch(path, json={"supersedes": []}, headers=dev)
+    assert r.status_code == 200, r.text
+    assert (r.json()["supersedes"], r.json()["revision"]) == ([hidden["id"]], 1)  # no change
+    r = api.client.patch(path, json={"supersedes": [other["id"]]}, headers=dev)
+    assert r.status_code == 200, r.text
+    assert r.json()["supersedes"] == [other["id"], hidden["id"]]
+    batch = {
+        "items": [
+            {"id": newer["id"], "body": newer["body"]},
+            {"id": "vault-twin", "body": "The staging vault twin is reset nightly."},
+        ]
+    }
+    r = api.client.post("/v1/memories/batch", json=batch, headers=dev)
+    assert r.status_code == 200, r.text
+    got = api.client.get(path, headers=dev).json()
+    assert got["supersedes"] == [hidden["id"]]  # the readable link was the writer's to drop
+    assert hidden["id"] not in ids(search(api, "acme_sre", q))
+    sre_view = api.client.get(f"/v1/memories/{hidden['id']}", headers=api.headers("acme_sre"))
+    assert sre_view.json()["superseded_by"] == newer["id"]
+
+    # Deleted, the hidden memory's link is carried all the same: no answer tells it apart.
+    sre = api.headers("acme_sre")
+    assert api.client.delete(f"/v1/memories/{hidden['id']}", headers=sre).status_code == 204
+    r = api.client.patch(path, json={"supersedes": [], "title": "Vault keys"}, headers=dev)
+    assert r.status_code == 200, r.text
+    assert r.json()["supersedes"] == [hidden["id"]]
+    # A key that may read it (its tombstone's audiences) may drop it.
+    r = api.client.patch(path, json={"supersedes": []}, headers=sre)
+    assert r.status_code == 200 and r.json()["supersedes"] == [], r.text
+
+
+def test_dropping_a_hidden_link_brings_it_back_only_for_a_reader(api):
+    """The link is the readers' to drop: a key that reads the superseded memory removes it,
+    and the memory returns to their recall."""
+    q = "when does the payments vault rotate its HSM keys?"
+    hidden = remember(
+        api, "acme_sre", "The payments vault rotates its HSM keys every Monday.", audiences=["sre"]
+    )
+    newer = remember(api, "acme_admin", "Vault keys rotate monthly now.", supersedes=[hidden["id"]])
+    path = f"/v1/memories/{newer['id']}"
+    r = api.client.patch(path, json={"supersedes": []}, headers=api.headers("acme_dev"))
+    assert r.json()["supersedes"] == [hidden["id"]]
+    assert hidden["id"] not in ids(search(api, "acme_sre", q))
+    r = api.client.patch(path, json={"supersedes": []}, headers=api.headers("acme_sre"))
+    assert r.json()["supersedes"] == []
+    assert hidden["id"] in ids(search(api, "acme_sre", q))
+
+
 def test_a_bad_item_rejects_the_whole_batch(api):
     items = [{"id": "a", "body": "first fine memory"}, {"id": "b", "body": ""}]
     r = api.client.post(

@@ -69,7 +69,7 @@ from relay.models import (
 )
 from relay.store import SaveMode, candidate_terms, connect_deadline
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
-from relay.store.rules import judge_supersedes, judge_write, same_content
+from relay.store.rules import judge_write, same_content, settle_supersedes
 from relay.store.vector_index import VectorIndex
 
 log = logging.getLogger("relay.store.postgres")
@@ -653,9 +653,10 @@ class PostgresStore:
         try:
             with self._write(org_id) as conn:
                 terms = _TermDelta()
+                out: list[tuple[Memory, bool]] | None = None
                 if _batchable(items, expected_revision):
                     out = self._save_batch(conn, terms, org_id, items, author, mode, audiences)
-                else:
+                if out is None:
                     out = [
                         self._save(
                             conn,
@@ -698,7 +699,7 @@ class PostgresStore:
         ).fetchone()
         current = _judge(row, memory_id, draft, mode, expected_revision, audiences)
         kept = () if current is None else current.supersedes
-        _check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
+        draft = _check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and same_content(current, draft):
             return current, False
         values = _values(org_id, memory_id, draft, author, current)
@@ -746,9 +747,10 @@ class PostgresStore:
         author: str | None,
         mode: SaveMode,
         audiences: frozenset[str] | None,
-    ) -> list[tuple[Memory, bool]]:
+    ) -> list[tuple[Memory, bool]] | None:
         """Many distinct memories without supersession: the same checks and rows as `_save`,
-        in a handful of pipelined statements instead of ten round trips per memory."""
+        in a handful of pipelined statements instead of ten round trips per memory. None
+        when one of them already supersedes others: `_save` carries or judges those links."""
         ids = [mid for mid, _, _ in items]
         rows = {
             r["id"]: r
@@ -756,6 +758,8 @@ class PostgresStore:
                 "SELECT * FROM memories WHERE org_id = %s AND id = ANY(%s)", (org_id, ids)
             )
         }
+        if any(r["supersedes"] for r in rows.values()):
+            return None
         out: list[tuple[Memory, bool] | None] = []
         writes: list[tuple[int, dict[str, Any], MemoryDraft, Sequence[PassageInput]]] = []
         for i, (mid, draft, passages) in enumerate(items):
@@ -1364,20 +1368,19 @@ def _check_supersedes(
     draft: MemoryDraft,
     writer: frozenset[str] | None,
     kept: Sequence[str],
-) -> None:
-    targets = list(draft.supersedes)
+) -> MemoryDraft:
+    targets = list(dict.fromkeys([*draft.supersedes, *kept]))
     rows = (
         conn.execute(
-            "SELECT id, audiences FROM memories WHERE org_id = %s AND id = ANY(%s)"
-            " AND deleted_at IS NULL",
+            "SELECT id, audiences, deleted_at IS NULL AS live FROM memories"
+            " WHERE org_id = %s AND id = ANY(%s)",
             (org_id, targets),
         ).fetchall()
         if targets
         else []
     )
-    judge_supersedes(
-        memory_id, targets, {r["id"]: r["audiences"] for r in rows}, writer, draft.audiences, kept
-    )
+    stored = {r["id"]: (r["audiences"], r["live"]) for r in rows}
+    return settle_supersedes(memory_id, draft, stored, writer, kept)
 
 
 def _bump(conn: psycopg.Connection, org_id: str) -> None:

@@ -3,6 +3,7 @@ with the same words."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -93,3 +94,42 @@ def judge_supersedes(
                 else "this memory already supersedes one that reaches audiences it would"
                 " no longer reach: keep its audiences"
             )
+
+
+def carried_links(
+    targets: Sequence[str],
+    kept: Sequence[str],
+    known: Mapping[str, Sequence[str]],
+    writer: frozenset[str] | None,
+) -> tuple[str, ...]:
+    """The links a write saves: `targets`, then every link the memory already has (`kept`)
+    to a memory the writer may not read, which no list it sends can drop; `known` holds the
+    audiences of the org's memories among them, deleted ones with their last.
+
+    Dropping such a link would bring the superseded memory back into its own readers'
+    recall on the word of a key that cannot see it. Whether it is carried depends on its
+    audiences alone, never on whether it is still live (a deleted one is carried too, and
+    an id with no memory at all), so the answer tells the writer nothing it could not read.
+    An admin (`writer` None) reads every memory and carries nothing over."""
+    if writer is None:
+        return tuple(targets)
+    readers = writer | {EVERYONE}
+    hidden = [t for t in kept if t not in targets and not set(known.get(t, ())) & readers]
+    return (*targets, *hidden)
+
+
+def settle_supersedes(
+    memory_id: str,
+    draft: MemoryDraft,
+    stored: Mapping[str, tuple[Sequence[str], bool]],
+    writer: frozenset[str] | None,
+    kept: Sequence[str],
+) -> MemoryDraft:
+    """The draft as it may be saved: its links with those it cannot drop carried over
+    (`carried_links`), then judged (`judge_supersedes`). `stored` maps the memories of the
+    org among the draft's and the `kept` links to (audiences, live)."""
+    known = {target: audiences for target, (audiences, _) in stored.items()}
+    found = {target: audiences for target, (audiences, live) in stored.items() if live}
+    links = carried_links(draft.supersedes, kept, known, writer)
+    judge_supersedes(memory_id, links, found, writer, draft.audiences, kept)
+    return draft if links == draft.supersedes else dataclasses.replace(draft, supersedes=links)

@@ -38,7 +38,7 @@ from relay.models import (
 )
 from relay.store import SaveMode, candidate_terms
 from relay.store.migrations_sqlite import MIGRATIONS
-from relay.store.rules import judge_supersedes, judge_write, same_content
+from relay.store.rules import judge_write, same_content, settle_supersedes
 from relay.store.vector_index import VectorIndex
 
 
@@ -416,7 +416,7 @@ class SQLiteStore:
         deleted = row is not None and row["deleted_at"] is not None
         judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
         kept = () if current is None else current.supersedes
-        self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
+        draft = self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and same_content(current, draft):
             return current, False
         revision = 1 if current is None else current.revision + 1
@@ -520,20 +520,20 @@ class SQLiteStore:
         draft: MemoryDraft,
         writer: frozenset[str] | None,
         kept: Sequence[str],
-    ) -> None:
-        targets = list(draft.supersedes)
+    ) -> MemoryDraft:
+        targets = list(dict.fromkeys([*draft.supersedes, *kept]))
         marks = ", ".join("?" for _ in targets)
         rows = (
             conn.execute(
-                f"SELECT id, audiences FROM memories WHERE org_id = ? AND id IN ({marks})"
-                " AND deleted_at IS NULL",
+                "SELECT id, audiences, deleted_at IS NULL AS live FROM memories"
+                f" WHERE org_id = ? AND id IN ({marks})",
                 (org_id, *targets),
             ).fetchall()
             if targets
             else []
         )
-        found = {r["id"]: json.loads(r["audiences"]) for r in rows}
-        judge_supersedes(memory_id, targets, found, writer, draft.audiences, kept)
+        stored = {r["id"]: (json.loads(r["audiences"]), bool(r["live"])) for r in rows}
+        return settle_supersedes(memory_id, draft, stored, writer, kept)
 
     def current_memory(self, org_id: str, memory_id: str) -> Memory | None:
         with translate_errors():
