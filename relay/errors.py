@@ -27,6 +27,7 @@ class RelayError(Exception):
     status = 500
     code = "internal"
     exit_code = 1
+    item: int | None = None  # set on a refusal of one item of a batch write: its place
 
     def __init__(self, message: str, **details: object) -> None:
         super().__init__(message)

@@ -393,16 +393,21 @@ def create_app(services: Services) -> FastAPI:
             except RelayError as exc:
                 exc.message = f"items.{i}: {exc.message}"
                 raise
-        written, unchanged = writes.save_many(
-            store,
-            services.embedder,
-            p.org_id,
-            items,
-            p.key_id,
-            "upsert",
-            batch=len(items),
-            audiences=auth.management_view(p),
-        )
+        try:
+            written, unchanged = writes.save_many(
+                store,
+                services.embedder,
+                p.org_id,
+                items,
+                p.key_id,
+                "upsert",
+                batch=len(items),
+                audiences=auth.management_view(p),
+            )
+        except RelayError as exc:
+            if exc.item is not None:  # refused by the store's write rules, named the same way
+                exc.message = f"items.{exc.item}: {exc.message}"
+            raise
         return {"written": written, "unchanged": unchanged}
 
     @app.get("/v1/memories", tags=["memories"])

@@ -16,7 +16,7 @@ from typing import Any
 
 from relay import auth, hygiene, late
 from relay.embedding import Embedder
-from relay.errors import InvalidRequestError
+from relay.errors import InvalidRequestError, RelayError
 from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal
 from relay.passages import split_passages
 from relay.store import SaveMode, Store
@@ -174,9 +174,18 @@ def save_many(
     for start in range(0, len(items), batch):
         chunk = items[start : start + batch]
         prepared = prepare(store, embedder, chunk)
-        saved = store.save_memories(
-            org_id, [(w.memory_id, w.draft, w.passages) for w in prepared], author, mode, audiences
-        )
+        try:
+            saved = store.save_memories(
+                org_id,
+                [(w.memory_id, w.draft, w.passages) for w in prepared],
+                author,
+                mode,
+                audiences,
+            )
+        except RelayError as exc:
+            if exc.item is not None:  # its place in the chunk, made its place in `items`
+                exc.item += start
+            raise
         written += sum(changed for _, changed in saved)
         unchanged += sum(not changed for _, changed in saved)
         if progress:

@@ -609,6 +609,44 @@ def test_a_bad_item_rejects_the_whole_batch(api):
     assert api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"] == []
 
 
+def test_a_batch_refused_by_the_store_names_the_item(api):
+    """QA: a batch item refused by the store's write rules (its `supersedes`, a deleted id)
+    was not named `items.N` as every other refused item is, so `relay restore` could not
+    name its line."""
+    h = api.headers("acme_dev")
+    items = [{"id": "bp1", "body": "one"}, {"id": "bp2", "body": "two", "supersedes": ["nope"]}]
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    said = assert_error(r, 400, "invalid_request")["message"]
+    assert said == "items.1: supersedes names 'nope', which is not a memory of this organisation"
+    gone = remember(api, "acme_dev", "Soon deleted.", id="bp-gone")
+    assert api.client.delete(f"/v1/memories/{gone['id']}", headers=h).status_code == 204
+    items = [{"id": "bp3", "body": "three"}, {"id": "bp4", "body": "four"}]
+    items.append({"id": "bp-gone", "body": "back"})  # no supersedes: PostgreSQL's batch path
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    assert assert_error(r, 409, "conflict")["message"].startswith("items.2: memory 'bp-gone'")
+    hidden = remember(api, "acme_sre", "For sre.", id="bp-sre", audiences=["sre"])
+    items = [{"id": "bp5", "body": "five"}, {"id": hidden["id"], "body": "mine now"}]
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    assert assert_error(r, 404, "not_found")["message"] == "items.1: no memory 'bp-sre'"
+    listed = api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"]
+    assert {m["id"] for m in listed} == {"bp-sre"}  # nothing of the refused batches landed
+
+
+def test_a_chunked_bulk_write_names_the_item_by_its_place_in_the_whole(api):
+    """`writes.save_many` writes in chunks: a refusal names the item's place in what it was
+    given, not in its chunk."""
+    from relay import writes
+    from relay.errors import InvalidRequestError
+    from relay.models import MemoryDraft
+
+    items = [(f"ck{i}", MemoryDraft(body=f"fact {i}")) for i in range(5)]
+    items[3] = ("ck3", MemoryDraft(body="fact 3", supersedes=("nope",)))
+    org, services = api.orgs["acme"], api.services
+    with pytest.raises(InvalidRequestError) as refused:
+        writes.save_many(services.store, services.embedder, org, items, "t", batch=2)
+    assert refused.value.item == 3
+
+
 def test_batch_upsert_is_idempotent(api):
     items = [{"id": f"r{i}", "body": f"rule number {i} about formatting"} for i in range(5)]
     h = api.headers("acme_dev")

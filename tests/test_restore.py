@@ -365,6 +365,27 @@ def test_a_memory_deleted_since_is_named_by_its_line(tmp_path, source):
     assert get(source, "/v1/memories/del-ok").status_code == 404
 
 
+def test_a_link_the_server_refuses_is_named_by_its_line(tmp_path, target):
+    """QA: the server refused a batch item for its `supersedes` without naming the item, so
+    the restore could not name the line: here a memory for sre alone that would supersede
+    one for everyone (and so take it from everyone else)."""
+    mint(target.url, target.admin_key, "sre-restore", ["memory:read"], ["sre"])
+    text = "\n".join(
+        [
+            exported_line("nar-wide"),
+            exported_line("nar-ok"),
+            exported_line("nar-sre", audiences=["sre"], supersedes=["nar-wide"]),
+        ]
+    )
+    (tmp_path / "narrow.jsonl").write_text(text + "\n")
+    done = run(target, tmp_path, "restore", "narrow.jsonl")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "relay: error: narrow.jsonl:3: 'nar-wide' reaches all, which this memory would not:"
+        " give it those audiences too, or leave it unsuperseded"
+    )
+
+
 def test_a_memory_this_key_cannot_read_is_named_by_its_line(tmp_path, source):
     mint(source.url, source.admin_key, "sre", ["memory:write"], ["sre"])
     dev = mint(source.url, source.admin_key, "dev2", ["memory:read", "memory:write"])["secret"]

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import numpy as np
 
-from relay.errors import InvalidRequestError, RelayError
+from relay.errors import ConflictError, InvalidRequestError, NotFoundError, RelayError
 from relay.models import ApiKey, Memory, MemoryDraft, Org, Passage, PassageInput, Revision
 
 SaveMode = Literal["create", "edit", "upsert"]
@@ -45,6 +45,17 @@ def connect_by(deadline: float) -> Iterator[None]:
 def connect_deadline() -> float | None:
     """The deadline `connect_by` set for this context, if any."""
     return _connect_by.get()
+
+
+@contextmanager
+def batch_item(index: int) -> Iterator[None]:
+    """A write rule's refusal of item `index` of a batch says which item it refused
+    (`RelayError.item`), so the caller can name it as it names a field's (`items.N`)."""
+    try:
+        yield
+    except (InvalidRequestError, NotFoundError, ConflictError) as exc:
+        exc.item = index
+        raise
 
 
 def candidate_terms(terms: Sequence[str], df: dict[str, int], n: int) -> list[str]:

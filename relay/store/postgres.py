@@ -67,7 +67,7 @@ from relay.models import (
     PassageInput,
     Revision,
 )
-from relay.store import SaveMode, candidate_terms, connect_deadline
+from relay.store import SaveMode, batch_item, candidate_terms, connect_deadline
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
 from relay.store.rules import judge_write, same_content, settle_supersedes
 from relay.store.vector_index import VectorIndex
@@ -657,21 +657,23 @@ class PostgresStore:
                 if _batchable(items, expected_revision):
                     out = self._save_batch(conn, terms, org_id, items, author, mode, audiences)
                 if out is None:
-                    out = [
-                        self._save(
-                            conn,
-                            terms,
-                            org_id,
-                            mid,
-                            d,
-                            author,
-                            ps,
-                            mode,
-                            expected_revision,
-                            audiences,
-                        )
-                        for mid, d, ps in items
-                    ]
+                    out = []
+                    for i, (mid, d, ps) in enumerate(items):
+                        with batch_item(i):
+                            out.append(
+                                self._save(
+                                    conn,
+                                    terms,
+                                    org_id,
+                                    mid,
+                                    d,
+                                    author,
+                                    ps,
+                                    mode,
+                                    expected_revision,
+                                    audiences,
+                                )
+                            )
                 if any(changed for _, changed in out):
                     terms.apply(conn, org_id)
                     _bump(conn, org_id)
@@ -763,7 +765,8 @@ class PostgresStore:
         out: list[tuple[Memory, bool] | None] = []
         writes: list[tuple[int, dict[str, Any], MemoryDraft, Sequence[PassageInput]]] = []
         for i, (mid, draft, passages) in enumerate(items):
-            current = _judge(rows.get(mid), mid, draft, mode, None, audiences)
+            with batch_item(i):
+                current = _judge(rows.get(mid), mid, draft, mode, None, audiences)
             if current is not None and same_content(current, draft):
                 out.append((current, False))
                 continue

@@ -36,7 +36,7 @@ from relay.models import (
     PassageInput,
     Revision,
 )
-from relay.store import SaveMode, candidate_terms
+from relay.store import SaveMode, batch_item, candidate_terms
 from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.rules import judge_write, same_content, settle_supersedes
 from relay.store.vector_index import VectorIndex
@@ -390,11 +390,16 @@ class SQLiteStore:
         audiences: frozenset[str] | None = None,
     ) -> list[tuple[Memory, bool]]:
         """Many writes in one transaction: all land, or none do."""
+        saved = []
         with self._write() as conn:
-            return [
-                self._save(conn, org_id, memory_id, draft, author, passages, mode, None, audiences)
-                for memory_id, draft, passages in items
-            ]
+            for i, (memory_id, draft, passages) in enumerate(items):
+                with batch_item(i):
+                    saved.append(
+                        self._save(
+                            conn, org_id, memory_id, draft, author, passages, mode, None, audiences
+                        )
+                    )
+        return saved
 
     def _save(
         self,
