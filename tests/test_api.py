@@ -749,6 +749,36 @@ def test_a_bad_body_without_a_valid_key_is_unauthorized_not_invalid(api, path, c
             422,
             "valid_until: must be an ISO 8601 date or time",
         ),
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": "1893456000"},
+            422,
+            "valid_until: '1893456000' is not an ISO 8601 date or time (a number is not read",
+        ),
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": "1893456000000"},
+            422,
+            "valid_until: '1893456000000' is not an ISO 8601 date or time",
+        ),
+        (
+            "/v1/keys",
+            {"name": "n", "scopes": ["memory:read"], "expires_at": "1893456000"},
+            422,
+            "expires_at: '1893456000' is not an ISO 8601 date or time",
+        ),
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": "2031-13-01"},
+            422,
+            "valid_until: '2031-13-01' is not an ISO 8601 date or time (month must be in 1..12)",
+        ),
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": "0001-01-01T00:00:00+05:00"},
+            422,
+            "valid_until: is before 0001-01-01T00:00:00Z, the earliest that can be stored",
+        ),
         ("/v1/search", {"query": "deploys", "k": True}, 422, "k: Input should be a valid integer"),
         ("/v1/search", {"query": "deploys", "k": "2"}, 422, "k: Input should be a valid integer"),
         ("/v1/memories", {"body": "Deploys freeze.", "pinned": "yes"}, 422, "pinned: Input"),
@@ -764,6 +794,27 @@ def test_fields_are_read_strictly_and_one_field_has_one_error(api, path, json, s
     r = api.client.post(path, json=json, headers=api.headers("acme_admin"))
     err = assert_error(r, status, "too_large" if status == 413 else "invalid_request")
     assert err["message"].startswith(message), err["message"]
+
+
+def test_a_time_is_iso_8601_text_never_a_unix_time(api):
+    """QA: digits were read as a Unix time, by size in seconds or milliseconds:
+    "20310101" (the ISO 8601 basic form of 2031-01-01) was 1970-08-24T01:41:41Z."""
+    h = api.headers("acme_admin")
+    for path, fields, field in (
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": "20310101"},
+            "valid_until",
+        ),
+        (
+            "/v1/keys",
+            {"name": "n", "scopes": ["memory:read"], "expires_at": "20310101T1800"},
+            "expires_at",
+        ),
+    ):
+        r = api.client.post(path, json=fields, headers=h)
+        assert r.status_code == 201, r.text
+        assert r.json()[field].startswith("2031-01-01T"), r.json()[field]
 
 
 def test_a_time_without_an_offset_is_utc(api):

@@ -1,0 +1,50 @@
+"""`relay remember`, `relay edit` and `relay key create` as a user types them, against the
+in-process API over both stores (the `api` fixture): what the server refuses, the CLI
+reports in one line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner, Result
+
+from relay import client as relay_client
+from relay.cli import cli
+from relay.errors import RelayError
+
+
+@pytest.fixture
+def relay(api, monkeypatch):
+    """Run `relay ARGS` as `who`; its HTTP requests go to the in-process app."""
+
+    def request(self, method: str, path: str, body=None):  # noqa: ANN001, ANN202
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        r = api.client.request(method, path, json=body, headers=headers)
+        if r.status_code >= 400:
+            err = r.json()["error"]
+            raise relay_client._BY_CODE.get(err["code"], RelayError)(err["message"])
+        return r.json() if r.content else None
+
+    monkeypatch.setattr(relay_client.RelayClient, "request", request)
+
+    def run(who: str, *args: str) -> Result:
+        command, *rest = args
+        given = [command, *rest, "--url", "http://relay.test", "--key", api.keys[who]]
+        return CliRunner().invoke(cli, given, standalone_mode=False)
+
+    return run
+
+
+def refused(result: Result) -> str:
+    """The message `relay` prints for the RelayError the command ended with."""
+    assert isinstance(result.exception, RelayError), (result.output, result.exception)
+    return result.exception.message
+
+
+def test_remember_reads_valid_until_as_iso_8601_never_as_a_unix_time(relay, api):
+    """QA: `relay remember --valid-until 1893456000` was stored as 2030-01-01."""
+    said = refused(relay("acme_dev", "remember", "Freeze at noon.", "--valid-until", "1893456000"))
+    assert said.startswith("valid_until: '1893456000' is not an ISO 8601 date or time"), said
+    assert "2027-01-31" in said  # an example of what to write
+    done = relay("acme_dev", "remember", "Freeze at noon.", "--valid-until", "20310101", "--json")
+    assert done.exception is None, done.output
+    assert '"valid_until": "2031-01-01T00:00:00Z"' in done.output
