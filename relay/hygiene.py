@@ -36,6 +36,8 @@ _AUDIENCE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 # and terminal escape sequences must not ride into an agent's context.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A surrogate code point on its own: JSON can spell one ("\ud800"), no encoder takes it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # --- normalisation -----------------------------------------------------------------------
@@ -54,10 +56,29 @@ def normalize_text(text: str) -> str:
 # --- field checks --------------------------------------------------------------------------
 
 
+def unpaired_surrogate(text: str) -> str | None:
+    """What is wrong with `text` if it holds a lone UTF-16 surrogate (not Unicode text,
+    and unstorable), else None."""
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    return (
+        f"contains an unpaired surrogate (\\u{ord(found.group()):04x}) at character "
+        f"{found.start()}, which is not Unicode text"
+    )
+
+
+def _check_unicode(text: str, field: str, what: str | None = None) -> None:
+    problem = unpaired_surrogate(text)
+    if problem:
+        raise InvalidRequestError(f"{what or field} {problem}", field=field)
+
+
 def check_body(body: str) -> str:
     """Return the normalised body, or raise if it is empty, oversized or secret-shaped."""
     if not isinstance(body, str):
         raise InvalidRequestError("body must be a string", field="body")
+    _check_unicode(body, "body")
     body = normalize_text(body)
     if not body.strip():
         raise InvalidRequestError("body is empty; a memory needs some text", field="body")
@@ -83,6 +104,7 @@ def check_title(title: str | None) -> str | None:
         return None
     if not isinstance(title, str):
         raise InvalidRequestError("title must be a string", field="title")
+    _check_unicode(title, "title")
     if _CONTROL.search(title):
         raise InvalidRequestError("title contains control characters", field="title")
     title = " ".join(title.split())
@@ -104,6 +126,7 @@ def check_source(source: str | None) -> str | None:
         return None
     if not isinstance(source, str):
         raise InvalidRequestError("source must be a string", field="source")
+    _check_unicode(source, "source")
     source = source.strip()
     if not source:
         return None
@@ -135,6 +158,7 @@ def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
     for tag in tags:
         if not isinstance(tag, str):
             raise InvalidRequestError("tags must be strings", field="tags")
+        _check_unicode(tag, "tags", "a tag")
         tag = tag.strip()
         if not tag:
             raise InvalidRequestError("tags must not be empty", field="tags")

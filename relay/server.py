@@ -19,12 +19,19 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+)
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from relay import __version__, auth, writes
+from relay import __version__, auth, hygiene, writes
 from relay.embedding import Embedder
 from relay.errors import (
     InvalidRequestError,
@@ -119,7 +126,35 @@ Auth = Annotated[Principal, Depends(_principal)]
 
 
 # -- request bodies -------------------------------------------------------------
-class _Body(BaseModel):
+class TextBody(BaseModel):
+    """A request body whose text is Unicode: JSON may spell a lone UTF-16 surrogate
+    (`"\\ud800"`), which Python decodes into a string no encoder accepts, so a write
+    failed deep in the store with a 500. Every string field, at any depth, is checked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _unicode_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            problem = hygiene.unpaired_surrogate(value)
+        elif isinstance(value, list | tuple):
+            problem = next(
+                (
+                    f"item {i} {found}"
+                    for i, item in enumerate(value)
+                    if isinstance(item, str) and (found := hygiene.unpaired_surrogate(item))
+                ),
+                None,
+            )
+        else:
+            problem = None  # numbers, nested bodies (checked by their own model), ...
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+class _Body(TextBody):
     # Strict: `"k": true` is not 1 and `"expected_revision": "2"` is not 2.
     model_config = ConfigDict(extra="forbid", strict=True)
 

@@ -796,6 +796,52 @@ def test_fields_are_read_strictly_and_one_field_has_one_error(api, path, json, s
     assert err["message"].startswith(message), err["message"]
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "content", "field"),
+    [
+        ("post", "/v1/memories", '{"body": "probe \\ud800 surrogate"}', "body"),
+        ("post", "/v1/memories", '{"body": "probe", "title": "t \\udfff"}', "title"),
+        ("post", "/v1/memories", '{"body": "probe", "source": "a/\\ud800"}', "source"),
+        ("post", "/v1/memories", '{"body": "probe", "tags": ["ok", "\\ud800"]}', "tags"),
+        ("post", "/v1/memories", '{"body": "probe", "supersedes": ["\\ud800"]}', "supersedes"),
+        (
+            "post",
+            "/v1/memories/batch",
+            '{"items": [{"id": "a", "body": "fine"}, {"id": "b", "body": "x \\ud800"}]}',
+            "items.1.body",
+        ),
+        ("patch", "/v1/memories/{id}", '{"title": "probe \\ud800"}', "title"),
+        ("patch", "/v1/memories/{id}", '{"body": "probe \\ud800"}', "body"),
+        ("post", "/v1/keys", '{"name": "\\ud800", "scopes": ["memory:read"]}', "name"),
+        (
+            "post",
+            "/v1/keys",
+            '{"name": "n", "scopes": ["memory:read"], "roles": ["\\ud800"]}',
+            "roles",
+        ),
+        ("post", "/v1/search", '{"query": "probe \\ud800"}', "query"),
+        (
+            "post",
+            "/v1/hook-outcomes",
+            '{"invocations": 1, "outcomes": {}, "since": "\\ud800"}',
+            "since",
+        ),
+    ],
+)
+def test_a_lone_surrogate_in_any_text_field_is_422_naming_it(api, method, path, content, field):
+    """QA: `{"body": "probe \\ud800 surrogate"}` was a 500 (UnicodeEncodeError hashing the
+    text), in a batch item and a PATCH too; it is not Unicode text, and nothing is stored."""
+    h = {**api.headers("acme_admin"), "Content-Type": "application/json"}
+    existing = remember(api, "acme_admin", "A memory to edit.")
+    before = raw_count(api.services.store, "SELECT count(*) FROM memory_revisions")
+    keys = len(api.client.get("/v1/keys", headers=h).json()["items"])
+    r = api.client.request(method, path.format(id=existing["id"]), content=content, headers=h)
+    message = assert_error(r, 422, "invalid_request")["message"]
+    assert message.startswith(f"{field}: ") and "unpaired surrogate" in message, message
+    assert raw_count(api.services.store, "SELECT count(*) FROM memory_revisions") == before
+    assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == keys
+
+
 def test_a_time_is_iso_8601_text_never_a_unix_time(api):
     """QA: digits were read as a Unix time, by size in seconds or milliseconds:
     "20310101" (the ISO 8601 basic form of 2031-01-01) was 1970-08-24T01:41:41Z."""

@@ -72,6 +72,23 @@ def test_control_characters_are_rejected():
         check_body("build output \x1b[31mFAILED\x1b[0m")
 
 
+@pytest.mark.parametrize(
+    ("check", "value", "field"),
+    [
+        (hygiene.check_body, "probe \ud800 surrogate", "body"),
+        (hygiene.check_title, "title \udfff", "title"),
+        (hygiene.check_source, "docs/\ud83d.md", "source"),
+        (hygiene.check_tags, ["ok", "bad\udc00"], "tags"),
+    ],
+)
+def test_a_lone_surrogate_is_not_text(check, value, field):
+    """QA: JSON can spell a lone UTF-16 surrogate; it passed every check and failed to
+    encode when the write was hashed (a 500). MCP writes reach these checks directly."""
+    with pytest.raises(InvalidRequestError, match="unpaired surrogate") as exc:
+        check(value)
+    assert exc.value.details["field"] == field
+
+
 def test_non_string_body_is_rejected():
     with pytest.raises(InvalidRequestError):
         check_body(None)  # type: ignore[arg-type]

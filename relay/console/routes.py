@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from relay import auth, writes
 from relay.console import curate
@@ -41,7 +41,7 @@ from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
 from relay.models import ApiKey, Principal, iso
 from relay.search import MAX_K, SearchResponse
-from relay.server import Auth, KeyBody, MemoryBody, MemoryPatch, Services
+from relay.server import Auth, KeyBody, MemoryBody, MemoryPatch, Services, TextBody
 
 COOKIE = "relay_console"
 CSRF_HEADER = "X-CSRF-Token"
@@ -109,7 +109,7 @@ def _no_store(request: Request, response: Response) -> None:
 
 
 # -- request bodies -------------------------------------------------------------
-class _Body(BaseModel):
+class _Body(TextBody):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -132,12 +132,13 @@ class Preview(_Body):
     deadline_ms: int = Field(HOOK_SERVER_MS, ge=20, le=10_000)
 
 
-class Streak(BaseModel):
+class Streak(TextBody):
+    model_config = ConfigDict(extra="ignore")
     length: int = Field(0, ge=0, le=10_000_000)
     since: str | None = Field(None, max_length=40)
 
 
-class HookOutcomes(BaseModel):
+class HookOutcomes(TextBody):
     """`relay stats --json` as it prints; fields it has that are not listed here are dropped."""
 
     model_config = ConfigDict(extra="ignore")
