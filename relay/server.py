@@ -7,7 +7,10 @@ Every error leaves through `error_response()`, so clients see one shape.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
+import hmac
 import logging
 import threading
 import time
@@ -318,6 +321,46 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
+# -- list cursors ----------------------------------------------------------------
+# A cursor is the last id of a page, encoded with a check: a raw id could not tell a
+# corrupted cursor ("garbage", a truncated one) from a real position, and the listing
+# silently started over from wherever that text sorted.
+_CURSOR_CHECK = b"relay list cursor\0"
+
+
+def _cursor_check(raw: bytes) -> str:
+    return hashlib.sha256(_CURSOR_CHECK + raw).hexdigest()[:10]
+
+
+def encode_cursor(last_id: str | None) -> str | None:
+    """The opaque `next_cursor` for a page that ended at `last_id` (None: no more pages)."""
+    if last_id is None:
+        return None
+    raw = last_id.encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode() + "." + _cursor_check(raw)
+
+
+def decode_cursor(cursor: str | None) -> str | None:
+    """The id a cursor from `encode_cursor` continues after; a blank or absent one starts at
+    the beginning, and anything else is refused (400)."""
+    if not cursor:
+        return None
+    text, _, check = cursor.rpartition(".")
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        valid = hmac.compare_digest(check.encode(), _cursor_check(raw).encode())
+        last_id = raw.decode() if valid else None
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
+        last_id = None
+    if last_id is None:
+        raise InvalidRequestError(
+            "cursor is not one this server handed out: send next_cursor back as it came, "
+            "or leave cursor out to list from the beginning",
+            field="cursor",
+        )
+    return last_id
+
+
 def validation_message(error: dict[str, Any]) -> str:
     """One field-naming line for a request that failed validation (pydantic's first error)."""
     loc = [str(p) for p in error.get("loc", ())]
@@ -477,10 +520,11 @@ def create_app(services: Services) -> FastAPI:
         source_prefix: Annotated[str | None, Query(max_length=500)] = None,
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
+        after = decode_cursor(cursor)
         items, nxt = store.list_memories(
-            p.org_id, auth.management_view(p), limit, cursor, source, tag, source_prefix
+            p.org_id, auth.management_view(p), limit, after, source, tag, source_prefix
         )
-        return {"items": [m.to_dict() for m in items], "next_cursor": nxt}
+        return {"items": [m.to_dict() for m in items], "next_cursor": encode_cursor(nxt)}
 
     @app.get("/v1/memories/{memory_id}", tags=["memories"])
     def get_memory(memory_id: str, p: Auth) -> dict[str, Any]:

@@ -940,6 +940,23 @@ def test_list_memories_paginates(api):
     assert len(seen) == len(set(seen)) == 7
 
 
+def test_a_corrupted_cursor_is_refused_not_a_fresh_start(api):
+    """QA: `?cursor=garbage` answered 200 with the first page, so a client that mangled its
+    cursor listed from the start again without knowing; on PostgreSQL a NUL in it was a 500."""
+    h = api.headers("acme_dev")
+    for i in range(3):
+        remember(api, "acme_dev", f"memory number {i} about the build")
+    page = api.client.get("/v1/memories?limit=2", headers=h).json()
+    cursor = page["next_cursor"]
+    for bad in ("garbage", cursor[:-1], cursor[1:], "x" + cursor, "mem_0", "a\x00b", "é.é"):
+        r = api.client.get("/v1/memories", params={"limit": 2, "cursor": bad}, headers=h)
+        message = assert_error(r, 400, "invalid_request")["message"]
+        assert message.startswith("cursor is not one this server handed out"), message
+    rest = api.client.get("/v1/memories", params={"limit": 2, "cursor": cursor}, headers=h)
+    assert [m["id"] for m in rest.json()["items"]] != [m["id"] for m in page["items"]]
+    assert len(rest.json()["items"]) == 1 and rest.json()["next_cursor"] is None
+
+
 def test_profile_returns_pinned_memories_the_key_may_read(api):
     pinned = remember(api, "acme_dev", "We are a Python 3.12 and Next.js shop.", pinned=True)
     remember(

@@ -155,3 +155,20 @@ def test_health_counts_recall_not_console_searches(api) -> None:
     sign_in(api, "globex_dev")
     other = c.get("/console/api/health").json()
     assert other["searches"]["total"]["searches"] == 0 and other["most_recalled"] == []
+
+
+def test_a_corrupted_cursor_is_refused(api) -> None:
+    """As on /v1/memories: a cursor the console did not hand out is not a fresh start."""
+    csrf = sign_in(api, "acme_admin")
+    for i in range(3):
+        r = api.client.post("/console/api/memories", json={"body": f"note {i}"}, headers=csrf)
+        assert r.status_code == 201, r.text
+    first = api.client.get("/console/api/memories", params={"limit": 2}).json()
+    r = api.client.get("/console/api/memories", params={"limit": 2, "cursor": "garbage"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+    nul = api.client.get("/console/api/memories", params={"limit": 2, "cursor": "a\x00b"})
+    assert nul.status_code == 400, nul.text
+    rest = api.client.get(
+        "/console/api/memories", params={"limit": 2, "cursor": first["next_cursor"]}
+    ).json()
+    assert len(rest["items"]) == 1 and rest["next_cursor"] is None

@@ -41,7 +41,16 @@ from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
 from relay.models import ApiKey, Principal, iso
 from relay.search import MAX_K, SearchResponse
-from relay.server import Auth, KeyBody, MemoryBody, MemoryPatch, Services, TextBody
+from relay.server import (
+    Auth,
+    KeyBody,
+    MemoryBody,
+    MemoryPatch,
+    Services,
+    TextBody,
+    decode_cursor,
+    encode_cursor,
+)
 
 COOKIE = "relay_console"
 CSRF_HEADER = "X-CSRF-Token"
@@ -273,11 +282,13 @@ def build_routers(
             source or None, tag or None, audience or None, author or None, status, expiring_days
         )
         now = datetime.now(UTC)
-        items, nxt = curate.filtered(
-            store, p.org_id, auth.management_view(p), f, limit, cursor, now
-        )
+        after = decode_cursor(cursor)
+        items, nxt = curate.filtered(store, p.org_id, auth.management_view(p), f, limit, after, now)
         names = key_names(p)
-        return {"items": [memory_view(m, now, names) for m in items], "next_cursor": nxt}
+        return {
+            "items": [memory_view(m, now, names) for m in items],
+            "next_cursor": encode_cursor(nxt),
+        }
 
     @api.get("/facets")
     def facets(p: Session) -> dict[str, Any]:
