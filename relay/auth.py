@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from relay.errors import ForbiddenError, InvalidRequestError, UnauthorizedError
+from relay.errors import ForbiddenError, InvalidRequestError, NotFoundError, UnauthorizedError
 from relay.models import SCOPES, ApiKey, Principal
 from relay.store import Store
 
 PREFIX = "relay_"
+KEY_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # minted as 12 hex digits; split_key needs alnum
+# C0 and C1 controls, tab and newline included: a key name is one line of plain text.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _DUMMY_HASH = hashlib.sha256(b"relay-unknown-key").hexdigest()
 
 
@@ -64,6 +68,11 @@ def mint_key(
     check_scopes(scopes)
     if not name.strip():
         raise InvalidRequestError("a key needs a name (who or what holds it)", field="name")
+    if _CONTROL.search(name):
+        raise InvalidRequestError(
+            "name must be one line without control characters, like 'alice laptop'",
+            field="name",
+        )
     if expires_at is not None and expires_at <= datetime.now(UTC):
         raise InvalidRequestError("expires_at is in the past")
     key_id = secrets.token_hex(6)
@@ -72,6 +81,14 @@ def mint_key(
         org_id, key_id, hash_secret(secret), name, scopes, frozenset(roles), expires_at
     )
     return MintedKey(key=key, secret=f"{PREFIX}{key_id}_{secret}")
+
+
+def check_key_id(key_id: str) -> str:
+    """`key_id` from a path, or 404 before the store is asked (a NUL in it failed
+    PostgreSQL's query, a 500, where SQLite found nothing)."""
+    if not KEY_ID.fullmatch(key_id):
+        raise NotFoundError(f"no key {key_id!r} in this organisation")
+    return key_id
 
 
 def authorize(store: Store, authorization: str | None) -> Principal:

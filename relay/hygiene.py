@@ -68,6 +68,17 @@ def unpaired_surrogate(text: str) -> str | None:
     )
 
 
+def check_filter(name: str, value: str | None) -> str | None:
+    """A list filter's value (`source`, `tag`, ...): no stored value has control characters,
+    and PostgreSQL refuses a NUL in a query where SQLite matched nothing, so one is refused
+    (422, like any malformed parameter) the same on both stores."""
+    if value is not None and _CONTROL_OR_TAB.search(value):
+        error = InvalidRequestError(f"{name} must not contain control characters", field=name)
+        error.status = 422
+        raise error
+    return value
+
+
 def _check_unicode(text: str, field: str, what: str | None = None) -> None:
     problem = unpaired_surrogate(text)
     if problem:

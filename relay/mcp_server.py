@@ -146,17 +146,19 @@ class LocalBackend:
         ).to_dict()
 
     def forget(self, memory_id: str) -> None:
-        from relay import auth
+        from relay import auth, writes
 
         auth.require(self.principal, "memory:write")
         p = self.principal
+        writes.check_memory_id(memory_id)
         self.services.store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
 
     def history(self, memory_id: str) -> list[dict[str, Any]]:
-        from relay import auth
+        from relay import auth, writes
 
         auth.require(self.principal, "memory:read")
         p = self.principal
+        writes.check_memory_id(memory_id)
         items = self.services.store.history(p.org_id, memory_id, auth.management_view(p))
         return [r.to_dict() for r in items]
 

@@ -225,7 +225,7 @@ SearchAuth = Annotated[Principal, Depends(_search_principal)]
 
 class MemoryBody(_Body):
     body: str  # sizes of text fields: judged by relay.hygiene (413, naming the limit)
-    id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+    id: str | None = Field(None, pattern=f"^{writes.MEMORY_ID.pattern}$")
     title: str | None = None
     source: str | None = None
     audiences: list[str] | None = Field(None, max_length=64)
@@ -520,6 +520,8 @@ def create_app(services: Services) -> FastAPI:
         source_prefix: Annotated[str | None, Query(max_length=500)] = None,
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
+        for name, value in (("source", source), ("tag", tag), ("source_prefix", source_prefix)):
+            hygiene.check_filter(name, value)
         after = decode_cursor(cursor)
         items, nxt = store.list_memories(
             p.org_id, auth.management_view(p), limit, after, source, tag, source_prefix
@@ -529,11 +531,13 @@ def create_app(services: Services) -> FastAPI:
     @app.get("/v1/memories/{memory_id}", tags=["memories"])
     def get_memory(memory_id: str, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:read")
+        writes.check_memory_id(memory_id)
         return store.get_memory(p.org_id, memory_id, auth.management_view(p)).to_dict()
 
     @app.patch("/v1/memories/{memory_id}", tags=["memories"])
     def edit_memory(memory_id: str, body: MemoryPatch, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:write")
+        writes.check_memory_id(memory_id)
         current = store.get_memory(p.org_id, memory_id, auth.management_view(p))
         changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})
         fields = {**current.to_dict(), **changes, "valid_until": changes.get("valid_until")}
@@ -561,12 +565,14 @@ def create_app(services: Services) -> FastAPI:
     @app.delete("/v1/memories/{memory_id}", status_code=204, tags=["memories"])
     def delete_memory(memory_id: str, p: Auth) -> Response:
         auth.require(p, "memory:write")
+        writes.check_memory_id(memory_id)
         store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
         return Response(status_code=204)
 
     @app.get("/v1/memories/{memory_id}/revisions", tags=["memories"])
     def revisions(memory_id: str, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:read")
+        writes.check_memory_id(memory_id)
         items = store.history(p.org_id, memory_id, auth.management_view(p))
         return {"items": [r.to_dict() for r in items]}
 
@@ -591,7 +597,7 @@ def create_app(services: Services) -> FastAPI:
     @app.delete("/v1/keys/{key_id}", tags=["keys"])
     def revoke_key(key_id: str, p: Auth) -> dict[str, Any]:
         auth.require(p, "admin")
-        return store.revoke_key(p.org_id, key_id).to_dict()
+        return store.revoke_key(p.org_id, auth.check_key_id(key_id)).to_dict()
 
     from relay.mcp_server import mount_mcp
 

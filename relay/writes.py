@@ -8,6 +8,7 @@ rejected or failed write leaves nothing behind.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,17 +17,28 @@ from typing import Any
 
 from relay import auth, hygiene, late
 from relay.embedding import Embedder
-from relay.errors import InvalidRequestError, RelayError
+from relay.errors import InvalidRequestError, NotFoundError, RelayError
 from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal
 from relay.passages import split_passages
 from relay.store import SaveMode, Store
 from relay.text import lexical_terms
 
 EMBED_BATCH = 64
+# Every memory id: made here, given to a create (API `id`) or derived by relay import.
+MEMORY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 
 def new_memory_id() -> str:
     return "mem_" + secrets.token_hex(8)
+
+
+def check_memory_id(memory_id: str) -> str:
+    """`memory_id` from a path or a tool call, or 404 before the store is asked: text that
+    cannot be an id names no memory, and a NUL in it failed PostgreSQL's query (a 500)
+    where SQLite found nothing."""
+    if not MEMORY_ID.fullmatch(memory_id):
+        raise NotFoundError(f"no memory {memory_id!r}")
+    return memory_id
 
 
 def draft_from_fields(
@@ -42,6 +54,12 @@ def draft_from_fields(
     supersedes = fields.get("supersedes") or []
     if not isinstance(supersedes, list | tuple) or not all(isinstance(s, str) for s in supersedes):
         raise InvalidRequestError("supersedes must be a list of memory ids")
+    for target in supersedes:
+        if not MEMORY_ID.fullmatch(target):  # the store's words for an id it does not hold
+            raise InvalidRequestError(
+                f"supersedes names {target!r}, which is not a memory of this organisation",
+                field="supersedes",
+            )
     return MemoryDraft(
         body=hygiene.check_body(fields.get("body") or ""),
         title=hygiene.check_title(fields.get("title")),

@@ -842,6 +842,48 @@ def test_a_lone_surrogate_in_any_text_field_is_422_naming_it(api, method, path, 
     assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == keys
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "json", "status", "says"),
+    [
+        ("get", "/v1/memories/a%00b", None, 404, "no memory 'a\\x00b'"),
+        ("get", "/v1/memories/a%00b/revisions", None, 404, "no memory 'a\\x00b'"),
+        ("patch", "/v1/memories/a%00b", {"title": "x"}, 404, "no memory 'a\\x00b'"),
+        ("delete", "/v1/memories/a%00b", None, 404, "no memory 'a\\x00b'"),
+        ("get", "/v1/memories/a%0Ab", None, 404, "no memory 'a\\nb'"),
+        ("delete", "/v1/keys/a%00b", None, 404, "no key 'a\\x00b'"),
+        ("get", "/v1/memories?tag=a%00b", None, 422, "tag must not contain control"),
+        ("get", "/v1/memories?source=a%00b", None, 422, "source must not contain control"),
+        ("get", "/v1/memories?source_prefix=a%1Bb", None, 422, "source_prefix must not"),
+        (
+            "post",
+            "/v1/keys",
+            {"name": "a\u0000b", "scopes": ["memory:read"]},
+            400,
+            "name must be one line without control characters",
+        ),
+        (
+            "post",
+            "/v1/memories",
+            {"body": "probe", "supersedes": ["a\u0000b"]},
+            400,
+            "supersedes names 'a\\x00b', which is not a memory of this organisation",
+        ),
+    ],
+)
+def test_a_nul_is_answered_alike_by_both_stores(api, method, path, json, status, says):
+    """QA: on PostgreSQL a NUL in an id, a filter, a key's name was a 500 store_error
+    (its text cannot hold one) where SQLite answered 404, 200 or 201 and stored the NUL.
+    Text that cannot be an id is 404 before the store is asked; a filter or a name with
+    control characters is refused like any malformed field."""
+    h = api.headers("acme_admin")
+    keys = len(api.client.get("/v1/keys", headers=h).json()["items"])
+    r = getattr(api.client, method)(path, headers=h, **({"json": json} if json else {}))
+    code = {404: "not_found"}.get(status, "invalid_request")
+    assert says in assert_error(r, status, code)["message"]
+    assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == keys
+    assert raw_count(api.services.store, "SELECT count(*) FROM memories") == 0
+
+
 def test_a_time_is_iso_8601_text_never_a_unix_time(api):
     """QA: digits were read as a Unix time, by size in seconds or milliseconds:
     "20310101" (the ISO 8601 basic form of 2031-01-01) was 1970-08-24T01:41:41Z."""

@@ -172,3 +172,21 @@ def test_a_corrupted_cursor_is_refused(api) -> None:
         "/console/api/memories", params={"limit": 2, "cursor": first["next_cursor"]}
     ).json()
     assert len(rest["items"]) == 1 and rest["next_cursor"] is None
+
+
+def test_a_nul_is_answered_alike_by_both_stores(api) -> None:
+    """QA: on PostgreSQL the console's memory paths, filters and key revocation answered a
+    NUL with a 500 store_error, where SQLite found nothing."""
+    csrf = sign_in(api, "acme_admin")
+    c = api.client
+    for path in ("memories/a%00b", "memories/a%00b/revisions", "memories/a%00b/diff?from=1&to=2"):
+        r = c.get(f"/console/api/{path}")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    for method in ("patch", "delete"):
+        r = c.request(method, "/console/api/memories/a%00b", json={"title": "x"}, headers=csrf)
+        assert r.status_code == 404, r.text
+    assert c.delete("/console/api/keys/a%00b", headers=csrf).status_code == 404
+    for name in ("source", "tag", "audience", "author"):
+        r = c.get("/console/api/memories", params={name: "a\x00b"})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["message"] == f"{name} must not contain control characters"

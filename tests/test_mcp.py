@@ -281,3 +281,18 @@ def test_history_tool_shows_a_withheld_revision_as_withheld(api):
     sre = auth.authorize(api.services.store, api.headers("acme_sre")["Authorization"])
     shown = render_history(memory_id, LocalBackend(api.services, sre).history(memory_id))
     assert "envelope 7" in shown and "withheld" not in shown
+
+
+def test_local_tools_answer_an_impossible_id_alike_on_both_stores(api):
+    """/mcp's forget and history asked the store with any text: on PostgreSQL a NUL in the
+    id was a database error where SQLite said there is no such memory."""
+    from relay.auth import authorize
+    from relay.errors import NotFoundError
+    from relay.mcp_server import LocalBackend
+
+    store = api.services.store
+    principal = authorize(store, api.headers("acme_dev")["Authorization"])
+    backend = LocalBackend(api.services, principal)
+    for call in (backend.forget, backend.history):
+        with pytest.raises(NotFoundError, match="no memory 'a\\\\x00b'"):
+            call("a\x00b")

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import ConfigDict, Field
 
-from relay import auth, writes
+from relay import auth, hygiene, writes
 from relay.console import curate
 from relay.console.health import (
     HookReport,
@@ -278,6 +278,9 @@ def build_routers(
         expiring_days: Annotated[int, Query(ge=1, le=3650)] = 7,
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
+        for name, value in (("source", source), ("tag", tag), ("audience", audience)):
+            hygiene.check_filter(name, value)
+        hygiene.check_filter("author", author)
         f = curate.Filters(
             source or None, tag or None, audience or None, author or None, status, expiring_days
         )
@@ -306,12 +309,14 @@ def build_routers(
     @api.get("/memories/{memory_id}")
     def get_memory(memory_id: str, p: Session) -> dict[str, Any]:
         auth.require(p, "memory:read")
+        writes.check_memory_id(memory_id)
         memory = store.get_memory(p.org_id, memory_id, auth.management_view(p))
         return memory_view(memory, datetime.now(UTC), key_names(p))
 
     @api.patch("/memories/{memory_id}")
     def edit_memory(memory_id: str, body: MemoryPatch, p: Session) -> dict[str, Any]:
         auth.require(p, "memory:write")
+        writes.check_memory_id(memory_id)
         view = auth.management_view(p)
         current = store.get_memory(p.org_id, memory_id, view)
         fields = current.to_dict()
@@ -333,12 +338,14 @@ def build_routers(
     @api.delete("/memories/{memory_id}", status_code=204)
     def delete_memory(memory_id: str, p: Session) -> Response:
         auth.require(p, "memory:write")
+        writes.check_memory_id(memory_id)
         store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
         return Response(status_code=204)
 
     @api.get("/memories/{memory_id}/revisions")
     def revisions(memory_id: str, p: Session) -> dict[str, Any]:
         auth.require(p, "memory:read")
+        writes.check_memory_id(memory_id)
         names = key_names(p)
         items = store.history(p.org_id, memory_id, auth.management_view(p))
         return {"items": [{**r.to_dict(), "author_name": names.get(r.author or "")} for r in items]}
@@ -351,6 +358,7 @@ def build_routers(
         new: Annotated[int, Query(alias="to", ge=1)],
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
+        writes.check_memory_id(memory_id)
         history = store.history(p.org_id, memory_id, auth.management_view(p))
         a, b = curate.find_revision(history, old), curate.find_revision(history, new)
         return {
@@ -456,7 +464,7 @@ def build_routers(
     @api.delete("/keys/{key_id}")
     def revoke_key(key_id: str, p: Session) -> dict[str, Any]:
         auth.require(p, "admin")
-        return _key_view(store.revoke_key(p.org_id, key_id), datetime.now(UTC))
+        return _key_view(store.revoke_key(p.org_id, auth.check_key_id(key_id)), datetime.now(UTC))
 
     # -- health -----------------------------------------------------------------
     @api.get("/health")
