@@ -15,6 +15,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from relay import hygiene
 from relay.errors import ForbiddenError, InvalidRequestError, NotFoundError, UnauthorizedError
 from relay.models import SCOPES, ApiKey, Principal
 from relay.store import Store
@@ -66,6 +67,7 @@ def mint_key(
     expires_at: datetime | None = None,
 ) -> MintedKey:
     check_scopes(scopes)
+    roles = hygiene.check_roles(roles)  # named and normalised as the audiences they match
     if not name.strip():
         raise InvalidRequestError("a key needs a name (who or what holds it)", field="name")
     if _CONTROL.search(name):
@@ -77,9 +79,7 @@ def mint_key(
         raise InvalidRequestError("expires_at is in the past")
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(24)
-    key = store.create_key(
-        org_id, key_id, hash_secret(secret), name, scopes, frozenset(roles), expires_at
-    )
+    key = store.create_key(org_id, key_id, hash_secret(secret), name, scopes, roles, expires_at)
     return MintedKey(key=key, secret=f"{PREFIX}{key_id}_{secret}")
 
 

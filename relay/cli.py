@@ -247,7 +247,13 @@ def _org_id(store, name_or_id: str) -> str:  # noqa: ANN001
     type=click.Choice(["memory:read", "memory:write", "admin"]),
     help="Repeatable.",
 )
-@click.option("--role", "roles", multiple=True, help="Audience the key may read; repeatable.")
+@click.option(
+    "--role",
+    "roles",
+    multiple=True,
+    help="Audience the key may read, named as memories' audiences are (lowercase letters, "
+    "digits, _ . -; stored lower-cased); repeatable.",
+)
 @click.option("--expires-in-days", type=click.IntRange(1), help="Expire the key after N days.")
 @db_option
 def key_create(
@@ -268,7 +274,7 @@ def key_create(
     )
     click.echo(
         f"key {minted.key.id} ({', '.join(sorted(scopes))}; roles: "
-        f"{', '.join(sorted(roles)) or 'none'})\nsecret (shown once): {minted.secret}"
+        f"{', '.join(sorted(minted.key.roles)) or 'none'})\nsecret (shown once): {minted.secret}"
     )
 
 

@@ -29,6 +29,7 @@ MAX_SOURCE_CHARS = 300
 MAX_TAGS = 32
 MAX_TAG_CHARS = 100
 MAX_AUDIENCES = 32
+MAX_ROLES = 64  # of one key
 EVERYONE = "all"  # the audience that means everyone in the org (same value as relay.models)
 
 _AUDIENCE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
@@ -243,6 +244,45 @@ def check_audiences(
     if EVERYONE in names:
         return (EVERYONE,)
     return tuple(sorted(names))
+
+
+def check_roles(roles: Iterable[str] | str | None) -> frozenset[str]:
+    """Return a key's roles lower-cased and de-duplicated, each named like an audience.
+
+    A role is what a memory's audience names, and audiences are lower-cased and must match
+    the audience rule, so a role outside it ("Platform", "Ops Team", "") could never be
+    addressed by any memory: the key would read `all` alone.
+    """
+    if roles is None:
+        return frozenset()
+    if isinstance(roles, str):
+        roles = [roles]
+    names: set[str] = set()
+    for role in roles:
+        if not isinstance(role, str):
+            raise InvalidRequestError("roles must be strings", field="roles")
+        name = role.strip().lower()
+        if not _AUDIENCE.fullmatch(name):
+            shown = name if len(name) <= 40 else name[:40] + "..."
+            dashed = "-".join(name.split())
+            hint = f"; did you mean {dashed!r}?" if _AUDIENCE.fullmatch(dashed) else ""
+            raise InvalidRequestError(
+                f"role {shown!r} is not a valid name (lowercase letters, digits, '_', '.', '-';"
+                f" at most 64 characters; it is what a memory's audiences name){hint}",
+                field="roles",
+            )
+        if name == EVERYONE:
+            raise InvalidRequestError(
+                f"role {EVERYONE!r} is every key's already: a memory for everyone has the "
+                f"audience {EVERYONE!r}; a role names a group, like platform",
+                field="roles",
+            )
+        names.add(name)
+    if len(names) > MAX_ROLES:
+        raise TooLargeError(
+            f"{len(names)} roles; the limit is {MAX_ROLES}", field="roles", limit=MAX_ROLES
+        )
+    return frozenset(names)
 
 
 def check_valid_until(ts: datetime | str | None, now: datetime | None = None) -> datetime | None:

@@ -254,7 +254,7 @@ class MemoryPatch(_Body):
 class KeyBody(_Body):
     name: str = Field(min_length=1, max_length=200)
     scopes: list[str] = Field(min_length=1, max_length=3)
-    roles: list[str] = Field(default_factory=list, max_length=64)
+    roles: list[str] = Field(default_factory=list)  # named like audiences (hygiene, 413)
     expires_at: Time | None = None
 
 

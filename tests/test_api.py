@@ -950,6 +950,44 @@ def test_keys_are_created_listed_and_never_show_their_secret_again(api):
     assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == len(listed)
 
 
+def test_a_key_s_roles_are_named_and_normalised_like_audiences(api):
+    """QA: roles "Platform", "", "Ops Team" and a 3,000-character one were accepted, but a
+    memory's audiences are lower-cased and must match [a-z0-9_.-]{1,64}, so no memory could
+    ever be addressed to them ("unknown audience: platform")."""
+    h = api.headers("acme_admin")
+    made = api.client.post(
+        "/v1/keys",
+        json={"name": "platform ci", "scopes": ["memory:read"], "roles": [" Platform ", "OPS"]},
+        headers=h,
+    )
+    assert made.status_code == 201, made.text
+    assert made.json()["roles"] == ["ops", "platform"]
+    note = remember(api, "acme_admin", "Platform owns the ingress.", audiences=["Platform"])
+    reader = {"Authorization": f"Bearer {made.json()['secret']}"}
+    got = api.client.get(f"/v1/memories/{note['id']}", headers=reader)
+    assert got.status_code == 200 and got.json()["audiences"] == ["platform"]
+    keys = len(api.client.get("/v1/keys", headers=h).json()["items"])
+    for role, status, says in (
+        ("", 400, "role '' is not a valid name"),
+        ("Ops Team", 400, "did you mean 'ops-team'?"),
+        ("x" * 3000, 400, "role 'xxxxxxxx"),
+        ("a\u0000b", 400, "role 'a\\x00b' is not a valid name"),  # PostgreSQL: was a 500
+        ("all", 400, "role 'all' is every key's already"),
+    ):
+        r = api.client.post(
+            "/v1/keys", json={"name": "n", "scopes": ["memory:read"], "roles": [role]}, headers=h
+        )
+        err = assert_error(r, status, "invalid_request")
+        assert says in err["message"] and err["details"] == {"field": "roles"}, err
+        assert len(err["message"]) < 300
+    many = [f"team{i}" for i in range(65)]
+    r = api.client.post(
+        "/v1/keys", json={"name": "n", "scopes": ["memory:read"], "roles": many}, headers=h
+    )
+    assert "65 roles; the limit is 64" in assert_error(r, 413, "too_large")["message"]
+    assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == keys
+
+
 def test_list_memories_by_source_prefix_takes_it_literally(api):
     for source in ("team/docs/x.md", "team/docsy.md", "team/do_s/y.md", "team/docs%/z.md"):
         remember(api, "acme_dev", f"a note kept in {source}", source=source)

@@ -48,3 +48,23 @@ def test_remember_reads_valid_until_as_iso_8601_never_as_a_unix_time(relay, api)
     done = relay("acme_dev", "remember", "Freeze at noon.", "--valid-until", "20310101", "--json")
     assert done.exception is None, done.output
     assert '"valid_until": "2031-01-01T00:00:00Z"' in done.output
+
+
+def database(api) -> str:
+    """What `--db` names for the fixture's store: its SQLite file or its PostgreSQL URL."""
+    store = api.services.store
+    return getattr(store, "url", None) or store.path
+
+
+def test_key_create_names_roles_like_audiences(api):
+    """QA: `relay key create --role Platform` made a key no memory could address (audiences
+    are lower-cased); it is now the role platform, and a name that is no audience name is
+    refused with what to write instead."""
+    base = ["key", "create", "--org", "acme", "--name", "platform ci", "--db", database(api)]
+    done = CliRunner().invoke(cli, [*base, "--role", "Platform"], standalone_mode=False)
+    assert done.exception is None, done.output
+    assert "roles: platform)" in done.output
+    bad = CliRunner().invoke(cli, [*base, "--role", "Ops Team"], standalone_mode=False)
+    assert "did you mean 'ops-team'?" in refused(bad)
+    roles = [k.roles for k in api.services.store.list_keys(api.orgs["acme"])]
+    assert frozenset({"platform"}) in roles and frozenset({"ops team"}) not in roles

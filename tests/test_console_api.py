@@ -190,3 +190,14 @@ def test_a_nul_is_answered_alike_by_both_stores(api) -> None:
         r = c.get("/console/api/memories", params={name: "a\x00b"})
         assert r.status_code == 422, r.text
         assert r.json()["error"]["message"] == f"{name} must not contain control characters"
+
+
+def test_console_keys_get_the_role_rule(api) -> None:
+    """Keys made on the console are named and normalised like the API's."""
+    csrf = sign_in(api, "acme_admin")
+    body = {"name": "n", "scopes": ["memory:read"], "roles": ["Ops Team"]}
+    r = api.client.post("/console/api/keys", json=body, headers=csrf)
+    assert r.status_code == 400 and "did you mean 'ops-team'?" in r.json()["error"]["message"]
+    body["roles"] = ["Platform"]
+    r = api.client.post("/console/api/keys", json=body, headers=csrf)
+    assert r.status_code == 201 and r.json()["roles"] == ["platform"], r.text

@@ -502,3 +502,16 @@ def test_valid_until_defaults_to_the_real_clock_and_accepts_naive_now():
         check_valid_until("2000-01-01")
     naive_now = NOW.replace(tzinfo=None)
     assert check_valid_until("2026-06-02", naive_now) == datetime(2026, 6, 2, tzinfo=UTC)
+
+
+def test_roles_are_normalised_and_checked_like_audiences():
+    assert hygiene.check_roles([" Platform", "platform", "SRE.oncall"]) == frozenset(
+        {"platform", "sre.oncall"}
+    )
+    assert hygiene.check_roles(None) == frozenset()
+    for bad in ("", "Ops Team", "x" * 65, "a\x00b", "all", "dév"):
+        with pytest.raises(InvalidRequestError) as exc:
+            hygiene.check_roles([bad])
+        assert exc.value.details == {"field": "roles"}
+    with pytest.raises(TooLargeError):
+        hygiene.check_roles([f"r{i}" for i in range(hygiene.MAX_ROLES + 1)])
