@@ -785,12 +785,21 @@ def test_a_bad_body_without_a_valid_key_is_unauthorized_not_invalid(api, path, c
         ("/v1/memories", {"body": "Deploys freeze.", "title": "t" * 500}, 413, "title is 500"),
         ("/v1/memories", {"body": "Deploys freeze.", "title": "t" * 1500}, 413, "title is 1,500"),
         ("/v1/memories", {"body": "x" * 120_000}, 413, "body is 120,000 characters"),
+        (
+            "/v1/keys",
+            {"name": "n" * 300, "scopes": ["memory:read"]},
+            413,
+            "name is 300 characters; the limit is 200",
+        ),
+        ("/v1/keys", {"name": "", "scopes": ["memory:read"]}, 400, "a key needs a name"),
+        ("/v1/search", {"query": "q" * 9000}, 413, "query is 9,000 characters; the limit is 8,000"),
     ],
 )
 def test_fields_are_read_strictly_and_one_field_has_one_error(api, path, json, status, message):
     """QA: an out-of-range time was a 500, a number was read as milliseconds since 1970,
     `true` was taken for k=1, and a title of 201 to 1,000 characters was 413 while a longer
-    one was 422."""
+    one was 422; a key name over 200 characters and a query over 8,000 were 422, not the
+    documented 413 naming the limit."""
     r = api.client.post(path, json=json, headers=api.headers("acme_admin"))
     err = assert_error(r, status, "too_large" if status == 413 else "invalid_request")
     assert err["message"].startswith(message), err["message"]

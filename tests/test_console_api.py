@@ -201,3 +201,10 @@ def test_console_keys_get_the_role_rule(api) -> None:
     body["roles"] = ["Platform"]
     r = api.client.post("/console/api/keys", json=body, headers=csrf)
     assert r.status_code == 201 and r.json()["roles"] == ["platform"], r.text
+
+
+def test_an_over_long_query_is_too_large_as_on_the_api(api) -> None:
+    csrf = sign_in(api, "acme_admin")
+    r = api.client.post("/console/api/search", json={"query": "q" * 9000}, headers=csrf)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
+    assert "the limit is 8,000" in r.json()["error"]["message"]

@@ -48,6 +48,7 @@ from relay.server import (
     MemoryPatch,
     Services,
     TextBody,
+    check_query,
     decode_cursor,
     encode_cursor,
 )
@@ -127,7 +128,7 @@ class SignIn(_Body):
 
 
 class ConsoleSearch(_Body):
-    query: str = Field(min_length=1, max_length=8000)
+    query: str = Field(min_length=1)  # its size: check_query (413), as on /v1/search
     mode: str = Field("hybrid", pattern="^(hybrid|lexical|semantic)$")
     k: int = Field(10, ge=1, le=MAX_K)
 
@@ -373,7 +374,7 @@ def build_routers(
     def console_search(body: ConsoleSearch, p: Session) -> dict[str, Any]:
         """The recall pipeline itself, under this key's roles (no admin widening)."""
         auth.require(p, "memory:read")
-        response = search(p, body.query, body.k, 1000.0, body.mode, False)
+        response = search(p, check_query(body.query), body.k, 1000.0, body.mode, False)
         return response.to_dict()
 
     @api.post("/preview")
