@@ -143,15 +143,16 @@ class Preview(_Body):
 
 
 class Streak(TextBody):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     length: int = Field(0, ge=0, le=10_000_000)
     since: str | None = Field(None, max_length=40)
 
 
 class HookOutcomes(TextBody):
-    """`relay stats --json` as it prints; fields it has that are not listed here are dropped."""
+    """`relay stats --json` as it prints; fields it has that are not listed here are dropped.
+    Read strictly, like the API's bodies: `"invocations": "5"` is not 5."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     developer: str | None = Field(None, max_length=100)
     since: str | None = Field(None, max_length=40)
     until: str | None = Field(None, max_length=40)
