@@ -500,9 +500,16 @@ def create_app(services: Services) -> FastAPI:
         auth.require(p, "memory:write")
         items = []
         known = store.known_audiences(p.org_id)
+        first: dict[str, int] = {}
         for i, item in enumerate(body.items):
             if not item.id:
                 raise InvalidRequestError(f"items.{i}.id: a batch item needs an id")
+            if item.id in first:  # the last would win silently, and count as written twice
+                raise InvalidRequestError(
+                    f"items.{i}: id {item.id!r} is also items.{first[item.id]}",
+                    field=f"items.{i}.id",
+                )
+            first[item.id] = i
             try:
                 items.append((item.id, writes.draft_from_fields(item.model_dump(), known)))
             except RelayError as exc:

@@ -647,6 +647,17 @@ def test_a_chunked_bulk_write_names_the_item_by_its_place_in_the_whole(api):
     assert refused.value.item == 3
 
 
+def test_a_batch_naming_one_id_twice_is_refused(api):
+    """QA: the same id twice in a batch was {"written": 2}, the last one silently winning."""
+    items = [{"id": name, "body": f"note {n}"} for n, name in enumerate("abcx")]
+    items[1]["id"] = "x"
+    r = api.client.post(
+        "/v1/memories/batch", json={"items": items}, headers=api.headers("acme_dev")
+    )
+    assert assert_error(r, 400, "invalid_request")["message"] == "items.3: id 'x' is also items.1"
+    assert raw_count(api.services.store, "SELECT count(*) FROM memories") == 0
+
+
 def test_batch_upsert_is_idempotent(api):
     items = [{"id": f"r{i}", "body": f"rule number {i} about formatting"} for i in range(5)]
     h = api.headers("acme_dev")
