@@ -313,6 +313,11 @@ def _memory_fields(
     title, source, audiences, tags, valid_until, supersedes, pinned
 ) -> dict[str, Any]:  # noqa: ANN001
     fields: dict[str, Any] = {}
+    if valid_until is not None and not valid_until.strip():
+        raise click.UsageError(
+            "--valid-until needs an ISO 8601 date or time, like 2027-01-31 or "
+            "2027-01-31T18:00:00Z (relay edit --no-valid-until removes one)"
+        )
     for name, value in (("title", title), ("source", source), ("valid_until", valid_until)):
         if value is not None:
             fields[name] = value
@@ -331,10 +336,20 @@ def memory_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def edit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The same fields for an edit: each one given replaces the memory's, the rest stay."""
-    return _memory_options(fn, "replaces its audiences; kept if not given")
+    clear = click.option(
+        "--no-valid-until",
+        "clear_valid_until",
+        is_flag=True,
+        help="Remove its valid_until: it has no end date, and recall returns it again.",
+    )
+    return _memory_options(fn, "replaces its audiences; kept if not given", [clear])
 
 
-def _memory_options(fn: Callable[..., Any], audience_default: str) -> Callable[..., Any]:
+def _memory_options(
+    fn: Callable[..., Any],
+    audience_default: str,
+    after_valid_until: list[Callable[..., Any]] | None = None,
+) -> Callable[..., Any]:
     for opt in reversed(
         [
             click.option("--title", help="Short title."),
@@ -350,6 +365,7 @@ def _memory_options(fn: Callable[..., Any], audience_default: str) -> Callable[.
                 "--valid-until",
                 help="ISO 8601 date-time after which recall (search, hook, MCP) never returns it.",
             ),
+            *(after_valid_until or []),
             click.option(
                 "--supersedes", multiple=True, help="Id of a memory this one replaces (repeatable)."
             ),
@@ -389,10 +405,20 @@ def remember(client, body: str, as_json: bool, **opts: Any) -> None:  # noqa: AN
 @click.option("--expected-revision", type=int, help="Fail if the memory moved on meanwhile.")
 @client_options
 def edit(
-    client, memory_id: str, body: str | None, expected_revision: int | None, **opts: Any
-) -> None:  # noqa: ANN001
-    """Edit a memory: every edit is a new revision."""
+    client,  # noqa: ANN001
+    memory_id: str,
+    body: str | None,
+    expected_revision: int | None,
+    clear_valid_until: bool,
+    **opts: Any,
+) -> None:
+    """Edit a memory: every edit is a new revision. A field not given keeps its value;
+    --title "" and --source "" remove them, --no-valid-until removes its valid_until."""
     fields = _memory_fields(**opts)
+    if clear_valid_until:
+        if "valid_until" in fields:
+            raise click.UsageError("give --valid-until or --no-valid-until, not both")
+        fields["valid_until"] = None  # null clears it (docs/http-api.md, PATCH)
     if body is not None:
         fields["body"] = _read_body(body)
     if expected_revision is not None:

@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
@@ -172,6 +173,10 @@ def parse_time(value: object) -> datetime:
     if not isinstance(value, str):
         raise ValueError(f"must be an ISO 8601 date or time, {TIME_EXAMPLE}")
     text = value.strip()
+    if not text:
+        raise ValueError(
+            f"is blank: write an ISO 8601 date or time {TIME_EXAMPLE}, or null for none"
+        )
     try:
         parsed = datetime.fromisoformat(text)  # 3.11: extended and basic (20310101) forms
     except ValueError as exc:
@@ -254,7 +259,18 @@ class MemoryBatch(_Body):
     items: list[MemoryBody] = Field(min_length=1, max_length=256)
 
 
+_NOT_NULL = {
+    "body": "a memory needs its text, so null cannot clear it (leave body out to keep it)",
+    "audiences": "null cannot clear them: name at least one role, or 'all' for everyone "
+    "(leave audiences out to keep them)",
+    "pinned": "true or false, not null (leave pinned out to keep it)",
+}
+
+
 class MemoryPatch(_Body):
+    """A field left out keeps its value; null clears title, source, valid_until, tags and
+    supersedes, and is refused for body, audiences and pinned (writes.edited_draft)."""
+
     body: str | None = None
     title: str | None = None
     source: str | None = None
@@ -263,7 +279,14 @@ class MemoryPatch(_Body):
     valid_until: Time | None = None
     supersedes: list[str] | None = Field(None, max_length=64)
     pinned: bool | None = None
-    expected_revision: int | None = Field(None, ge=1)
+    expected_revision: int | None = Field(None, ge=1)  # null: no check, as when left out
+
+    @field_validator(*_NOT_NULL)
+    @classmethod
+    def _required(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:  # sent as null: a field left out is not validated
+            raise ValueError(_NOT_NULL[str(info.field_name)])
+        return value
 
 
 class KeyBody(_Body):
@@ -562,15 +585,7 @@ def create_app(services: Services) -> FastAPI:
         writes.check_memory_id(memory_id)
         current = store.get_memory(p.org_id, memory_id, auth.management_view(p))
         changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})
-        fields = {**current.to_dict(), **changes, "valid_until": changes.get("valid_until")}
-        # The memory's own audiences stay acceptable even after the last key holding one
-        # is revoked: fixing a typo must not require re-addressing the memory.
-        known = store.known_audiences(p.org_id) | set(current.audiences)
-        draft = writes.draft_from_fields(fields, known)
-        if "valid_until" not in changes:
-            # An untouched expiry stays as it was, even if it has passed: editing an expired
-            # memory's text must not require inventing a new date.
-            draft = dataclasses.replace(draft, valid_until=current.valid_until)
+        draft = writes.edited_draft(current, changes, store.known_audiences(p.org_id))
         memory, _ = writes.save(
             store,
             services.embedder,

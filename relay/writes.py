@@ -7,6 +7,7 @@ rejected or failed write leaves nothing behind.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import secrets
@@ -18,7 +19,7 @@ from typing import Any
 from relay import auth, hygiene, late
 from relay.embedding import Embedder
 from relay.errors import InvalidRequestError, NotFoundError, RelayError
-from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal
+from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal, iso
 from relay.passages import split_passages
 from relay.store import SaveMode, Store
 from relay.text import lexical_terms
@@ -50,7 +51,9 @@ def draft_from_fields(
     hide the memory from everyone, so it is refused.
     """
     now = now or datetime.now(UTC)
-    audiences = fields.get("audiences") or [EVERYONE]
+    audiences = fields.get("audiences")
+    if audiences is None:  # left out: everyone; an empty list is refused, never widened
+        audiences = [EVERYONE]
     supersedes = fields.get("supersedes") or []
     if not isinstance(supersedes, list | tuple) or not all(isinstance(s, str) for s in supersedes):
         raise InvalidRequestError("supersedes must be a list of memory ids")
@@ -70,6 +73,41 @@ def draft_from_fields(
         supersedes=tuple(dict.fromkeys(supersedes)),
         pinned=bool(fields.get("pinned", False)),
     )
+
+
+def edited_draft(
+    current: Memory,
+    changes: Mapping[str, Any],
+    known_audiences: set[str],
+    now: datetime | None = None,
+) -> MemoryDraft:
+    """`current` with a PATCH's `changes` applied and judged like any write (API, console).
+
+    A field left out keeps its value; null clears an optional one (title, source,
+    valid_until, tags, supersedes; the request model refuses null for body, audiences and
+    pinned); an empty list is no tags or no supersedes, and no audiences is refused. The
+    memory's own audiences stay acceptable after the last key holding one is revoked:
+    fixing a typo must not require re-addressing the memory. Its expiry, left out or sent
+    back unchanged, stays as it was even if past: editing an expired memory's text must not
+    require inventing a new date.
+    """
+    fields: dict[str, Any] = {
+        "body": current.body,
+        "title": current.title,
+        "source": current.source,
+        "audiences": list(current.audiences),
+        "tags": list(current.tags),
+        "supersedes": list(current.supersedes),
+        "pinned": current.pinned,
+        **changes,
+    }
+    # As the API shows it (to the second): a form sends back what it was given.
+    keep_expiry = iso(changes.get("valid_until", current.valid_until)) == iso(current.valid_until)
+    fields["valid_until"] = None if keep_expiry else changes["valid_until"]
+    draft = draft_from_fields(fields, known_audiences | set(current.audiences), now)
+    if keep_expiry:
+        draft = dataclasses.replace(draft, valid_until=current.valid_until)
+    return draft
 
 
 def embedding_text(title: str | None, passage: str) -> str:

@@ -1118,6 +1118,54 @@ def test_editing_an_expired_memory_keeps_its_expiry_unless_changed(api):
     assert_error(past, 400, "invalid_request")
 
 
+def test_patch_null_clears_optional_fields_and_is_refused_for_required_ones(api):
+    """QA: `"body": null` said "body is empty", `"audiences": []` was taken for everyone
+    (an sre-only memory edited so became readable by all), `"audiences": null` and
+    `"pinned": null` were ignored. Now a field left out stays; null clears title, source,
+    valid_until, tags and supersedes; body, audiences and pinned cannot be null; an empty
+    list is no tags or no supersedes, and no audiences is refused."""
+    h = api.headers("acme_sre")
+    old = remember(api, "acme_sre", "Pager handover is on Monday.", audiences=["sre"])
+    m = remember(
+        api,
+        "acme_sre",
+        "Pager handover is on Tuesday.",
+        title="Pager",
+        source="team/sre/pager.md",
+        tags=["pager"],
+        audiences=["sre"],
+        valid_until="2099-01-01",
+        supersedes=[old["id"]],
+        pinned=True,
+    )
+    url = f"/v1/memories/{m['id']}"
+    for patch, status, says in (
+        ({"body": None}, 422, "body: a memory needs its text, so null cannot clear it"),
+        ({"audiences": None}, 422, "audiences: null cannot clear them"),
+        ({"pinned": None}, 422, "pinned: true or false, not null"),
+        ({"audiences": []}, 400, "audiences must name at least one role"),
+        ({"valid_until": ""}, 422, "valid_until: is blank: write an ISO 8601 date"),
+    ):
+        r = api.client.patch(url, json=patch, headers=h)
+        assert says in assert_error(r, status, "invalid_request")["message"], patch
+    assert api.client.get(url, headers=h).json() == m  # nothing changed, no new revision
+    assert_error(
+        api.client.post("/v1/memories", json={"body": "x", "audiences": []}, headers=h),
+        400,
+        "invalid_request",
+    )
+    nulls = {"title": None, "source": None, "tags": None, "valid_until": None, "supersedes": None}
+    r = api.client.patch(url, json=nulls, headers=h)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["revision"] == 2 and got["body"] == m["body"] and got["audiences"] == ["sre"]
+    assert (got["title"], got["source"], got["valid_until"]) == (None, None, None)
+    assert got["tags"] == [] and got["supersedes"] == [] and got["pinned"] is True
+    again = api.client.patch(url, json={"tags": ["a"], "supersedes": [old["id"]]}, headers=h)
+    emptied = api.client.patch(url, json={"tags": [], "supersedes": []}, headers=h).json()
+    assert again.json()["tags"] == ["a"] and emptied["tags"] == [] == emptied["supersedes"]
+
+
 def test_the_served_threshold_is_the_operator_s_choice(tmp_path):
     """`relay serve --threshold` / RELAY_THRESHOLD: at 0 every query with candidates is
     answered, even one the calibrated default refuses."""

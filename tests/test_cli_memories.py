@@ -68,3 +68,19 @@ def test_key_create_names_roles_like_audiences(api):
     assert "did you mean 'ops-team'?" in refused(bad)
     roles = [k.roles for k in api.services.store.list_keys(api.orgs["acme"])]
     assert frozenset({"platform"}) in roles and frozenset({"ops team"}) not in roles
+
+
+def test_edit_can_remove_valid_until(relay, api):
+    """QA: `relay edit` could not clear valid_until at all, and `--valid-until ""` printed a
+    raw pydantic error."""
+    made = relay("acme_dev", "remember", "Freeze at noon.", "--valid-until", "2099-01-01")
+    memory_id = made.output.split()[1]
+    blank = relay("acme_dev", "edit", memory_id, "--valid-until", "")
+    assert "--valid-until needs an ISO 8601 date or time" in str(blank.exception)
+    assert "--no-valid-until" in str(blank.exception)
+    both = relay("acme_dev", "edit", memory_id, "--valid-until", "2099-02-01", "--no-valid-until")
+    assert "not both" in str(both.exception)
+    done = relay("acme_dev", "edit", memory_id, "--no-valid-until")
+    assert done.exception is None and "revision 2" in done.output, done.output
+    got = api.client.get(f"/v1/memories/{memory_id}", headers=api.headers("acme_dev")).json()
+    assert got["valid_until"] is None and got["body"] == "Freeze at noon."

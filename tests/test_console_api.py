@@ -208,3 +208,27 @@ def test_an_over_long_query_is_too_large_as_on_the_api(api) -> None:
     r = api.client.post("/console/api/search", json={"query": "q" * 9000}, headers=csrf)
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
     assert "the limit is 8,000" in r.json()["error"]["message"]
+
+
+def test_an_expired_memory_is_edited_from_its_form_like_on_the_api(api) -> None:
+    """The console's form sends every field back, its past valid_until too: that was judged
+    as a new expiry ("not in the future"), so an expired memory's text could not be fixed
+    there, while the API keeps an expiry left out. Sent back unchanged, it is kept."""
+    import time
+
+    csrf = sign_in(api, "acme_admin")
+    soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    m = api.client.post(
+        "/console/api/memories",
+        json={"body": "The 4.1 freeze is on.", "valid_until": soon},
+        headers=csrf,
+    ).json()
+    time.sleep(1.2)
+    form = {k: m[k] for k in ("title", "source", "audiences", "tags", "supersedes", "pinned")}
+    form.update(body="The 4.1 freeze was on.", valid_until=m["valid_until"])
+    r = api.client.patch(f"/console/api/memories/{m['id']}", json=form, headers=csrf)
+    assert r.status_code == 200, r.text
+    assert r.json()["valid_until"] == m["valid_until"] and r.json()["revision"] == 2
+    form["audiences"] = []  # the field emptied: refused, never widened to everyone
+    r = api.client.patch(f"/console/api/memories/{m['id']}", json=form, headers=csrf)
+    assert r.status_code == 400 and "at least one role" in r.json()["error"]["message"]
