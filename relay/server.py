@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -139,23 +139,37 @@ class TextBody(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _unicode_text(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            problem = hygiene.unpaired_surrogate(value)
-        elif isinstance(value, list | tuple):
-            problem = next(
-                (
-                    f"item {i} {found}"
-                    for i, item in enumerate(value)
-                    if isinstance(item, str) and (found := hygiene.unpaired_surrogate(item))
-                ),
-                None,
-            )
-        else:
-            problem = None  # numbers, nested bodies (checked by their own model), ...
-        if problem:
-            raise ValueError(problem)
-        return value
+    def _unicode_text(cls, value: Any, info: ValidationInfo) -> Any:
+        if not _holds_bodies(cls.model_fields[str(info.field_name)].annotation):
+            problem = _surrogate_in(value)
+            if problem:
+                raise ValueError(problem)
+        return value  # a nested body (a batch's items) is checked by its own model
+
+
+def _holds_bodies(annotation: Any) -> bool:
+    """Whether a field's type has request models in it (list[MemoryBody], Streak, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_bodies(arg) for arg in get_args(annotation))
+
+
+def _surrogate_in(value: Any) -> str | None:
+    """What is wrong with the first string in `value` (a string, or lists and objects of
+    them, keys included) that holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        return hygiene.unpaired_surrogate(value)
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if found := _surrogate_in(item):
+                return f"item {i} {found}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if found := _surrogate_in(key):
+                return f"a key {found}"
+            if found := _surrogate_in(item):
+                return f"the value of {key!r} {found}"
+    return None
 
 
 class _Body(TextBody):

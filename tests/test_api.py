@@ -864,6 +864,24 @@ def test_fields_are_read_strictly_and_one_field_has_one_error(api, path, json, s
             '{"invocations": 1, "outcomes": {}, "since": "\\ud800"}',
             "since",
         ),
+        (
+            "post",
+            "/v1/hook-outcomes",
+            '{"invocations": 1, "outcomes": {"hit\\ud800": 1}}',
+            "outcomes",
+        ),
+        (
+            "post",
+            "/v1/hook-outcomes",
+            '{"invocations": 1, "outcomes": {}, "breaker": {"state": "open\\ud800"}}',
+            "breaker",
+        ),
+        (
+            "post",
+            "/v1/hook-outcomes",
+            '{"invocations": 1, "outcomes": {}, "unauthorized_streak": {"since": "\\ud800"}}',
+            "unauthorized_streak.since",
+        ),
     ],
 )
 def test_a_lone_surrogate_in_any_text_field_is_422_naming_it(api, method, path, content, field):
