@@ -11,16 +11,27 @@ Hook in from tests/conftest.py with `from postgres_support import *  # noqa: F40
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-__all__ = ["pg_url", "pg_store", "raw_count", "truncate_all", "PrivatePostgres"]
+__all__ = [
+    "pg_url",
+    "pg_store",
+    "raw_count",
+    "raw_rows",
+    "recounted_totals",
+    "stored_totals",
+    "truncate_all",
+    "PrivatePostgres",
+]
 
 
 @pytest.fixture(scope="session")
@@ -85,14 +96,44 @@ def raw_count(store, query: str, params: tuple = ()) -> int:  # noqa: ANN001
     """A count straight from the tables, beneath the store's API: SQLite's own connection, or
     PostgreSQL as the connecting user (the tests' superuser, so row-level security is bypassed
     and rows of every org are counted)."""
+    return raw_rows(store, query, params)[0][0]
+
+
+def raw_rows(store, query: str, params: tuple = ()) -> list[tuple]:  # noqa: ANN001
+    """Rows straight from the tables, as `raw_count` reads them."""
     conninfo = getattr(store, "conninfo", None)
     if conninfo is None:
         with store._read() as conn:
-            return conn.execute(query, params).fetchone()[0]
+            return [tuple(r) for r in conn.execute(query, params)]
     import psycopg
 
     with psycopg.connect(conninfo) as conn:
-        return conn.execute(query.replace("?", "%s"), params).fetchone()[0]  # type: ignore[index]
+        return conn.execute(query.replace("?", "%s"), params).fetchall()
+
+
+def stored_totals(store, org: str) -> dict[tuple[str, ...], int]:
+    """`audience_totals` as the store keeps them."""
+    rows = raw_rows(
+        store, "SELECT audiences, passage_count FROM audience_totals WHERE org_id = ?", (org,)
+    )
+    return {tuple(json.loads(a) if isinstance(a, str) else a): n for a, n in rows}
+
+
+def recounted_totals(store, org: str) -> dict[tuple[str, ...], int]:
+    """The same, counted again from the passages and their memories' audiences."""
+    audiences: dict[str, list[str]] = {}
+    for memory_id, audience in raw_rows(
+        store, "SELECT memory_id, audience FROM memory_audiences WHERE org_id = ?", (org,)
+    ):
+        audiences.setdefault(memory_id, []).append(audience)
+    totals: Counter[tuple[str, ...]] = Counter()
+    for memory_id, n in raw_rows(
+        store,
+        "SELECT memory_id, count(*) FROM passages WHERE org_id = ? GROUP BY memory_id",
+        (org,),
+    ):
+        totals[tuple(sorted(audiences.get(memory_id, [])))] += n
+    return dict(totals)
 
 
 class PrivatePostgres:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
+from postgres_support import recounted_totals, stored_totals
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
 from relay.models import MemoryDraft, PassageInput
@@ -223,3 +224,116 @@ def test_a_batch_creates_edits_and_skips_like_single_writes(store):
         store.save_memories(
             org, [items[0], ("zz", MemoryDraft(body="z"), passages("z"))], "t", "edit"
         )
+
+
+def parts(text: str, n: int, seed: int = 0) -> list[PassageInput]:
+    """`n` passages of one memory."""
+    return [
+        PassageInput(
+            i,
+            f"{text} {i}",
+            " ".join(lexical_terms(f"{text} {i}")),
+            f"h{seed}.{i}",
+            vec(seed + i).tobytes(),
+        )
+        for i in range(n)
+    ]
+
+
+def test_each_audience_sets_passage_total_follows_every_write(store):
+    """A reader's share of the org is summed from these (relay.search.seen): they must equal
+    a recount after creates, edits that move a memory to other audiences, batch upserts
+    (PostgreSQL's pipelined path and its one-by-one path) and deletes."""
+    org, other = store.create_org("acme").id, store.create_org("globex").id
+
+    def put(mid: str, n: int, seed: int, *audiences: str, **fields) -> None:  # noqa: ANN003
+        draft = MemoryDraft(body=f"{mid} fact {seed}", audiences=audiences or ("all",), **fields)
+        store.save_memory(org, mid, draft, "t", parts(f"{mid} fact", n, seed), "upsert")
+
+    def check() -> None:
+        assert stored_totals(store, org) == recounted_totals(store, org)
+        assert sum(stored_totals(store, org).values()) == store.doc_freq(org, [])[0]
+
+    put("a", 2, 1)
+    put("b", 3, 2, "sre")
+    put("c", 1, 3, "sre", "dev")
+    store.save_memory(other, "x", MemoryDraft(body="x"), "t", parts("x", 4, 9), "create")
+    check()
+    assert stored_totals(store, org) == {("all",): 2, ("sre",): 3, ("dev", "sre"): 1}
+    put("a", 1, 4, "dev", "sre")  # another audience, fewer passages
+    put("b", 4, 5, "sre")  # same audience, more passages
+    check()
+    assert stored_totals(store, org) == {("sre",): 4, ("dev", "sre"): 2}
+    batch = [
+        ("a", MemoryDraft(body="a fact 4", audiences=("dev", "sre")), parts("a fact", 1, 4)),
+        ("b", MemoryDraft(body="b moved"), parts("b moved", 2, 6)),
+        ("d", MemoryDraft(body="d new", audiences=("fraud",)), parts("d new", 2, 7)),
+        ("e", MemoryDraft(body="e new", audiences=("sre", "dev")), parts("e new", 3, 8)),
+    ]
+    store.save_memories(org, batch, "t", "upsert")
+    check()
+    one_by_one = [  # supersession: not PostgreSQL's pipelined path
+        ("f", MemoryDraft(body="f new", supersedes=("e",)), parts("f new", 1, 10)),
+        ("d", MemoryDraft(body="d again", audiences=("legal",)), parts("d again", 1, 11)),
+    ]
+    store.save_memories(org, one_by_one, "t", "upsert")
+    check()
+    store.delete_memory(org, "c", "t", None)
+    store.delete_memory(org, "d", "t", None)
+    check()
+    assert stored_totals(store, org) == {("all",): 3, ("dev", "sre"): 4}
+    store.delete_memory(org, "e", "t", None)
+    store.delete_memory(org, "f", "t", None)
+    store.delete_memory(org, "b", "t", None)
+    check()
+    assert stored_totals(store, org) == {("dev", "sre"): 1}  # emptied sets are gone
+    assert stored_totals(store, other) == {("all",): 4}
+
+
+def test_an_older_store_has_its_audience_totals_counted_when_it_is_opened(store):
+    """Migration 5 counts the passages of a store written before it, keyed as the writes that
+    follow key them."""
+    org = store.create_org("acme").id
+    draft = MemoryDraft(body="b", audiences=("sre", "dev"))  # in no particular order
+    store.save_memory(org, "a", MemoryDraft(body="a"), "t", parts("a", 2, 1), "create")
+    store.save_memory(org, "b", draft, "t", parts("b", 3, 2), "create")
+    store.save_memory(org, "c", MemoryDraft(body="c"), "t", parts("c", 1, 3), "create")
+    store.delete_memory(org, "c", "t", None)
+    _forget_audience_totals(store)
+    upgraded = _reopen(store)
+    try:
+        assert stored_totals(upgraded, org) == {("all",): 2, ("dev", "sre"): 3}
+        b = MemoryDraft(body="b, edited", audiences=("dev", "sre"))
+        upgraded.save_memory(org, "b", b, "t", parts("b, edited", 1, 4), "edit")
+        upgraded.delete_memory(org, "a", "t", None)
+        assert stored_totals(upgraded, org) == {("dev", "sre"): 1}
+        assert stored_totals(upgraded, org) == recounted_totals(upgraded, org)
+    finally:
+        upgraded.close()
+
+
+def _forget_audience_totals(store) -> None:  # noqa: ANN001
+    """Take the store back to before migration 5: its table and its record gone."""
+    statements = ["DROP TABLE audience_totals", "DELETE FROM schema_migrations WHERE version = 5"]
+    conninfo = getattr(store, "conninfo", None)
+    if conninfo is None:
+        with store._write() as conn:
+            for statement in statements:
+                conn.execute(statement)
+        return
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _reopen(store):  # noqa: ANN001, ANN202
+    """The same database opened anew, as a server upgraded to this code opens it."""
+    if getattr(store, "conninfo", None) is None:
+        from relay.store.sqlite import SQLiteStore
+
+        return SQLiteStore(store.path)
+    from relay.store.postgres import PostgresStore
+
+    return PostgresStore(store.url, pool_size=2)

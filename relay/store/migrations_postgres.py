@@ -26,7 +26,8 @@ no org argument), so it can only ever search the transaction's own org.
 
 APP_ROLE = "relay_app"
 
-# Tables whose rows belong to one organisation, and the column naming it.
+# Tables whose rows belong to one organisation, and the column naming it (in the first
+# schema; a later table gets its policy in its own migration, as audience_totals does).
 TENANT_TABLES: dict[str, str] = {
     "orgs": "id",
     "api_keys": "org_id",
@@ -283,6 +284,28 @@ MIGRATIONS: list[str] = [
     $$;
     REVOKE ALL ON FUNCTION relay_missing_tokens(int, bigint) FROM PUBLIC;
     """,
+    # 5: the passages of each audience set (a memory's audiences, sorted bytewise and
+    # distinct), kept with the passages in the same transaction (`postgres._TermDelta`). A
+    # reader's total is the sum over the sets that meet its audiences, one small read:
+    # search weighed words against the org's total, which moves with writes the reader may
+    # not see. The backfill counts the passages there are.
+    """
+    CREATE TABLE audience_totals (
+        org_id text COLLATE "C" NOT NULL,
+        audiences text[] COLLATE "C" NOT NULL,
+        passage_count bigint NOT NULL,
+        PRIMARY KEY (org_id, audiences)
+    );
+    INSERT INTO audience_totals (org_id, audiences, passage_count)
+    SELECT p.org_id, coalesce(s.audiences, '{}'), count(*) FROM passages p
+    LEFT JOIN (
+        SELECT org_id, memory_id, array_agg(audience COLLATE "C" ORDER BY audience COLLATE "C")
+            AS audiences
+        FROM memory_audiences GROUP BY org_id, memory_id
+    ) AS s ON s.org_id = p.org_id AND s.memory_id = p.memory_id
+    GROUP BY 1, 2;
+    """
+    + _rls("audience_totals", "org_id"),
 ]
 
 # Run after every migration pass; idempotent. The role itself is created when

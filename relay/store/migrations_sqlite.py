@@ -140,4 +140,27 @@ MIGRATIONS: list[str] = [
         tokens BLOB NOT NULL
     );
     """,
+    # 5: the passages of each audience set (the sorted, distinct audiences of a memory, as a
+    # JSON array: `sqlite._audience_key`), kept with the passages in the same transaction
+    # (`sqlite._update_terms`). A reader's total is the sum over the sets that meet its
+    # audiences, one small read: search weighed words against the org's total, which moves
+    # with writes the reader may not see. The backfill counts the passages there are (the
+    # window's ORDER BY, unlike a subquery's, fixes the order json_group_array sees).
+    """
+    CREATE TABLE audience_totals (
+        org_id TEXT NOT NULL,
+        audiences TEXT NOT NULL,
+        passage_count INTEGER NOT NULL,
+        PRIMARY KEY (org_id, audiences)
+    ) WITHOUT ROWID;
+    INSERT INTO audience_totals (org_id, audiences, passage_count)
+    SELECT p.org_id, coalesce(s.audiences, '[]'), count(*) FROM passages p
+    LEFT JOIN (
+        SELECT DISTINCT org_id, memory_id, json_group_array(audience) OVER (
+            PARTITION BY org_id, memory_id ORDER BY audience
+            ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING
+        ) AS audiences FROM memory_audiences
+    ) AS s ON s.org_id = p.org_id AND s.memory_id = p.memory_id
+    GROUP BY p.org_id, coalesce(s.audiences, '[]');
+    """,
 ]

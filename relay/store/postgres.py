@@ -720,7 +720,12 @@ class PostgresStore:
             "DELETE FROM passages WHERE org_id = %s AND memory_id = %s RETURNING lexical",
             (org_id, memory_id),
         ).fetchall()
-        terms.change(removed=[r["lexical"] for r in old], added=[p.lexical for p in passages])
+        terms.change(
+            removed=[r["lexical"] for r in old],
+            added=[p.lexical for p in passages],
+            old_audiences=() if current is None else current.audiences,
+            new_audiences=draft.audiences,
+        )
         if passages:
             with conn.cursor() as cur:
                 insert_passages(
@@ -793,14 +798,21 @@ class PostgresStore:
                 " SELECT %s, m, a FROM unnest(%s::text[], %s::text[]) AS t(m, a)",
                 (org_id, [m for m, _ in pairs], [a for _, a in pairs]),
             )
-            old = conn.execute(
-                "DELETE FROM passages WHERE org_id = %s AND memory_id = ANY(%s) RETURNING lexical",
+            old: dict[str, list[str]] = {}
+            for r in conn.execute(
+                "DELETE FROM passages WHERE org_id = %s AND memory_id = ANY(%s)"
+                " RETURNING memory_id, lexical",
                 (org_id, changed),
-            ).fetchall()
-            terms.change(
-                removed=[r["lexical"] for r in old],
-                added=[p.lexical for _, _, _, ps in writes for p in ps],
-            )
+            ):
+                old.setdefault(r["memory_id"], []).append(r["lexical"])
+            for _, v, d, ps in writes:
+                before = rows.get(v["id"])
+                terms.change(
+                    removed=old.get(v["id"], []),
+                    added=[p.lexical for p in ps],
+                    old_audiences=() if before is None else before["audiences"],
+                    new_audiences=d.audiences,
+                )
             insert_passages(
                 cur,
                 [row for _, v, _, ps in writes for row in _passage_rows(org_id, v["id"], v, ps)],
@@ -839,7 +851,12 @@ class PostgresStore:
                 (org_id, memory_id),
             ).fetchall()
             terms = _TermDelta()
-            terms.change(removed=[r["lexical"] for r in old], added=[])
+            terms.change(
+                removed=[r["lexical"] for r in old],
+                added=[],
+                old_audiences=row["audiences"],
+                new_audiences=(),
+            )
             terms.apply(conn, org_id)
             # The history keeps a tombstone, not the text.
             conn.execute(
@@ -1390,15 +1407,33 @@ def _bump(conn: psycopg.Connection, org_id: str) -> None:
     conn.execute("UPDATE orgs SET generation = generation + 1 WHERE id = %s", (org_id,))
 
 
+def _audience_key(audiences: Sequence[str]) -> tuple[str, ...]:
+    """A memory's audiences as a key of `audience_totals`: distinct, in code point order
+    (bytewise UTF-8, COLLATE "C": the order migration 5's backfill builds it in)."""
+    return tuple(sorted(set(audiences)))
+
+
 class _TermDelta:
-    """Per-org document frequencies and sizes, summed over a transaction and applied once."""
+    """Per-org document frequencies and sizes (the org's passages and tokens, and each
+    audience set's passages), summed over a transaction and applied once."""
 
     def __init__(self) -> None:
         self.df: Counter[str] = Counter()
         self.passages = 0
         self.tokens = 0
+        self.audiences: Counter[tuple[str, ...]] = Counter()
 
-    def change(self, removed: Sequence[str], added: Sequence[str]) -> None:
+    def change(
+        self,
+        removed: Sequence[str],
+        added: Sequence[str],
+        old_audiences: Sequence[str],
+        new_audiences: Sequence[str],
+    ) -> None:
+        """`removed` were passages of a memory for `old_audiences`, `added` are passages of
+        one for `new_audiences`."""
+        self.audiences[_audience_key(old_audiences)] -= len(removed)
+        self.audiences[_audience_key(new_audiences)] += len(added)
         for lexical in removed:
             tokens = lexical.split()
             self.df.subtract(set(tokens))
@@ -1430,7 +1465,22 @@ class _TermDelta:
                 " token_count = token_count + %s WHERE id = %s",
                 (self.passages, self.tokens, org_id),
             )
+        totals = sorted((list(k), d) for k, d in self.audiences.items() if d)
+        if totals:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO audience_totals (org_id, audiences, passage_count)"
+                    " VALUES (%s, %s, %s) ON CONFLICT (org_id, audiences) DO UPDATE"
+                    " SET passage_count = audience_totals.passage_count + excluded.passage_count",
+                    [(org_id, k, d) for k, d in totals],
+                )
+            if any(d < 0 for _, d in totals):
+                conn.execute(
+                    "DELETE FROM audience_totals WHERE org_id = %s AND passage_count <= 0",
+                    (org_id,),
+                )
         self.df.clear()
+        self.audiences.clear()
         self.passages = self.tokens = 0
 
 

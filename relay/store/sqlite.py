@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -498,7 +498,14 @@ class SQLiteStore:
             " WHERE org_id = ? AND memory_id = ? AND seq = ?",
             [(p.tokens, org_id, memory_id, p.seq) for p in passages if p.tokens is not None],
         )
-        _update_terms(conn, org_id, removed=old, added=[p.lexical for p in passages])
+        _update_terms(
+            conn,
+            org_id,
+            removed=old,
+            added=[p.lexical for p in passages],
+            old_audiences=() if current is None else current.audiences,
+            new_audiences=draft.audiences,
+        )
         # Supersession is a relation between live memories: recompute both directions.
         conn.execute(
             "UPDATE memories SET superseded_by = NULL WHERE org_id = ? AND superseded_by = ?",
@@ -575,7 +582,14 @@ class SQLiteStore:
             conn.execute(
                 "DELETE FROM passages WHERE org_id = ? AND memory_id = ?", (org_id, memory_id)
             )
-            _update_terms(conn, org_id, removed=old, added=[])
+            _update_terms(
+                conn,
+                org_id,
+                removed=old,
+                added=[],
+                old_audiences=json.loads(row["audiences"]),
+                new_audiences=(),
+            )
             # The history keeps a tombstone, not the text.
             conn.execute(
                 "UPDATE memory_revisions SET title = NULL, body = NULL WHERE org_id = ? AND id = ?",
@@ -970,10 +984,24 @@ def _bump(conn: sqlite3.Connection, org_id: str) -> None:
     conn.execute("UPDATE orgs SET generation = generation + 1 WHERE id = ?", (org_id,))
 
 
+def _audience_key(audiences: Iterable[str]) -> str:
+    """A memory's audiences as a key of `audience_totals`: sorted, distinct, a JSON array in
+    the form SQLite's json_group_array writes (migration 5's backfill builds it so)."""
+    return json.dumps(sorted(set(audiences)), separators=(",", ":"), ensure_ascii=False)
+
+
 def _update_terms(
-    conn: sqlite3.Connection, org_id: str, removed: Sequence[str], added: Sequence[str]
+    conn: sqlite3.Connection,
+    org_id: str,
+    removed: Sequence[str],
+    added: Sequence[str],
+    old_audiences: Sequence[str],
+    new_audiences: Sequence[str],
 ) -> None:
-    """Keep the org's own document frequencies, so scoring never mixes in another tenant's text."""
+    """Keep the org's own document frequencies, so scoring never mixes in another tenant's
+    text, and its passage totals: the org's, and each audience set's, so that a reader's
+    total leaves out what it may not read. `removed` were passages of a memory for
+    `old_audiences`, `added` are passages of one for `new_audiences`."""
     delta: Counter[str] = Counter()
     for lexical in removed:
         delta.subtract(set(lexical.split()))
@@ -997,6 +1025,19 @@ def _update_terms(
         "UPDATE orgs SET passage_count = passage_count + ? WHERE id = ?",
         (len(added) - len(removed), org_id),
     )
+    totals: Counter[str] = Counter()
+    totals[_audience_key(old_audiences)] -= len(removed)
+    totals[_audience_key(new_audiences)] += len(added)
+    conn.executemany(
+        "INSERT INTO audience_totals (org_id, audiences, passage_count) VALUES (?, ?, ?)"
+        " ON CONFLICT (org_id, audiences) DO UPDATE"
+        " SET passage_count = passage_count + excluded.passage_count",
+        [(org_id, key, d) for key, d in totals.items() if d],
+    )
+    if any(d < 0 for d in totals.values()):
+        conn.execute(
+            "DELETE FROM audience_totals WHERE org_id = ? AND passage_count <= 0", (org_id,)
+        )
 
 
 def _org(row: sqlite3.Row) -> Org:
