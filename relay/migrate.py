@@ -3,8 +3,9 @@
 Copies, per organisation: the org, its keys (hashes only; secrets were never
 stored), every memory with its full revision history (tombstones included),
 audiences, passages with their embeddings and token matrices, and the org's
-term statistics; then the shared embedding cache. Nothing is re-embedded (a
-passage the source holds no token matrix for gets one from the server's backfill).
+term statistics (each audience set's passage total is counted again on the
+target); then the shared embedding cache. Nothing is re-embedded (a passage the
+source holds no token matrix for gets one from the server's backfill).
 
 Resumable: each batch is written in one transaction together with its progress
 row (`migration_progress`: org, source, step, last id copied), so an
@@ -48,6 +49,7 @@ TABLES = (
     "passages",
     "passage_tokens",
     "org_terms",
+    "audience_totals",
     "embedding_cache",
 )
 # Token matrices hang off passages, whose ids differ between the two stores: they are
@@ -59,6 +61,23 @@ _SQLITE_TOKENS = (
 _PG_TOKENS = (
     "SELECT p.org_id, p.memory_id, p.seq, t.tokens FROM passage_tokens t"
     " JOIN passages p ON p.id = t.passage_id"
+)
+# Each audience set's passages are not copied but counted on the target from the passages
+# and audiences copied (the source may predate them: SQLite migration 5), and compared with
+# the same count on the source.
+_SQLITE_AUDIENCE_TOTALS = (
+    "SELECT p.org_id, coalesce(s.audiences, '[]') AS audiences, count(*) AS passage_count"
+    " FROM passages p LEFT JOIN (SELECT DISTINCT org_id, memory_id, json_group_array(audience)"
+    " OVER (PARTITION BY org_id, memory_id ORDER BY audience ROWS BETWEEN UNBOUNDED PRECEDING"
+    " AND UNBOUNDED FOLLOWING) AS audiences FROM memory_audiences) AS s"
+    " ON s.org_id = p.org_id AND s.memory_id = p.memory_id"
+)
+_PG_COUNT_AUDIENCE_TOTALS = (
+    "INSERT INTO audience_totals (org_id, audiences, passage_count)"
+    " SELECT %(org)s, coalesce(s.audiences, '{}'), count(*) FROM passages p LEFT JOIN"
+    ' (SELECT memory_id, array_agg(audience COLLATE "C" ORDER BY audience COLLATE "C")'
+    " AS audiences FROM memory_audiences WHERE org_id = %(org)s GROUP BY memory_id) AS s"
+    " ON s.memory_id = p.memory_id WHERE p.org_id = %(org)s GROUP BY 2"
 )
 
 
@@ -153,6 +172,8 @@ def _canon_sqlite(table: str, r: sqlite3.Row) -> tuple[Any, ...]:
         return (r["org_id"], r["memory_id"], r["seq"], hashlib.sha256(r["tokens"]).hexdigest())
     if table == "embedding_cache":
         return (r["model"], r["content_hash"], hashlib.sha256(r["embedding"]).hexdigest())
+    if table == "audience_totals":
+        return (r["org_id"], json.loads(r["audiences"]), r["passage_count"])
     return tuple(r)  # memory_audiences, org_terms
 
 
@@ -222,6 +243,8 @@ def _canon_pg(table: str, r: dict[str, Any]) -> tuple[Any, ...]:
         )
     if table == "embedding_cache":
         return (r["model"], r["content_hash"], hashlib.sha256(bytes(r["embedding"])).hexdigest())
+    if table == "audience_totals":
+        return (r["org_id"], list(r["audiences"]), r["passage_count"])
     return tuple(r.values())
 
 
@@ -270,6 +293,9 @@ def source_sums(src: sqlite3.Connection, org_ids: list[str]) -> dict[str, TableS
                 out[table] = _summarise([])
                 continue
             query, args = f"{_SQLITE_TOKENS} WHERE p.org_id IN ({marks})", tuple(org_ids)
+        elif table == "audience_totals":
+            query = f"{_SQLITE_AUDIENCE_TOTALS} WHERE p.org_id IN ({marks}) GROUP BY p.org_id, 2"
+            args = tuple(org_ids)
         else:
             col = "id" if table == "orgs" else "org_id"
             query, args = f"SELECT * FROM {table} WHERE {col} IN ({marks})", tuple(org_ids)
@@ -558,7 +584,8 @@ class Migration:
             insert_passages(cur, rows, [p["tokens"] for p in passages])
 
     def finish_org(self, conn: Any, org: str, o: sqlite3.Row) -> None:
-        """Term statistics and counters, copied whole; the generation moves past the source's."""
+        """Term statistics and counters, copied whole, and each audience set's passages,
+        counted on the target; the generation moves past the source's."""
         conn.execute("DELETE FROM org_terms WHERE org_id = %s", (org,))
         terms = self.src.execute(
             "SELECT term, df FROM org_terms WHERE org_id = ? AND df > 0", (org,)
@@ -575,6 +602,8 @@ class Migration:
             " WHERE org_id = %s) WHERE id = %s",
             (o["passage_count"], o["generation"], org, org),
         )
+        conn.execute("DELETE FROM audience_totals WHERE org_id = %s", (org,))
+        conn.execute(_PG_COUNT_AUDIENCE_TOTALS, {"org": org})
 
     def copy_embedding_cache(self) -> int:
         copied = 0

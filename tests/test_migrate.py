@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from integration_support import relay
-from postgres_support import raw_count
+from postgres_support import raw_count, recounted_totals, stored_totals
 
 from relay.errors import InvalidRequestError, NotFoundError
 from relay.migrate import Migration, migrate, open_source, verify
@@ -324,3 +324,41 @@ def test_token_matrices_follow_their_passages_new_ids(
 
 def _matrix(org: str, memory_id: str) -> bytes:
     return hashlib.sha256(f"{org}/{memory_id}".encode()).digest() * 4  # one int8 row of 128
+
+
+def test_each_audience_sets_passages_are_counted_on_the_target(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    """Search sums a reader's passage total from `audience_totals`: the copy must leave it
+    equal to a count of what it copied, from a source written before the table (SQLite
+    migration 5) too, and after a rerun that moved memories to other audiences."""
+    db = tmp_path / "relay.db"
+    orgs = _populate(db)
+    with sqlite3.connect(db) as conn:  # as a store from before migration 5 is
+        conn.execute("DROP TABLE audience_totals")
+        conn.execute("DELETE FROM schema_migrations WHERE version = 5")
+    conn.close()
+    result = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("audience_totals"))
+    assert line.split()[1:3] == ["4", "4"] and line.endswith("ok")  # all and sre, per org
+    expected = {("all",): 10, ("sre",): 1}
+    for org in orgs:
+        assert stored_totals(pg_store, org) == recounted_totals(pg_store, org) == expected
+
+    src = SQLiteStore(db)  # upgraded: counts its own
+    acme = orgs[0]
+    assert stored_totals(src, acme) == expected
+    src.save_memory(
+        acme,
+        "m2",
+        MemoryDraft(body="Now for devs", audiences=("dev", "sre")),
+        "bob",
+        _passages("Now for devs | too", 23),
+        "upsert",
+    )
+    src.delete_memory(acme, "m0", "bob", None)
+    src.close()
+    again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert again.exit_code == 0 and "verified: every table matches" in again.output, again.output
+    assert stored_totals(pg_store, acme) == {("all",): 8, ("dev", "sre"): 2}
