@@ -441,20 +441,32 @@ SEEN_CAP = 50
 
 def seen(
     store: Store, org: str, audiences: frozenset[str], now: datetime, df: dict[str, int]
-) -> dict[str, int]:
-    """The org's document frequencies as one reader may know them.
+) -> tuple[int, dict[str, int]]:
+    """The org's passage total and document frequencies as one reader may know them.
 
-    The org's counts include memories this reader may not read. A word only those hold
-    would make a question the reader's memories cannot answer look answerable (the gate
-    reads which query words the org knows), and its weight would hint at what they say.
-    So each term the org holds is counted again over the passages the reader may see, up
+    The org's count memories this reader may not read. A word only those hold would make a
+    question the reader's memories cannot answer look answerable (the gate reads which query
+    words the org knows), and its weight would hint at what they say; the total, which every
+    weight is taken against, would move with each write the reader may not see, so it could
+    watch them happen and gauge their size. So the total is the reader's (the passages of
+    the memories whose audiences meet its own, kept per audience set as they are written),
+    and each term the org holds is counted again over the passages the reader may see, up
     to `SEEN_CAP`; at the cap the org's count stands (a common word tells nothing).
     """
     held = [t for t, n in df.items() if n > 0]
-    if not held:
-        return df
-    counts = store.seen_doc_freq(org, audiences, now, held, SEEN_CAP)
-    return {t: df[t] if counts[t] >= SEEN_CAP else counts[t] for t in held if counts[t]}
+    total, counts = store.seen_doc_freq(org, audiences, now, held, SEEN_CAP)
+    known = {}
+    for t in held:
+        # Never more than the reader's total: at the cap the org's count includes passages
+        # the reader may not read, and may exceed it. Clamped, such a word weighs what a word
+        # in every passage the reader has weighs (idf(n, n) = log 2, the least any word may;
+        # max_idf stays the largest), so the pair stays one reader's. Scaling the org's count
+        # by the reader's share of the org instead would tie the weight of every common word
+        # to the org's total again, the figure this keeps from the reader.
+        n = min(df[t] if counts[t] >= SEEN_CAP else counts[t], total)
+        if n:
+            known[t] = n
+    return total, known
 
 
 def candidate_features(
@@ -649,8 +661,8 @@ class Searcher:
         # token matrices of the lexical stage's proposals (preselection reads the pool's).
         # Once it is done, one read for the whole pool costs less than two (PostgreSQL:
         # a transaction each).
-        total, df = self.store.doc_freq(org, terms)
-        df = seen(self.store, org, audiences, now, df)
+        _, df = self.store.doc_freq(org, terms)
+        total, df = seen(self.store, org, audiences, now, df)
         reading = QueryReading.read(terms, proper_names(query), total, df)
         matrices: dict[int, bytes] = {}
         if future is not None and lexical and not future.done():

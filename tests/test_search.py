@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from relay.auth import mint_key
-from relay.models import MemoryDraft, Principal
-from relay.search import Searcher, SearchSettings
+from relay.models import MemoryDraft, PassageInput, Principal
+from relay.search import SEEN_CAP, QueryReading, Searcher, SearchSettings, seen
 from relay.writes import save, save_many
 
 
@@ -182,10 +187,11 @@ def test_a_hit_under_min_score_is_left_out_however_close_to_the_best(store, embe
 
 
 def test_a_memory_a_key_cannot_read_changes_nothing_it_gets(store, embedder):
-    """What a key may not read must not change which memories it gets: the org's statistics
-    counted a restricted memory's words as known to every reader, so questions about them
-    stopped being refused and unrelated memories came back (QA, session 6). (Scores may
-    still move a little with the org's size.)"""
+    """What a key may not read must not change what it gets, nor what its answers score: the
+    org's statistics counted a restricted memory's words as known to every reader, so
+    questions about them stopped being refused and unrelated memories came back (QA, session
+    6); and every query word was weighed against the org's passage total, so a key's scores
+    moved with each write it could not see: it could watch them happen and gauge their size."""
     reader = _org(store, embedder, [*BODIES, "Access keys start with AKIA; rotate them yearly."])
     fraud = mint_key(store, reader.org_id, "f", frozenset({"memory:read"}), frozenset({"fraud"}))
     searcher = Searcher(store, embedder)
@@ -194,29 +200,43 @@ def test_a_memory_a_key_cannot_read_changes_nothing_it_gets(store, embedder):
         "where is the kafka schema registry for the fraud team",
         "what port does the fraud schema registry use",
         "fraud team kafka registry hostname",
+        "do we use npm for the web app",
     ]
 
-    def answers(who: Principal) -> list[list[str]]:
-        return [[h.id for h in searcher.search(who, q, use_cache=False).results] for q in questions]
+    def answers(who: Principal) -> list[list[tuple[str, float]]]:
+        """Each question's hits and their scores as the key is answered them, to four places:
+        the exact vector scan's float32 cosines can move in the ninth with the number of rows
+        it multiplies, the key's or not (BLAS blocking, not a statistic)."""
+        return [
+            [(h.id, round(h.score, 4)) for h in searcher.search(who, q, use_cache=False).results]
+            for q in questions
+        ]
+
+    def hidden(memory_id: str, body: str, *audiences: str) -> tuple[str, MemoryDraft]:
+        return memory_id, MemoryDraft(body=body, audiences=audiences)
 
     before = answers(reader)
-    save(
-        store,
-        embedder,
-        reader.org_id,
-        "registry",
-        MemoryDraft(
-            body="The fraud team's Kafka schema registry is at schemas.fraud.internal:8081.",
-            audiences=("fraud",),
-        ),
-        "t",
-        "create",
-    )
+    assert before[0][0][0] == "m1" and before[4][0][0] == "m2"
+    registry = "The fraud team's Kafka schema registry is at schemas.fraud.internal:8081."
+    save(store, embedder, reader.org_id, *hidden("registry", registry, "fraud"), "t", "create")
     assert answers(reader) == before
     k = fraud.key
-    found = answers(Principal(k.org_id, k.id, k.scopes, k.roles))
-    assert found[0] == before[0] == ["m1"]
-    assert all(a and a[0] == "registry" for a in found[1:])
+    found = [[i for i, _ in a] for a in answers(Principal(k.org_id, k.id, k.scopes, k.roles))]
+    assert found[0] == ["m1"]
+    assert all(a and a[0] == "registry" for a in found[1:4])
+
+    moved = "Fraud's schema registry moved to registry.fraud.internal, port 8081 still. " * 3
+    save(store, embedder, reader.org_id, *hidden("registry", moved, "fraud", "legal"), "t", "edit")
+    assert answers(reader) == before
+    batch = [
+        hidden("legal1", "Legal keeps the web app's npm licence audit in the vault.", "legal"),
+        hidden("legal2", "The staging cluster holds a legal hold snapshot.", "legal", "fraud"),
+    ]
+    save_many(store, embedder, reader.org_id, batch, "t")
+    assert answers(reader) == before
+    for memory_id in ("registry", "legal1", "legal2"):
+        store.delete_memory(reader.org_id, memory_id, "t", None)
+    assert answers(reader) == before
     searcher.close()
 
 
@@ -228,3 +248,41 @@ def test_the_threshold_the_docs_and_help_name_is_the_default():
     assert f"default {default}," in setting.help
     docs = (Path(__file__).parent.parent / "docs/http-api.md").read_text()
     assert f"the default,\n{default}, is calibrated" in docs
+
+
+def test_a_common_word_never_counts_more_passages_than_the_reader_has(store):
+    """At `SEEN_CAP` the org's count of a word stands, and it may count passages the reader
+    may not read: it is clamped to the reader's total, so the pair stays one reader's and no
+    weight falls below log 2 (that of a word in every passage the reader has)."""
+    org = store.create_org("acme").id
+    vector = np.full(384, 1 / np.sqrt(384), dtype="<f4")
+
+    def memories(prefix: str, n: int, *audiences: str) -> None:
+        items = [
+            (
+                f"{prefix}{i}",
+                MemoryDraft(body=f"deploy {prefix} {i}", audiences=audiences),
+                [
+                    PassageInput(
+                        0,
+                        f"deploy {prefix} {i}",
+                        f"deploy {prefix} {i}",
+                        f"{prefix}{i}",
+                        vector.tobytes(),
+                    )
+                ],
+            )
+            for i in range(n)
+        ]
+        store.save_memories(org, items, "t", "upsert")
+
+    memories("open", SEEN_CAP + 5, "all")
+    memories("hidden", 200, "fraud")
+    reader = frozenset({"all"})
+    _, df = store.doc_freq(org, ["deploy", "open", "hidden"])
+    assert df == {"deploy": SEEN_CAP + 205, "open": SEEN_CAP + 5, "hidden": 200}
+    total, known = seen(store, org, reader, datetime.now(UTC), df)
+    assert total == SEEN_CAP + 5
+    assert known == {"deploy": total, "open": total}
+    weights = QueryReading.read(["deploy", "open"], [], total, known).weights
+    assert weights["deploy"] == pytest.approx(math.log(2))

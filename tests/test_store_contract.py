@@ -251,8 +251,13 @@ def test_each_audience_sets_passage_total_follows_every_write(store):
         store.save_memory(org, mid, draft, "t", parts(f"{mid} fact", n, seed), "upsert")
 
     def check() -> None:
-        assert stored_totals(store, org) == recounted_totals(store, org)
-        assert sum(stored_totals(store, org).values()) == store.doc_freq(org, [])[0]
+        stored = stored_totals(store, org)
+        assert stored == recounted_totals(store, org)
+        assert sum(stored.values()) == store.doc_freq(org, [])[0]
+        for roles in ((), ("sre",), ("dev",), ("fraud", "legal")):  # and what readers sum
+            reader = frozenset({*roles, "all"})
+            total, _ = store.seen_doc_freq(org, reader, datetime.now(UTC), [], 50)
+            assert total == sum(n for audiences, n in stored.items() if reader & set(audiences))
 
     put("a", 2, 1)
     put("b", 3, 2, "sre")

@@ -1103,7 +1103,7 @@ class PostgresStore:
 
     def seen_doc_freq(
         self, org_id: str, audiences: frozenset[str], now: datetime, terms: Sequence[str], cap: int
-    ) -> dict[str, int]:
+    ) -> tuple[int, dict[str, int]]:
         # Through the org's own lexeme keys (`relay_org_terms`, migration 2), as the lexical
         # stage finds its matches.
         sql = (
@@ -1114,7 +1114,14 @@ class PostgresStore:
         )
         params = _params(org_id, audiences, now=now, cap=cap)
         with self._tx(org_id) as conn:
-            return {t: conn.execute(sql, {**params, "term": t}).fetchone()["n"] for t in terms}
+            # The reader's total: a sum over the org's few audience sets (`audience_totals`).
+            total = conn.execute(
+                "SELECT coalesce(sum(passage_count), 0) AS n FROM audience_totals"
+                " WHERE org_id = %(org)s AND audiences && %(aud)s::text[]",
+                params,
+            ).fetchone()["n"]
+            counts = {t: conn.execute(sql, {**params, "term": t}).fetchone()["n"] for t in terms}
+        return int(total), counts
 
     def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
         with self._tx(org_id) as conn:

@@ -741,7 +741,7 @@ class SQLiteStore:
 
     def seen_doc_freq(
         self, org_id: str, audiences: frozenset[str], now: datetime, terms: Sequence[str], cap: int
-    ) -> dict[str, int]:
+    ) -> tuple[int, dict[str, int]]:
         params = {"org": org_id, "now": now.timestamp(), "cap": cap, **_audience_params(audiences)}
         sql = (
             "SELECT count(*) FROM (SELECT 1 FROM passages_fts"
@@ -753,10 +753,24 @@ class SQLiteStore:
         with self._read() as conn:
             total, _ = self._doc_freq(conn, org_id, [])
             org = self._match_org(conn, org_id, total)
-            return {
+            counts = {
                 t: conn.execute(sql, {**params, "match": fts_match(org, [t])}).fetchone()[0]
                 for t in terms
             }
+            return self._audience_total(conn, org_id, audiences), counts
+
+    @staticmethod
+    def _audience_total(conn: sqlite3.Connection, org_id: str, audiences: frozenset[str]) -> int:
+        """The passages of the org's memories whose audiences meet `audiences`: a sum over
+        the org's few audience sets (`audience_totals`)."""
+        params = {"org": org_id, **_audience_params(audiences)}
+        names = ", ".join(f":a{i}" for i in range(len(params) - 1))
+        return conn.execute(
+            "SELECT coalesce(sum(t.passage_count), 0) FROM audience_totals t"
+            " WHERE t.org_id = :org AND EXISTS (SELECT 1 FROM json_each(t.audiences)"
+            f" WHERE json_each.value IN ({names}))",
+            params,
+        ).fetchone()[0]
 
     def semantic_search(
         self, org_id: str, audiences: frozenset[str], now: datetime, vector: np.ndarray, limit: int
