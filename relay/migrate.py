@@ -248,18 +248,6 @@ def _canon_pg(table: str, r: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(r.values())
 
 
-# Ordering that both sides agree on (ids are compared bytewise on both).
-_ORDER = {
-    "orgs": "id",
-    "api_keys": "id",
-    "memories": "org_id, id",
-    "memory_audiences": "org_id, memory_id, audience",
-    "memory_revisions": "org_id, id, revision",
-    "passages": "org_id, memory_id, seq",
-    "passage_tokens": "org_id, memory_id, seq",
-    "org_terms": "org_id, term",
-    "embedding_cache": "model, content_hash",
-}
 _PG_COLUMNS = {
     "memory_audiences": "org_id, memory_id, audience",
     "org_terms": "org_id, term, df",
