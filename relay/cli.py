@@ -174,6 +174,8 @@ def _warn_if_shared(db: str) -> None:
     if database_kind(db) != "sqlite":
         return
     path = sqlite_path(db)
+    if not path.is_file():  # ":memory:", or a file still to be made
+        return
     mode = path.stat().st_mode & 0o777
     if mode & 0o044:
         click.echo(

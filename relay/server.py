@@ -257,6 +257,13 @@ def _search_principal(
 SearchAuth = Annotated[Principal, Depends(_search_principal)]
 
 
+def _authorize_within(request: Request, seconds: float) -> Principal:
+    """The key check for a request whose body was refused (so no deadline was read): it
+    must not wait on a database that is away longer than /healthz would."""
+    with connect_by(time.monotonic() + seconds):
+        return _principal(request, request.headers.get("authorization"))
+
+
 class MemoryBody(_Body):
     body: str  # sizes of text fields: judged by relay.hygiene (413, naming the limit)
     id: str | None = Field(None, pattern=f"^{writes.MEMORY_ID.pattern}$")
@@ -449,7 +456,7 @@ def create_app(services: Services) -> FastAPI:
         # would tell an unauthenticated caller 422 before its key was looked at.
         if request.url.path.startswith("/v1/"):
             try:
-                await run_in_threadpool(_principal, request, request.headers.get("authorization"))
+                await run_in_threadpool(_authorize_within, request, HEALTH_WAIT_S)
             except RelayError as denied:
                 return error_response(denied)
         err = InvalidRequestError(validation_message(exc.errors()[0] if exc.errors() else {}))

@@ -78,8 +78,10 @@ PAGE_HEADERS = {
 }
 # What the hook tells the server by default: its budget less start-up and the packing reserve.
 HOOK_SERVER_MS = (
-    int(hook_config.DEFAULTS["deadline_ms"]) - 25 - int(hook_config.PACK_RESERVE_S * 1000)
-)  # type: ignore[call-overload]
+    int(hook_config.DEFAULTS["deadline_ms"])  # type: ignore[call-overload]
+    - 25
+    - int(hook_config.PACK_RESERVE_S * 1000)
+)
 
 
 def csrf_token(key: str) -> str:

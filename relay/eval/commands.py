@@ -70,7 +70,7 @@ def _check_config(path: Path) -> None:
     """--config must be a config the hook reads as written: the hook falls back to the default
     for a file or knob it cannot read (a typo must not break a prompt), so a replay would
     measure the defaults under the file's name."""
-    from relay.hook.config import SETTINGS
+    from relay.hook import config as hook_config
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -78,12 +78,10 @@ def _check_config(path: Path) -> None:
         raise click.ClickException(f"--config {path}: not a readable JSON file ({exc})") from None
     if not isinstance(data, dict):
         raise click.ClickException(f"--config {path}: not a JSON object")
-    for name, _, parse, _ in SETTINGS:
-        if name in data:
-            try:
-                parse(data[name])
-            except (ValueError, TypeError, OverflowError) as exc:
-                raise click.ClickException(f"--config {path}: {name}: {exc}") from None
+    ignored: list[str] = []
+    hook_config.load({"RELAY_CONFIG": str(path)}, ignored)
+    if ignored:
+        raise click.ClickException(f"--config {path}: the hook would ignore {ignored[0]}")
 
 
 def _check_server(url: str, key: str) -> None:

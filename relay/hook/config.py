@@ -36,10 +36,13 @@ def _bool(raw: object) -> bool:
 def _int(low: int, high: int):
     def parse(raw: object) -> int:
         if isinstance(raw, bool):
-            raise ValueError("boolean where a number was expected")
-        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+            raise ValueError("a boolean, not a whole number")
+        try:
+            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        except ValueError:
+            raise ValueError("not a whole number") from None
         if not low <= value <= high:
-            raise ValueError(f"{value} outside {low}..{high}")
+            raise ValueError(f"outside {low}..{high}")
         return value
 
     return parse
@@ -48,10 +51,13 @@ def _int(low: int, high: int):
 def _float(low: float, high: float):
     def parse(raw: object) -> float:
         if isinstance(raw, bool):
-            raise ValueError("boolean where a number was expected")
-        value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
+            raise ValueError("a boolean, not a number")
+        try:
+            value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
+        except ValueError:
+            raise ValueError("not a number") from None
         if not low <= value <= high:  # also rejects NaN
-            raise ValueError(f"{value} outside {low}..{high}")
+            raise ValueError(f"outside {low}..{high}")
         return value
 
     return parse
