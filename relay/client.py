@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -53,6 +54,11 @@ def batches(items: Sequence[T], as_item: Callable[[T], Any]) -> Iterator[list[T]
         size += item_size
     if batch:
         yield batch
+
+
+def memory_path(memory_id: str, rest: str = "") -> str:
+    """`/v1/memories/<id><rest>`, the id quoted whole: whatever it holds stays one segment."""
+    return f"/v1/memories/{urllib.parse.quote(memory_id, safe='')}{rest}"
 
 
 class ConnectionFailedError(errors.UnavailableError):

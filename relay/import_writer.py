@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from relay.client import memory_path
 from relay.errors import ConflictError, ForbiddenError, InvalidRequestError, NotFoundError
 from relay.importer import draft_label
 
@@ -65,7 +66,7 @@ def import_files(
     if not keep_removed:
         kept = {d.id for d in drafts}
         for memory_id in sorted(set().union(*owned.values(), *(gone or {}).values()) - kept):
-            client.request("DELETE", f"/v1/memories/{urllib.parse.quote(memory_id)}")
+            client.request("DELETE", memory_path(memory_id))
             tally.retired += 1
     return tally
 
@@ -152,7 +153,7 @@ def _unused_id(client: RelayClient, base_id: str) -> str:
 
 def _has_history(client: RelayClient, memory_id: str) -> bool:
     try:
-        client.get(f"/v1/memories/{urllib.parse.quote(memory_id)}/revisions")
+        client.get(memory_path(memory_id, "/revisions"))
     except NotFoundError:
         return False
     return True

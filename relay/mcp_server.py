@@ -19,13 +19,13 @@ error that says why; nothing ever falls back to a broader search.
 """
 
 import contextlib
-import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import click
 
 from relay import errors
+from relay.client import memory_path
 from relay.hook.pack import label_attribute, label_text
 from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
 
@@ -116,10 +116,10 @@ class HttpBackend:
         return self._client().post("/v1/memories", fields)
 
     def forget(self, memory_id: str) -> None:
-        self._client().request("DELETE", f"/v1/memories/{_quote(memory_id)}")
+        self._client().request("DELETE", memory_path(memory_id))
 
     def history(self, memory_id: str) -> list[dict[str, Any]]:
-        return self._client().get(f"/v1/memories/{_quote(memory_id)}/revisions")["items"]
+        return self._client().get(memory_path(memory_id, "/revisions"))["items"]
 
 
 class LocalBackend:
@@ -161,10 +161,6 @@ class LocalBackend:
         writes.check_memory_id(memory_id)
         items = self.services.store.history(p.org_id, memory_id, auth.management_view(p))
         return [r.to_dict() for r in items]
-
-
-def _quote(memory_id: str) -> str:
-    return urllib.parse.quote(memory_id, safe="")
 
 
 # -- rendering -------------------------------------------------------------------

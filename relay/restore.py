@@ -28,12 +28,12 @@ from __future__ import annotations
 import heapq
 import json
 import re
-import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from relay.client import memory_path
 from relay.errors import InvalidRequestError, NotFoundError, RelayError
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ class _Links:
 
     def memory(self, memory_id: str) -> dict | None:
         if memory_id not in self.memories:
-            self.memories[memory_id] = self._get(f"/v1/memories/{_quote(memory_id)}")
+            self.memories[memory_id] = self._get(memory_path(memory_id))
         return self.memories[memory_id]
 
     def readable(self, memory_id: str) -> bool:
@@ -301,10 +301,6 @@ class _Links:
         keeping it changes nothing (and dropping it would change the memory)."""
         stored = self.memory(memory_id)
         return stored is not None and target in stored.get("supersedes", ())
-
-
-def _quote(memory_id: str) -> str:
-    return urllib.parse.quote(memory_id, safe="")
 
 
 def _send(client: RelayClient, batch: list[ExportedMemory], name: str) -> dict:
