@@ -603,6 +603,15 @@ def blockers(changes: list[Change], paths: Paths, manifest: dict[str, Any] | Non
     return out
 
 
+def refuse_blocked(command: str, blocked: list[str]) -> None:
+    """Stop `relay install` or `relay uninstall` before it writes, naming what blocks it."""
+    if blocked:
+        raise RelayError(
+            f"{command} cannot change {'; '.join(blocked)}. Nothing was changed; fix that,"
+            f" then run `relay {command}` again"
+        )
+
+
 def apply_uninstall(
     changes: list[Change],
     paths: Paths,
@@ -771,13 +780,7 @@ def install(
             state = "unchanged" if not c.changed else "create" if c.before is None else "update"
             click.echo(f"  would {state:<9} {tilde(c.path, paths.home)}  ({c.what})")
         return
-    blocked = blockers(changes, paths, None)
-    if blocked:
-        raise RelayError(
-            "install cannot change "
-            + "; ".join(blocked)
-            + ". Nothing was changed; fix that, then run `relay install` again"
-        )
+    refuse_blocked("install", blockers(changes, paths, None))
     for line in apply(changes, paths, url, register_mcp):
         click.echo(line)
     click.echo("")
@@ -809,12 +812,6 @@ def uninstall(dry_run: bool) -> None:
         return
     for warning in warnings:
         click.echo(f"  warning: {warning}", err=True)
-    blocked = blockers(changes, paths, manifest)
-    if blocked:
-        raise RelayError(
-            "uninstall cannot change "
-            + "; ".join(blocked)
-            + ". Nothing was changed; fix that, then run `relay uninstall` again"
-        )
+    refuse_blocked("uninstall", blockers(changes, paths, manifest))
     apply_uninstall(changes, paths, manifest, click.echo)
     click.echo("Relay is no longer wired into the agents on this machine.")

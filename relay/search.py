@@ -444,8 +444,8 @@ def seen(
 ) -> tuple[int, dict[str, int]]:
     """The org's passage total and document frequencies as one reader may know them.
 
-    The org's count memories this reader may not read. A word only those hold would make a
-    question the reader's memories cannot answer look answerable (the gate reads which query
+    The org's counts include memories this reader may not read. A word only those hold would
+    make a question the reader's memories cannot answer look answerable (the gate reads which query
     words the org knows), and its weight would hint at what they say; the total, which every
     weight is taken against, would move with each write the reader may not see, so it could
     watch them happen and gauge their size. So the total is the reader's (the passages of

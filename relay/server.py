@@ -224,15 +224,15 @@ Time = Annotated[
 
 # The longest query accepted (413 past it, naming it, like any text over its limit); the
 # search itself reads the first relay.search.MAX_QUERY_CHARS of it.
-MAX_QUERY_CHARS = 8000
+MAX_QUERY_BODY_CHARS = 8000
 
 
 def check_query(query: str) -> str:
-    if len(query) > MAX_QUERY_CHARS:
+    if len(query) > MAX_QUERY_BODY_CHARS:
         raise TooLargeError(
-            f"query is {len(query):,} characters; the limit is {MAX_QUERY_CHARS:,}",
+            f"query is {len(query):,} characters; the limit is {MAX_QUERY_BODY_CHARS:,}",
             field="query",
-            limit=MAX_QUERY_CHARS,
+            limit=MAX_QUERY_BODY_CHARS,
         )
     return query
 

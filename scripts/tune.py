@@ -151,15 +151,19 @@ def rules() -> None:
         topic, words = best[2]
         print(f"gate -{topic}, -{words} (chosen at threshold {best[3]})", flush=True)
         threshold = next(
-            t
-            for t in THRESHOLDS
-            if all(
-                abstention(r, "foreign-conversation") >= 0.9
-                for r in run(
-                    with_gate(dataclasses.replace(plain, threshold=t), topic, words)
-                ).values()
-            )
+            (
+                t
+                for t in THRESHOLDS
+                if all(
+                    abstention(r, "foreign-conversation") >= 0.9
+                    for r in run(
+                        with_gate(dataclasses.replace(plain, threshold=t), topic, words)
+                    ).values()
+                )
+            ),
+            None,
         )
+        assert threshold is not None, "no threshold refuses 0.9 of foreign questions"
         print(f"threshold {threshold}", flush=True)
         gated = with_gate(dataclasses.replace(plain, threshold=threshold), topic, words)
         names = tuple(loaded)

@@ -282,9 +282,13 @@ def build_routers(
         expiring_days: Annotated[int, Query(ge=1, le=3650)] = 7,
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
-        for name, value in (("source", source), ("tag", tag), ("audience", audience)):
+        for name, value in (
+            ("source", source),
+            ("tag", tag),
+            ("audience", audience),
+            ("author", author),
+        ):
             hygiene.check_filter(name, value)
-        hygiene.check_filter("author", author)
         f = curate.Filters(
             source or None, tag or None, audience or None, author or None, status, expiring_days
         )

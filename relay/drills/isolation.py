@@ -73,9 +73,7 @@ class MemModel:
 
     def managed_by(self, key: KeyModel) -> bool:
         """Management reads (get, list, edit, delete): any expiry, audience or admin."""
-        if self.deleted or self.org != key.org:
-            return False
-        return "admin" in key.scopes or bool(self.audiences & key.audiences)
+        return not self.deleted and self.history_by(key)
 
     def history_by(self, key: KeyModel) -> bool:
         """May `key` list its revisions: as a management read, deleted or not (a tombstone

@@ -356,7 +356,9 @@ def _team_row(row: dict[str, Any], line: int) -> dict[str, Any]:
     out = _normalise(row, line)
     kind = out.get("kind")
     if kind is not None and kind not in (*CLASSES, UNLABELLED):
-        raise ValueError(f"line {line}: kind {kind!r} is not one of {', '.join(CLASSES)}")
+        raise ValueError(
+            f"line {line}: kind {kind!r} is not one of {', '.join((*CLASSES, UNLABELLED))}"
+        )
     return out
 
 
@@ -381,7 +383,7 @@ def _normalise(row: dict[str, Any], line: int) -> dict[str, Any]:
         if row.get(key) is not None and not isinstance(row[key], str):
             raise ValueError(f"line {line}: '{key}' is not a string")
     if meta.get("session") is not None and not isinstance(meta["session"], str | int):
-        raise ValueError(f"line {line}: 'session' is not a string")
+        raise ValueError(f"line {line}: 'session' is not a string or a number")
     return {
         **row,
         "store": row.get("store") or "team",

@@ -208,7 +208,6 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
     if probe:
         inv.log["probe"] = True
 
-    # PACK_RESERVE_S and MIN_SERVER_MS live with the settings, whose least deadline they set.
     server_ms = int((inv.until - time.monotonic() - config.PACK_RESERVE_S) * 1000)
     if server_ms < config.MIN_SERVER_MS:
         return inv.finish("timeout", "no_budget_left")

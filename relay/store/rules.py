@@ -61,7 +61,7 @@ def judge_supersedes(
     found: Mapping[str, Sequence[str]],
     writer: frozenset[str] | None,
     audiences: Sequence[str],
-    kept: Collection[str] = (),
+    kept: Collection[str],
 ) -> None:
     """Raise unless the memory may supersede `targets`; `found` holds the audiences of
     those that are live memories of the org, `writer` the writing key's (None: admin),
