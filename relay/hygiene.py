@@ -285,36 +285,56 @@ def check_roles(roles: Iterable[str] | str | None) -> frozenset[str]:
     return frozenset(names)
 
 
+TIME_EXAMPLE = "like 2027-01-31 or 2027-01-31T18:00:00Z"
+
+
+def parse_time(value: object) -> datetime:
+    """An ISO 8601 date, or date and time, written as text, in UTC (a time without an offset
+    is taken as UTC). Read here, not by pydantic's lax datetime, which takes digits for a
+    Unix time in seconds or milliseconds by their size: "20310101" was 1970-08-24. The one
+    reading of a time: the API's fields, `valid_until` from the CLI and MCP, restore."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be an ISO 8601 date or time, {TIME_EXAMPLE}")
+    text = value.strip()
+    if not text:
+        raise ValueError(
+            f"is blank: write an ISO 8601 date or time {TIME_EXAMPLE}, or null for none"
+        )
+    try:
+        parsed = datetime.fromisoformat(text)  # 3.11: extended and basic (20310101) forms
+    except ValueError as exc:
+        if text.isdigit():
+            why = " (a number is not read as a Unix time)"
+        elif "must be in" in str(exc):
+            why = f" ({exc})"  # e.g. month must be in 1..12
+        else:
+            why = ""
+        shown = repr(text if len(text) <= 40 else text[:40] + "...")
+        raise ValueError(
+            f"{shown} is not an ISO 8601 date or time{why}; write it {TIME_EXAMPLE}"
+        ) from None
+    try:
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except OverflowError:  # only 0001-01-01 ahead of UTC, or 9999-12-31 behind it
+        if parsed.year == 1:
+            raise ValueError(
+                "is before 0001-01-01T00:00:00Z, the earliest that can be stored"
+            ) from None
+        raise ValueError("is past 9999-12-31T23:59:59Z, the latest that can be stored") from None
+
+
 def check_valid_until(ts: datetime | str | None, now: datetime | None = None) -> datetime | None:
     """Return `valid_until` as an aware UTC datetime, or None; reject anything not in the future.
 
     Strings are ISO 8601 (`2026-12-31`, `2026-12-31T18:00:00+02:00`, `...Z`). A time without
     an offset is taken as UTC; a bare date means midnight UTC at the start of that day.
     """
-    if ts is None:
+    if ts is None or (isinstance(ts, str) and not ts.strip()):
         return None
-    if isinstance(ts, str):
-        text = ts.strip()
-        if not text:
-            return None
-        try:
-            ts = datetime.fromisoformat(text)
-        except ValueError:
-            raise InvalidRequestError(
-                f"valid_until {text!r} is not an ISO 8601 date or time, "
-                "like 2026-12-31 or 2026-12-31T18:00:00Z",
-                field="valid_until",
-            ) from None
-    elif not isinstance(ts, datetime):
-        raise InvalidRequestError(
-            "valid_until must be an ISO 8601 string or a datetime", field="valid_until"
-        )
     try:
-        ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-    except OverflowError:
-        raise InvalidRequestError(
-            f"valid_until {ts.isoformat()} is out of range", field="valid_until"
-        ) from None
+        ts = parse_time(ts.isoformat() if isinstance(ts, datetime) else ts)
+    except ValueError as exc:
+        raise InvalidRequestError(f"valid_until {exc}", field="valid_until") from None
     if now is None:
         now = datetime.now(UTC)
     elif now.tzinfo is None:

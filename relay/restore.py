@@ -63,7 +63,6 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "pinned": (bool,),
 }
 _LISTS = ("audiences", "tags", "supersedes")
-_EARLIEST = datetime.min.replace(tzinfo=UTC)
 _BATCH_ITEM = re.compile(r"^items\.(\d+): (.*)$", re.S)
 
 
@@ -152,14 +151,15 @@ def split_expired(
     memories: Sequence[ExportedMemory], name: str, now: datetime
 ) -> tuple[list[ExportedMemory], int]:
     """The memories still valid a few minutes from `now`, and how many are not."""
-    from relay.hygiene import check_valid_until
+    from relay.hygiene import parse_time
 
     live = []
     for memory in memories:
-        try:  # judged against the earliest date there is, so this only parses it
-            until = check_valid_until(memory.fields.get("valid_until"), _EARLIEST)
-        except InvalidRequestError as exc:
-            raise InvalidRequestError(f"{name}:{memory.line}: {exc.message}") from None
+        raw = memory.fields.get("valid_until")
+        try:
+            until = None if raw is None else parse_time(raw)
+        except ValueError as exc:
+            raise InvalidRequestError(f"{name}:{memory.line}: valid_until {exc}") from None
         if until is None or until > now + EXPIRY_MARGIN:
             live.append(memory)
     return live, len(memories) - len(live)

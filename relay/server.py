@@ -177,47 +177,10 @@ class _Body(TextBody):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-TIME_EXAMPLE = "like 2027-01-31 or 2027-01-31T18:00:00Z"
-
-
-def parse_time(value: object) -> datetime:
-    """An ISO 8601 date, or date and time, written as text, in UTC (a time without an offset
-    is taken as UTC). Read here, not by pydantic's lax datetime, which takes digits for a
-    Unix time in seconds or milliseconds by their size: "20310101" was 1970-08-24."""
-    if not isinstance(value, str):
-        raise ValueError(f"must be an ISO 8601 date or time, {TIME_EXAMPLE}")
-    text = value.strip()
-    if not text:
-        raise ValueError(
-            f"is blank: write an ISO 8601 date or time {TIME_EXAMPLE}, or null for none"
-        )
-    try:
-        parsed = datetime.fromisoformat(text)  # 3.11: extended and basic (20310101) forms
-    except ValueError as exc:
-        if text.isdigit():
-            why = " (a number is not read as a Unix time)"
-        elif "must be in" in str(exc):
-            why = f" ({exc})"  # e.g. month must be in 1..12
-        else:
-            why = ""
-        shown = repr(text if len(text) <= 40 else text[:40] + "...")
-        raise ValueError(
-            f"{shown} is not an ISO 8601 date or time{why}; write it {TIME_EXAMPLE}"
-        ) from None
-    try:
-        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
-    except OverflowError:  # only 0001-01-01 ahead of UTC, or 9999-12-31 behind it
-        if parsed.year == 1:
-            raise ValueError(
-                "is before 0001-01-01T00:00:00Z, the earliest that can be stored"
-            ) from None
-        raise ValueError("is past 9999-12-31T23:59:59Z, the latest that can be stored") from None
-
-
 # Written as text (a date, or a date and time, with or without an offset), read by us.
 Time = Annotated[
     datetime,
-    PlainValidator(parse_time),
+    PlainValidator(hygiene.parse_time),
     WithJsonSchema({"type": "string", "format": "date-time"}),
 ]
 
