@@ -248,6 +248,13 @@ def test_the_threshold_the_docs_and_help_name_is_the_default():
     assert f"default {default}," in setting.help
     docs = (Path(__file__).parent.parent / "docs/http-api.md").read_text()
     assert f"the default,\n{default}, is calibrated" in docs
+    # The hook cannot import relay.search: its min_score help and docs name the number.
+    from relay.hook.config import SETTINGS
+
+    (min_score,) = [help_text for name, _, _, help_text in SETTINGS if name == "min_score"]
+    assert f"server's threshold ({default})" in min_score
+    hook_docs = (Path(__file__).parent.parent / "docs/hook.md").read_text()
+    assert f"the server's threshold ({default}," in hook_docs
 
 
 def test_a_common_word_never_counts_more_passages_than_the_reader_has(store):
