@@ -59,7 +59,7 @@ def import_files(
 
     tally = ImportTally()
     for batch in batches(drafts, lambda d: _item(d, audiences)):
-        result = _upsert(client, batch, audiences, owned)
+        result = _upsert(client, batch, audiences)
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]
         on_batch(len(batch))
@@ -114,12 +114,24 @@ def _list(client: RelayClient, filters: dict[str, str]) -> Iterator[dict]:
         query["cursor"] = page["next_cursor"]
 
 
-def _upsert(
-    client: RelayClient,
-    batch: list[ImportDraft],
-    audiences: Sequence[str],
-    owned: Mapping[str, set[str]],
-) -> dict:
+def _upsert(client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str]) -> dict:
+    while True:
+        try:
+            return _send(client, batch, audiences)
+        except ConflictError as exc:
+            # A new section's id was retired before: its tombstone keeps the id (maybe one
+            # this key may not even read). Rare, so only now is that section moved to the
+            # id's next generation, and the batch sent again.
+            retired = exc.details.get("memory_id")
+            if not any(d.id == retired for d in batch):
+                raise
+            batch = [
+                dataclasses.replace(d, id=_next_generation(d.id)) if d.id == retired else d
+                for d in batch
+            ]
+
+
+def _send(client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str]) -> dict:
     try:
         return client.post("/v1/memories/batch", {"items": _items(batch, audiences)})
     except NotFoundError as exc:
@@ -133,30 +145,13 @@ def _upsert(
             f"{draft.source}: already imported for an audience this key cannot read; "
             "import it with a key that has that role (or use --audience as before)"
         ) from None
-    except ConflictError:
-        # Some new section had been retired before. Rare, so only now is each new
-        # section's id checked for a tombstone, and the batch sent once more.
-        revived = [
-            d if d.id in owned[d.source] else dataclasses.replace(d, id=_unused_id(client, d.id))
-            for d in batch
-        ]
-        return client.post("/v1/memories/batch", {"items": _items(revived, audiences)})
 
 
-def _unused_id(client: RelayClient, base_id: str) -> str:
-    generation, candidate = 1, base_id
-    while _has_history(client, candidate):
-        generation += 1
-        candidate = f"{base_id}.{generation}"
-    return candidate
-
-
-def _has_history(client: RelayClient, memory_id: str) -> bool:
-    try:
-        client.get(memory_path(memory_id, "/revisions"))
-    except NotFoundError:
-        return False
-    return True
+def _next_generation(memory_id: str) -> str:
+    """`imp_x` -> `imp_x.2`, `imp_x.2` -> `imp_x.3`: where a retired section comes back."""
+    base = _base_id(memory_id)
+    generation = int(memory_id[len(base) + 1 :]) if memory_id != base else 1
+    return f"{base}.{generation + 1}"
 
 
 def check_drafts(drafts: Iterable[ImportDraft], audiences: Sequence[str] = ()) -> None:

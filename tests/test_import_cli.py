@@ -268,6 +268,36 @@ def test_a_file_imported_for_an_audience_this_key_lacks_is_named(tmp_path, serve
     assert line.startswith("relay: error: qa2-ops/docs/ops.md: already imported for an audience")
 
 
+def test_a_section_retired_for_an_audience_this_key_lacks_comes_back_beside_it(tmp_path, server):
+    """A section imported for `ops` and retired leaves a tombstone only ops may see; a key
+    without the role importing that section again was told 409 'cannot be reused' (it
+    could not see the tombstone to step past it). It now takes the next generation."""
+    made = httpx.post(
+        f"{server.url}/v1/keys",
+        json={"name": "ops bot", "scopes": ["memory:read", "memory:write"], "roles": ["ops"]},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    ops = made.json()["secret"]
+    made = httpx.post(
+        f"{server.url}/v1/keys",
+        json={"name": "dev", "scopes": ["memory:read", "memory:write"]},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    dev = made.json()["secret"]
+    repo = git_repo(tmp_path / "qa7-ops")
+    notes = write(repo / "notes.md", "# Rollback\nRevert the tag.\n")
+    summary(relay_import(server, repo, "--audience", "ops", "notes.md", key=ops))
+    (first,) = [m["id"] for m in live_memories(server, "qa7-ops/notes.md")]
+    notes.write_text("", encoding="utf-8")
+    assert summary(relay_import(server, repo, "notes.md", key=ops)).endswith("1 retired")
+    notes.write_text("# Rollback\nRevert the tag.\n", encoding="utf-8")
+    done = relay_import(server, repo, "notes.md", key=dev)
+    assert done.returncode == 0, done.stderr
+    assert [m["id"] for m in live_memories(server, "qa7-ops/notes.md")] == [first + ".2"]
+
+
 def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
     """QA (second pass): after `mv docs/runbook.md docs/ops.md`, `relay import docs/` kept
     the runbook's memories beside the new file's, and naming the old path was refused."""
