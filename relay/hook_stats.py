@@ -107,12 +107,19 @@ def _unsent(entry: dict) -> bool:
     return f"{entry.get('outcome')}:{entry.get('reason')}" == UNSENT
 
 
-def _streak(entries: list[dict], outcomes: tuple[str, ...]) -> dict[str, Any]:
-    """The trailing run of searches ending in `outcomes`; breaker skips neither break nor count."""
+def _elsewhere(entry: dict, url: str) -> bool:
+    """A run that asked another server than `url`; with no `url` configured here (stats
+    read without the hook's settings) every run counts, as does a line logged without one."""
+    return bool(url) and entry.get("url", url) != url
+
+
+def _streak(entries: list[dict], outcomes: tuple[str, ...], url: str) -> dict[str, Any]:
+    """The trailing run of searches of `url` ending in `outcomes`; breaker skips, and runs
+    that asked another server (`RELAY_URL` set for one session), neither break nor count."""
     length, started = 0, None
     for entry in reversed(entries):
         outcome = entry.get("outcome")
-        if outcome == "circuit_open" or _unsent(entry):
+        if outcome == "circuit_open" or _unsent(entry) or _elsewhere(entry, url):
             continue
         if outcome not in SEARCHED:
             continue
@@ -193,8 +200,8 @@ def summarise(
             "tokens_per_hit": round(tokens / counts["hit"], 1) if counts["hit"] else 0.0,
         },
         "duplicates_avoided": dupes,
-        "unauthorized_streak": _streak(entries, ("unauthorized",)),
-        "unavailable_streak": _streak(entries, ("timeout", "unavailable")),
+        "unauthorized_streak": _streak(entries, ("unauthorized",), cfg.url),
+        "unavailable_streak": _streak(entries, ("timeout", "unavailable"), cfg.url),
         "breaker": breaker_state(state_dir, cfg),
     }
     summary["problems"] = problems(summary)

@@ -125,3 +125,27 @@ def test_the_breaker_reported_is_the_configured_urls(tmp_path):
     there = summarise(state_dir, None, cfg=settings(elsewhere.url))
     assert there["breaker"]["state"] == "open" and there["breaker"]["failures"] == 2
     assert f"the hook's circuit breaker for {elsewhere.url} is open" in there["problems"]
+
+
+def test_a_streak_speaks_only_of_the_configured_server(tmp_path):
+    """Runs that asked another server (RELAY_URL set for one session) said nothing about the
+    configured one, yet counted in its 'timed out or found no server' streak (and a run of
+    the configured server's between them did not break it)."""
+    from relay.hook import config as hook_config
+
+    here, there = "http://127.0.0.1:8765", "http://127.0.0.1:9999"
+    lines = [
+        {"outcome": "hit", "url": here},
+        {"outcome": "unavailable", "url": there},
+        {"outcome": "unavailable", "url": there},
+        {"outcome": "timeout", "url": there},
+        {"outcome": "unavailable"},  # a line from before urls were logged: still counts
+    ]
+    (tmp_path / "outcomes.jsonl").write_text(
+        "".join(json.dumps({"ts": "2026-11-29T00:00:00.000Z", **e}) + "\n" for e in lines)
+    )
+    cfg = hook_config.load({"RELAY_URL": here, "RELAY_CONFIG": str(tmp_path / "none.json")})
+    summary = summarise(str(tmp_path), since_s=None, cfg=cfg)
+    assert summary["unavailable_streak"]["length"] == 1 and summary["problems"] == []
+    cfg = hook_config.load({"RELAY_URL": there, "RELAY_CONFIG": str(tmp_path / "none.json")})
+    assert summarise(str(tmp_path), since_s=None, cfg=cfg)["unavailable_streak"]["length"] == 4

@@ -276,6 +276,7 @@ def _fetch(
     cfg = inv.cfg
     t = time.monotonic()
     outcome = "no_match"
+    inv.log["url"] = cfg.url  # which server this outcome speaks of (relay stats' streaks)
     try:
         status, raw = request(
             method,
