@@ -583,6 +583,34 @@ def test_an_edit_cannot_drop_a_link_to_a_memory_the_writer_cannot_read(api):
     assert r.status_code == 200 and r.json()["supersedes"] == [], r.text
 
 
+def test_narrowing_past_a_hidden_superseded_memory_says_nothing_of_whether_it_lives(api):
+    """The reviewer's find (session 7): narrowing a memory that supersedes one the key
+    cannot read was refused while that memory lived and allowed once it was deleted, so the
+    answer told a key without the role whether it still existed. Both are refused alike."""
+    dev = api.headers("acme_dev")
+    answers = []
+    for gone in (False, True):
+        hidden = remember(api, "acme_sre", f"Vault runbook v{gone}.", audiences=["sre"])
+        newer = remember(
+            api,
+            "acme_admin",
+            f"Vault runbook, shared, v{gone}.",
+            audiences=["sre", "dev"],
+            supersedes=[hidden["id"]],
+        )
+        if gone:
+            deleted = api.client.delete(
+                f"/v1/memories/{hidden['id']}", headers=api.headers("acme_sre")
+            )
+            assert deleted.status_code == 204
+        r = api.client.patch(
+            f"/v1/memories/{newer['id']}", json={"audiences": ["dev"]}, headers=dev
+        )
+        answers.append((r.status_code, r.json()))
+    assert answers[0] == answers[1], answers
+    assert answers[0][0] == 400
+
+
 def test_dropping_a_hidden_link_brings_it_back_only_for_a_reader(api):
     """The link is the readers' to drop: a key that reads the superseded memory removes it,
     and the memory returns to their recall."""

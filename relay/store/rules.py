@@ -62,26 +62,34 @@ def judge_supersedes(
     writer: frozenset[str] | None,
     audiences: Sequence[str],
     kept: Collection[str],
+    known: Mapping[str, Sequence[str]],
 ) -> None:
     """Raise unless the memory may supersede `targets`; `found` holds the audiences of
-    those that are live memories of the org, `writer` the writing key's (None: admin),
-    `kept` the targets the memory already supersedes (an edit carries them over).
+    those that are live memories of the org, `known` of those deleted too (their last),
+    `writer` the writing key's (None: admin), `kept` the targets the memory already
+    supersedes (an edit carries them over).
 
     A new target the writer may not read is answered exactly like one that does not exist
     (no existence test, no hiding another audience's memory), and the memory must reach
     everyone its live targets reached: recall never returns a superseded memory, so a
     narrower replacement would take the fact away from the readers it leaves out. A kept
     target is not judged again for existence or access: it may have been deleted since,
-    or be one this writer cannot read, and an edit of the title must not fail on either."""
+    or be one this writer cannot read, and an edit of the title must not fail on either.
+    A kept target the writer cannot read is judged by its audiences whether it still lives
+    or not, so a narrowing edit's answer never tells whether it was deleted."""
     reach = set(audiences)
     for target in targets:
         if target == memory_id:
             raise InvalidRequestError("a memory cannot supersede itself")
         reached = set(found.get(target, ()))
-        readable = writer is None or bool(reached & (writer | {EVERYONE}))
-        if target in kept and not reached:
-            continue  # deleted since: the link stays in the history, and takes nothing
-        if target not in kept and not (reached and readable):
+        readers = writer | {EVERYONE} if writer is not None else None
+        readable = readers is None or bool(set(known.get(target, ())) & readers)
+        if target in kept:
+            if readable and not reached:
+                continue  # deleted since, as the writer may see: the link takes nothing
+            if not readable:
+                reached = set(known.get(target, ()))
+        elif not (reached and readable):
             raise InvalidRequestError(
                 f"supersedes names {target!r}, which is not a memory of this organisation"
             )
@@ -131,5 +139,5 @@ def settle_supersedes(
     known = {target: audiences for target, (audiences, _) in stored.items()}
     found = {target: audiences for target, (audiences, live) in stored.items() if live}
     links = carried_links(draft.supersedes, kept, known, writer)
-    judge_supersedes(memory_id, links, found, writer, draft.audiences, kept)
+    judge_supersedes(memory_id, links, found, writer, draft.audiences, kept, known)
     return draft if links == draft.supersedes else dataclasses.replace(draft, supersedes=links)
