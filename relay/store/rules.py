@@ -55,19 +55,23 @@ def same_content(current: Memory, draft: MemoryDraft) -> bool:
     )
 
 
+def _reads(writer: frozenset[str] | None, audiences: Sequence[str]) -> bool:
+    """May `writer` (None: an admin, who reads every memory) read what `audiences` reach."""
+    return writer is None or bool(set(audiences) & (writer | {EVERYONE}))
+
+
 def judge_supersedes(
     memory_id: str,
     targets: Sequence[str],
-    found: Mapping[str, Sequence[str]],
+    stored: Mapping[str, tuple[Sequence[str], bool]],
     writer: frozenset[str] | None,
     audiences: Sequence[str],
     kept: Collection[str],
-    known: Mapping[str, Sequence[str]],
 ) -> None:
-    """Raise unless the memory may supersede `targets`; `found` holds the audiences of
-    those that are live memories of the org, `known` of those deleted too (their last),
-    `writer` the writing key's (None: admin), `kept` the targets the memory already
-    supersedes (an edit carries them over).
+    """Raise unless the memory may supersede `targets`; `stored` maps the org's memories
+    among them to (audiences, live), a deleted one with its last audiences, `writer` the
+    writing key's (None: admin), `kept` the targets the memory already supersedes (an edit
+    carries them over).
 
     A new target the writer may not read is answered exactly like one that does not exist
     (no existence test, no hiding another audience's memory), and the memory must reach
@@ -81,19 +85,16 @@ def judge_supersedes(
     for target in targets:
         if target == memory_id:
             raise InvalidRequestError("a memory cannot supersede itself")
-        reached = set(found.get(target, ()))
-        readers = writer | {EVERYONE} if writer is not None else None
-        readable = readers is None or bool(set(known.get(target, ())) & readers)
+        target_audiences, live = stored.get(target, ((), False))
+        readable = _reads(writer, target_audiences)
         if target in kept:
-            if readable and not reached:
+            if readable and not live:
                 continue  # deleted since, as the writer may see: the link takes nothing
-            if not readable:
-                reached = set(known.get(target, ()))
-        elif not (reached and readable):
+        elif not (live and readable):
             raise InvalidRequestError(
                 f"supersedes names {target!r}, which is not a memory of this organisation"
             )
-        left_out = set() if EVERYONE in reach else (reached - reach)
+        left_out = set() if EVERYONE in reach else (set(target_audiences) - reach)
         if left_out:
             raise InvalidRequestError(
                 f"{target!r} reaches {', '.join(sorted(left_out))}, which this memory would not:"
@@ -107,22 +108,21 @@ def judge_supersedes(
 def carried_links(
     targets: Sequence[str],
     kept: Sequence[str],
-    known: Mapping[str, Sequence[str]],
+    stored: Mapping[str, tuple[Sequence[str], bool]],
     writer: frozenset[str] | None,
 ) -> tuple[str, ...]:
     """The links a write saves: `targets`, then every link the memory already has (`kept`)
-    to a memory the writer may not read, which no list it sends can drop; `known` holds the
-    audiences of the org's memories among them, deleted ones with their last.
+    to a memory the writer may not read, which no list it sends can drop; `stored` as for
+    `judge_supersedes`.
 
     Dropping such a link would bring the superseded memory back into its own readers'
     recall on the word of a key that cannot see it. Whether it is carried depends on its
     audiences alone, never on whether it is still live (a deleted one is carried too, and
     an id with no memory at all), so the answer tells the writer nothing it could not read.
     An admin (`writer` None) reads every memory and carries nothing over."""
-    if writer is None:
-        return tuple(targets)
-    readers = writer | {EVERYONE}
-    hidden = [t for t in kept if t not in targets and not set(known.get(t, ())) & readers]
+    hidden = [
+        t for t in kept if t not in targets and not _reads(writer, stored.get(t, ((), False))[0])
+    ]
     return (*targets, *hidden)
 
 
@@ -136,8 +136,6 @@ def settle_supersedes(
     """The draft as it may be saved: its links with those it cannot drop carried over
     (`carried_links`), then judged (`judge_supersedes`). `stored` maps the memories of the
     org among the draft's and the `kept` links to (audiences, live)."""
-    known = {target: audiences for target, (audiences, _) in stored.items()}
-    found = {target: audiences for target, (audiences, live) in stored.items() if live}
-    links = carried_links(draft.supersedes, kept, known, writer)
-    judge_supersedes(memory_id, links, found, writer, draft.audiences, kept, known)
+    links = carried_links(draft.supersedes, kept, stored, writer)
+    judge_supersedes(memory_id, links, stored, writer, draft.audiences, kept)
     return draft if links == draft.supersedes else dataclasses.replace(draft, supersedes=links)
