@@ -20,17 +20,13 @@ from relay.errors import (
     ForbiddenError,
     InvalidRequestError,
     NotFoundError,
-    TooLargeError,
     UnauthorizedError,
 )
 from relay.models import SCOPES, ApiKey, Principal
 from relay.store import Store
 
 PREFIX = "relay_"
-MAX_NAME_CHARS = 200  # a key's name
 KEY_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # minted as 12 hex digits; split_key needs alnum
-# C0 and C1 controls, tab and newline included: a key name is one line of plain text.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _DUMMY_HASH = hashlib.sha256(b"relay-unknown-key").hexdigest()
 
 
@@ -75,19 +71,7 @@ def mint_key(
 ) -> MintedKey:
     check_scopes(scopes)
     roles = hygiene.check_roles(roles)  # named and normalised as the audiences they match
-    if not name.strip():
-        raise InvalidRequestError("a key needs a name (who or what holds it)", field="name")
-    if len(name) > MAX_NAME_CHARS:
-        raise TooLargeError(
-            f"name is {len(name):,} characters; the limit is {MAX_NAME_CHARS}",
-            field="name",
-            limit=MAX_NAME_CHARS,
-        )
-    if _CONTROL.search(name):
-        raise InvalidRequestError(
-            "name must be one line without control characters, like 'alice laptop'",
-            field="name",
-        )
+    hygiene.check_key_name(name)
     if expires_at is not None and expires_at <= datetime.now(UTC):
         raise InvalidRequestError("expires_at is in the past")
     key_id = secrets.token_hex(6)

@@ -25,6 +25,7 @@ from relay.errors import InvalidRequestError, SecretDetectedError, TooLargeError
 
 MAX_BODY_CHARS = 16_000
 MAX_TITLE_CHARS = 200
+MAX_KEY_NAME_CHARS = 200
 MAX_SOURCE_CHARS = 300
 MAX_TAGS = 32
 MAX_TAG_CHARS = 100
@@ -108,6 +109,23 @@ def check_body(body: str) -> str:
         )
     _reject_secrets(body, "memory", "body")
     return body
+
+
+def check_key_name(name: str) -> None:
+    """Raise unless `name` can name a key: one line of plain text, up to MAX_KEY_NAME_CHARS."""
+    if not name.strip():
+        raise InvalidRequestError("a key needs a name (who or what holds it)", field="name")
+    if len(name) > MAX_KEY_NAME_CHARS:
+        raise TooLargeError(
+            f"name is {len(name):,} characters; the limit is {MAX_KEY_NAME_CHARS}",
+            field="name",
+            limit=MAX_KEY_NAME_CHARS,
+        )
+    if _CONTROL_OR_TAB.search(name):
+        raise InvalidRequestError(
+            "name must be one line without control characters, like 'alice laptop'",
+            field="name",
+        )
 
 
 def check_title(title: str | None) -> str | None:
