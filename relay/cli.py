@@ -337,47 +337,55 @@ def memory_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def edit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The same fields for an edit: each one given replaces the memory's, the rest stay."""
-    clear = click.option(
-        "--no-valid-until",
-        "clear_valid_until",
-        is_flag=True,
-        help="Remove its valid_until: it has no end date, and recall returns it again.",
+    """The same fields for an edit: each one given replaces the memory's, the rest stay;
+    a --no-FIELD flag, listed after its field, removes a list or the end date."""
+    return _memory_options(fn, "replaces its audiences; kept if not given", clears=True)
+
+
+def _clear_option(field: str, help_text: str) -> Callable[..., Any]:
+    return click.option(
+        f"--no-{field.replace('_', '-')}", f"clear_{field}", is_flag=True, help=help_text
     )
-    return _memory_options(fn, "replaces its audiences; kept if not given", [clear])
 
 
 def _memory_options(
-    fn: Callable[..., Any],
-    audience_default: str,
-    after_valid_until: list[Callable[..., Any]] | None = None,
+    fn: Callable[..., Any], audience_default: str, clears: bool = False
 ) -> Callable[..., Any]:
-    for opt in reversed(
-        [
-            click.option("--title", help="Short title."),
-            click.option("--source", help="Provenance, path-like (e.g. team/infra/clusters)."),
-            click.option(
-                "--audience",
-                "audiences",
-                multiple=True,
-                help=f"Role allowed to see it (repeatable; {audience_default}).",
-            ),
-            click.option("--tag", "tags", multiple=True, help="Tag (repeatable)."),
-            click.option(
-                "--valid-until",
-                help="ISO 8601 date-time after which recall (search, hook, MCP) never returns it.",
-            ),
-            *(after_valid_until or []),
-            click.option(
-                "--supersedes", multiple=True, help="Id of a memory this one replaces (repeatable)."
-            ),
-            click.option(
-                "--pinned/--not-pinned",
-                default=None,
-                help="Part of the team profile shown at session start.",
-            ),
-        ]
-    ):
+    options = [
+        click.option("--title", help="Short title."),
+        click.option("--source", help="Provenance, path-like (e.g. team/infra/clusters)."),
+        click.option(
+            "--audience",
+            "audiences",
+            multiple=True,
+            help=f"Role allowed to see it (repeatable; {audience_default}).",
+        ),
+        click.option("--tag", "tags", multiple=True, help="Tag (repeatable)."),
+        clears and _clear_option("tags", "Remove all its tags."),
+        click.option(
+            "--valid-until",
+            help="ISO 8601 date-time after which recall (search, hook, MCP) never returns it.",
+        ),
+        clears
+        and _clear_option(
+            "valid_until",
+            "Remove its valid_until: it has no end date, and recall returns it again.",
+        ),
+        click.option(
+            "--supersedes", multiple=True, help="Id of a memory this one replaces (repeatable)."
+        ),
+        clears
+        and _clear_option(
+            "supersedes",
+            "Remove its supersedes links (links to memories this key cannot read stay).",
+        ),
+        click.option(
+            "--pinned/--not-pinned",
+            default=None,
+            help="Part of the team profile shown at session start.",
+        ),
+    ]
+    for opt in reversed([o for o in options if o]):
         fn = opt(fn)
     return fn
 
@@ -412,15 +420,26 @@ def edit(
     body: str | None,
     expected_revision: int | None,
     clear_valid_until: bool,
+    clear_tags: bool,
+    clear_supersedes: bool,
     **opts: Any,
 ) -> None:
     """Edit a memory: every edit is a new revision. A field not given keeps its value;
-    --title "" and --source "" remove them, --no-valid-until removes its valid_until."""
+    --title "" and --source "" remove them, --no-tags, --no-supersedes and --no-valid-until
+    remove those."""
     fields = _memory_fields(**opts)
-    if clear_valid_until:
-        if "valid_until" in fields:
-            raise click.UsageError("give --valid-until or --no-valid-until, not both")
-        fields["valid_until"] = None  # null clears it (docs/http-api.md, PATCH)
+    # (field, its --no- flag's value, the option that sets it)
+    cleared = (
+        ("valid_until", clear_valid_until, "--valid-until"),
+        ("tags", clear_tags, "--tag"),
+        ("supersedes", clear_supersedes, "--supersedes"),
+    )
+    for name, clear, option in cleared:
+        if not clear:
+            continue
+        if name in fields:
+            raise click.UsageError(f"give {option} or --no-{name.replace('_', '-')}, not both")
+        fields[name] = None  # null clears it (docs/http-api.md, PATCH)
     if body is not None:
         fields["body"] = _read_body(body)
     if expected_revision is not None:

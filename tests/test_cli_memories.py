@@ -84,3 +84,41 @@ def test_edit_can_remove_valid_until(relay, api):
     assert done.exception is None and "revision 2" in done.output, done.output
     got = api.client.get(f"/v1/memories/{memory_id}", headers=api.headers("acme_dev")).json()
     assert got["valid_until"] is None and got["body"] == "Freeze at noon."
+
+
+def test_edit_can_remove_tags_and_supersedes(relay, api):
+    """`relay edit` could not clear tags or supersedes (the API can, with null or []):
+    --no-tags and --no-supersedes do, and the superseded memory is recalled again."""
+    old = relay("acme_dev", "remember", "Deploys go out on Tuesdays.").output.split()[1]
+    made = relay(
+        "acme_dev",
+        "remember",
+        "Deploys go out on Thursdays.",
+        "--tag",
+        "deploy",
+        "--tag",
+        "ci",
+        "--supersedes",
+        old,
+    )
+    memory_id = made.output.split()[1]
+    headers = api.headers("acme_dev")
+
+    def recalled() -> list[str]:
+        query = {"query": "when do deploys go out?"}
+        return [
+            h["id"]
+            for h in api.client.post("/v1/search", json=query, headers=headers).json()["results"]
+        ]
+
+    assert old not in recalled() and memory_id in recalled()
+    both = relay("acme_dev", "edit", memory_id, "--tag", "x", "--no-tags")
+    assert "give --tag or --no-tags, not both" in str(both.exception)
+    both = relay("acme_dev", "edit", memory_id, "--supersedes", old, "--no-supersedes")
+    assert "give --supersedes or --no-supersedes, not both" in str(both.exception)
+    done = relay("acme_dev", "edit", memory_id, "--no-tags", "--no-supersedes")
+    assert done.exception is None and "revision 2" in done.output, done.output
+    got = api.client.get(f"/v1/memories/{memory_id}", headers=headers).json()
+    assert got["tags"] == [] and got["supersedes"] == [], got
+    assert got["body"] == "Deploys go out on Thursdays."
+    assert old in recalled()
