@@ -72,13 +72,6 @@ _SQLITE_AUDIENCE_TOTALS = (
     " AND UNBOUNDED FOLLOWING) AS audiences FROM memory_audiences) AS s"
     " ON s.org_id = p.org_id AND s.memory_id = p.memory_id"
 )
-_PG_COUNT_AUDIENCE_TOTALS = (
-    "INSERT INTO audience_totals (org_id, audiences, passage_count)"
-    " SELECT %(org)s, coalesce(s.audiences, '{}'), count(*) FROM passages p LEFT JOIN"
-    ' (SELECT memory_id, array_agg(audience COLLATE "C" ORDER BY audience COLLATE "C")'
-    " AS audiences FROM memory_audiences WHERE org_id = %(org)s GROUP BY memory_id) AS s"
-    " ON s.memory_id = p.memory_id WHERE p.org_id = %(org)s GROUP BY 2"
-)
 
 
 def _dt(value: float | None) -> datetime | None:
@@ -590,8 +583,9 @@ class Migration:
             " WHERE org_id = %s) WHERE id = %s",
             (o["passage_count"], o["generation"], org, org),
         )
-        conn.execute("DELETE FROM audience_totals WHERE org_id = %s", (org,))
-        conn.execute(_PG_COUNT_AUDIENCE_TOTALS, {"org": org})
+        from relay.store.postgres import recount_audience_totals
+
+        recount_audience_totals(conn, org)
 
     def copy_embedding_cache(self) -> int:
         copied = 0

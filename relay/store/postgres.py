@@ -74,6 +74,24 @@ from relay.store.vector_index import VectorIndex
 
 log = logging.getLogger("relay.store.postgres")
 
+# One org's passages per audience set, counted from its passages and audiences: the repair
+# of `audience_totals` (`relay migrate` counts a copied org the same way).
+_COUNT_AUDIENCE_TOTALS = (
+    "INSERT INTO audience_totals (org_id, audiences, passage_count)"
+    " SELECT %(org)s, coalesce(s.audiences, '{}'), count(*) FROM passages p LEFT JOIN"
+    ' (SELECT memory_id, array_agg(audience COLLATE "C" ORDER BY audience COLLATE "C")'
+    " AS audiences FROM memory_audiences WHERE org_id = %(org)s GROUP BY memory_id) AS s"
+    " ON s.memory_id = p.memory_id WHERE p.org_id = %(org)s GROUP BY 2"
+)
+
+
+def recount_audience_totals(conn: psycopg.Connection, org_id: str) -> None:
+    """Count one org's `audience_totals` again from its passages; the caller holds the org's
+    row lock (as every write does first), so no write lands between the delete and the count."""
+    conn.execute("DELETE FROM audience_totals WHERE org_id = %s", (org_id,))
+    conn.execute(_COUNT_AUDIENCE_TOTALS, {"org": org_id})
+
+
 DIM = 384
 DEFAULT_POOL = 8
 DEFAULT_EXACT_MAX = 20_000  # passages an org may have and still be searched exactly
@@ -317,6 +335,29 @@ def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:
     return max(ef, 40) if ef <= MAX_EF_SEARCH else None
 
 
+def _repair_audience_totals(conn: psycopg.Connection) -> None:
+    """Recount the orgs whose audience sets no longer add up to their passage count. A
+    replica on code from before migration 5, still writing during a rolling upgrade, keeps
+    the passages and the org's count but not the per-set totals searches weigh words by;
+    every start mends what such writes left (one cheap comparison when nothing drifted)."""
+    drifted = conn.execute(
+        "SELECT o.id, o.passage_count, coalesce(t.n, 0) FROM orgs o LEFT JOIN"
+        " (SELECT org_id, sum(passage_count) AS n FROM audience_totals GROUP BY org_id) t"
+        " ON t.org_id = o.id WHERE o.passage_count <> coalesce(t.n, 0)"
+    ).fetchall()
+    for org_id, passages, counted in drifted:
+        with conn.transaction():
+            conn.execute("SELECT 1 FROM orgs WHERE id = %s FOR UPDATE", (org_id,))
+            recount_audience_totals(conn, org_id)
+        log.warning(
+            "org %s: its audience sets counted %d passages of %d (writes by a replica on older"
+            " code); counted again",
+            org_id,
+            counted,
+            passages,
+        )
+
+
 class PostgresStore:
     """The shared store (see module docstring)."""
 
@@ -427,6 +468,7 @@ class PostgresStore:
                         conn.execute(script)
                         conn.execute("INSERT INTO schema_migrations VALUES (%s, now())", (version,))
                 self._ensure_role(conn)
+                _repair_audience_totals(conn)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(hashtext('relay schema'))")
 
