@@ -11,6 +11,7 @@ exit code is 1 when anything fails.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -376,26 +377,31 @@ class Doctor:
     def _codex_config(self, area: str) -> dict[str, Any] | None:
         """~/.codex/config.toml parsed ({} when absent); None when Codex cannot read it
         either, after one failure saying where it breaks (install refuses to edit it too)."""
+        data, why = self._codex_toml
+        if why is not None:
+            self._fail_once(
+                area,
+                f"Codex: {self.home(self.paths.codex_config)} is {why}: Codex cannot load its "
+                "config, and `relay install` will not edit it",
+                "fix the file, then `relay install`",
+            )
+        return data
+
+    @functools.cached_property
+    def _codex_toml(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The file read and parsed once for the checks that need it: (data, why not)."""
         import tomllib
 
-        path = self.paths.codex_config
         try:
-            return tomllib.loads(path.read_text(encoding="utf-8"))
+            return tomllib.loads(self.paths.codex_config.read_text(encoding="utf-8")), None
         except FileNotFoundError:
-            return {}
+            return {}, None
         except UnicodeDecodeError:
-            why = "not UTF-8 text"
+            return None, "not UTF-8 text"
         except tomllib.TOMLDecodeError as exc:
-            why = f"not valid TOML ({exc})"
+            return None, f"not valid TOML ({exc})"
         except OSError as exc:
-            why = f"unreadable ({exc.strerror})"
-        self._fail_once(
-            area,
-            f"Codex: {self.home(path)} is {why}: Codex cannot load its config, and "
-            "`relay install` will not edit it",
-            "fix the file, then `relay install`",
-        )
-        return None
+            return None, f"unreadable ({exc.strerror})"
 
     def _fail_once(self, area: str, message: str, fix: str) -> None:
         if not any(f.message == message for f in self.findings):  # two checks read one file
