@@ -297,6 +297,29 @@ def key_list(org_name: str, db: str | None) -> None:
         click.echo(
             f"{k.id}\t{state}\t{k.name}\t{','.join(sorted(k.scopes))}\t{','.join(sorted(k.roles))}"
         )
+        _warn_unaddressable_roles(k.id, k.roles)
+
+
+def _warn_unaddressable_roles(key_id: str, roles: frozenset[str]) -> None:
+    """Keys made before roles were held to the audience rule may hold one no memory can
+    name ("Platform": audiences are lower-case); such a key reads what is for `all` alone."""
+    from relay.hygiene import check_roles
+
+    for role in sorted(roles):
+        try:
+            fixed = check_roles([role])
+        except InvalidRequestError as exc:
+            why = exc.message
+        else:
+            if fixed == {role}:
+                continue
+            meant = next(iter(fixed))
+            why = f"role {role!r} is not lower-case, as audiences are; did you mean {meant!r}?"
+        click.echo(
+            f"warning: key {key_id} holds a role no memory can name, so it reads only what is for"
+            f" all: {why} Create a key with the role you meant and revoke this one.",
+            err=True,
+        )
 
 
 @key.command("revoke")

@@ -122,3 +122,40 @@ def test_edit_can_remove_tags_and_supersedes(relay, api):
     assert got["tags"] == [] and got["supersedes"] == [], got
     assert got["body"] == "Deploys go out on Thursdays."
     assert old in recalled()
+
+
+def test_key_list_warns_of_roles_made_before_they_were_checked(api):
+    """Keys made before roles were held to the audience rule keep roles no memory can name;
+    `relay key list` says which, and what to do, on stderr (its listing stays parseable)."""
+    org = api.orgs["acme"]
+    store = api.services.store
+    store.create_key(
+        org,
+        "0a0b0c0d0e0f",
+        "h",
+        "old ci",
+        frozenset({"memory:read"}),
+        frozenset({"Platform", "ops team", "sre"}),
+        None,
+    )
+    done = CliRunner().invoke(cli, ["key", "list", "--org", "acme", "--db", database(api)])
+    assert done.exit_code == 0, done.output
+    assert "0a0b0c0d0e0f\tactive\told ci\tmemory:read\tPlatform,ops team,sre" in done.stdout
+    warned = [line for line in done.stderr.splitlines() if "0a0b0c0d0e0f" in line]
+    head = (
+        "warning: key 0a0b0c0d0e0f holds a role no memory can name, so it reads only what is"
+        " for all: "
+    )
+    tail = " Create a key with the role you meant and revoke this one."
+    assert warned == [
+        f"{head}role 'Platform' is not lower-case, as audiences are; did you mean 'platform'?"
+        f"{tail}",
+        f"{head}role 'ops team' is not a valid name (lowercase letters, digits, '_', '.', '-'; at"
+        " most 64 characters; it is what a memory's audiences name); did you mean 'ops-team'?"
+        f"{tail}",
+    ], done.stderr
+    assert not [
+        line
+        for line in done.stderr.splitlines()
+        if "warning" in line and "0a0b0c0d0e0f" not in line
+    ]
