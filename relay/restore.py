@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -63,7 +62,6 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "pinned": (bool,),
 }
 _LISTS = ("audiences", "tags", "supersedes")
-_BATCH_ITEM = re.compile(r"^items\.(\d+): (.*)$", re.S)
 
 
 @dataclass(frozen=True)
@@ -312,10 +310,10 @@ def _send(client: RelayClient, batch: list[ExportedMemory], name: str) -> dict:
 
 def _located(exc: RelayError, batch: list[ExportedMemory], name: str) -> RelayError:
     """The server's refusal of a batch, naming the file and line instead of `items.N`."""
-    match = _BATCH_ITEM.match(exc.message)
     memory, message = None, exc.message
-    if match and int(match.group(1)) < len(batch):
-        memory, message = batch[int(match.group(1))], match.group(2)
+    item = exc.details.get("item")
+    if isinstance(item, int) and 0 <= item < len(batch):
+        memory, message = batch[item], exc.message.removeprefix(f"items.{item}: ")
     else:
         memory = next((m for m in batch if m.id == exc.details.get("memory_id")), None)
     if memory is not None and isinstance(exc, NotFoundError):

@@ -399,6 +399,14 @@ def validation_message(error: dict[str, Any]) -> str:
     return f"{where}: {msg}" if where else msg
 
 
+def _batch_item(exc: RelayError, i: int) -> RelayError:
+    """A refusal of a batch's item `i`: named `items.i` in the message, and in `details.item`
+    for a client to find it without reading the message."""
+    exc.message = f"items.{i}: {exc.message}"
+    exc.details["item"] = i
+    return exc
+
+
 def create_app(services: Services) -> FastAPI:
     store, searcher, metrics = services.store, services.searcher, services.metrics
     app = FastAPI(
@@ -510,18 +518,18 @@ def create_app(services: Services) -> FastAPI:
         first: dict[str, int] = {}
         for i, item in enumerate(body.items):
             if not item.id:
-                raise InvalidRequestError(f"items.{i}.id: a batch item needs an id")
+                raise InvalidRequestError(f"items.{i}.id: a batch item needs an id", item=i)
             if item.id in first:  # the last would win silently, and count as written twice
                 raise InvalidRequestError(
                     f"items.{i}: id {item.id!r} is also items.{first[item.id]}",
                     field=f"items.{i}.id",
+                    item=i,
                 )
             first[item.id] = i
             try:
                 items.append((item.id, writes.draft_from_fields(item.model_dump(), known)))
             except RelayError as exc:
-                exc.message = f"items.{i}: {exc.message}"
-                raise
+                raise _batch_item(exc, i) from None
         try:
             written, unchanged = writes.save_many(
                 store,
@@ -535,7 +543,7 @@ def create_app(services: Services) -> FastAPI:
             )
         except RelayError as exc:
             if exc.item is not None:  # refused by the store's write rules, named the same way
-                exc.message = f"items.{exc.item}: {exc.message}"
+                raise _batch_item(exc, exc.item) from None
             raise
         return {"written": written, "unchanged": unchanged}
 

@@ -633,7 +633,8 @@ def test_a_bad_item_rejects_the_whole_batch(api):
     r = api.client.post(
         "/v1/memories/batch", json={"items": items}, headers=api.headers("acme_dev")
     )
-    assert "items.1" in assert_error(r, 400, "invalid_request")["message"]
+    error = assert_error(r, 400, "invalid_request")
+    assert "items.1" in error["message"] and error["details"]["item"] == 1  # for clients
     assert api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"] == []
 
 
@@ -644,18 +645,24 @@ def test_a_batch_refused_by_the_store_names_the_item(api):
     h = api.headers("acme_dev")
     items = [{"id": "bp1", "body": "one"}, {"id": "bp2", "body": "two", "supersedes": ["nope"]}]
     r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
-    said = assert_error(r, 400, "invalid_request")["message"]
+    error = assert_error(r, 400, "invalid_request")
+    said = error["message"]
     assert said == "items.1: supersedes names 'nope', which is not a memory of this organisation"
+    assert error["details"]["item"] == 1
     gone = remember(api, "acme_dev", "Soon deleted.", id="bp-gone")
     assert api.client.delete(f"/v1/memories/{gone['id']}", headers=h).status_code == 204
     items = [{"id": "bp3", "body": "three"}, {"id": "bp4", "body": "four"}]
     items.append({"id": "bp-gone", "body": "back"})  # no supersedes: PostgreSQL's batch path
     r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
-    assert assert_error(r, 409, "conflict")["message"].startswith("items.2: memory 'bp-gone'")
+    error = assert_error(r, 409, "conflict")
+    assert (
+        error["message"].startswith("items.2: memory 'bp-gone'") and error["details"]["item"] == 2
+    )
     hidden = remember(api, "acme_sre", "For sre.", id="bp-sre", audiences=["sre"])
     items = [{"id": "bp5", "body": "five"}, {"id": hidden["id"], "body": "mine now"}]
     r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
-    assert assert_error(r, 404, "not_found")["message"] == "items.1: no memory 'bp-sre'"
+    error = assert_error(r, 404, "not_found")
+    assert error["message"] == "items.1: no memory 'bp-sre'" and error["details"]["item"] == 1
     listed = api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"]
     assert {m["id"] for m in listed} == {"bp-sre"}  # nothing of the refused batches landed
 
@@ -682,7 +689,8 @@ def test_a_batch_naming_one_id_twice_is_refused(api):
     r = api.client.post(
         "/v1/memories/batch", json={"items": items}, headers=api.headers("acme_dev")
     )
-    assert assert_error(r, 400, "invalid_request")["message"] == "items.3: id 'x' is also items.1"
+    error = assert_error(r, 400, "invalid_request")
+    assert error["message"] == "items.3: id 'x' is also items.1" and error["details"]["item"] == 3
     assert raw_count(api.services.store, "SELECT count(*) FROM memories") == 0
 
 
