@@ -9,9 +9,12 @@ same authorization as every agent.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
+import shlex
+import socket
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -137,6 +140,7 @@ def serve(first_org: str, **given: Any) -> None:
     logging.basicConfig(level=conf["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
     from relay.store import redact_url
 
+    listener = _listen(conf["host"], conf["port"])  # before anything is created or printed
     services = build_services(conf)
     store = services.store
     shown = redact_url(conf["db"])
@@ -149,22 +153,48 @@ def serve(first_org: str, **given: Any) -> None:
             store, org.id, "admin", frozenset({"admin", "memory:read", "memory:write"}), frozenset()
         )
         url = f"http://{conf['host']}:{conf['port']}"
+        relay = _relay_command()
         click.echo(
             f"\nCreated organisation {org.name!r} ({org.id}) in {shown}\n"
             f"Admin API key (shown once, store it now):\n\n    {minted.secret}\n\n"
-            "Next, in another terminal:\n"
-            f"    export RELAY_URL={url} RELAY_API_KEY={minted.secret}\n"
-            '    relay remember "Staging is the blue cluster" --source team/infra\n'
-            '    relay search "which cluster is staging?"\n'
+            "Next, in another terminal, connect this machine and your agents, then add a memory:\n"
+            f"    {relay} install --url {url} --key {minted.secret}\n"
+            f'    {relay} remember "Staging is the blue cluster" --source team/infra\n'
+            f"    {relay} doctor\n"
         )
     click.echo(f"Relay {__version__} serving {shown} on http://{conf['host']}:{conf['port']}")
-    uvicorn.run(
+    config = uvicorn.Config(
         asgi_app(services, conf["max_inflight"], conf["max_body_bytes"]),
         host=conf["host"],
         port=conf["port"],
         log_level=conf["log_level"],
         access_log=False,
     )
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before the database is touched: a port already
+    taken is one line, not an organisation and key made for a server that never ran."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = (
+            ": is another server running? choose another port with --port or RELAY_PORT"
+            if exc.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise RelayError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    return sock
+
+
+def _relay_command() -> str:
+    """`relay` as the user ran it (`.venv/bin/relay` from a clone), for commands to copy."""
+    ran = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "relay" else "relay"
+    return shlex.quote(ran)
 
 
 def _warn_if_shared(db: str) -> None:

@@ -126,3 +126,38 @@ def test_missing_postgres_support_is_one_clear_line(tmp_path: Path, pg_url: str)
         assert one_line_error(done) == NO_POSTGRES, args
     done = relay(tmp_path, "serve", PYTHONPATH=path, RELAY_DB=pg_url)
     assert one_line_error(done) == NO_POSTGRES
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_creates_nothing(tmp_path: Path):
+    """QA: `relay serve` on a taken port made the database, an organisation and its admin
+    key, printed "serving", then failed in uvicorn's multi-line error (exit 3)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        db = tmp_path / "r.db"
+        done = relay(tmp_path, "serve", "--db", str(db), RELAY_PORT=port)
+    said = one_line_error(done)
+    assert said == (
+        f"relay: error: cannot listen on 127.0.0.1:{port}: Address already in use: is another"
+        " server running? choose another port with --port or RELAY_PORT"
+    )
+    assert done.stdout == "" and not list(tmp_path.glob("r.db*"))
+
+
+def test_serve_names_the_next_steps_of_the_readme(tmp_path: Path):
+    """The first start's next step was to export RELAY_URL and RELAY_API_KEY, which `relay
+    doctor` then warns about; it is the README's: install, remember, doctor, with the
+    `relay` that was run."""
+    server = start_server(tmp_path / "r.db")
+    try:
+        relay_bin = str(Path(server.process.args[0]))
+        assert (
+            f"{relay_bin} install --url {server.url} --key {server.admin_key}\n" in server.startup
+        )
+        assert f"{relay_bin} doctor\n" in server.startup
+        assert "RELAY_API_KEY" not in server.startup
+    finally:
+        server.stop()
