@@ -222,7 +222,9 @@ def problems(summary: dict) -> list[str]:
     if down >= UNAVAILABLE_STREAK_ALERT:
         out.append(
             f"the last {down} searches timed out or found no server since "
-            f"{summary['unavailable_streak']['since']}: check RELAY_URL and the server"
+            f"{summary['unavailable_streak']['since']}: check that the server at "
+            f"{summary['breaker'].get('url') or 'the configured URL'} is up and reachable from here"
+            " (relay doctor checks each link)"
         )
     breaker = summary["breaker"]
     if breaker["state"] != "closed":
@@ -264,9 +266,12 @@ def render(summary: dict) -> str:
     lines += _outcome_lines(
         others, {k: n for k, n in reasons.items() if k.split(":")[0] != "timeout" or k == UNSENT}
     )
-    h, hit = summary["hook_ms"], summary["hit_ms"]
-    lines.append(f"  hook time ms      p50 {h['p50']}  p95 {h['p95']}  p99 {h['p99']}")
-    lines.append(f"  on hits ms        p50 {hit['p50']}  p95 {hit['p95']}  p99 {hit['p99']}")
+    for label, ms, runs in (
+        ("hook time ms", summary["hook_ms"], summary["invocations"]),
+        ("on hits ms", summary["hit_ms"], summary["outcomes"]["hit"]),
+    ):
+        shown = f"p50 {ms['p50']}  p95 {ms['p95']}  p99 {ms['p99']}" if runs else "- (none)"
+        lines.append(f"  {label:<17} {shown}")
     inj = summary["injected"]
     lines.append(
         f"  injected          {inj['records']} records, {inj['tokens']} tokens "

@@ -51,6 +51,9 @@ def test_stats_on_an_empty_or_torn_log(tmp_path):
     )
     summary = summarise(str(tmp_path), since_s=None)
     assert summary["invocations"] == 0 and summary["problems"] == []
+    shown = CliRunner().invoke(stats, ["--state-dir", str(tmp_path), "--since", "all"]).output
+    # QA: nothing logged read as hook times of 0.0 ms
+    assert "  hook time ms      - (none)\n  on hits ms        - (none)\n" in shown, shown
     result = CliRunner().invoke(stats, ["--state-dir", str(tmp_path), "--since", "soon"])
     assert result.exit_code == 2
 
@@ -148,4 +151,11 @@ def test_a_streak_speaks_only_of_the_configured_server(tmp_path):
     summary = summarise(str(tmp_path), since_s=None, cfg=cfg)
     assert summary["unavailable_streak"]["length"] == 1 and summary["problems"] == []
     cfg = hook_config.load({"RELAY_URL": there, "RELAY_CONFIG": str(tmp_path / "none.json")})
-    assert summarise(str(tmp_path), since_s=None, cfg=cfg)["unavailable_streak"]["length"] == 4
+    summary = summarise(str(tmp_path), since_s=None, cfg=cfg)
+    assert summary["unavailable_streak"]["length"] == 4
+    # QA: it said "check RELAY_URL" when the URL came from the config file
+    assert summary["problems"] == [
+        "the last 4 searches timed out or found no server since 2026-11-29T00:00:00.000Z: check"
+        f" that the server at {there} is up and reachable from here (relay doctor checks each"
+        " link)"
+    ]
