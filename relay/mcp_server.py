@@ -327,7 +327,7 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
             ("audiences", audiences),
             ("supersedes", supersedes),
         ):
-            if value:
+            if value is not None:  # [] is sent as given: audiences [] is refused, never "everyone"
                 fields[name] = value
         memory = await call(ctx, lambda b: b.remember(fields))
         readers = ", ".join(memory.get("audiences") or ["all"])

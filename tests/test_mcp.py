@@ -86,6 +86,14 @@ async def exercise(client: Client, label: str) -> dict[str, str]:
         {"body": "The deploy token is ghp_0123456789abcdefghijklmnopqrstuvwxyzAB, keep it safe."},
     )
     assert secret.is_error and "Nothing was stored" in text(secret)
+    # QA: `"audiences": []` was dropped before the write, so the memory was for everyone
+    nobody = await client.call_tool(
+        "team_memory_remember",
+        {"body": f"The {label} pager code is in the red binder.", "audiences": []},
+    )
+    assert nobody.is_error and "audiences" in text(nobody), text(nobody)
+    binder = await client.call_tool("team_memory_search", {"query": "where is the pager code?"})
+    assert "red binder" not in text(binder)
     too_many = await client.call_tool("team_memory_search", {"query": "cluster", "k": 50})
     assert too_many.is_error
     return seen
