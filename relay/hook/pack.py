@@ -105,9 +105,21 @@ def label_attribute(value: str, limit: int = 200) -> str:
 
 
 def label_text(text: str) -> str:
-    """Text fit for inside a label: printable, and unable to open or close a label."""
+    """Text fit for inside a label: printable, and unable to open or close a label, in any
+    case or spacing a reader might take for one (`</RELAY-MEMORY>`, `< / relay-memory`)."""
     text = "".join(ch if ch.isprintable() or ch in "\n\t" else " " for ch in text).strip()
-    return text.replace(f"</{_TAG}", f"</{_TAG}_").replace(f"<{_TAG}", f"<{_TAG}_")
+    out, start, at = [], 0, text.find("<")
+    while at != -1:
+        end = at + 1
+        while end < len(text) and (text[end].isspace() or text[end] == "/"):
+            end += 1
+        if text[end : end + len(_TAG)].lower() == _TAG:
+            end += len(_TAG)
+            out.append(text[start:end] + "_")  # no longer the label's name
+            start = end
+        at = text.find("<", end)
+    out.append(text[start:])
+    return "".join(out)
 
 
 def _body(record: dict) -> str:
