@@ -58,6 +58,11 @@ _SQLITE_TOKENS = (
     "SELECT p.org_id, p.memory_id, p.seq, t.tokens FROM passage_tokens t"
     " JOIN passages p ON p.rowid = t.rowid"
 )
+# The cache entries copied: texts some passage holds. A deleted memory's embedding is not
+# carried on (a source from before migration 6 may still keep them); IN builds its lookup once.
+_SQLITE_CACHE = (
+    "SELECT {} FROM embedding_cache WHERE content_hash IN (SELECT content_hash FROM passages)"
+)
 _PG_TOKENS = (
     "SELECT p.org_id, p.memory_id, p.seq, t.tokens FROM passage_tokens t"
     " JOIN passages p ON p.id = t.passage_id"
@@ -268,7 +273,7 @@ def source_sums(src: sqlite3.Connection, org_ids: list[str]) -> dict[str, TableS
     args: tuple[str, ...]
     for table in TABLES:
         if table == "embedding_cache":
-            query, args = "SELECT * FROM embedding_cache", ()
+            query, args = _SQLITE_CACHE.format("*"), ()
         elif table == "passage_tokens":
             if not has_tokens(src):
                 out[table] = _summarise([])
@@ -589,7 +594,7 @@ class Migration:
 
     def copy_embedding_cache(self) -> int:
         copied = 0
-        rows = self.src.execute("SELECT model, content_hash, embedding FROM embedding_cache")
+        rows = self.src.execute(_SQLITE_CACHE.format("model, content_hash, embedding"))
         while chunk := rows.fetchmany(self.batch * 4):
             with self.store._tx() as conn:
                 conn.execute(
@@ -631,7 +636,7 @@ def verify(src: sqlite3.Connection, store: PostgresStore) -> list[tuple[str, Tab
     org_ids = [r["id"] for r in src.execute("SELECT id FROM orgs ORDER BY id")]
     cache_keys = [
         (r["model"], r["content_hash"])
-        for r in src.execute("SELECT model, content_hash FROM embedding_cache")
+        for r in src.execute(_SQLITE_CACHE.format("model, content_hash"))
     ]
     left = source_sums(src, org_ids)
     right = target_sums(store, org_ids, cache_keys)

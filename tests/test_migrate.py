@@ -63,7 +63,9 @@ def _populate(path: Path) -> list[str]:
         put("m3", "Expires soon", seed=14, valid_until=now + timedelta(hours=1))
         put("new", "Deploys go out on Thursdays", seed=15, supersedes=("m4",))
         s.delete_memory(org, "m5", "bob", None)  # a tombstone, history kept
-    s.cache_embeddings("model-x", {f"c{i}": bytes([i]) * 8 for i in range(5)})
+    # the cache of the texts stored, and of one whose memory was deleted before migration 6
+    s.cache_embeddings("model-x", {f"h{i}.0": bytes([i]) * 8 for i in range(7)})
+    s.cache_embeddings("model-x", {"deleted-text": b"gone" * 2})
     s.close()
     return orgs
 
@@ -95,7 +97,8 @@ def test_round_trip_keeps_every_revision(tmp_path: Path, pg_url: str, pg_store: 
         assert [k.revoked_at is not None for k in pg_store.list_keys(org)] == [True, False]
     key, secret_hash = pg_store.key_for_auth("k0b")
     assert (key.org_id, secret_hash) == (orgs[0], "hash-b")
-    assert pg_store.cached_embeddings("model-x", ["c3"]) == {"c3": bytes([3]) * 8}
+    assert pg_store.cached_embeddings("model-x", ["h6.0"]) == {"h6.0": bytes([6]) * 8}
+    assert pg_store.cached_embeddings("model-x", ["deleted-text"]) == {}  # not carried on
     src.close()
 
     # Running it again copies the same rows over themselves and still verifies.

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
-from postgres_support import recounted_totals, stored_totals
+from postgres_support import raw_rows, recounted_totals, stored_totals
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
 from relay.models import MemoryDraft, PassageInput
@@ -240,6 +240,49 @@ def parts(text: str, n: int, seed: int = 0) -> list[PassageInput]:
     ]
 
 
+def test_a_removed_texts_embedding_leaves_the_cache_with_it(store):
+    """QA: a deleted memory's vector and token matrix stayed in the embedding cache (and
+    `relay migrate` copied them on), against "deletion removes it from every index and cache
+    at once". A text another memory, of any org, still holds keeps its entry."""
+    org, other = store.create_org("acme").id, store.create_org("globex").id
+    for model in ("model", "model:tokens"):
+        store.cache_embeddings(model, {h: b"v" for h in ("h1", "h2", "h3")})
+
+    def cached() -> set[tuple[str, str]]:
+        return set(raw_rows(store, "SELECT model, content_hash FROM embedding_cache"))
+
+    save(store, org, "a", "alpha", "create", seed=1)
+    save(store, other, "b", "alpha", "create", seed=1)  # the same text in another org
+    save(store, org, "c", "gamma", "create", seed=2)
+    save(store, org, "d", "delta", "create", seed=3)
+    store.delete_memory(org, "a", "t", None)
+    assert {h for _, h in cached()} == {"h1", "h2", "h3"}  # globex's "b" still holds h1
+    store.delete_memory(other, "b", "t", None)
+    assert {h for _, h in cached()} == {"h2", "h3"}
+    save(store, org, "c", "gamma, edited", "upsert", seed=5)  # an edit replaces its passage
+    assert {h for _, h in cached()} == {"h3"}
+    store.save_memories(
+        org, [("d", MemoryDraft(body="delta 2"), passages("delta 2", 6))], "t", "upsert"
+    )
+    assert cached() == set()
+
+
+def test_an_older_store_drops_the_embeddings_its_deletes_left_when_it_is_opened(store):
+    """Migration 6 drops what deletes left in the cache before it, and only that."""
+    org = store.create_org("acme").id
+    save(store, org, "a", "alpha", "create", seed=1)
+    store.cache_embeddings("model", {"h1": b"v", "gone": b"v"})  # "gone": a deleted text's
+    undo = ["DROP INDEX passages_content_hash", "DELETE FROM schema_migrations WHERE version = 6"]
+    if getattr(store, "conninfo", None) is not None:
+        undo.append("DROP FUNCTION relay_forget_embeddings(text[])")
+    _run_as_owner(store, undo)
+    upgraded = _reopen(store)
+    try:
+        assert raw_rows(upgraded, "SELECT content_hash FROM embedding_cache") == [("h1",)]
+    finally:
+        upgraded.close()
+
+
 def test_each_audience_sets_passage_total_follows_every_write(store):
     """A reader's share of the org is summed from these (relay.search.seen): they must equal
     a recount after creates, edits that move a memory to other audiences, batch upserts
@@ -368,7 +411,17 @@ def psycopg_connection(store):  # noqa: ANN001, ANN201
 
 def _forget_audience_totals(store) -> None:  # noqa: ANN001
     """Take the store back to before migration 5: its table and its record gone."""
-    statements = ["DROP TABLE audience_totals", "DELETE FROM schema_migrations WHERE version = 5"]
+    _run_as_owner(
+        store,
+        [
+            "DROP TABLE audience_totals",
+            "DELETE FROM schema_migrations WHERE version = 5",
+        ],
+    )
+
+
+def _run_as_owner(store, statements: list[str]) -> None:  # noqa: ANN001
+    """Statements beneath the store's API: SQLite's writer, or PostgreSQL as the owner."""
     conninfo = getattr(store, "conninfo", None)
     if conninfo is None:
         with store._write() as conn:

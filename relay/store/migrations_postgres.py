@@ -306,6 +306,23 @@ MIGRATIONS: list[str] = [
     GROUP BY 1, 2;
     """
     + _rls("audience_totals", "org_id"),
+    # 6: a deleted or replaced passage's embedding leaves the cache with it (DESIGN: deletion
+    # "removes it from every index and cache at once"): the cache keeps the vectors of texts
+    # some passage still holds (`postgres._forget_embeddings`), found through this index, and
+    # what deletes left behind before is dropped here (as the owner: every org's passages).
+    # The function looks at every org's passages (the app role sees its own org's alone), so
+    # one org's delete never drops a vector another org's passage still stands on.
+    """
+    CREATE INDEX passages_content_hash ON passages (content_hash);
+    DELETE FROM embedding_cache WHERE NOT EXISTS
+        (SELECT 1 FROM passages p WHERE p.content_hash = embedding_cache.content_hash);
+    CREATE FUNCTION relay_forget_embeddings(hashes text[]) RETURNS void
+    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+        DELETE FROM embedding_cache c WHERE c.content_hash = ANY(hashes)
+          AND NOT EXISTS (SELECT 1 FROM passages p WHERE p.content_hash = c.content_hash)
+    $$;
+    REVOKE ALL ON FUNCTION relay_forget_embeddings(text[]) FROM PUBLIC;
+    """,
 ]
 
 # Run after every migration pass; idempotent. The role itself is created when

@@ -163,4 +163,13 @@ MIGRATIONS: list[str] = [
     ) AS s ON s.org_id = p.org_id AND s.memory_id = p.memory_id
     GROUP BY p.org_id, coalesce(s.audiences, '[]');
     """,
+    # 6: a deleted or replaced passage's embedding leaves the cache with it (DESIGN: deletion
+    # "removes it from every index and cache at once"): the cache keeps the vectors of texts
+    # some passage still holds (`sqlite._forget_embeddings`), found through this index, and
+    # what deletes left behind before is dropped here.
+    """
+    CREATE INDEX passages_content_hash ON passages(content_hash);
+    DELETE FROM embedding_cache WHERE NOT EXISTS
+        (SELECT 1 FROM passages p WHERE p.content_hash = embedding_cache.content_hash);
+    """,
 ]

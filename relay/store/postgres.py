@@ -335,6 +335,14 @@ def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:
     return max(ef, 40) if ef <= MAX_EF_SEARCH else None
 
 
+def _forget_embeddings(conn: psycopg.Connection, hashes: set[str]) -> None:
+    """Drop from the embedding cache the texts of `hashes` no passage of any org holds any
+    more (vector and token matrix), in the transaction that removed them: a deleted text's
+    embedding must not outlive it (migration 6's function: the app role sees one org)."""
+    if hashes:
+        conn.execute("SELECT relay_forget_embeddings(%s::text[])", (sorted(hashes),))
+
+
 def _repair_audience_totals(conn: psycopg.Connection) -> None:
     """Recount the orgs whose audience sets no longer add up to their passage count. A
     replica on code from before migration 5, still writing during a rolling upgrade, keeps
@@ -759,7 +767,8 @@ class PostgresStore:
             (org_id, memory_id, sorted(set(draft.audiences))),
         )
         old = conn.execute(
-            "DELETE FROM passages WHERE org_id = %s AND memory_id = %s RETURNING lexical",
+            "DELETE FROM passages WHERE org_id = %s AND memory_id = %s"
+            " RETURNING lexical, content_hash",
             (org_id, memory_id),
         ).fetchall()
         terms.change(
@@ -775,6 +784,7 @@ class PostgresStore:
                     _passage_rows(org_id, memory_id, values, passages),
                     [p.tokens for p in passages],
                 )
+        _forget_embeddings(conn, {r["content_hash"] for r in old})
         # Supersession is a relation between live memories: recompute both directions.
         conn.execute(
             "UPDATE memories SET superseded_by = NULL WHERE org_id = %s AND superseded_by = %s",
@@ -841,12 +851,14 @@ class PostgresStore:
                 (org_id, [m for m, _ in pairs], [a for _, a in pairs]),
             )
             old: dict[str, list[str]] = {}
+            replaced: set[str] = set()
             for r in conn.execute(
                 "DELETE FROM passages WHERE org_id = %s AND memory_id = ANY(%s)"
-                " RETURNING memory_id, lexical",
+                " RETURNING memory_id, lexical, content_hash",
                 (org_id, changed),
             ):
                 old.setdefault(r["memory_id"], []).append(r["lexical"])
+                replaced.add(r["content_hash"])
             for _, v, d, ps in writes:
                 before = rows.get(v["id"])
                 terms.change(
@@ -860,6 +872,7 @@ class PostgresStore:
                 [row for _, v, _, ps in writes for row in _passage_rows(org_id, v["id"], v, ps)],
                 [p.tokens for _, _, _, ps in writes for p in ps],
             )
+            _forget_embeddings(conn, replaced)
             conn.execute(
                 "UPDATE memories SET superseded_by = NULL WHERE org_id = %s"
                 " AND superseded_by = ANY(%s)",
@@ -889,9 +902,11 @@ class PostgresStore:
             if row is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
             old = conn.execute(
-                "DELETE FROM passages WHERE org_id = %s AND memory_id = %s RETURNING lexical",
+                "DELETE FROM passages WHERE org_id = %s AND memory_id = %s"
+                " RETURNING lexical, content_hash",
                 (org_id, memory_id),
             ).fetchall()
+            _forget_embeddings(conn, {r["content_hash"] for r in old})
             terms = _TermDelta()
             terms.change(
                 removed=[r["lexical"] for r in old],

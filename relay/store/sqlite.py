@@ -468,13 +468,11 @@ class SQLiteStore:
             "INSERT INTO memory_audiences VALUES (?, ?, ?)",
             [(org_id, memory_id, a) for a in sorted(set(draft.audiences))],
         )
-        old = [
-            r["lexical"]
-            for r in conn.execute(
-                "SELECT lexical FROM passages WHERE org_id = ? AND memory_id = ?",
-                (org_id, memory_id),
-            )
-        ]
+        replaced = conn.execute(
+            "SELECT lexical, content_hash FROM passages WHERE org_id = ? AND memory_id = ?",
+            (org_id, memory_id),
+        ).fetchall()
+        old = [r["lexical"] for r in replaced]
         conn.execute("DELETE FROM passages WHERE org_id = ? AND memory_id = ?", (org_id, memory_id))
         conn.executemany(
             "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical, content_hash,"
@@ -498,6 +496,7 @@ class SQLiteStore:
             " WHERE org_id = ? AND memory_id = ? AND seq = ?",
             [(p.tokens, org_id, memory_id, p.seq) for p in passages if p.tokens is not None],
         )
+        _forget_embeddings(conn, {r["content_hash"] for r in replaced})
         _update_terms(
             conn,
             org_id,
@@ -572,16 +571,15 @@ class SQLiteStore:
             ).fetchone()
             if row is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
-            old = [
-                r["lexical"]
-                for r in conn.execute(
-                    "SELECT lexical FROM passages WHERE org_id = ? AND memory_id = ?",
-                    (org_id, memory_id),
-                )
-            ]
+            removed = conn.execute(
+                "SELECT lexical, content_hash FROM passages WHERE org_id = ? AND memory_id = ?",
+                (org_id, memory_id),
+            ).fetchall()
+            old = [r["lexical"] for r in removed]
             conn.execute(
                 "DELETE FROM passages WHERE org_id = ? AND memory_id = ?", (org_id, memory_id)
             )
+            _forget_embeddings(conn, {r["content_hash"] for r in removed})
             _update_terms(
                 conn,
                 org_id,
@@ -1051,6 +1049,22 @@ def _update_terms(
     if any(d < 0 for d in totals.values()):
         conn.execute(
             "DELETE FROM audience_totals WHERE org_id = ? AND passage_count <= 0", (org_id,)
+        )
+
+
+def _forget_embeddings(conn: sqlite3.Connection, hashes: set[str]) -> None:
+    """Drop from the embedding cache the texts of `hashes` no passage holds any more (every
+    model's entry: vector and token matrix), in the transaction that removed them: a
+    deleted text's embedding must not outlive it. A text another memory, or org, still
+    holds keeps its entry."""
+    ordered = sorted(hashes)
+    for start in range(0, len(ordered), 500):
+        chunk = ordered[start : start + 500]
+        marks = ", ".join("?" for _ in chunk)
+        conn.execute(
+            f"DELETE FROM embedding_cache WHERE content_hash IN ({marks}) AND NOT EXISTS"
+            " (SELECT 1 FROM passages p WHERE p.content_hash = embedding_cache.content_hash)",
+            chunk,
         )
 
 
