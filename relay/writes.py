@@ -126,11 +126,17 @@ class PreparedWrite:
     passages: list[PassageInput]
 
 
+# Embeddings made for a write, by model then content digest: cached once the write is stored.
+NewEmbeddings = dict[str, dict[str, bytes]]
+
+
 def prepare(
     store: Store, embedder: Embedder, items: Sequence[tuple[str, MemoryDraft]]
-) -> list[PreparedWrite]:
+) -> tuple[list[PreparedWrite], NewEmbeddings]:
     """Split and embed many drafts at once: distinct texts are embedded once, in batches,
-    and texts embedded before (same model, same content) come from the store's cache."""
+    and texts embedded before (same model, same content) come from the store's cache. The
+    new embeddings are returned for `cache_new`, not cached here: a write the store then
+    refuses must leave nothing behind, its text's vectors included."""
     pending: list[tuple[str, MemoryDraft, list[tuple[str, str, str]]]] = []
     for memory_id, draft in items:
         parts = []
@@ -152,11 +158,8 @@ def prepare(
         matrix = matrix.astype("<f4")
         fresh.update({d: matrix[i].tobytes() for i, d in enumerate(chunk)})
         fresh_tokens.update({d: late.pack(states[i]) for i, d in enumerate(chunk)})
-    if fresh:
-        store.cache_embeddings(embedder.name, fresh)
-        store.cache_embeddings(tokens_model, fresh_tokens)
-        vectors.update(fresh)
-        tokens.update(fresh_tokens)
+    vectors.update(fresh)
+    tokens.update(fresh_tokens)
     prepared = []
     for memory_id, draft, parts in pending:
         passages = [
@@ -171,7 +174,15 @@ def prepare(
             for i, (text, _, digest) in enumerate(parts)
         ]
         prepared.append(PreparedWrite(memory_id, draft, passages))
-    return prepared
+    return prepared, {embedder.name: fresh, tokens_model: fresh_tokens}
+
+
+def cache_new(store: Store, embeddings: NewEmbeddings) -> None:
+    """Keep a stored write's new embeddings, so the same text is never embedded again while
+    a passage holds it (the store drops an entry with its last passage)."""
+    for model, items in embeddings.items():
+        if items:
+            store.cache_embeddings(model, items)
 
 
 def create(
@@ -208,10 +219,12 @@ def save(
     expected_revision: int | None = None,
     audiences: frozenset[str] | None = None,
 ) -> tuple[Memory, bool]:
-    (write,) = prepare(store, embedder, [(memory_id, draft)])
-    return store.save_memory(
+    (write,), embeddings = prepare(store, embedder, [(memory_id, draft)])
+    saved = store.save_memory(
         org_id, memory_id, draft, author, write.passages, mode, expected_revision, audiences
     )
+    cache_new(store, embeddings)
+    return saved
 
 
 def save_many(
@@ -229,7 +242,7 @@ def save_many(
     written = unchanged = 0
     for start in range(0, len(items), batch):
         chunk = items[start : start + batch]
-        prepared = prepare(store, embedder, chunk)
+        prepared, embeddings = prepare(store, embedder, chunk)
         try:
             saved = store.save_memories(
                 org_id,
@@ -242,6 +255,7 @@ def save_many(
             if exc.item is not None:  # its place in the chunk, made its place in `items`
                 exc.item += start
             raise
+        cache_new(store, embeddings)
         written += sum(changed for _, changed in saved)
         unchanged += sum(not changed for _, changed in saved)
         if progress:

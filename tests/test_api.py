@@ -682,6 +682,26 @@ def test_a_chunked_bulk_write_names_the_item_by_its_place_in_the_whole(api):
     assert refused.value.item == 3
 
 
+def test_a_refused_write_leaves_no_embedding_behind(api):
+    """A write the store refuses (here its supersedes target) left its text's vectors in the
+    embedding cache: "nothing partial is ever written"."""
+    store, h = api.services.store, api.headers("acme_dev")
+    cached = "SELECT count(*) FROM embedding_cache"
+    before = raw_count(store, cached)
+    body = {"body": "The canary stays up for forty minutes.", "supersedes": ["nope"]}
+    assert api.client.post("/v1/memories", json=body, headers=h).status_code == 400
+    items = [
+        {"id": "rw1", "body": "Feature flags expire after ninety days.", "supersedes": ["nope"]}
+    ]
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    assert r.status_code == 400
+    assert raw_count(store, cached) == before
+    assert (
+        api.client.post("/v1/memories", json={"body": body["body"]}, headers=h).status_code == 201
+    )
+    assert raw_count(store, cached) == before + 2  # stored: its vector and its token matrix
+
+
 def test_a_batch_naming_one_id_twice_is_refused(api):
     """QA: the same id twice in a batch was {"written": 2}, the last one silently winning."""
     items = [{"id": name, "body": f"note {n}"} for n, name in enumerate("abcx")]
