@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -658,19 +658,46 @@ def import_(
 
 @cli.command()
 @click.option(
-    "--output", "-o", type=click.File("w"), default="-", help="File to write (default stdout)."
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    default="-",
+    help="File to write (default stdout); replaced only once the whole export is read.",
 )
 @client_options
-def export(client, output) -> None:  # noqa: ANN001
+def export(client, output: Path) -> None:  # noqa: ANN001
     """Export every memory the key may read as JSONL (relay restore reads it back).
 
-    Expired and superseded memories are included; deleted ones are not."""
+    Expired and superseded memories are included; deleted ones are not. A file is
+    written beside its final name (readable by you alone) and renamed into place at
+    the end: an export that fails midway leaves an earlier backup as it was."""
+    if str(output) == "-":
+        _export_pages(client, sys.stdout)
+        return
+    import tempfile
+
+    try:
+        fd, partial = tempfile.mkstemp(
+            prefix=f".{output.name}.", suffix=".partial", dir=output.resolve().parent
+        )
+    except OSError as exc:
+        raise RelayError(f"cannot write {output}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            _export_pages(client, fh)
+        os.replace(partial, output)
+    except BaseException:
+        os.unlink(partial)
+        raise
+
+
+def _export_pages(client, out: TextIO) -> None:  # noqa: ANN001
     cursor = None
     while True:
         query = "" if cursor is None else "&cursor=" + urllib.parse.quote(cursor)
         page = client.get("/v1/memories?limit=500" + query)
         for item in page["items"]:
-            output.write(json.dumps(item, ensure_ascii=False) + "\n")
+            out.write(json.dumps(item, ensure_ascii=False) + "\n")
         cursor = page["next_cursor"]
         if not cursor:
             break
