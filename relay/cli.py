@@ -443,6 +443,12 @@ def _memory_options(
     return fn
 
 
+def _memory_path(memory_id: str, rest: str = "") -> str:
+    from relay.client import memory_path  # imported when used: the CLI starts light
+
+    return memory_path(memory_id, rest)
+
+
 def _read_body(body: str | None) -> str | None:
     return sys.stdin.read() if body == "-" else body
 
@@ -499,7 +505,7 @@ def edit(
         fields["expected_revision"] = expected_revision
     if not fields:
         raise click.UsageError("nothing to change: pass --body or another field")
-    memory = client.request("PATCH", f"/v1/memories/{memory_id}", fields)
+    memory = client.request("PATCH", _memory_path(memory_id), fields)
     click.echo(f"{memory['id']} is now at revision {memory['revision']}")
 
 
@@ -508,7 +514,7 @@ def edit(
 @client_options
 def forget(client, memory_id: str) -> None:  # noqa: ANN001
     """Delete a memory everywhere at once (its history keeps a tombstone, not the text)."""
-    client.request("DELETE", f"/v1/memories/{memory_id}")
+    client.request("DELETE", _memory_path(memory_id))
     click.echo(f"forgot {memory_id}")
 
 
@@ -518,7 +524,7 @@ def forget(client, memory_id: str) -> None:  # noqa: ANN001
 @client_options
 def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
     """Show every revision of a memory."""
-    items = client.get(f"/v1/memories/{memory_id}/revisions")["items"]
+    items = client.get(_memory_path(memory_id, "/revisions"))["items"]
     if as_json:
         _echo_json(items)
         return

@@ -159,3 +159,33 @@ def test_key_list_warns_of_roles_made_before_they_were_checked(api):
         for line in done.stderr.splitlines()
         if "warning" in line and "0a0b0c0d0e0f" not in line
     ]
+
+
+def test_an_id_is_sent_whole_never_read_as_part_of_the_url(relay, api):
+    """QA: `relay forget "$ID?oops"` deleted $ID and printed "forgot $ID?oops"; `relay history
+    "x#y"` read x; `relay edit "bad id!"` was a traceback (http.client.InvalidURL)."""
+    memory_id = relay("acme_dev", "remember", "Throwaway note.").output.split()[1]
+    for args in (
+        ("forget", f"{memory_id}?oops"),
+        ("forget", f"{memory_id}#oops"),
+        ("history", f"{memory_id}#y"),
+        ("edit", "bad id!", "--body", "x"),
+        ("forget", f"../{memory_id}"),
+    ):
+        said = refused(relay("acme_dev", *args))
+        assert said.startswith("no memory "), (args, said)
+    headers = api.headers("acme_dev")
+    assert api.client.get(f"/v1/memories/{memory_id}", headers=headers).status_code == 200
+
+
+def test_a_server_url_that_is_no_url_is_one_line():
+    """QA: `relay search staging --url "not a url"` was a ValueError traceback."""
+    done = CliRunner().invoke(
+        cli,
+        ["search", "staging", "--url", "not a url", "--key", "relay_k_s"],
+        standalone_mode=False,
+    )
+    assert isinstance(done.exception, RelayError), done.exception
+    assert done.exception.message == (
+        "'not a url' is not a Relay server URL: give http://host:port (or https://...)"
+    )
