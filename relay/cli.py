@@ -286,7 +286,11 @@ def _org_id(store, name_or_id: str) -> str:  # noqa: ANN001
     help="Audience the key may read, named as memories' audiences are (lowercase letters, "
     "digits, _ . -; stored lower-cased); repeatable.",
 )
-@click.option("--expires-in-days", type=click.IntRange(1), help="Expire the key after N days.")
+@click.option(
+    "--expires-in-days",
+    type=click.IntRange(1, 36500),
+    help="Expire the key after N days (at most 100 years).",
+)
 @db_option
 def key_create(
     org_name: str,
@@ -799,6 +803,10 @@ def bench_recall(
 ) -> None:
     """Recall@k, nDCG, MRR, abstention and search time on a ../shared/bench folder."""
     from relay import bench_recall as br
+
+    for name in ("memories.jsonl", "queries.jsonl"):
+        if not (folder / name).is_file():
+            raise click.UsageError(f"{folder} has no {name}: is it a ../shared/bench folder?")
 
     result = br.run(
         folder,

@@ -189,3 +189,10 @@ def test_a_server_url_that_is_no_url_is_one_line():
     assert done.exception.message == (
         "'not a url' is not a Relay server URL: give http://host:port (or https://...)"
     )
+
+
+def test_a_key_expiry_beyond_any_date_is_refused_as_a_usage_error(api):
+    """QA: `relay key create --expires-in-days 99999999` was an OverflowError traceback."""
+    base = ["key", "create", "--org", "acme", "--name", "ci", "--db", database(api)]
+    done = CliRunner().invoke(cli, [*base, "--expires-in-days", "99999999"])
+    assert done.exit_code == 2 and "36500" in done.output, done.output
