@@ -258,8 +258,8 @@ def check_audiences(
             # Nobody could read it: an audience is a role that some live key carries.
             raise InvalidRequestError(
                 f"unknown audience{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} (no "
-                f"live key has that role; create one first, e.g. relay key create --role "
-                f"{unknown[0]})",
+                "live key has that role; an admin creates one first, e.g. relay key create"
+                f" --org ORG --name NAME --scope memory:read --role {unknown[0]})",
                 field="audiences",
                 unknown=unknown,
             )

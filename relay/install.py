@@ -690,8 +690,8 @@ def verify(url: str, key: str) -> dict[str, Any]:
     scopes = set(who.get("key", {}).get("scopes") or [])
     if not scopes & {"memory:read", "admin"}:
         raise InvalidRequestError(
-            "this key lacks memory:read, so every recall would be refused; create one with "
-            "'relay key create --scope memory:read'"
+            "this key lacks memory:read, so every recall would be refused; an admin creates one"
+            " with 'relay key create --org ORG --name NAME --scope memory:read'"
         )
     return who
 
