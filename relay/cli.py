@@ -320,6 +320,7 @@ def key_create(
 def key_list(org_name: str, db: str | None) -> None:
     """List an organisation's keys (never their secrets)."""
     store = _open_store(db)
+    click.echo("id\tstate\tname\tscopes\troles\texpires")
     for k in store.list_keys(_org_id(store, org_name)):
         state = (
             "revoked"
@@ -328,9 +329,9 @@ def key_list(org_name: str, db: str | None) -> None:
             if k.expires_at and k.expires_at < datetime.now(UTC)
             else "active"
         )
-        click.echo(
-            f"{k.id}\t{state}\t{k.name}\t{','.join(sorted(k.scopes))}\t{','.join(sorted(k.roles))}"
-        )
+        expires = k.expires_at.isoformat(timespec="seconds") if k.expires_at else "never"
+        roles = ",".join(sorted(k.roles)) or "-"
+        click.echo(f"{k.id}\t{state}\t{k.name}\t{','.join(sorted(k.scopes))}\t{roles}\t{expires}")
         _warn_unaddressable_roles(k.id, k.roles)
 
 
@@ -363,8 +364,12 @@ def _warn_unaddressable_roles(key_id: str, roles: frozenset[str]) -> None:
 def key_revoke(org_name: str, key_id: str, db: str | None) -> None:
     """Revoke a key at once, everywhere."""
     store = _open_store(db)
-    store.revoke_key(_org_id(store, org_name), key_id)
-    click.echo(f"revoked {key_id}")
+    asked = datetime.now(UTC)
+    revoked = store.revoke_key(_org_id(store, org_name), key_id).revoked_at
+    if revoked is not None and revoked < asked:
+        click.echo(f"{key_id} was already revoked, at {revoked.isoformat(timespec='seconds')}")
+    else:
+        click.echo(f"revoked {key_id}")
 
 
 # -- memories (over HTTP) -------------------------------------------------------
@@ -417,7 +422,13 @@ def _memory_options(
             multiple=True,
             help=f"Role allowed to see it (repeatable; {audience_default}).",
         ),
-        click.option("--tag", "tags", multiple=True, help="Tag (repeatable)."),
+        click.option(
+            "--tag",
+            "tags",
+            multiple=True,
+            help="Tag (repeatable"
+            + ("; replaces its tags; kept if not given)." if clears else ")."),
+        ),
         clears and _clear_option("tags", "Remove all its tags."),
         click.option(
             "--valid-until",
@@ -532,6 +543,7 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
     if as_json:
         _echo_json(items)
         return
+    before: dict[str, Any] = {}
     for r in items:
         if r.get("withheld"):
             text = "(withheld: written for audiences this key cannot read)"
@@ -539,6 +551,27 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
             text = r["body"] if r["body"] is not None else "(deleted: text removed)"
         head = f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}  {r['title'] or ''}"
         click.echo(f"{head}\n    {text}")
+        if r.get("withheld") or r["action"] == "delete":
+            continue
+        # What else this revision changed: an edit of a tag or a date is a revision too.
+        fields = {name: r.get(name) for name in _HISTORY_FIELDS}
+        changed = [
+            f"{name}: {_shown(value)}"
+            for name, value in fields.items()
+            if value != before.get(name, [] if isinstance(value, list) else None)
+        ]
+        if changed:
+            click.echo("    (" + "; ".join(changed) + ")")
+        before = fields
+
+
+_HISTORY_FIELDS = ("source", "audiences", "tags", "valid_until", "supersedes")
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == []:
+        return "none"
+    return ", ".join(value) if isinstance(value, list) else str(value)
 
 
 @cli.command()

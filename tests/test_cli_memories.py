@@ -4,6 +4,8 @@ reports in one line."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from click.testing import CliRunner, Result
 
@@ -196,3 +198,43 @@ def test_a_key_expiry_beyond_any_date_is_refused_as_a_usage_error(api):
     base = ["key", "create", "--org", "acme", "--name", "ci", "--db", database(api)]
     done = CliRunner().invoke(cli, [*base, "--expires-in-days", "99999999"])
     assert done.exit_code == 2 and "36500" in done.output, done.output
+
+
+def test_key_list_names_its_columns_and_each_keys_expiry_and_revoke_says_when_it_was_done(api):
+    """QA: `relay key list` had no header and no expiry column; revoking a revoked key again
+    printed "revoked" as if it had just been done."""
+    base = ["--org", "acme", "--db", database(api)]
+    made = CliRunner().invoke(
+        cli, ["key", "create", *base, "--name", "contractor", "--expires-in-days", "30"]
+    )
+    key_id = made.output.split("relay_")[1].split("_")[0]
+    listed = CliRunner().invoke(cli, ["key", "list", *base]).stdout.splitlines()
+    assert listed[0] == "id\tstate\tname\tscopes\troles\texpires"
+    row = next(line.split("\t") for line in listed if line.startswith(key_id))
+    assert row[1:3] == ["active", "contractor"] and row[5].startswith(
+        str((datetime.now(UTC) + timedelta(days=30)).date())
+    )
+    first = CliRunner().invoke(cli, ["key", "revoke", *base, key_id])
+    assert first.output == f"revoked {key_id}\n"
+    again = CliRunner().invoke(cli, ["key", "revoke", *base, key_id])
+    assert again.exit_code == 0 and again.output.startswith(f"{key_id} was already revoked, at ")
+
+
+def test_history_says_what_else_each_revision_changed(relay, api):
+    """QA: `relay history` printed only the body, so a revision that changed a tag or the
+    source looked like the one before it."""
+    made = relay("acme_dev", "remember", "Deploys go out on Tuesdays.", "--source", "team/ops")
+    memory_id = made.output.split()[1]
+    relay("acme_dev", "edit", memory_id, "--tag", "deploy")
+    relay("acme_dev", "edit", memory_id, "--source", "team/release", "--no-tags")
+    shown = relay("acme_dev", "history", memory_id).output.splitlines()
+    assert shown[1:3] == [
+        "    Deploys go out on Tuesdays.",
+        "    (source: team/ops; audiences: all)",
+    ]
+    assert shown[4:6] == ["    Deploys go out on Tuesdays.", "    (tags: deploy)"]
+    assert shown[7:9] == [
+        "    Deploys go out on Tuesdays.",
+        "    (source: team/release; tags: none)",
+    ]
+    assert len(shown) == 9
