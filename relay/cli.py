@@ -465,7 +465,15 @@ def _memory_path(memory_id: str, rest: str = "") -> str:
 
 
 def _read_body(body: str | None) -> str | None:
-    return sys.stdin.read() if body == "-" else body
+    if body != "-":
+        return body
+    raw = sys.stdin.buffer.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(
+            f"stdin is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})"
+        ) from None
 
 
 @cli.command()

@@ -4,6 +4,7 @@ reports in one line."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,7 +12,7 @@ from click.testing import CliRunner, Result
 
 from relay import client as relay_client
 from relay.cli import cli
-from relay.errors import RelayError
+from relay.errors import InvalidRequestError, RelayError
 
 
 @pytest.fixture
@@ -238,3 +239,21 @@ def test_history_says_what_else_each_revision_changed(relay, api):
         "    (source: team/release; tags: none)",
     ]
     assert len(shown) == 9
+
+
+def test_a_body_on_stdin_that_is_not_utf8_is_said_so():
+    """QA: `printf 'caf\\xe9' | relay remember -` said the body "contains an unpaired
+    surrogate (\\udce9)"."""
+    args = ["remember", "-", "--url", "http://127.0.0.1:9", "--key", "relay_k_s"]
+    done = CliRunner().invoke(cli, args, input=b"caf\xe9", standalone_mode=False)
+    assert isinstance(done.exception, InvalidRequestError), done.exception
+    assert done.exception.message == "stdin is not UTF-8 text (byte 0xe9 at offset 3)"
+
+
+def test_a_body_on_stdin_is_read_as_utf8(relay, api):
+    args = ["remember", "-", "--url", "http://relay.test", "--key", api.keys["acme_dev"], "--json"]
+    done = CliRunner().invoke(
+        cli, args, input="Café menus are in é.\n".encode(), standalone_mode=False
+    )
+    assert done.exception is None, done.output
+    assert json.loads(done.output)["body"] == "Café menus are in é."
