@@ -75,13 +75,21 @@ def unpaired_surrogate(text: str) -> str | None:
 
 
 def check_filter(name: str, value: str | None) -> str | None:
-    """A list filter's value (`source`, `tag`, ...): no stored value has control characters,
-    and PostgreSQL refuses a NUL in a query where SQLite matched nothing, so one is refused
-    (422, like any malformed parameter) the same on both stores."""
-    if value is not None and _CONTROL_OR_TAB.search(value):
+    """A list filter's value (`source`, `source_prefix`, `tag`): no stored value has control
+    characters, and PostgreSQL refuses a NUL in a query where SQLite matched nothing, so one
+    is refused (422, like any malformed parameter) the same on both stores; one longer than
+    any stored value can be is 413, as every text over its limit is."""
+    if value is None:
+        return value
+    if _CONTROL_OR_TAB.search(value):
         error = InvalidRequestError(f"{name} must not contain control characters", field=name)
         error.status = 422
         raise error
+    limit = MAX_TAG_CHARS if name == "tag" else MAX_SOURCE_CHARS
+    if len(value) > limit:
+        raise TooLargeError(
+            f"{name} is {len(value)} characters; the limit is {limit}", field=name, limit=limit
+        )
     return value
 
 

@@ -309,7 +309,7 @@ def test_relay_history_shows_a_withheld_revision_as_withheld(api, monkeypatch):
     )
     shown = CliRunner().invoke(cli.cli, ["history", memory_id])
     assert shown.exit_code == 0, shown.output
-    lines = shown.output.splitlines()
+    lines = [line for line in shown.output.splitlines() if not line.startswith("    (source")]
     assert lines[2].startswith("rev 2  edit ") and lines[2].rstrip().endswith("Z")
     assert lines[3] == "    (withheld: written for audiences this key cannot read)"
     assert "envelope" not in shown.output and "Break-glass" not in shown.output
@@ -1257,3 +1257,55 @@ def test_the_served_threshold_is_the_operator_s_choice(tmp_path):
         assert r.status_code == 200 and r.json()["results"], r.text
     finally:
         server.stop()
+
+
+def test_http_edges_answer_in_the_error_shape_with_their_headers(api):
+    """QA: 405 dropped its Allow header and 401 had no WWW-Authenticate; a body that is not
+    UTF-8, or nested too deeply, got FastAPI's own 400 wording while truncated JSON got 422;
+    HEAD /healthz was 405; `/v1/memories/` was a 307 with an empty body."""
+    h = {**api.headers("acme_dev"), "content-type": "application/json"}
+    r = api.client.delete("/healthz")
+    assert assert_error(r, 405, "method_not_allowed") and "GET" in r.headers["allow"]
+    r = api.client.get("/v1/whoami")
+    assert assert_error(r, 401, "unauthorized") and r.headers["www-authenticate"].startswith(
+        "Bearer"
+    )
+    for raw, why in (
+        (b'{"body": "caf\xe9"}', "it is not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "it is nested too deeply"),
+        (b'{"body": "x"', "Expecting"),
+    ):
+        said = assert_error(
+            api.client.post("/v1/memories", content=raw, headers=h), 422, "invalid_request"
+        )
+        assert said["message"].startswith("the body is not valid JSON") and why in said["message"]
+        keyless = api.client.post(
+            "/v1/memories", content=raw, headers={"content-type": "application/json"}
+        )
+        assert_error(keyless, 401, "unauthorized")  # the key is judged before the body
+    assert api.client.head("/healthz").status_code == 200
+    r = api.client.get("/v1/memories/", headers=h, follow_redirects=False)
+    assert_error(r, 404, "not_found")
+
+
+def test_list_filters_over_any_stored_length_are_413_like_every_long_text(api):
+    """QA: a `source_prefix` over 500 characters was 422 while `source` and `tag` had no
+    limit at all (a 70 KB tag was taken); docs/http-api.md: a text over its limit is 413."""
+    h = api.headers("acme_dev")
+    for name, limit in (("source", 300), ("source_prefix", 300), ("tag", 100)):
+        assert (
+            api.client.get("/v1/memories", params={name: "x" * limit}, headers=h).status_code == 200
+        )
+        r = api.client.get("/v1/memories", params={name: "x" * (limit + 1)}, headers=h)
+        assert assert_error(r, 413, "too_large")["message"] == (
+            f"{name} is {limit + 1} characters; the limit is {limit}"
+        )
+
+
+def test_metrics_label_only_known_methods(api):
+    """QA: any method name a keyless caller sent became a time series of its own."""
+    for method in ("FOO", "BAR123"):
+        api.client.request(method, "/healthz")
+    text = api.client.get("/metrics").text
+    assert 'method="FOO"' not in text and 'method="BAR123"' not in text
+    assert 'method="other"' in text
