@@ -299,8 +299,8 @@ class Doctor:
                     "fix the file, then `relay install`",
                 )
                 continue
-            found = agents.relay_hook_commands(doc)
-            missing = [e for e in agents.EVENTS if e not in found]
+            handlers = agents.relay_handlers(doc)
+            missing = [e for e in agents.EVENTS if e not in {h.event for h in handlers}]
             if missing == list(agents.EVENTS):
                 if expected:
                     self.add(
@@ -317,7 +317,8 @@ class Doctor:
                     f"{label}: {self.home(path)} lacks the {' and '.join(missing)} hook",
                     f"run `relay install --agent {agent}`",
                 )
-            if self._check_commands(label, path, found):
+            self._check_duplicates(label, path, handlers)
+            if self._check_targets(label, path, handlers):
                 any_ok = True
             if agent == "codex":
                 self._check_codex_flag()
@@ -329,50 +330,113 @@ class Doctor:
                 "run `relay install`",
             )
 
-    def _check_commands(self, label: str, path: Path, found: dict[str, list[str]]) -> bool:
-        scripts = set()
-        for commands in found.values():
-            for command in commands:
-                script = script_of(command, self.paths.home)
-                if script is None:
-                    self.add(
-                        "warn",
-                        "hooks",
-                        f"{label}: unexpected Relay hook command in {self.home(path)}: {command}",
-                        "run `relay install` to rewrite it",
-                    )
-                    continue
-                scripts.add(script)
-        ok = True
-        for script in sorted(scripts):
-            if not os.access(script, os.X_OK):
+    def _check_duplicates(
+        self, label: str, path: Path, handlers: list[agents.RelayHandler]
+    ) -> None:
+        for event in agents.EVENTS:
+            count = sum(h.event == event for h in handlers)
+            if count > 1:
                 self.add(
                     "warn",
                     "hooks",
-                    f"{label}: hooks registered, but {self.home(script)} is missing or not "
-                    "executable: automatic recall is off (the agent skips it silently)",
-                    "run `relay install` to restore it, if that was not on purpose",
+                    f"{label}: {self.home(path)} registers Relay's {event} hook {count} times:"
+                    " each one runs the hook again",
+                    "run `relay install`: it keeps one entry per event",
                 )
-                ok = False
+
+    def _check_targets(self, label: str, path: Path, handlers: list[agents.RelayHandler]) -> bool:
+        """What each Relay entry starts, and with which argument: the knob script (present,
+        executable, exec'ing a `relay-hook` that is) or `relay-hook` itself."""
+        targets: dict[Path, list[str]] = {}
+        ok = True
+        for h in handlers:
+            started = agents.started_in_command(h.command)
+            if started is None:
+                self.add(
+                    "warn",
+                    "hooks",
+                    f"{label}: unexpected Relay hook command in {self.home(path)}: {h.command}",
+                    "run `relay install` to rewrite it",
+                )
                 continue
-            hook = hook_binary_of(script)
-            if hook is None or not os.access(hook, os.X_OK):
+            program, args = started
+            if (args[:1] == ["session-start"]) != (h.event == "SessionStart"):
+                self.add("fail", "hooks", *self._wrong_event(label, path, h.event, program))
+                ok = False
+            targets.setdefault(self._program_path(program), []).append(h.event)
+        for program, events in sorted(targets.items()):
+            on = " and ".join(e for e in agents.EVENTS if e in events)
+            if program.name == agents.SCRIPT_NAME:
+                ok = self._check_script(label, path, program, on) and ok
+            elif not os.access(program, os.X_OK):
                 self.add(
                     "fail",
                     "hooks",
-                    f"{label}: {self.home(script)} runs {hook or 'nothing recognisable'}, which "
-                    "does not exist or is not executable: the agent shows an error on every prompt",
-                    "run `relay install` from the Relay you use now",
+                    f"{label}: {self.home(path)} runs {program}, which does not exist or is not "
+                    "executable: the agent shows an error on every prompt",
+                    "run `relay install` (it registers the hook through its knob script)",
                 )
                 ok = False
-                continue
-            events = " and ".join(e for e in agents.EVENTS if e in found)
-            self.add(
-                "ok",
-                "hooks",
-                f"{label}: {events} in {self.home(path)} -> {self.home(script)} -> {hook}",
-            )
+            else:
+                self.add(
+                    "ok",
+                    "hooks",
+                    f"{label}: {on} in {self.home(path)} -> {program} (started directly, without"
+                    " the knob script: its settings come from the environment and config.json)",
+                )
         return ok
+
+    def _wrong_event(self, label: str, path: Path, event: str, program: str) -> tuple[str, str]:
+        if event == "SessionStart":
+            why = (
+                "without the `session-start` argument: the hook takes each session start for "
+                "a prompt and the team profile never comes"
+            )
+        else:
+            why = (
+                "with the `session-start` argument: every prompt gets the team profile "
+                "instead of a search"
+            )
+        return (
+            f"{label}: the {event} entry in {self.home(path)} runs {program} {why}",
+            "run `relay install` to rewrite the entry",
+        )
+
+    def _program_path(self, word: str) -> Path:
+        """A command word as sh finds it: `$HOME/` and `~/` expanded, a bare name on PATH."""
+        for prefix in ("$HOME/", "${HOME}/", "~/"):
+            if word.startswith(prefix):
+                return self.paths.home / word[len(prefix) :]
+        if "/" not in word:
+            import shutil
+
+            return Path(shutil.which(word, path=self.environ.get("PATH")) or word)
+        return Path(word)
+
+    def _check_script(self, label: str, path: Path, script: Path, on: str) -> bool:
+        if not os.access(script, os.X_OK):
+            self.add(
+                "warn",
+                "hooks",
+                f"{label}: hooks registered, but {self.home(script)} is missing or not "
+                "executable: automatic recall is off (the agent skips it silently)",
+                "run `relay install` to restore it, if that was not on purpose",
+            )
+            return False
+        hook = hook_binary_of(script)
+        if hook is None or not os.access(hook, os.X_OK):
+            self.add(
+                "fail",
+                "hooks",
+                f"{label}: {self.home(script)} runs {hook or 'nothing recognisable'}, which "
+                "does not exist or is not executable: the agent shows an error on every prompt",
+                "run `relay install` from the Relay you use now",
+            )
+            return False
+        self.add(
+            "ok", "hooks", f"{label}: {on} in {self.home(path)} -> {self.home(script)} -> {hook}"
+        )
+        return True
 
     def _codex_config(self, area: str) -> dict[str, Any] | None:
         """~/.codex/config.toml parsed ({} when absent); None when Codex cannot read it
@@ -568,22 +632,7 @@ def _agent_of(path: Path) -> str:
     return "codex" if ".codex" in path.parts or path.name == "hooks.json" else "claude-code"
 
 
-_SCRIPT_IN_COMMAND = re.compile(r"\[ -x (.+?) \] && exec ")
 _EXEC_IN_SCRIPT = re.compile(r"^exec (.+?) \"\$@\"\s*$", re.MULTILINE)
-
-
-def script_of(command: str, home: Path) -> Path | None:
-    """The script a registered Relay command runs (`$HOME` expanded)."""
-    found = _SCRIPT_IN_COMMAND.search(command)
-    if not found:
-        return None
-    try:
-        (word,) = shlex.split(found.group(1))
-    except ValueError:
-        return None
-    if word.startswith("$HOME/"):
-        word = str(home) + word[len("$HOME") :]
-    return Path(word)
 
 
 def hook_binary_of(script: Path) -> str | None:

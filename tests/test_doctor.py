@@ -10,6 +10,7 @@ import pytest
 from conftest import start_server
 from hook_support import free_port
 from integration_support import (
+    BIN,
     mint,
     registered_command,
     relay,
@@ -260,3 +261,65 @@ def test_an_install_without_mcp_is_not_told_to_install_it(tmp_path, server):
     done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key, "--no-mcp")
     assert done.returncode == 0, done.stderr
     assert not [f for f in findings(tmp_path) if f["area"] == "mcp" and f["level"] != "ok"]
+
+
+def registered_by_hand(home, url: str, key: str) -> dict:
+    """Relay set up as docs/hook.md shows, without `relay install`: a config file, a key
+    file, and `relay-hook` itself registered in ~/.claude/settings.json."""
+    relay_dir = home / ".relay"
+    relay_dir.mkdir(mode=0o700)
+    (relay_dir / "key").write_text(key + "\n")
+    (relay_dir / "key").chmod(0o600)
+    config = {"url": url, "api_key_file": str(relay_dir / "key")}
+    (relay_dir / "config.json").write_text(json.dumps(config))
+    hook = str(BIN / "relay-hook")
+    settings = {
+        "hooks": {
+            "UserPromptSubmit": [{"hooks": [{"type": "command", "command": hook}]}],
+            "SessionStart": [{"hooks": [{"type": "command", "command": f"{hook} session-start"}]}],
+        }
+    }
+    (home / ".claude").mkdir()
+    (home / ".claude/settings.json").write_text(json.dumps(settings))
+    return settings
+
+
+def test_a_hook_registered_by_hand_is_checked_and_not_doubled(tmp_path, server):
+    """QA: `relay-hook` registered by hand as docs/hook.md shows was invisible to doctor
+    (FAIL: no Relay hooks, though the log counted its hits), and `relay install` added a
+    second pair, so the hook ran twice per prompt."""
+    registered_by_hand(tmp_path, server.url, server.admin_key)
+    settings = tmp_path / ".claude/settings.json"
+    run = run_registered(
+        str(BIN / "relay-hook"),
+        tmp_path,
+        {"session_id": "hand", "prompt_id": "p", "prompt": "how do we deploy billing to staging?"},
+    )
+    assert run.returncode == 0
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert (
+        "Claude Code: UserPromptSubmit and SessionStart in ~/.claude/settings.json -> "
+        f"{BIN / 'relay-hook'} (started directly, without the knob script" in done.stdout
+    )
+    assert "last 24 h: 1 runs" in done.stdout
+    installed(tmp_path, server.url, server.admin_key)
+    commands = json.loads(settings.read_text())["hooks"]
+    assert [len(commands[event]) for event in ("UserPromptSubmit", "SessionStart")] == [1, 1]
+    registered_command(settings, "UserPromptSubmit")  # install's, through the knob script
+
+
+def test_a_session_start_entry_without_its_argument_fails(tmp_path, server):
+    settings = registered_by_hand(tmp_path, server.url, server.admin_key)
+    settings["hooks"]["SessionStart"][0]["hooks"][0]["command"] = str(BIN / "relay-hook")
+    duplicate = settings["hooks"]["UserPromptSubmit"][0]["hooks"][0]
+    settings["hooks"]["UserPromptSubmit"].append({"hooks": [duplicate]})
+    (tmp_path / ".claude/settings.json").write_text(json.dumps(settings))
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert any(
+        "the SessionStart entry in ~/.claude/settings.json runs" in f
+        and "without the `session-start` argument" in f
+        for f in failures(tmp_path)
+    )
+    assert "registers Relay's UserPromptSubmit hook 2 times" in done.stdout
