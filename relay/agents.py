@@ -207,6 +207,32 @@ def relay_handlers(doc: dict[str, Any]) -> list[RelayHandler]:
     return found
 
 
+# Where a session can start from, as each agent tells its SessionStart hooks (`source`).
+SESSION_SOURCES = {
+    "claude-code": ("startup", "resume", "clear", "compact"),
+    "codex": ("startup", "resume", "clear"),
+}
+
+
+def matcher_matches(matcher: object, value: str) -> bool:
+    """Whether a group's `matcher` lets `value` through, as both agents read it: absent,
+    empty or `*` matches everything; letters, digits, `_` and `|` name exact values;
+    anything else is a regular expression."""
+    if matcher is None:
+        return True
+    if not isinstance(matcher, str):
+        return False
+    pattern = matcher.strip()
+    if pattern in ("", "*"):
+        return True
+    if re.fullmatch(r"[A-Za-z0-9_|]+", pattern):
+        return value in (part.strip() for part in pattern.split("|"))
+    try:
+        return re.search(pattern, value) is not None
+    except re.error:
+        return False
+
+
 def relay_hook_commands(doc: dict[str, Any]) -> dict[str, list[str]]:
     """Event -> the Relay commands registered for it."""
     found: dict[str, list[str]] = {}

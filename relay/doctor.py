@@ -33,6 +33,7 @@ from relay.hook import config as hook_config
 SLOW_SERVER_MS = 150
 BUDGET_ALERT_RUNS = 3  # runs out of budget before a search, in 24 h, worth a finding
 EXPIRY_WARNING = timedelta(days=7)
+HOOK_EXIT_MS = 100  # after its deadline, the hook logs its outcome and exits
 AGENT_LABELS = {"claude-code": "Claude Code", "codex": "Codex"}
 
 
@@ -318,7 +319,8 @@ class Doctor:
                     f"run `relay install --agent {agent}`",
                 )
             self._check_duplicates(label, path, handlers)
-            if self._check_targets(label, path, handlers):
+            entries_ok = self._check_entries(agent, path, handlers)
+            if self._check_targets(label, path, handlers) and entries_ok:
                 any_ok = True
             if agent == "codex":
                 self._check_codex_flag()
@@ -343,6 +345,50 @@ class Doctor:
                     " each one runs the hook again",
                     "run `relay install`: it keeps one entry per event",
                 )
+
+    def _check_entries(self, agent: str, path: Path, handlers: list[agents.RelayHandler]) -> bool:
+        """What the agent reads before it runs a Relay entry's command: its `type`, its
+        `timeout` (seconds, in both agents) and, for SessionStart, its group's matcher."""
+        label = AGENT_LABELS[agent]
+        deadline = self.cfg.deadline_ms if self.cfg else hook_config.DEFAULTS["deadline_ms"]
+        fix = "run `relay install` to rewrite the entry"
+        ok = True
+        for h in handlers:
+            where = f"{label}: the Relay {h.event} entry in {self.home(path)}"
+            kind = h.handler.get("type")
+            if kind != "command":
+                what = f'"type": {json.dumps(kind)}' if "type" in h.handler else "no type"
+                self.add(
+                    "fail",
+                    "hooks",
+                    f'{where} has {what}, not "command": {label} never runs its command',
+                    f'set "type": "command", or {fix}',
+                )
+                ok = False
+            problem = _timeout_problem(agent, h.handler.get("timeout"), deadline)
+            if problem:
+                self.add(
+                    "fail",
+                    "hooks",
+                    f"{where}: {problem}",
+                    f"remove the timeout or set it to {agents.HOOK_TIMEOUT_S} (seconds), or {fix}",
+                )
+                ok = False
+            if h.event != "SessionStart":
+                continue  # both agents ignore a UserPromptSubmit matcher
+            sources = agents.SESSION_SOURCES[agent]
+            missed = [s for s in sources if not agents.matcher_matches(h.matcher, s)]
+            if missed:
+                runs = " or ".join(s for s in sources if s not in missed)
+                self.add(
+                    "warn",
+                    "hooks",
+                    f"{where} has the matcher {json.dumps(h.matcher)}: it runs "
+                    + (f"only for sessions whose source is {runs}" if runs else "never")
+                    + f", not {' or '.join(missed)}: those start without the team profile",
+                    f"remove the matcher (Relay's entry has none), or {fix}",
+                )
+        return ok
 
     def _check_targets(self, label: str, path: Path, handlers: list[agents.RelayHandler]) -> bool:
         """What each Relay entry starts, and with which argument: the knob script (present,
@@ -622,6 +668,31 @@ class Doctor:
             f"raise DEADLINE_MS in {self.home(self.paths.script)} (the default is "
             f"{hook_config.DEFAULTS['deadline_ms']} ms)",
         )
+
+
+def _timeout_problem(agent: str, timeout: object, deadline_ms: int) -> str | None:
+    """What is wrong with a Relay entry's `timeout`, in seconds for both agents (Claude Code
+    takes any number, Codex a whole one and at least 1): it must outlast the hook, which
+    gives up at its deadline and then needs a moment to exit."""
+    if timeout is None:
+        return None  # the agent's default: minutes
+    label = AGENT_LABELS[agent]
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return f"its timeout {json.dumps(timeout)} is not a number of seconds"
+    if agent == "codex":
+        if not isinstance(timeout, int) or timeout < 0:
+            return (
+                f"its timeout {json.dumps(timeout)} is not whole seconds: Codex cannot read "
+                "the file, and runs none of its hooks"
+            )
+        timeout = max(timeout, 1)
+    if timeout * 1000 < deadline_ms + HOOK_EXIT_MS:
+        return (
+            f"its timeout is {timeout:g} s (seconds), shorter than the hook may take (its "
+            f"{deadline_ms} ms deadline and {HOOK_EXIT_MS} ms to exit): {label} kills it "
+            "mid-search and shows an error"
+        )
+    return None
 
 
 def _searches(n: int) -> str:

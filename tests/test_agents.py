@@ -162,3 +162,22 @@ def test_what_a_relay_command_starts(command, started):
 )
 def test_commands_that_are_not_relays(command):
     assert not agents.is_relay_handler({"type": "command", "command": command})
+
+
+@pytest.mark.parametrize(
+    ("matcher", "matched"),
+    [
+        (None, {"startup", "resume", "clear", "compact"}),
+        ("", {"startup", "resume", "clear", "compact"}),
+        ("*", {"startup", "resume", "clear", "compact"}),
+        ("compact", {"compact"}),
+        ("startup|clear", {"startup", "clear"}),
+        ("^(startup|resume)$", {"startup", "resume"}),
+        ("c.*", {"clear", "compact"}),
+        ("[", set()),  # not a regular expression: matches nothing
+        (3, set()),
+    ],
+)
+def test_session_start_matchers(matcher, matched):
+    sources = agents.SESSION_SOURCES["claude-code"]
+    assert {s for s in sources if agents.matcher_matches(matcher, s)} == matched

@@ -323,3 +323,65 @@ def test_a_session_start_entry_without_its_argument_fails(tmp_path, server):
         for f in failures(tmp_path)
     )
     assert "registers Relay's UserPromptSubmit hook 2 times" in done.stdout
+
+
+def edit_relay_entry(path, event: str, group: dict | None = None, **handler) -> None:
+    """Change the one Relay entry for `event` in an agent's hooks file, as a user would."""
+    doc = json.loads(path.read_text())
+    (entry,) = doc["hooks"][event]
+    entry.update(group or {})
+    entry["hooks"][0].update(handler)
+    path.write_text(json.dumps(doc))
+
+
+def test_hook_entries_the_agents_would_not_run_fail(tmp_path, server):
+    """QA: doctor said ok for entries edited by hand so they no longer work: a timeout of
+    0.1 (seconds: Claude Code kills the hook before its 400 ms deadline), a SessionStart
+    matcher of "compact" (the profile then comes only after compaction), and a "prompt"
+    type (the command never runs)."""
+    installed(tmp_path, server.url, server.admin_key)
+    settings = tmp_path / ".claude/settings.json"
+    edit_relay_entry(settings, "UserPromptSubmit", timeout=0.1)
+    edit_relay_entry(settings, "SessionStart", {"matcher": "compact"}, type="prompt")
+    edit_relay_entry(tmp_path / ".codex/hooks.json", "UserPromptSubmit", timeout=2.5)
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "Recall is wired up" not in done.stdout
+    where = "Claude Code: the Relay {} entry in ~/.claude/settings.json"
+    failed = failures(tmp_path)
+    assert (
+        f"hooks: {where.format('UserPromptSubmit')}: its timeout is 0.1 s (seconds), shorter "
+        "than the hook may take (its 400 ms deadline and 100 ms to exit): Claude Code kills it "
+        "mid-search and shows an error"
+    ) in failed, failed
+    assert (
+        f'hooks: {where.format("SessionStart")} has "type": "prompt", not "command": '
+        "Claude Code never runs its command"
+    ) in failed
+    assert any(
+        f.startswith(
+            "hooks: Codex: the Relay UserPromptSubmit entry in ~/.codex/hooks.json: its "
+            "timeout 2.5 is not whole seconds: Codex cannot read the file"
+        )
+        for f in failed
+    ), failed
+    warned = [f["message"] for f in findings(tmp_path) if f["level"] == "warn"]
+    assert (
+        f'{where.format("SessionStart")} has the matcher "compact": it runs only for sessions '
+        "whose source is compact, not startup or resume or clear: those start without the "
+        "team profile"
+    ) in warned
+    assert "fix: remove the timeout or set it to 5 (seconds)" in done.stdout
+
+
+def test_hook_entry_fields_that_work_pass(tmp_path, server):
+    """A matcher that lets every source through, and a Codex timeout of 0 (Codex runs it
+    for at least 1 s), are no finding."""
+    installed(tmp_path, server.url, server.admin_key)
+    settings = tmp_path / ".claude/settings.json"
+    edit_relay_entry(settings, "SessionStart", {"matcher": "startup|resume|clear|compact"})
+    edit_relay_entry(settings, "UserPromptSubmit", {"matcher": "nothing"}, timeout=1)
+    edit_relay_entry(tmp_path / ".codex/hooks.json", "SessionStart", {"matcher": ".*"}, timeout=0)
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert not [f for f in findings(tmp_path) if f["area"] == "hooks" and f["level"] != "ok"]
