@@ -14,8 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
-import shlex
 import stat
 import sys
 import time
@@ -26,7 +24,7 @@ from typing import Any
 
 import click
 
-from relay import agents
+from relay import agents, knob_script
 from relay.errors import RelayError, StoreError, UnavailableError
 from relay.hook import config as hook_config
 
@@ -54,6 +52,7 @@ class Doctor:
         self.manifest = load_manifest(self.paths)
         self.findings: list[Finding] = []
         self.cfg: hook_config.Config | None = None
+        self._scripts_checked: dict[Path, bool] = {}
         self.key_ok: bool | None = None
 
     def add(self, level: str, area: str, message: str, fix: str = "") -> None:
@@ -106,11 +105,10 @@ class Doctor:
                     "fix the file or run `relay install` again",
                 )
                 return False
-        from relay.install import script_environ
-
         # The settings the hook runs with: the script's knobs beat the config file.
+        script = self._script_reading if self._script_in_use() else None
         ignored: list[str] = []
-        self.cfg = cfg = hook_config.load(script_environ(self.paths.script, self.environ), ignored)
+        self.cfg = cfg = hook_config.load(knob_script.hook_environ(script, self.environ), ignored)
         for what in ignored:
             self.add(
                 "warn",
@@ -286,17 +284,56 @@ class Doctor:
                 out.append((agent, p, expected))
         return out
 
-    def check_hooks(self) -> None:
-        any_ok = False
+    @functools.cached_property
+    def _hook_docs(self) -> list[tuple[str, Path, bool, dict[str, Any] | Exception]]:
+        """Each hooks file parsed once (or why it cannot be): (agent, path, expected, doc)."""
+        out: list[tuple[str, Path, bool, dict[str, Any] | Exception]] = []
         for agent, path, expected in self._hook_files():
-            label = AGENT_LABELS[agent]
             try:
                 doc = agents.parse_json(path.read_text(), str(path)) if path.exists() else {}
             except (OSError, RelayError) as exc:
+                out.append((agent, path, expected, exc))
+            else:
+                out.append((agent, path, expected, doc))
+        return out
+
+    def _script_in_use(self) -> bool:
+        """Whether the hook runs through the knob script: a registered Relay entry starts it,
+        or none is registered to say otherwise (`relay-hook` registered by hand skips it)."""
+        started = [
+            agents.started_in_command(h.command)
+            for _, _, _, doc in self._hook_docs
+            if isinstance(doc, dict)
+            for h in agents.relay_handlers(doc)
+        ]
+        programs = [s[0].rsplit("/", 1)[-1] for s in started if s]
+        return not programs or agents.SCRIPT_NAME in programs
+
+    @functools.cached_property
+    def _script_reading(self) -> knob_script.Reading | None:
+        """The installed knob script as sh runs it; None when it is missing or unreadable."""
+        try:
+            return knob_script.read(self.paths.script.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def _reading_of(self, script: Path) -> knob_script.Reading:
+        if script == self.paths.script:
+            return self._script_reading or knob_script.Reading()
+        try:
+            return knob_script.read(script.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return knob_script.Reading()
+
+    def check_hooks(self) -> None:
+        any_ok = False
+        for agent, path, expected, doc in self._hook_docs:
+            label = AGENT_LABELS[agent]
+            if not isinstance(doc, dict):
                 self.add(
                     "fail",
                     "hooks",
-                    f"{label}: {self.home(path)} is unreadable ({exc}); the agent ignores it",
+                    f"{label}: {self.home(path)} is unreadable ({doc}); the agent ignores it",
                     "fix the file, then `relay install`",
                 )
                 continue
@@ -350,7 +387,7 @@ class Doctor:
         """What the agent reads before it runs a Relay entry's command: its `type`, its
         `timeout` (seconds, in both agents) and, for SessionStart, its group's matcher."""
         label = AGENT_LABELS[agent]
-        deadline = self.cfg.deadline_ms if self.cfg else hook_config.DEFAULTS["deadline_ms"]
+        deadline = (self.cfg or hook_config.load(self.environ)).deadline_ms
         fix = "run `relay install` to rewrite the entry"
         ok = True
         for h in handlers:
@@ -405,11 +442,11 @@ class Doctor:
                     "run `relay install` to rewrite it",
                 )
                 continue
-            program, args = started
+            word, args = started
             if (args[:1] == ["session-start"]) != (h.event == "SessionStart"):
-                self.add("fail", "hooks", *self._wrong_event(label, path, h.event, program))
+                self.add("fail", "hooks", *self._wrong_event(label, path, h.event, word))
                 ok = False
-            targets.setdefault(self._program_path(program), []).append(h.event)
+            targets.setdefault(self._program_path(word), []).append(h.event)
         for program, events in sorted(targets.items()):
             on = " and ".join(e for e in agents.EVENTS if e in events)
             if program.name == agents.SCRIPT_NAME:
@@ -431,6 +468,41 @@ class Doctor:
                     " the knob script: its settings come from the environment and config.json)",
                 )
         return ok
+
+    def _script_parses(self, script: Path) -> bool:
+        """sh can parse the script (else it stops at the error, exit status 2, before it
+        starts the hook), and every line that sets a knob is one doctor can read; each
+        finding once, however many agents run the script."""
+        if script in self._scripts_checked:
+            return self._scripts_checked[script]
+        error = knob_script.syntax_error(script)
+        self._scripts_checked[script] = error is None
+        fix = f"run `relay install` to rewrite {self.home(script)} (knobs back to their defaults)"
+        if error:
+            self.add(
+                "fail",
+                "hooks",
+                f"sh cannot parse {self.home(script)} ({error}): it stops there with exit "
+                "status 2 before it starts relay-hook, so no prompt gets recall, and Claude "
+                "Code blocks a prompt whose hook exits with 2",
+                f"fix that line, or {fix}",
+            )
+            return False
+        for bad in self._reading_of(script).unreadable:
+            what = (
+                f"sh runs {bad.text.split()[0]} as a command (not found), so that knob is "
+                "unset and the hook takes config.json's value or its default"
+                if bad.spaced
+                else "doctor cannot tell what it sets, so the settings shown may not be the hook's"
+            )
+            self.add(
+                "warn",
+                "hooks",
+                f"line {bad.line} of {self.home(script)}, `{bad.text}`, is not a plain "
+                f"NAME=value assignment (no spaces around =): {what}",
+                f"write it as NAME=value, or {fix}",
+            )
+        return True
 
     def _wrong_event(self, label: str, path: Path, event: str, program: str) -> tuple[str, str]:
         if event == "SessionStart":
@@ -469,7 +541,9 @@ class Doctor:
                 "run `relay install` to restore it, if that was not on purpose",
             )
             return False
-        hook = hook_binary_of(script)
+        if not self._script_parses(script):
+            return False
+        hook = self._reading_of(script).hook
         if hook is None or not os.access(hook, os.X_OK):
             self.add(
                 "fail",
@@ -701,17 +775,6 @@ def _searches(n: int) -> str:
 
 def _agent_of(path: Path) -> str:
     return "codex" if ".codex" in path.parts or path.name == "hooks.json" else "claude-code"
-
-
-_EXEC_IN_SCRIPT = re.compile(r"^exec (.+?) \"\$@\"\s*$", re.MULTILINE)
-
-
-def hook_binary_of(script: Path) -> str | None:
-    try:
-        found = _EXEC_IN_SCRIPT.search(script.read_text())
-        return shlex.split(found.group(1))[0] if found else None
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def render(findings: list[Finding]) -> str:

@@ -385,3 +385,48 @@ def test_hook_entry_fields_that_work_pass(tmp_path, server):
     done = doctor(tmp_path)
     assert done.returncode == 0, done.stdout
     assert not [f for f in findings(tmp_path) if f["area"] == "hooks" and f["level"] != "ok"]
+
+
+@pytest.mark.parametrize(
+    ("line", "broken"),
+    [("DEADLINE_MS=400", 'DEADLINE_MS="400'), ("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=15)")],
+)
+def test_a_knob_script_sh_cannot_parse_fails(tmp_path, server, line, broken):
+    """QA: with a quote or a parenthesis too many in the knob script, sh stopped with exit
+    status 2 on every prompt (Claude Code blocked each one) and doctor said "Recall is
+    wired up": it read the knobs with a regular expression, never as sh does."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace(line, broken))
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "Recall is wired up" not in done.stdout
+    (failed,) = [f for f in failures(tmp_path) if "sh cannot parse" in f]
+    assert failed.startswith("hooks: sh cannot parse ~/.relay/relay-autosearch-hook.sh (line ")
+    assert "fix: fix that line, or run `relay install` to rewrite" in done.stdout
+    assert " -> ~/.relay/relay-autosearch-hook.sh -> " not in done.stdout  # no `ok` for it
+
+
+def test_knob_lines_doctor_cannot_read_are_named(tmp_path, server):
+    """QA: `OVERLAP_THRESHOLD = 0.5` (spaces around =) is a command to sh, which prints
+    `OVERLAP_THRESHOLD: not found` and leaves the knob unset; doctor said nothing."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    text = script.read_text().replace("OVERLAP_THRESHOLD=0.30", "OVERLAP_THRESHOLD = 0.5")
+    script.write_text(text.replace("DEADLINE_MS=400", "DEADLINE_MS=900  # a slow laptop"))
+    number = text.splitlines().index("OVERLAP_THRESHOLD = 0.5") + 1
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    warned = [f["message"] for f in findings(tmp_path) if f["level"] == "warn"]
+    assert (
+        f"line {number} of ~/.relay/relay-autosearch-hook.sh, `OVERLAP_THRESHOLD = 0.5`, is not "
+        "a plain NAME=value assignment (no spaces around =): sh runs OVERLAP_THRESHOLD as a "
+        "command (not found), so that knob is unset and the hook takes config.json's value or "
+        "its default"
+    ) in warned, warned
+    assert "fix: write it as NAME=value, or run `relay install` to rewrite" in done.stdout
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    log = tmp_path / ".relay/state/outcomes.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(json.dumps({"ts": now, "outcome": "hit", "ms": {"total": 40}}) + "\n")
+    assert "(deadline 900 ms)" in doctor(tmp_path).stdout  # a comment after a value is read
