@@ -75,6 +75,7 @@ class Doctor:
 
     def check_config(self) -> bool:
         path = Path(hook_config.config_path(self.environ))
+        raw: dict[str, Any] = {}
         if not path.exists():
             if self.environ.get("RELAY_URL") and self.environ.get("RELAY_API_KEY"):
                 self.add(
@@ -109,6 +110,8 @@ class Doctor:
         script = self._script_reading if self._script_in_use() else None
         ignored: list[str] = []
         self.cfg = cfg = hook_config.load(knob_script.hook_environ(script, self.environ), ignored)
+        if script is not None:
+            self._check_shadowed_knobs(path, raw, script)
         for what in ignored:
             self.add(
                 "warn",
@@ -162,6 +165,33 @@ class Doctor:
                 "remove the setting to turn recall back on",
             )
         return True
+
+    def _check_shadowed_knobs(
+        self, path: Path, raw: dict[str, Any], script: knob_script.Reading
+    ) -> None:
+        """A knob config.json sets to another value than the knob script, whose value the
+        hook takes instead: an edit of config.json that never takes effect."""
+        parsers = {name: parse for name, _, parse, _ in hook_config.SETTINGS}
+        for key, value in raw.items():
+            export = script.exports.get(f"RELAY_{key.upper()}")
+            if key not in parsers or export is None or export.value is None:
+                continue
+            try:
+                differ = parsers[key](value) != parsers[key](export.value)
+            except (ValueError, TypeError, OverflowError):
+                continue  # a value the hook ignores: its own finding
+            if differ:
+                name = export.source or export.variable
+                self.add(
+                    "warn",
+                    "config",
+                    f"{self.home(path)} sets {key} to {json.dumps(value)}, but "
+                    f"{self.home(self.paths.script)} sets {name}={export.value} (line "
+                    f"{export.line}), which the hook takes instead: the config value is never "
+                    "used",
+                    f"change {name} in {self.home(self.paths.script)}, or remove {key} from "
+                    f"{self.home(path)}",
+                )
 
     def _client(self):  # noqa: ANN202
         from relay.client import RelayClient

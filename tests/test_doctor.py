@@ -430,3 +430,34 @@ def test_knob_lines_doctor_cannot_read_are_named(tmp_path, server):
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(json.dumps({"ts": now, "outcome": "hit", "ms": {"total": 40}}) + "\n")
     assert "(deadline 900 ms)" in doctor(tmp_path).stdout  # a comment after a value is read
+
+
+def test_config_knobs_the_hook_script_overrides_are_named(tmp_path, server):
+    """QA: a knob set in config.json that the installed script also sets (it exports
+    RELAY_<NAME>, which beats the file) never took effect, and doctor said nothing. Read
+    from what the script exports, whatever install wrote into config.json."""
+    installed(tmp_path, server.url, server.admin_key)
+    assert not [f for f in findings(tmp_path) if f["area"] == "config" and f["level"] != "ok"]
+    config = tmp_path / ".relay/config.json"
+    raw = {"url": server.url, "api_key_file": str(tmp_path / ".relay/key")}  # no knobs at all
+    config.write_text(json.dumps({**raw, "deadline_ms": 900, "max_records": 5, "min_score": 0.3}))
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    text = script.read_text()
+    exec_line = next(line for line in text.splitlines() if line.startswith("exec "))
+    text = text.replace(exec_line, f"export RELAY_MAX_RECORDS=2\n{exec_line}")
+    script.write_text(text)
+    deadline_line = text.splitlines().index("DEADLINE_MS=400") + 1
+    records_line = text.splitlines().index("export RELAY_MAX_RECORDS=2") + 1
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    warned = [f["message"] for f in findings(tmp_path) if f["area"] == "config"]
+    assert warned == [
+        "~/.relay/config.json sets deadline_ms to 900, but ~/.relay/relay-autosearch-hook.sh "
+        f"sets DEADLINE_MS=400 (line {deadline_line}), which the hook takes instead: the config "
+        "value is never used",
+        "~/.relay/config.json sets max_records to 5, but ~/.relay/relay-autosearch-hook.sh "
+        f"sets RELAY_MAX_RECORDS=2 (line {records_line}), which the hook takes instead: "
+        "the config value is never used",
+        f"~/.relay/config.json: server {server.url}, key from ~/.relay/key",
+    ], warned
+    assert "fix: change DEADLINE_MS in ~/.relay/relay-autosearch-hook.sh, or remove" in done.stdout
