@@ -259,11 +259,17 @@ def mcp_entry(relay_bin: str) -> dict[str, Any]:
 
 
 def is_relay_server(entry: object) -> bool:
-    """A server entry that runs `<...>/relay mcp`: ours to replace or remove."""
+    """A server entry that runs Relay's CLI (`<...>/relay`): ours to replace or remove,
+    whatever its arguments, so that install repairs an entry whose `args` were edited
+    away from `["mcp"]` instead of leaving it broken."""
     if not isinstance(entry, dict):
         return False
-    command = str(entry.get("command", ""))
-    return command.rsplit("/", 1)[-1] == "relay" and entry.get("args") == ["mcp"]
+    return str(entry.get("command", "")).rsplit("/", 1)[-1] == "relay"
+
+
+def runs_relay_mcp(entry: object) -> bool:
+    """A server entry that starts `<...>/relay mcp`, as install registers it."""
+    return is_relay_server(entry) and isinstance(entry, dict) and entry.get("args") == ["mcp"]
 
 
 def add_mcp_server(doc: dict[str, Any], relay_bin: str, where: str) -> tuple[dict[str, Any], str]:

@@ -181,3 +181,14 @@ def test_commands_that_are_not_relays(command):
 def test_session_start_matchers(matcher, matched):
     sources = agents.SESSION_SOURCES["claude-code"]
     assert {s for s in sources if agents.matcher_matches(matcher, s)} == matched
+
+
+def test_a_relay_mcp_entry_with_edited_args_is_still_relays():
+    """Its `args` edited away from ["mcp"], Relay's entry is still Relay's: install rewrites
+    it instead of leaving it broken, uninstall removes it."""
+    broken = {"mcpServers": {"relay": {"type": "stdio", "command": RELAY, "args": ["mcpp"]}}}
+    repaired, note = agents.add_mcp_server(broken, RELAY, "~/.claude.json")
+    assert note == "" and repaired["mcpServers"]["relay"]["args"] == ["mcp"]
+    assert agents.runs_relay_mcp(repaired["mcpServers"]["relay"])
+    assert not agents.runs_relay_mcp(broken["mcpServers"]["relay"])
+    assert agents.strip_mcp_server(broken, {}) == {}
