@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import stat
 import sys
 import time
@@ -658,14 +659,28 @@ class Doctor:
         else:
             servers = doc.get("mcpServers") if isinstance(doc, dict) else None
             entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
-            self._mcp_finding("Claude Code", claude, entry)
+            rewrites = agents.is_relay_server(entry)
+            self._mcp_finding("Claude Code", claude, entry, rewrites)
         data = self._codex_config("mcp")
         if data is not None:
             servers = data.get("mcp_servers")
             entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
-            self._mcp_finding("Codex", self.paths.codex_config, entry)
+            self._mcp_finding("Codex", self.paths.codex_config, entry, self._in_codex_block())
 
-    def _mcp_finding(self, label: str, path: Path, entry: Any) -> None:
+    def _in_codex_block(self) -> bool:
+        """Whether config.toml's [mcp_servers.relay] is in the block install wrote (which
+        it rewrites), not one the user wrote (which it leaves alone)."""
+        try:
+            text = self.paths.codex_config.read_text(encoding="utf-8")
+            rest = agents.parse_toml(agents.strip_codex_config(text), "config.toml")
+        except (OSError, UnicodeDecodeError, RelayError):
+            return False
+        servers = rest.get("mcp_servers")
+        return not (isinstance(servers, dict) and agents.SERVER_NAME in servers)
+
+    def _mcp_finding(self, label: str, path: Path, entry: Any, rewrites: bool) -> None:
+        """What the agent starts for the `relay` MCP server, as registered; `rewrites`: a
+        re-run of `relay install` replaces the entry (else the fix is by hand)."""
         if not isinstance(entry, dict):
             # Missing after an install that registered it; `--no-mcp` is a choice, not a fault.
             m = self.manifest
@@ -677,13 +692,40 @@ class Doctor:
                     "run `relay install` for explicit recall (team_memory_search)",
                 )
             return
-        command = str(entry.get("command", ""))
-        if not os.access(command, os.X_OK):
+        command, args = entry.get("command"), entry.get("args", [])
+        if command is None and isinstance(entry.get("url"), str):
+            self.add(
+                "ok",
+                "mcp",
+                f"{label}: MCP server `relay` -> {entry['url']} (over HTTP; not called here)",
+            )
+            return
+        plain = isinstance(args, list) and all(isinstance(a, str) for a in args)
+        shown = shlex.join([str(command), *args]) if plain else f"{command} {json.dumps(args)}"
+        where = f"{label}: the `relay` MCP server in {self.home(path)} runs `{shown}`"
+        if rewrites:
+            fix = "run `relay install` again: it rewrites this entry"
+        elif label == "Codex":
+            fix = (
+                f"`relay install` leaves a [mcp_servers.{agents.SERVER_NAME}] it did not write "
+                f'alone: make it run `relay mcp` (args = ["mcp"]) in {self.home(path)}, or '
+                "remove it and run `relay install`"
+            )
+        else:
+            fix = (
+                "`relay install` leaves a `relay` server it did not register alone: make it "
+                "run `relay mcp`, or remove it (`claude mcp remove relay -s user`) and run "
+                "`relay install`"
+            )
+        if not isinstance(command, str) or not os.access(command, os.X_OK):
+            self.add("warn", "mcp", f"{where}, but {command} is not an executable file", fix)
+        elif not agents.runs_relay_mcp(entry):
             self.add(
                 "warn",
                 "mcp",
-                f"{label}: the `relay` MCP server runs {command}, which is not executable",
-                "run `relay install` again",
+                f"{where}, not `relay mcp`: {label} gets no Relay MCP server from it (no "
+                "team_memory_search)",
+                fix,
             )
         else:
             from relay.mcp_server import sdk_problem
@@ -692,7 +734,7 @@ class Doctor:
             if problem:
                 self.add("warn", "mcp", f"{label}: `relay mcp` cannot start: {problem}", problem)
             else:
-                self.add("ok", "mcp", f"{label}: MCP server `relay` -> {command} mcp")
+                self.add("ok", "mcp", f"{label}: MCP server `relay` -> {shown}")
 
     # -- the hook's log ------------------------------------------------------------
     def check_log(self) -> None:

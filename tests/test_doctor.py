@@ -461,3 +461,53 @@ def test_config_knobs_the_hook_script_overrides_are_named(tmp_path, server):
         f"~/.relay/config.json: server {server.url}, key from ~/.relay/key",
     ], warned
     assert "fix: change DEADLINE_MS in ~/.relay/relay-autosearch-hook.sh, or remove" in done.stdout
+
+
+def test_an_mcp_registration_with_wrong_args_is_named_and_install_repairs_it(tmp_path, server):
+    """QA: `args` edited to ["mcpp"] in ~/.claude.json, or to [] in config.toml, and doctor
+    printed `ok mcp ... -> .../relay mcp`: it checked only that the command is executable,
+    and wrote `mcp` after it whatever the arguments were."""
+    installed(tmp_path, server.url, server.admin_key)
+    relay_bin = str(BIN / "relay")
+    claude_json = tmp_path / ".claude.json"
+    doc = json.loads(claude_json.read_text())
+    doc["mcpServers"]["relay"]["args"] = ["mcpp"]
+    claude_json.write_text(json.dumps(doc))
+    config = tmp_path / ".codex/config.toml"
+    config.write_text(config.read_text().replace('args = ["mcp"]', "args = []"))
+    done = doctor(tmp_path)
+    assert f"-> {relay_bin} mcp" not in done.stdout, done.stdout
+    warned = [f["message"] for f in findings(tmp_path) if f["area"] == "mcp"]
+    assert warned == [
+        f"Claude Code: the `relay` MCP server in ~/.claude.json runs `{relay_bin} mcpp`, not "
+        "`relay mcp`: Claude Code gets no Relay MCP server from it (no team_memory_search)",
+        f"Codex: the `relay` MCP server in ~/.codex/config.toml runs `{relay_bin}`, not "
+        "`relay mcp`: Codex gets no Relay MCP server from it (no team_memory_search)",
+    ], warned
+    assert done.stdout.count("fix: run `relay install` again: it rewrites this entry") == 2
+    installed(tmp_path, server.url, server.admin_key)
+    repaired = [f for f in findings(tmp_path) if f["area"] == "mcp"]
+    assert [(f["level"], f["message"]) for f in repaired] == [
+        ("ok", f"Claude Code: MCP server `relay` -> {relay_bin} mcp"),
+        ("ok", f"Codex: MCP server `relay` -> {relay_bin} mcp"),
+    ]
+
+
+def test_an_mcp_server_install_did_not_write_gets_a_fix_by_hand(tmp_path, server):
+    done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key, "--no-mcp")
+    assert done.returncode == 0, done.stderr
+    config = tmp_path / ".codex/config.toml"
+    config.write_text(config.read_text() + '\n[mcp_servers.relay]\ncommand = "/bin/true"\n')
+    (tmp_path / ".claude.json").write_text(
+        json.dumps({"mcpServers": {"relay": {"type": "http", "url": f"{server.url}/mcp"}}})
+    )
+    mcp = [f for f in findings(tmp_path) if f["area"] == "mcp"]
+    assert [(f["level"], f["message"]) for f in mcp] == [
+        ("ok", f"Claude Code: MCP server `relay` -> {server.url}/mcp (over HTTP; not called here)"),
+        (
+            "warn",
+            "Codex: the `relay` MCP server in ~/.codex/config.toml runs `/bin/true`, not "
+            "`relay mcp`: Codex gets no Relay MCP server from it (no team_memory_search)",
+        ),
+    ]
+    assert mcp[1]["fix"].startswith("`relay install` leaves a [mcp_servers.relay] it did not")
