@@ -54,6 +54,7 @@ class Doctor:
         self.findings: list[Finding] = []
         self.cfg: hook_config.Config | None = None
         self._scripts_checked: dict[Path, bool] = {}
+        self._tomls: dict[Path, tuple[dict[str, Any] | None, str | None]] = {}
         self.key_ok: bool | None = None
 
     def add(self, level: str, area: str, message: str, fix: str = "") -> None:
@@ -391,7 +392,7 @@ class Doctor:
             if self._check_targets(label, path, handlers) and entries_ok:
                 any_ok = True
             if agent == "codex":
-                self._check_codex_flag()
+                self._check_codex_flag(path)
         if not any_ok and not any(f.area == "hooks" for f in self.findings):
             self.add(
                 "fail",
@@ -589,49 +590,51 @@ class Doctor:
         )
         return True
 
-    def _codex_config(self, area: str) -> dict[str, Any] | None:
-        """~/.codex/config.toml parsed ({} when absent); None when Codex cannot read it
+    def _recorded_or_usual(self, role: str, usual: Path) -> list[Path]:
+        """The files of `role` install recorded writing (CLAUDE_CONFIG_DIR or CODEX_HOME
+        set then, maybe not now), then where this environment says they are."""
+        recorded = [
+            Path(p) for p, rec in self.manifest.get("files", {}).items() if rec.get("role") == role
+        ]
+        return list(dict.fromkeys([*recorded, usual]))
+
+    def _codex_config(self, area: str, path: Path) -> dict[str, Any] | None:
+        """A Codex config.toml parsed ({} when absent); None when Codex cannot read it
         either, after one failure saying where it breaks (install refuses to edit it too)."""
-        data, why = self._codex_toml
+        data, why = self._codex_toml(path)
         if why is not None:
             self._fail_once(
                 area,
-                f"Codex: {self.home(self.paths.codex_config)} is {why}: Codex cannot load its "
+                f"Codex: {self.home(path)} is {why}: Codex cannot load its "
                 "config, and `relay install` will not edit it",
                 "fix the file, then `relay install`",
             )
         return data
 
-    @functools.cached_property
-    def _codex_toml(self) -> tuple[dict[str, Any] | None, str | None]:
+    def _codex_toml(self, path: Path) -> tuple[dict[str, Any] | None, str | None]:
         """The file read and parsed once for the checks that need it: (data, why not)."""
-        import tomllib
-
-        try:
-            return tomllib.loads(self.paths.codex_config.read_text(encoding="utf-8")), None
-        except FileNotFoundError:
-            return {}, None
-        except UnicodeDecodeError:
-            return None, "not UTF-8 text"
-        except tomllib.TOMLDecodeError as exc:
-            return None, f"not valid TOML ({exc})"
-        except OSError as exc:
-            return None, f"unreadable ({exc.strerror})"
+        if path not in self._tomls:
+            self._tomls[path] = _read_toml(path)
+        return self._tomls[path]
 
     def _fail_once(self, area: str, message: str, fix: str) -> None:
         if not any(f.message == message for f in self.findings):  # two checks read one file
             self.add("fail", area, message, fix)
 
-    def _check_codex_flag(self) -> None:
-        data = self._codex_config("hooks")
+    def _check_codex_flag(self, hooks: Path) -> None:
+        """The hooks flag in the config.toml beside `hooks` (a Codex home), else in the one
+        install wrote (a project's hooks.json)."""
+        configs = self._recorded_or_usual("codex-config", self.paths.codex_config)
+        beside = hooks.parent / "config.toml"
+        path = beside if beside in configs else configs[0]
+        data = self._codex_config("hooks", path)
         if data is None:
             return
         if agents.codex_hooks_enabled(data) is False:
             self.add(
                 "fail",
                 "hooks",
-                "Codex: hooks are turned off in "
-                f"{self.home(self.paths.codex_config)} ([features] hooks = false)",
+                f"Codex: hooks are turned off in {self.home(path)} ([features] hooks = false)",
                 "set `hooks = true` under [features]",
             )
         else:
@@ -644,34 +647,34 @@ class Doctor:
 
     # -- MCP ---------------------------------------------------------------------
     def check_mcp(self) -> None:
-        claude = self.paths.claude_json
-        try:
-            doc = json.loads(claude.read_text(encoding="utf-8")) if claude.exists() else {}
-        except (OSError, ValueError) as exc:
-            what = "unreadable" if isinstance(exc, OSError) else "not valid JSON"
-            self.add(
-                "fail",
-                "mcp",
-                f"Claude Code: {self.home(claude)} is {what} ({exc}): Claude Code cannot load "
-                "its MCP servers, and `relay install` will not edit it",
-                "fix the file, then `relay install`",
-            )
-        else:
+        for claude in self._recorded_or_usual("claude-mcp", self.paths.claude_json):
+            try:
+                doc = json.loads(claude.read_text(encoding="utf-8")) if claude.exists() else {}
+            except (OSError, ValueError) as exc:
+                what = "unreadable" if isinstance(exc, OSError) else "not valid JSON"
+                self.add(
+                    "fail",
+                    "mcp",
+                    f"Claude Code: {self.home(claude)} is {what} ({exc}): Claude Code cannot "
+                    "load its MCP servers, and `relay install` will not edit it",
+                    "fix the file, then `relay install`",
+                )
+                continue
             servers = doc.get("mcpServers") if isinstance(doc, dict) else None
             entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
-            rewrites = agents.is_relay_server(entry)
-            self._mcp_finding("Claude Code", claude, entry, rewrites)
-        data = self._codex_config("mcp")
-        if data is not None:
-            servers = data.get("mcp_servers")
-            entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
-            self._mcp_finding("Codex", self.paths.codex_config, entry, self._in_codex_block())
+            self._mcp_finding("Claude Code", claude, entry, agents.is_relay_server(entry))
+        for config in self._recorded_or_usual("codex-config", self.paths.codex_config):
+            data = self._codex_config("mcp", config)
+            if data is not None:
+                servers = data.get("mcp_servers")
+                entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
+                self._mcp_finding("Codex", config, entry, self._in_codex_block(config))
 
-    def _in_codex_block(self) -> bool:
+    def _in_codex_block(self, config: Path) -> bool:
         """Whether config.toml's [mcp_servers.relay] is in the block install wrote (which
         it rewrites), not one the user wrote (which it leaves alone)."""
         try:
-            text = self.paths.codex_config.read_text(encoding="utf-8")
+            text = config.read_text(encoding="utf-8")
             rest = agents.parse_toml(agents.strip_codex_config(text), "config.toml")
         except (OSError, UnicodeDecodeError, RelayError):
             return False
@@ -814,6 +817,21 @@ class Doctor:
             f"raise DEADLINE_MS in {self.home(self.paths.script)} (the default is "
             f"{hook_config.DEFAULTS['deadline_ms']} ms)",
         )
+
+
+def _read_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    import tomllib
+
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8")), None
+    except FileNotFoundError:
+        return {}, None
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except tomllib.TOMLDecodeError as exc:
+        return None, f"not valid TOML ({exc})"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror})"
 
 
 def _timeout_problem(agent: str, timeout: object, deadline_ms: int) -> str | None:

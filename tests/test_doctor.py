@@ -511,3 +511,39 @@ def test_an_mcp_server_install_did_not_write_gets_a_fix_by_hand(tmp_path, server
         ),
     ]
     assert mcp[1]["fix"].startswith("`relay install` leaves a [mcp_servers.relay] it did not")
+
+
+def test_doctor_checks_the_files_install_wrote_wherever_they_are(tmp_path, server):
+    """QA: installed with CLAUDE_CONFIG_DIR and CODEX_HOME set, doctor run without them
+    printed no MCP finding at all and read the Codex hooks flag from ~/.codex/config.toml;
+    install recorded where it wrote (install.json), and doctor now reads those files."""
+    claude_dir, codex_home = tmp_path / "claude-config", tmp_path / "codex-home"
+    done = relay(
+        tmp_path,
+        "install",
+        "--url",
+        server.url,
+        "--key",
+        server.admin_key,
+        CLAUDE_CONFIG_DIR=str(claude_dir),
+        CODEX_HOME=str(codex_home),
+    )
+    assert done.returncode == 0, done.stderr
+    config = codex_home / "config.toml"
+    config.write_text(config.read_text().replace("hooks = true", "hooks = false"))
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex/config.toml").write_text("[features]\nhooks = true\n")
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    relay_bin = BIN / "relay"
+    mcp = [(f["level"], f["message"]) for f in findings(tmp_path) if f["area"] == "mcp"]
+    assert mcp == [
+        ("ok", f"Claude Code: MCP server `relay` -> {relay_bin} mcp"),
+        ("ok", f"Codex: MCP server `relay` -> {relay_bin} mcp"),
+    ], mcp
+    assert failures(tmp_path) == [
+        "hooks: Codex: hooks are turned off in ~/codex-home/config.toml ([features] hooks = false)"
+    ]
+    assert "Claude Code: UserPromptSubmit and SessionStart in ~/claude-config/settings.json" in (
+        done.stdout
+    )
