@@ -329,15 +329,19 @@ class Doctor:
                 out.append((agent, path, expected, doc))
         return out
 
-    def _script_in_use(self) -> bool:
-        """Whether the hook runs through the knob script: a registered Relay entry starts it,
-        or none is registered to say otherwise (`relay-hook` registered by hand skips it)."""
-        started = [
-            agents.started_in_command(h.command)
+    def _relay_entries(self) -> list[agents.RelayHandler]:
+        """Every Relay entry registered in the hooks files doctor reads."""
+        return [
+            h
             for _, _, _, doc in self._hook_docs
             if isinstance(doc, dict)
             for h in agents.relay_handlers(doc)
         ]
+
+    def _script_in_use(self) -> bool:
+        """Whether the hook runs through the knob script: a registered Relay entry starts it,
+        or none is registered to say otherwise (`relay-hook` registered by hand skips it)."""
+        started = [agents.started_in_command(h.command) for h in self._relay_entries()]
         programs = [s[0].rsplit("/", 1)[-1] for s in started if s]
         return not programs or agents.SCRIPT_NAME in programs
 
@@ -779,11 +783,21 @@ class Doctor:
         self._check_budget(summary)
         breaker = summary["breaker"]
         if breaker["state"] != "closed":
+            failures = f"after {breaker.get('failures', 0)} failures"
+            if breaker["state"] == "open":
+                what = (
+                    f"open ({failures}, since {breaker.get('opened_at')}): prompts skip their "
+                    f"search for {cfg.breaker_cooldown_s:g} s from then, then one probes the server"
+                )
+            else:
+                what = (
+                    f"half-open ({failures}): its cool-down is over, and the next prompt's "
+                    "search probes the server; an answer closes it, a failure opens it again"
+                )
             self.add(
                 "warn",
                 "log",
-                f"the hook's circuit breaker for {breaker['url']} is {breaker['state']} (after "
-                f"{breaker.get('failures', 0)} failures): searches are skipped for a cool-down",
+                f"the hook's circuit breaker for {breaker['url']} is {what}",
                 "it closes by itself once the server answers; fix the server if it does not",
             )
         p95 = summary["hook_ms"]["p95"]

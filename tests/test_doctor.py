@@ -547,3 +547,27 @@ def test_doctor_checks_the_files_install_wrote_wherever_they_are(tmp_path, serve
     assert "Claude Code: UserPromptSubmit and SessionStart in ~/claude-config/settings.json" in (
         done.stdout
     )
+
+
+def test_the_breaker_says_what_it_does_open_and_half_open(tmp_path, server):
+    """QA: with the breaker half-open doctor said searches were skipped for a cool-down,
+    though half-open means the next prompt's search probes the server."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    elsewhere = f"http://127.0.0.1:{free_port()}"  # nothing listens: unavailable at once
+    settings = {**json.loads(config.read_text()), "url": elsewhere, "breaker_cooldown_s": 3600}
+    config.write_text(json.dumps(settings))
+    for n in range(3):
+        prompt(tmp_path, session=f"breaker-{n}")
+    (log,) = [f["message"] for f in findings(tmp_path) if "circuit breaker" in f["message"]]
+    assert log.startswith(f"the hook's circuit breaker for {elsewhere} is open (after 3 failures")
+    assert log.endswith(
+        "prompts skip their search for 3600 s from then, then one probes the server"
+    )
+    config.write_text(json.dumps({**settings, "breaker_cooldown_s": 0}))
+    (log,) = [f["message"] for f in findings(tmp_path) if "circuit breaker" in f["message"]]
+    assert log == (
+        f"the hook's circuit breaker for {elsewhere} is half-open (after 3 failures): its "
+        "cool-down is over, and the next prompt's search probes the server; an answer closes "
+        "it, a failure opens it again"
+    )
