@@ -749,6 +749,14 @@ class Doctor:
 
         cfg = self.cfg or hook_config.load(self.environ)
         summary = hook_stats.summarise(cfg.state_dir, 86400, cfg=cfg)
+        if summary["invocations"] == 0 and not self._relay_entries():
+            self.add(
+                "warn",
+                "log",
+                "no prompts logged in the last 24 hours, and none will be: no agent has "
+                "Relay's hook registered (see hooks above)",
+            )
+            return
         if summary["invocations"] == 0:
             self.add(
                 "ok",

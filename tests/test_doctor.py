@@ -159,6 +159,13 @@ def test_no_install_at_all(tmp_path):
     assert done.returncode == 1
     assert "no Relay config at ~/.relay/config.json" in done.stdout
     assert "relay install" in done.stdout
+    # QA: it said `ok log no prompts...`, as if all were well but unused
+    (log,) = [f for f in findings(tmp_path) if f["area"] == "log"]
+    assert log["level"] == "warn", log
+    assert log["message"] == (
+        "no prompts logged in the last 24 hours, and none will be: no agent has Relay's hook "
+        "registered (see hooks above)"
+    )
 
 
 def test_a_codex_config_that_is_not_toml_fails(tmp_path, server):
