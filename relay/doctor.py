@@ -515,13 +515,17 @@ class Doctor:
         self._scripts_checked[script] = error is None
         fix = f"run `relay install` to rewrite {self.home(script)} (knobs back to their defaults)"
         if error:
+            # sh may report where it gave up (an unclosed quote: the end of the file), not
+            # where the mistake is; the first line doctor cannot read is the likelier one.
+            suspect = next(iter(self._reading_of(script).unreadable), None)
             self.add(
                 "fail",
                 "hooks",
-                f"sh cannot parse {self.home(script)} ({error}): it stops there with exit "
-                "status 2 before it starts relay-hook, so no prompt gets recall, and Claude "
-                "Code blocks a prompt whose hook exits with 2",
-                f"fix that line, or {fix}",
+                f"sh cannot parse {self.home(script)} ({error}"
+                + (f"; look at line {suspect.line}, `{suspect.text}`" if suspect else "")
+                + "): sh exits with status 2 before it starts relay-hook, so no prompt gets "
+                "recall, and Claude Code blocks a prompt whose hook exits with 2",
+                f"fix the line, or {fix}",
             )
             return False
         for bad in self._reading_of(script).unreadable:

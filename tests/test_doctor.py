@@ -410,7 +410,9 @@ def test_a_knob_script_sh_cannot_parse_fails(tmp_path, server, line, broken):
     assert "Recall is wired up" not in done.stdout
     (failed,) = [f for f in failures(tmp_path) if "sh cannot parse" in f]
     assert failed.startswith("hooks: sh cannot parse ~/.relay/relay-autosearch-hook.sh (line ")
-    assert "fix: fix that line, or run `relay install` to rewrite" in done.stdout
+    number = script.read_text().splitlines().index(broken) + 1
+    assert f"; look at line {number}, `{broken}`): sh exits with status 2 before" in failed
+    assert "fix: fix the line, or run `relay install` to rewrite" in done.stdout
     assert " -> ~/.relay/relay-autosearch-hook.sh -> " not in done.stdout  # no `ok` for it
 
 
