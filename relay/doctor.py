@@ -392,8 +392,8 @@ class Doctor:
                     f"run `relay install --agent {agent}`",
                 )
             self._check_duplicates(label, path, handlers)
-            entries_ok = self._check_entries(agent, path, handlers)
-            if self._check_targets(label, path, handlers) and entries_ok:
+            sound = self._check_entries(agent, path, handlers)
+            if self._check_targets(label, path, handlers, sound) and len(sound) == len(handlers):
                 any_ok = True
             if agent == "codex":
                 self._check_codex_flag(path)
@@ -419,15 +419,19 @@ class Doctor:
                     "run `relay install`: it keeps one entry per event",
                 )
 
-    def _check_entries(self, agent: str, path: Path, handlers: list[agents.RelayHandler]) -> bool:
+    def _check_entries(
+        self, agent: str, path: Path, handlers: list[agents.RelayHandler]
+    ) -> list[agents.RelayHandler]:
         """What the agent reads before it runs a Relay entry's command: its `type`, its
-        `timeout` (seconds, in both agents) and, for SessionStart, its group's matcher."""
+        `timeout` (seconds, in both agents) and, for SessionStart, its group's matcher.
+        Returns the entries the agent runs (a matcher only narrows when)."""
         label = AGENT_LABELS[agent]
         deadline = (self.cfg or hook_config.load(self.environ)).deadline_ms
         fix = "run `relay install` to rewrite the entry"
-        ok = True
+        sound = []
         for h in handlers:
             where = f"{label}: the Relay {h.event} entry in {self.home(path)}"
+            runs = True
             kind = h.handler.get("type")
             if kind != "command":
                 what = f'"type": {json.dumps(kind)}' if "type" in h.handler else "no type"
@@ -437,7 +441,7 @@ class Doctor:
                     f'{where} has {what}, not "command": {label} never runs its command',
                     f'set "type": "command", or {fix}',
                 )
-                ok = False
+                runs = False
             problem = _timeout_problem(agent, h.handler.get("timeout"), deadline)
             if problem:
                 self.add(
@@ -446,26 +450,35 @@ class Doctor:
                     f"{where}: {problem}",
                     f"remove the timeout or set it to {agents.HOOK_TIMEOUT_S} (seconds), or {fix}",
                 )
-                ok = False
+                runs = False
+            if runs:
+                sound.append(h)
             if h.event != "SessionStart":
                 continue  # both agents ignore a UserPromptSubmit matcher
             sources = agents.SESSION_SOURCES[agent]
             missed = [s for s in sources if not agents.matcher_matches(h.matcher, s)]
             if missed:
-                runs = " or ".join(s for s in sources if s not in missed)
+                kept = " or ".join(s for s in sources if s not in missed)
                 self.add(
                     "warn",
                     "hooks",
                     f"{where} has the matcher {json.dumps(h.matcher)}: it runs "
-                    + (f"only for sessions whose source is {runs}" if runs else "never")
+                    + (f"only for sessions whose source is {kept}" if kept else "never")
                     + f", not {' or '.join(missed)}: those start without the team profile",
                     f"remove the matcher (Relay's entry has none), or {fix}",
                 )
-        return ok
+        return sound
 
-    def _check_targets(self, label: str, path: Path, handlers: list[agents.RelayHandler]) -> bool:
+    def _check_targets(
+        self,
+        label: str,
+        path: Path,
+        handlers: list[agents.RelayHandler],
+        sound: list[agents.RelayHandler],
+    ) -> bool:
         """What each Relay entry starts, and with which argument: the knob script (present,
-        executable, exec'ing a `relay-hook` that is) or `relay-hook` itself."""
+        executable, exec'ing a `relay-hook` that is) or `relay-hook` itself. The `ok` line
+        names the events of the `sound` entries only: the others never run."""
         targets: dict[Path, list[str]] = {}
         ok = True
         for h in handlers:
@@ -479,10 +492,12 @@ class Doctor:
                 )
                 continue
             word, args = started
+            events = targets.setdefault(self._program_path(word), [])
             if (args[:1] == ["session-start"]) != (h.event == "SessionStart"):
                 self.add("fail", "hooks", *self._wrong_event(label, path, h.event, word))
                 ok = False
-            targets.setdefault(self._program_path(word), []).append(h.event)
+            elif any(h is other for other in sound):
+                events.append(h.event)
         for program, events in sorted(targets.items()):
             on = " and ".join(e for e in agents.EVENTS if e in events)
             if program.name == agents.SCRIPT_NAME:
@@ -496,7 +511,7 @@ class Doctor:
                     "run `relay install` (it registers the hook through its knob script)",
                 )
                 ok = False
-            else:
+            elif on:
                 self.add(
                     "ok",
                     "hooks",
@@ -593,9 +608,12 @@ class Doctor:
                 "run `relay install` from the Relay you use now",
             )
             return False
-        self.add(
-            "ok", "hooks", f"{label}: {on} in {self.home(path)} -> {self.home(script)} -> {hook}"
-        )
+        if on:  # the events whose entries the agent runs
+            self.add(
+                "ok",
+                "hooks",
+                f"{label}: {on} in {self.home(path)} -> {self.home(script)} -> {hook}",
+            )
         return True
 
     def _recorded_or_usual(self, role: str, usual: Path) -> list[Path]:

@@ -379,6 +379,8 @@ def test_hook_entries_the_agents_would_not_run_fail(tmp_path, server):
         "team profile"
     ) in warned
     assert "fix: remove the timeout or set it to 5 (seconds)" in done.stdout
+    assert "Claude Code: UserPromptSubmit" not in done.stdout  # no `ok` for entries never run
+    assert "Claude Code: SessionStart" not in done.stdout
 
 
 def test_hook_entry_fields_that_work_pass(tmp_path, server):
