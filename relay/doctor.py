@@ -493,8 +493,17 @@ class Doctor:
                 continue
             word, args = started
             events = targets.setdefault(self._program_path(word), [])
-            if (args[:1] == ["session-start"]) != (h.event == "SessionStart"):
-                self.add("fail", "hooks", *self._wrong_event(label, path, h.event, word))
+            # Without the argument the hook still knows a session start by the agent's
+            # hook_event_name; with it, it takes every prompt for one.
+            if args[:1] == ["session-start"] and h.event != "SessionStart":
+                self.add(
+                    "fail",
+                    "hooks",
+                    f"{label}: the {h.event} entry in {self.home(path)} runs {word} with the "
+                    "`session-start` argument: the hook takes every prompt for a session start, "
+                    "so no prompt searches",
+                    "run `relay install` to rewrite the entry",
+                )
                 ok = False
             elif any(h is other for other in sound):
                 events.append(h.event)
@@ -558,22 +567,6 @@ class Doctor:
                 f"write it as NAME=value, or {fix}",
             )
         return True
-
-    def _wrong_event(self, label: str, path: Path, event: str, program: str) -> tuple[str, str]:
-        if event == "SessionStart":
-            why = (
-                "without the `session-start` argument: the hook takes each session start for "
-                "a prompt and the team profile never comes"
-            )
-        else:
-            why = (
-                "with the `session-start` argument: every prompt gets the team profile "
-                "instead of a search"
-            )
-        return (
-            f"{label}: the {event} entry in {self.home(path)} runs {program} {why}",
-            "run `relay install` to rewrite the entry",
-        )
 
     def _program_path(self, word: str) -> Path:
         """A command word as sh finds it: `$HOME/` and `~/` expanded, a bare name on PATH."""

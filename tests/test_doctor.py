@@ -316,19 +316,22 @@ def test_a_hook_registered_by_hand_is_checked_and_not_doubled(tmp_path, server):
     registered_command(settings, "UserPromptSubmit")  # install's, through the knob script
 
 
-def test_a_session_start_entry_without_its_argument_fails(tmp_path, server):
+def test_a_prompt_entry_with_the_session_start_argument_fails(tmp_path, server):
+    """The hook takes a run with `session-start` for a session start whatever the agent
+    says; without it, it tells one by the agent's hook_event_name (no finding)."""
     settings = registered_by_hand(tmp_path, server.url, server.admin_key)
-    settings["hooks"]["SessionStart"][0]["hooks"][0]["command"] = str(BIN / "relay-hook")
-    duplicate = settings["hooks"]["UserPromptSubmit"][0]["hooks"][0]
-    settings["hooks"]["UserPromptSubmit"].append({"hooks": [duplicate]})
+    hook = str(BIN / "relay-hook")
+    settings["hooks"]["SessionStart"][0]["hooks"][0]["command"] = hook
+    entry = {"type": "command", "command": f"{hook} session-start"}
+    settings["hooks"]["UserPromptSubmit"].append({"hooks": [entry]})
     (tmp_path / ".claude/settings.json").write_text(json.dumps(settings))
     done = doctor(tmp_path)
     assert done.returncode == 1, done.stdout
-    assert any(
-        "the SessionStart entry in ~/.claude/settings.json runs" in f
-        and "without the `session-start` argument" in f
-        for f in failures(tmp_path)
-    )
+    assert failures(tmp_path) == [
+        f"hooks: Claude Code: the UserPromptSubmit entry in ~/.claude/settings.json runs {hook} "
+        "with the `session-start` argument: the hook takes every prompt for a session start, "
+        "so no prompt searches"
+    ]
     assert "registers Relay's UserPromptSubmit hook 2 times" in done.stdout
 
 
