@@ -12,7 +12,7 @@ import subprocess
 import httpx
 import pytest
 from click.testing import CliRunner
-from eval_support import SESSIONS, png_pixels, write_team_dataset
+from eval_support import MEMORIES, SESSIONS, png_pixels, write_team_dataset
 from hook_support import FakeRelay, Hook, assert_hit_contract, record, reply, results
 
 from relay.eval.advice import apply
@@ -575,3 +575,54 @@ def test_the_replay_takes_only_deadlines_the_hook_accepts(tmp_path):
             cli, ["eval", command, str(tmp_path), "--deadline-ms", str(DEADLINE_MIN_MS - 1)]
         )
         assert done.exit_code == 2 and "--deadline-ms" in done.output, done.output
+
+
+def test_a_kept_database_is_reused_for_the_same_data_only_and_with_its_keys(tmp_path):
+    """QA: after a memory's text changed in memories.jsonl, a replay with the same --workdir
+    said 'loading ... into a fresh database', then 'reusing the database loaded from ...',
+    and measured the old memories (the check compared the folder's path); and every reuse
+    minted a new key per mode and store."""
+    from relay.eval.harness import load_database
+    from relay.store.sqlite import SQLiteStore
+
+    folder = write_team_dataset(tmp_path / "acme")
+    db = tmp_path / "work" / "relay.db"
+    db.parent.mkdir()
+    said: list[str] = []
+
+    def load() -> dict:
+        said.clear()
+        return load_database(db, folder, None, ("on", "off"), said.append, reuse=True)
+
+    def held() -> tuple[str, int]:
+        store = SQLiteStore(db)
+        try:
+            org = store.find_org("acme")
+            assert org is not None
+            memory = store.current_memory(org.id, "team:migrations")
+            assert memory is not None
+            return memory.body, len(store.list_keys(org.id))
+        finally:
+            store.close()
+
+    first = load()
+    assert (
+        said[0]
+        == f"loading {folder} into a fresh database in {db.parent} (no replay loaded one there)"
+    )
+    body, keys = held()
+    assert body == MEMORIES[0][1]
+    assert load() == first  # the same keys, still valid
+    assert said == [f"reusing the database in {db.parent}, loaded from the same data"]
+    assert held() == (body, keys)  # nothing minted
+
+    rows = (folder / "memories.jsonl").read_text().splitlines()
+    changed = json.loads(rows[0])
+    changed["text"] = "Database migrations are generated with Alembic autogenerate now."
+    (folder / "memories.jsonl").write_text("\n".join([json.dumps(changed), *rows[1:]]) + "\n")
+    assert load() != first
+    assert said[0] == (
+        f"loading {folder} into a fresh database in {db.parent} (its memories.jsonl changed)"
+    )
+    assert not any(line.startswith("reusing") for line in said)
+    assert held()[0] == changed["text"]

@@ -145,7 +145,8 @@ common = [
         "--workdir",
         type=click.Path(file_okay=False, path_type=Path),
         help="Keep the database, server log and hook state here (default: a temporary folder); "
-        "a replay reuses a database it loaded there from the same data.",
+        "a replay reuses a database it loaded there from the same data (the same content of "
+        "memories.jsonl and the distractors'), and its keys.",
     ),
 ]
 
@@ -234,7 +235,6 @@ def replay_command(
     try:
         with _stoppable():
             if bench:
-                _progress(f"loading {source} into a fresh database")
                 keys = load_database(
                     work / "relay.db",
                     source,
@@ -377,7 +377,6 @@ def faults_command(
     server = None
     try:
         with _stoppable():
-            _progress(f"loading {source} into a fresh database")
             used = {c.store for c in conversations}
             keys = load_database(work / "relay.db", source, distractors, ("on",), _progress, used)
             server = Server(work / "relay.db", work / "server.log")
