@@ -88,22 +88,27 @@ def _why_not_kept(marker: Path, recipe: dict[str, Any]) -> str | None:
     return next((why for k, why in _CHANGED.items() if before.get(k) != recipe[k]), None)
 
 
-def _saved_keys(marker: Path) -> dict[str, Any]:
+def _saved_keys(marker: Path) -> dict[str, dict[str, str]]:
+    """The keys a replay kept beside the database: {store: {mode or "admin": secret}}."""
     try:
         loaded = json.loads(marker.read_text(encoding="utf-8"))
         keys = loaded.get("keys")
     except (OSError, ValueError, AttributeError):
         return {}
-    return keys if isinstance(keys, dict) else {}
+    if not isinstance(keys, dict):
+        return {}
+    return {
+        name: {role: v for role, v in roles.items() if isinstance(v, str)}
+        for name, roles in keys.items()
+        if isinstance(roles, dict)
+    }
 
 
-def _valid(store: Any, secret: Any, org_id: str) -> bool:
+def _valid(store: Any, secret: str, org_id: str) -> bool:
     """The key still authenticates, for this organisation (not revoked, not expired)."""
     from relay.auth import authorize
     from relay.errors import UnauthorizedError
 
-    if not isinstance(secret, str):
-        return False
     try:
         return authorize(store, f"Bearer {secret}").org_id == org_id
     except UnauthorizedError:
@@ -174,17 +179,17 @@ def load_database(
         secrets: dict[str, dict[str, str]] = {}
         out = {}
         for name, org_id in orgs.items():
-            mine = saved.get(name) if isinstance(saved.get(name), dict) else {}
+            mine = saved.get(name, {})
             keys: dict[str, str] = {}
             ids: dict[str, str] = {}
             for role in (*modes, "admin"):
                 secret = mine.get(role)
-                if not _valid(store, secret, org_id):
+                if secret is None or not _valid(store, secret, org_id):
                     scopes = ADMIN if role == "admin" else READ
                     secret = mint_key(store, org_id, f"eval-{role}", scopes, frozenset()).secret
                 keys[role] = secret
                 ids[role] = (split_key(secret) or ("", ""))[0]
-            secrets[name] = {**{k: v for k, v in mine.items() if isinstance(v, str)}, **keys}
+            secrets[name] = {**mine, **keys}  # a mode not replayed this time keeps its key
             out[name] = OrgKeys(
                 org_id,
                 {m: keys[m] for m in modes},
