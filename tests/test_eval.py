@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from eval_support import MEMORIES, SESSIONS, png_pixels, write_team_dataset
 from hook_support import FakeRelay, Hook, assert_hit_contract, record, reply, results
+from integration_support import relay
 
 from relay.eval.advice import apply
 from relay.eval.commands import eval_group
@@ -288,10 +289,10 @@ def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tm
     args += ["--json", str(tmp_path / "f.json"), "--report-dir", str(tmp_path / "rep")]
     config = tmp_path / "config.json"
     env = {"RELAY_CONFIG": str(config)}
-    applied = CliRunner().invoke(eval_group, [*args, "--apply"], env=env)
-    assert applied.exit_code == 1, applied.output
-    assert applied.output.startswith(
-        "Error: --apply: no advice to apply: no prompt names the memories it needs"
+    applied = relay(tmp_path, "eval", *args, "--apply", **env)
+    assert applied.returncode == 2 and applied.stdout == "", applied.stderr
+    assert applied.stderr.startswith(
+        "relay: error: --apply: no advice to apply: no prompt names the memories it needs"
     )
     assert not config.exists() and not (tmp_path / "rep").exists()  # stopped before replaying
 
@@ -307,6 +308,13 @@ def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tm
     assert not config.exists()
 
 
+def one_error_line(done) -> str:  # noqa: ANN001
+    """The one line `relay` printed on stderr for an error, as every command prints one."""
+    assert done.returncode != 0 and done.stdout == "", (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr.rstrip("\n")
+
+
 def test_a_refused_key_or_a_server_down_stops_the_replay_at_once(team_server, tmp_path):
     """QA: a wrong key gave exit 0 and a full report of 'unauthorized' turns that looked
     quiet; a server down ran the whole replay, then a ConnectionRefusedError traceback."""
@@ -316,18 +324,94 @@ def test_a_refused_key_or_a_server_down_stops_the_replay_at_once(team_server, tm
     prompts.write_text('{"prompt": "write a database migration by hand", "kind": "follow_up"}\n')
     down = f"http://127.0.0.1:{free_port()}"
     cases = [
-        (team_server.url, "relay_abc_def", f"Error: {team_server.url} refused the key: "),
-        (down, team_server.admin_key, f"Error: cannot reach the Relay server at {down}: "),
+        (team_server.url, "relay_abc_def", 3, f"{team_server.url} refused the key: "),
+        (down, team_server.admin_key, 8, f"cannot reach the Relay server at {down}: "),
     ]
-    for url, key, expected in cases:
-        result = CliRunner().invoke(
-            eval_group,
-            ["replay", str(prompts), "--url", url, "--key", key]
-            + ["--report-dir", str(tmp_path / "rep")],
+    for url, key, code, expected in cases:
+        done = relay(
+            tmp_path,
+            *("eval", "replay", str(prompts), "--url", url, "--key", key),
+            *("--report-dir", str(tmp_path / "rep")),
         )
-        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
-        assert result.output.startswith(expected) and result.output.count("\n") == 1, result.output
+        assert one_error_line(done).startswith(f"relay: error: {expected}"), done.stderr
+        assert done.returncode == code
         assert not (tmp_path / "rep").exists()
+
+
+def test_a_key_that_cannot_read_is_refused_with_a_command_that_makes_one(team_server, tmp_path):
+    """QA: the hint 'create one with relay key create --scope memory:read' failed as written
+    (the command needs --org and --name)."""
+    import shlex
+
+    made = relay(
+        *(tmp_path, "key", "create", "--org", "acme", "--name", "writer"),
+        *("--scope", "memory:write"),
+        RELAY_DB=str(team_server.db),
+    )
+    assert made.returncode == 0, made.stderr
+    writer = made.stdout.split("secret (shown once): ", 1)[1].strip()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand"}\n')
+    done = relay(
+        tmp_path, "eval", "replay", str(prompts), "--url", team_server.url, "--key", writer
+    )
+    line = one_error_line(done)
+    assert line.startswith("relay: error: the key ") and "lacks memory:read" in line, line
+    assert done.returncode == 3
+    hint = shlex.split(line.rsplit(" with '", 1)[1].rstrip("'"))
+    assert hint[0] == "relay"
+    made = relay(tmp_path, *hint[1:], RELAY_DB=str(team_server.db))  # run where the database is
+    assert made.returncode == 0, made.stderr
+    reader = made.stdout.split("secret (shown once): ", 1)[1].strip()
+    who = httpx.get(f"{team_server.url}/v1/whoami", headers={"Authorization": f"Bearer {reader}"})
+    assert who.status_code == 200 and "memory:read" in who.json()["key"]["scopes"]
+
+
+def test_a_teams_prompts_replay_against_the_server_every_client_command_uses(
+    team_server, team, tmp_path
+):
+    """QA: 'relay eval replay team.jsonl' refused with 'needs --url and --key' although
+    RELAY_URL/RELAY_API_KEY were set and relay install had written ~/.relay/config.json,
+    which every other client command falls back to; and a bench folder took --url/--key
+    and silently replayed against a server of its own instead."""
+    from conftest import free_port
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand", "kind": "follow_up"}\n')
+    down = f"http://127.0.0.1:{free_port()}"
+    replay = ("eval", "replay", str(prompts), "--report-dir", str(tmp_path / "rep"))
+    # nothing configured: the same line as every client command
+    done = relay(tmp_path / "nobody", *replay)
+    assert one_error_line(done) == (
+        "relay: error: no server URL: pass --url, set RELAY_URL, or run 'relay install'"
+    )
+    # the environment: the replay asks that server, with that key
+    done = relay(tmp_path, *replay, RELAY_URL=team_server.url, RELAY_API_KEY="relay_abc_def")
+    assert one_error_line(done).startswith(f"relay: error: {team_server.url} refused the key")
+    done = relay(tmp_path, *replay, RELAY_URL=down, RELAY_API_KEY=team_server.admin_key)
+    assert one_error_line(done).startswith(f"relay: error: cannot reach the Relay server at {down}")
+    # the config relay install writes (its key in a file beside it)
+    home = tmp_path / "home"
+    (home / ".relay").mkdir(parents=True)
+    (home / ".relay" / "key").write_text(team_server.admin_key + "\n")
+    (home / ".relay" / "config.json").write_text(
+        json.dumps({"url": team_server.url, "api_key_file": str(home / ".relay" / "key")})
+    )
+    done = relay(home, *replay, "--json", str(tmp_path / "f.json"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "f.json").read_text())["turns"] == 1
+    # flags still come first
+    done = relay(home, *replay, "--url", down)
+    assert one_error_line(done).startswith(f"relay: error: cannot reach the Relay server at {down}")
+
+    bench = CliRunner().invoke(
+        eval_group,
+        ["replay", str(team), "--url", team_server.url, "--key", "k"]
+        + ["--report-dir", str(tmp_path / "bench")],
+    )
+    assert bench.exit_code == 2, bench.output
+    assert "--url and --key are for a JSONL of prompts" in bench.output
+    assert not (tmp_path / "bench").exists()
 
 
 @pytest.mark.parametrize(
@@ -344,18 +428,13 @@ def test_a_config_the_hook_could_not_read_is_an_error(team, tmp_path, text, expe
     replay measured the defaults under the file's name."""
     config = tmp_path / "config.json"
     config.write_text(text)
-    result = CliRunner().invoke(
-        eval_group,
-        ["replay", str(team), "--config", str(config), "--report-dir", str(tmp_path / "rep")],
+    done = relay(
+        tmp_path,
+        *("eval", "replay", str(team), "--config", str(config)),
+        *("--report-dir", str(tmp_path / "rep")),
     )
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
-    assert result.output.startswith(f"Error: --config {config}: {expected}"), result.output
-    assert result.output.count("\n") == 1
-
-
-def test_replay_of_a_jsonl_needs_a_server():
-    result = CliRunner().invoke(eval_group, ["replay", __file__])
-    assert result.exit_code != 0 and "--url" in result.output
+    assert one_error_line(done).startswith(f"relay: error: --config {config}: {expected}")
+    assert done.returncode == 2
 
 
 @pytest.mark.parametrize(
@@ -366,18 +445,19 @@ def test_replay_of_a_jsonl_needs_a_server():
         (['{"prompt": "fix it", "relevant": "team:x"}'], "line 1: 'relevant' is not a list"),
         (['{"prompt": "a", "session": "s", "turn": "2"}'], "line 1: 'turn' is not a whole"),
         (['{"query": ""}'], "line 1: no prompt"),
+        (['{"query":"x"'], "line 1: not JSON (Expecting ',' delimiter at column 13)"),
     ],
 )
 def test_a_bad_row_in_a_prompts_jsonl_is_one_line_naming_its_line(tmp_path, lines, expected):
-    """QA: an array row raised AttributeError; a bad JSON on line 2 said 'line 1 column 2'."""
+    """QA: an array row raised AttributeError; a bad JSON on line 2 said 'line 1 column 2';
+    '{"query":"x"' said 'at column 1', the line break taken for a second line."""
     prompts = tmp_path / "bad.jsonl"
     prompts.write_text("\n".join(lines) + "\n")
-    result = CliRunner().invoke(
-        eval_group, ["replay", str(prompts), "--url", "http://127.0.0.1:9", "--key", "k"]
+    done = relay(
+        tmp_path, "eval", "replay", str(prompts), "--url", "http://127.0.0.1:9", "--key", "k"
     )
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
-    assert result.output.startswith(f"Error: {prompts}: {expected}")
-    assert result.output.count("\n") == 1
+    assert one_error_line(done).startswith(f"relay: error: {prompts}: {expected}")
+    assert done.returncode == 2
 
 
 def test_a_teams_prompts_replay_as_written_with_their_own_classes(tmp_path):

@@ -341,7 +341,8 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                # without its line break, which json would count as the start of a line 2
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
             if not isinstance(row, dict):
