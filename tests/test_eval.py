@@ -57,7 +57,7 @@ def replayed(team, tmp_path_factory):
     return out, result.output
 
 
-def test_replay_writes_exactly_the_documented_schema(replayed):
+def test_replay_writes_exactly_the_documented_schema(replayed, team):
     out, text = replayed
     data = json.loads((out / "figures.json").read_text())
     assert set(data) == {"conversations", "turns", "on", "off", "ungated"}
@@ -78,7 +78,11 @@ def test_replay_writes_exactly_the_documented_schema(replayed):
     assert on["outcomes"]["hit"] >= 1 and on["outcomes"]["skipped"] >= 1
     assert ungated["outcomes"]["skipped"] <= on["outcomes"]["skipped"]
     assert ungated["tokens_cumulative"] >= on["tokens_cumulative"] > 0
-    assert "useful" in text and "advice" in text
+    assert "useful" in text
+    # the advice names what it was fitted to (it said "this team's replay" of bench data too)
+    assert f"advice (fitted to the 2 conversations replayed from {team}, 10 prompts" in text
+    assert "this team's" not in text
+    assert "predicted targets, current -> advised: usefulness ≥ 0.8 " in text
 
 
 def test_replay_report_json_carries_turns_advice_and_the_commit(replayed):
@@ -100,6 +104,20 @@ def test_replay_report_json_carries_turns_advice_and_the_commit(replayed):
     }
     # the token target is read against the same ungated run the figures report
     assert advice["ungated_tokens_cumulative"] == report["figures"]["ungated"]["tokens_cumulative"]
+    # the advised setting is judged by the targets the report judges the replay by
+    assert advice["sample"] == {"conversations": 2, "memory_prompts": 10, "quiet_prompts": 10}
+    for setting in ("current", "recommended"):
+        checks, predicted = advice[f"targets_{setting}"], advice[f"predicted_{setting}"]
+        assert set(checks) == {"useful_rate", "quiet_rate", "tokens_of_ungated"}
+        assert checks["useful_rate"] == {
+            "value": predicted["useful_rate"],
+            "met": predicted["useful_rate"] >= 0.8,
+        }
+    if not advice["targets_recommended"]["useful_rate"]["met"]:
+        assert "usefulness target" in advice["rule"]
+    html = (out / "replay.html").read_text()
+    assert "the advice below predicts them for the setting it advises" in html
+    assert "<td>usefulness ≥ 0.8</td>" in html
     # the offline replay of the gate searches exactly where the real hook did
     on = [r for r in rows if r["mode"] == "on"]
     # (only where every turn ran normally: a hook starved of its stdin on a loaded machine

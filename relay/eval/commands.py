@@ -361,7 +361,7 @@ def replay_command(
     if json_path:
         json_path.write_text(json.dumps(result, indent=2) + "\n")
     click.echo(rp.render(result, more, deadline_ms))
-    click.echo(adv.render(advice))
+    click.echo(adv.render(advice, str(source)))
     click.echo(f"report: {html_path} (figures behind it: {report_json})")
     if apply_:
         written = adv.apply(advice["recommended"])
