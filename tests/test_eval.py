@@ -439,11 +439,13 @@ def test_a_teams_prompts_replay_against_the_server_every_client_command_uses(
         ("[1]", "not a JSON object"),
         ('{"url": "http://x", "min_score": 2}', "the hook would ignore min_score 2 in "),
         ('{"throttle_prompts": "often"}', "the hook would ignore throttle_prompts 'often' in "),
+        ('{"min_scor": 0.3}', "the hook would ignore min_scor (not a setting; did you mean "),
+        ('{"colour": "blue"}', "the hook would ignore colour (not a setting; docs/hook.md "),
     ],
 )
 def test_a_config_the_hook_could_not_read_is_an_error(team, tmp_path, text, expected):
     """QA: --config '{bad' was silently ignored (the hook falls back to its defaults), so the
-    replay measured the defaults under the file's name."""
+    replay measured the defaults under the file's name; so was a misspelt knob."""
     config = tmp_path / "config.json"
     config.write_text(text)
     done = relay(

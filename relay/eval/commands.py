@@ -83,6 +83,15 @@ def _check_config(path: Path) -> None:
         raise InvalidRequestError(f"--config {path}: not a readable JSON file ({exc})") from None
     if not isinstance(data, dict):
         raise InvalidRequestError(f"--config {path}: not a JSON object")
+    for name in data:  # the hook's own table of settings: it skips any other key unread
+        if name not in hook_config.DEFAULTS:
+            import difflib
+
+            near = difflib.get_close_matches(name, hook_config.DEFAULTS, n=1)
+            raise InvalidRequestError(
+                f"--config {path}: the hook would ignore {name} (not a setting"
+                + (f"; did you mean {near[0]}?)" if near else "; docs/hook.md lists them)")
+            )
     ignored: list[str] = []
     hook_config.load({"RELAY_CONFIG": str(path)}, ignored)
     if ignored:
