@@ -320,6 +320,9 @@ def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tm
     data = json.loads((tmp_path / "f.json").read_text())
     assert data["turns"] == 2 and data["on"]["useful_rate"] is None
     assert set(data["on"]["by_class"]) == {"needs_memory", "unlabelled"}
+    for mode in ("on", "off", "ungated"):  # in no rate, as documented (quiet_rate was 0.0)
+        unlabelled = data[mode]["by_class"]["unlabelled"]
+        assert unlabelled["useful_rate"] is None and unlabelled["quiet_rate"] is None
     report = json.loads((tmp_path / "rep" / "replay.json").read_text())
     assert set(report["advice"]) == {"refused", "current"}
     assert "No advice: no prompt names" in (tmp_path / "rep" / "replay.html").read_text()
@@ -466,6 +469,16 @@ def test_a_config_the_hook_could_not_read_is_an_error(team, tmp_path, text, expe
         (['{"prompt": "a", "session": "s", "turn": "2"}'], "line 1: 'turn' is not a whole"),
         (['{"query": ""}'], "line 1: no prompt"),
         (['{"query":"x"'], "line 1: not JSON (Expecting ',' delimiter at column 13)"),
+        (
+            ['{"prompt": "a b", "kind": "needs_memory", "relevant": ["m"]}']
+            + ['{"prompt": "explain CMD", "kind": "nothing_relevant", "relevant": ["m"]}'],
+            "line 2: a nothing_relevant prompt lists 'relevant' memories, but it should get "
+            "nothing: give it kind needs_memory, or drop 'relevant'",
+        ),
+        (
+            ['{"prompt": "go on", "kind": "follow_up", "relevant": ["m"]}'],
+            "line 1: a follow_up prompt lists 'relevant' memories",
+        ),
     ],
 )
 def test_a_bad_row_in_a_prompts_jsonl_is_one_line_naming_its_line(tmp_path, lines, expected):
@@ -611,6 +624,10 @@ def test_a_memory_prompt_without_gold_is_not_measured_for_usefulness():
         }
 
     unlabelled = figures([row(1, "needs_memory", None)], conversations=1)
+    # a row nobody labelled is in no rate at all, quiet or not
+    alone = figures([{**row(1, "unlabelled", None), "quiet": True}], conversations=1)
+    assert alone["by_class"]["unlabelled"]["quiet_rate"] is None
+    assert alone["quiet_rate"] is None and alone["useful_rate"] is None
     assert unlabelled["useful_rate"] is None
     assert unlabelled["by_class"]["needs_memory"]["useful_rate"] is None
     mixed = figures([row(1, "needs_memory", None), row(2, "topic_shift", True)], 1)

@@ -360,6 +360,12 @@ def _team_row(row: dict[str, Any], line: int) -> dict[str, Any]:
         raise ValueError(
             f"line {line}: kind {kind!r} is not one of {', '.join((*CLASSES, UNLABELLED))}"
         )
+    if kind in QUIET_CLASSES and out["relevant"]:
+        # judged by getting nothing, so its gold would count for nothing, unseen
+        raise ValueError(
+            f"line {line}: a {kind} prompt lists 'relevant' memories, but it should get "
+            "nothing: give it kind needs_memory, or drop 'relevant'"
+        )
     return out
 
 
