@@ -101,6 +101,12 @@ def test_the_advice_meets_the_targets_on_each_half_of_the_conversations():
     assert predicted["quiet_rate"] == 1.0 and predicted["useful_rate"] == 0.5
     # ... and it says what that costs: the report judges usefulness against 0.8 too
     assert "none of those reaches the usefulness target (0.8)" in rule
+    assert simulate([first, second], probes, current)["useful_rate"] == 0.0
+    assert rule.endswith("usefulness target (0.8)")  # more useful than the defaults, though
+    # from knobs that find both golds, the same advice costs usefulness, and says so
+    knobs, predicted, rule = best_knobs([first, second], probes, loose, ungated)
+    assert predicted["useful_rate"] == 0.5
+    assert rule.endswith("meeting the quiet and token targets costs usefulness here")
 
 
 def test_a_class_is_advised_out_only_when_it_searches_often_and_never_helps():

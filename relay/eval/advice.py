@@ -231,12 +231,15 @@ def best_knobs(
             scored = (rank, knobs, sim)
     if feasible is not None:
         rule = "most useful setting that meets the quiet and token targets, on each half too"
-        if feasible[2]["useful_rate"] < USEFUL_TARGET:
+        useful = feasible[2]["useful_rate"]
+        if useful < USEFUL_TARGET:
             # Honest about the trade: the report judges the replay by this target too.
-            rule += (
-                f"; none of those reaches the usefulness target ({USEFUL_TARGET}): "
-                "keeping quiet and within the token budget costs usefulness here"
-            )
+            rule += f"; none of those reaches the usefulness target ({USEFUL_TARGET})"
+            if useful < simulate(conversations, probes, current)["useful_rate"]:
+                rule += (
+                    ", and this one is less useful than the current knobs: meeting the quiet "
+                    "and token targets costs usefulness here"
+                )
         return feasible[1], feasible[2], rule
     assert scored is not None
     return scored[1], scored[2], "no setting meets the quiet and token targets: best score"
