@@ -391,6 +391,182 @@ def test_deleting_the_script_turns_recall_off_without_a_sound(tmp_path, server):
     assert not (home / ".relay/state").exists()  # the hook never ran
 
 
+# bash, as macOS's and Fedora's /bin/sh, behaves otherwise than dash on a failed `exec`.
+SHELLS = (["/bin/sh"], ["/bin/bash", "--posix"])
+
+
+def run_script(script: Path, home: Path, payload: dict, shell: list[str]):
+    """The hook script run by `shell` as the registered command runs it: JSON on stdin."""
+    return subprocess.run(
+        [*shell, str(script)],
+        input=json.dumps(payload).encode(),
+        capture_output=True,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    "typo",
+    [
+        ("DEADLINE_MS=400", 'DEADLINE_MS="400'),  # an unterminated quote
+        ("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=15)"),
+        ("OVERLAP_THRESHOLD=0.30", "OVERLAP_THRESHOLD = 0.5"),
+        ("THROTTLE_PROMPTS=2", "THROTTLE_PROMPTS=$(echo 2"),
+    ],
+    ids=["quote", "paren", "spaced", "substitution"],
+)
+def test_a_typo_in_a_knob_neither_blocks_the_prompt_nor_stops_recall(tmp_path, server, typo):
+    """QA: `DEADLINE_MS="400` made the script exit 2 with a syntax error on stderr, and
+    Claude Code blocks, and erases, a prompt whose hook exits 2. The knobs are read as data
+    now: a value the hook cannot use is ignored, and recall goes on."""
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace(*typo))
+    for n, shell in enumerate(SHELLS):
+        payload = prompt_payload("how do I create a database migration?", session=f"s{n}")
+        run = run_script(script, home, payload, shell)
+        assert (run.returncode, run.stderr) == (0, b""), shell
+        assert b"make migrate" in run.stdout, shell
+    run = run_registered(command, home, prompt_payload("how do I apply a migration?", "s3"))
+    assert (run.returncode, run.stderr) == (0, b"") and b"make migrate" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        ("\nexec /", "\nif then\nexec /"),  # a syntax error outside the knobs
+        ("\nKNOBS\n", "\n"),  # the knobs' end marker deleted
+        ("\nexec /", "\nno-such-command\nexec /"),
+    ],
+    ids=["syntax", "no-end-marker", "unknown-command"],
+)
+def test_a_broken_script_exits_0_and_prints_nothing(tmp_path, server, breakage):
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace(*breakage, 1))
+    payload = prompt_payload("which cluster do we deploy staging to?")
+    for shell in SHELLS:
+        run = run_script(script, home, payload, shell)
+        assert (run.returncode, run.stderr) == (0, b""), shell
+    run = run_registered(command, home, payload)
+    assert (run.returncode, run.stderr) == (0, b"")
+
+
+def test_a_moved_relay_hook_exits_0_silently(tmp_path, server):
+    """QA: with the venv moved, every prompt ended in exit 127 and `exec: .../relay-hook:
+    not found` on stderr (dash), which the agent shows; bash skips the EXIT trap there."""
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace(str(BIN), str(tmp_path / "oldvenv/bin")))
+    assert str(tmp_path / "oldvenv/bin/relay-hook") in script.read_text()
+    payload = prompt_payload("which cluster do we deploy staging to?")
+    for shell in SHELLS:
+        run = run_script(script, home, payload, shell)
+        assert (run.returncode, run.stdout, run.stderr) == (0, b"", b""), shell
+    run = run_registered(command, home, payload)
+    assert (run.returncode, run.stdout, run.stderr) == (0, b"", b"")
+
+
+# The script as relay install wrote it before its knobs were read as data (a user's typo in).
+OLD_SCRIPT = """#!/bin/sh
+# Relay automatic recall: Claude Code and Codex run this on every prompt (and with
+# `session-start` when a session starts). Written by `relay install`, yours to edit:
+# edits apply from the next prompt, no restart; `relay install` restores the defaults.
+# Delete this file to turn automatic recall off; the agents then skip it silently.
+
+# No new search within this many prompts of the last one.
+THROTTLE_PROMPTS=2
+# Search again only when keyword overlap with the last search is below this (0..1).
+OVERLAP_THRESHOLD=0.30
+# Prompts shorter than this many characters never search.
+MIN_PROMPT_LEN=15
+# Whole budget per prompt in ms, from process start; then the prompt goes on.
+DEADLINE_MS="400
+
+export RELAY_THROTTLE_PROMPTS="${RELAY_THROTTLE_PROMPTS:-$THROTTLE_PROMPTS}" \\
+  RELAY_OVERLAP_THRESHOLD="${RELAY_OVERLAP_THRESHOLD:-$OVERLAP_THRESHOLD}" \\
+  RELAY_MIN_PROMPT_LEN="${RELAY_MIN_PROMPT_LEN:-$MIN_PROMPT_LEN}" \\
+  RELAY_DEADLINE_MS="${RELAY_DEADLINE_MS:-$DEADLINE_MS}"
+exec RELAY_HOOK "$@"
+"""
+
+
+def test_re_installing_mends_an_old_script_and_keeps_the_registered_command(tmp_path, server):
+    """An install made before the script was guarded is mended by `relay install`: the
+    script is rewritten, the agents' commands stay as they were (Codex keeps its trust),
+    and uninstall still takes out exactly what install put in."""
+    home = tmp_path
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    original = snapshot(home)
+    assert install(home, server).returncode == 0
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(OLD_SCRIPT.replace("RELAY_HOOK", str(BIN / "relay-hook")))
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    payload = prompt_payload("how do I create a database migration?")
+    run = run_registered(command, home, payload)
+    assert run.returncode == 2 and b"Syntax error" in run.stderr  # what blocked the prompt
+
+    again = install(home, server)
+    assert again.returncode == 0, again.stderr
+    assert "updated    ~/.relay/relay-autosearch-hook.sh" in again.stdout
+    for name in ("~/.claude/settings.json", "~/.codex/hooks.json"):
+        assert f"unchanged  {name}" in again.stdout
+    assert registered_command(home / ".claude/settings.json", "UserPromptSubmit") == command
+    script.write_text(script.read_text().replace("DEADLINE_MS=400", 'DEADLINE_MS="400'))
+    run = run_registered(command, home, payload)
+    assert (run.returncode, run.stderr) == (0, b"") and b"make migrate" in run.stdout
+
+    assert relay(home, "uninstall").returncode == 0
+    assert {k: v for k, v in snapshot(home).items() if not k.startswith(".relay/state")} == (
+        original
+    )
+
+
+def test_what_doctor_and_eval_read_from_the_script_is_what_it_hands_the_hook(tmp_path):
+    """`script_environ` (doctor) and `set_script_knobs` (eval --apply) read knob lines as
+    the script does; the script here execs `env`, to show what the hook would get."""
+    from relay.install import hook_script, script_environ, set_script_knobs
+
+    script = tmp_path / "relay-autosearch-hook.sh"
+    text = hook_script("/usr/bin/env")
+    for old, new in (
+        ("DEADLINE_MS=400", 'DEADLINE_MS="450'),
+        ("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=15)"),
+        ("OVERLAP_THRESHOLD=0.30", "  OVERLAP_THRESHOLD = '0.5'  "),
+        ("THROTTLE_PROMPTS=2", "THROTTLE_PROMPTS 4\nTHROTTLE_PROMPTS=9"),  # the first wins
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    script.write_text(text)
+    script.chmod(0o700)
+
+    def handed(environ: dict[str, str]) -> dict[str, str]:
+        for shell in SHELLS:
+            run = subprocess.run([*shell, str(script)], capture_output=True, env=environ)
+            got = dict(line.split("=", 1) for line in run.stdout.decode().splitlines())
+            assert {k: v for k, v in got.items() if k.startswith("RELAY_")} == {
+                k: v for k, v in script_environ(script, environ).items() if k.startswith("RELAY_")
+            }, shell
+        return got
+
+    got = handed({"PATH": "/usr/bin:/bin"})
+    assert got["RELAY_DEADLINE_MS"] == "450" and got["RELAY_MIN_PROMPT_LEN"] == "15)"
+    assert got["RELAY_OVERLAP_THRESHOLD"] == "0.5" and got["RELAY_THROTTLE_PROMPTS"] == "4"
+    assert handed({"RELAY_DEADLINE_MS": "700"})["RELAY_DEADLINE_MS"] == "700"
+
+    assert set_script_knobs(script, {"overlap_threshold": 0.2, "throttle_prompts": 0})
+    got = handed({})
+    assert got["RELAY_OVERLAP_THRESHOLD"] == "0.20" and got["RELAY_THROTTLE_PROMPTS"] == "0"
+    assert "THROTTLE_PROMPTS=9" in script.read_text()  # only the line the script reads
+
+
 def test_knob_edits_apply_on_the_next_prompt(tmp_path, server):
     home = tmp_path
     assert install(home, server, "--agent", "claude-code").returncode == 0
