@@ -60,13 +60,10 @@ SCRIPT_KNOBS = (
     ),
 )
 _SCRIPT_VARS = frozenset(var for var, _, _ in SCRIPT_KNOBS)
-# Knobs written into config.json at their defaults (re-running install restores them).
+# Knobs written into config.json at their defaults (re-running install restores them); the
+# script's own are not: it hands them to the hook in the environment, which beats the file.
 CONFIG_KNOBS = (
     "memory_off",
-    "deadline_ms",
-    "min_prompt_len",
-    "throttle_prompts",
-    "overlap_threshold",
     "max_records",
     "max_tokens",
     "profile",
@@ -275,18 +272,33 @@ def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
     return True
 
 
-def relay_config(current: dict[str, Any], url: str, key_file: Path) -> dict[str, Any]:
+def relay_config(
+    current: dict[str, Any], url: str, key_file: Path
+) -> tuple[dict[str, Any], list[str]]:
+    """(config.json's new content, notes). The script's knobs are not written here: a copy
+    that an earlier install left at its default goes, any other value stays, noted as dead."""
     out = {k: v for k, v in current.items() if k != "api_key"}  # an inline key beats the file
     out["url"] = url
     out["api_key_file"] = str(key_file)
     for name in CONFIG_KNOBS:
         out[name] = hook_config.DEFAULTS[name]
+    notes = []
+    for var, name, _ in SCRIPT_KNOBS:
+        if name not in out:
+            continue
+        if out[name] == hook_config.DEFAULTS[name]:
+            del out[name]
+        else:
+            notes.append(
+                f"{name} {json.dumps(out[name])} here has no effect: the hook script's {var},"
+                f" which beats it, is {_knob_value(hook_config.DEFAULTS[name])}; set it there"
+            )
     out["_comment"] = (
-        f"Written by relay install. The agents' hooks run ~/.relay/{agents.SCRIPT_NAME}, whose "
-        "knobs (throttle, overlap, minimum prompt length, deadline) override these. "
-        "Keys: docs/hook.md."
+        f"Written by relay install. The agents' hooks run ~/.relay/{agents.SCRIPT_NAME}, which "
+        "sets the knobs throttle_prompts, overlap_threshold, min_prompt_len and deadline_ms "
+        "(edit them there: they beat this file). Keys: docs/hook.md."
     )
-    return out
+    return out, notes
 
 
 def _indent_of(text: str) -> int | str:
@@ -365,9 +377,17 @@ def plan_install(
     ]
     config_before = read_bytes(paths.config)
     config_doc = agents.parse_json(_text(config_before, paths.config), str(paths.config))
-    config_after = dump_json_like(relay_config(config_doc, url, paths.key), None)
+    config_doc, config_notes = relay_config(config_doc, url, paths.key)
     changes.append(
-        Change(paths.config, "relay-config", config_before, config_after, "Relay config", 0o600)
+        Change(
+            paths.config,
+            "relay-config",
+            config_before,
+            dump_json_like(config_doc, None),
+            "Relay config",
+            0o600,
+            config_notes,
+        )
     )
     changes.append(
         Change(

@@ -27,8 +27,9 @@ from relay.eval.conversations import (
 from relay.eval.faults import KINDS
 from relay.eval.replay import extras, figures
 from relay.eval.report import histogram, lines, targets
+from relay.hook import config as hook_config
 from relay.hook_bench import ON_TIME_SLACK_MS
-from relay.install import hook_script
+from relay.install import hook_script, script_environ
 
 R_KEYS = {
     "hook_ms",
@@ -655,6 +656,9 @@ def test_apply_also_sets_the_installed_scripts_knobs_which_beat_the_config(tmp_p
     assert script.stat().st_mode & 0o777 == 0o700
     done = subprocess.run(["sh", "-n", str(script)], capture_output=True)
     assert done.returncode == 0, done.stderr  # still a valid script
+    # What the hook reads when the agents run it through the script (config.json beneath it).
+    cfg = hook_config.load(script_environ(script, {"RELAY_CONFIG": str(config)}))
+    assert {k: cfg[k] for k in advised} == advised and cfg.min_score == 0.6
 
 
 def test_apply_merges_the_advice_into_the_config_and_the_hook_honours_min_score(tmp_path):

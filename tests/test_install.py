@@ -91,6 +91,10 @@ def server(tmp_path_factory):
     stop_server(live)
 
 
+# The knobs the hook script hands the hook, beating config.json's values.
+SCRIPT_KNOBS = ("deadline_ms", "min_prompt_len", "throttle_prompts", "overlap_threshold")
+
+
 def install(home: Path, server: dict, *args: str):
     return relay(home, "install", "--url", server["url"], "--key", server["key"], *args)
 
@@ -152,7 +156,8 @@ def test_install_into_an_empty_home_then_uninstall_leaves_it_empty(tmp_path, ser
     config = json.loads((home / ".relay/config.json").read_text())
     assert config["url"] == server["url"] and config["api_key_file"] == str(key)
     assert "api_key" not in config
-    assert config["deadline_ms"] == 400 and config["throttle_prompts"] == 2
+    assert config["max_records"] == 3 and config["breaker_failures"] == 3
+    assert not set(config) & set(SCRIPT_KNOBS)  # the script's, which would beat them
 
     script = home / ".relay/relay-autosearch-hook.sh"
     text = script.read_text()
@@ -300,6 +305,41 @@ def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
     assert relay(home, "uninstall").returncode == 0
     assert (home / ".claude/settings.json").read_text() == HOOK_LADEN_SETTINGS
     assert not (home / ".relay").exists()
+
+
+def test_config_json_gets_no_knob_the_script_overrides(tmp_path, server):
+    """QA: install wrote deadline_ms, min_prompt_len, throttle_prompts and overlap_threshold
+    into config.json, where the script's values always beat them: `"min_prompt_len": 100`
+    changed nothing. Install no longer writes them, drops the copies an older install left
+    at their defaults, and says of any other value that it has no effect and where to set it."""
+    home = tmp_path
+    old_install = {
+        "url": server["url"],
+        "api_key_file": str(home / ".relay/key"),
+        "deadline_ms": 400,
+        "throttle_prompts": 2,
+        "overlap_threshold": 0.3,
+        "min_prompt_len": 100,  # set by hand, to no effect
+        "log_prompt_text": True,
+    }
+    write(home / ".relay/config.json", json.dumps(old_install))
+    done = install(home, server, "--agent", "claude-code")
+    assert done.returncode == 0, done.stderr
+    config = json.loads((home / ".relay/config.json").read_text())
+    assert set(config) & set(SCRIPT_KNOBS) == {"min_prompt_len"}
+    assert config["log_prompt_text"] is True and config["max_records"] == 3
+    assert (
+        "note: ~/.relay/config.json: min_prompt_len 100 here has no effect: the hook script's "
+        "MIN_PROMPT_LEN, which beats it, is 15; set it there"
+    ) in done.stdout
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    run = run_registered(command, home, prompt_payload("how do I apply a database migration?"))
+    assert b"make migrate" in run.stdout  # 36 characters: under 100, yet it searched
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert install(fresh, server).returncode == 0
+    assert not set(json.loads((fresh / ".relay/config.json").read_text())) & set(SCRIPT_KNOBS)
 
 
 def test_uninstall_keeps_what_the_user_changed_after_install(tmp_path, server):
