@@ -426,6 +426,8 @@ def plan_install(
                     0o600,
                 )
             )
+        elif removal := _claude_mcp_removal(paths):
+            changes.append(removal)
     if "codex" in agent_names:
         changes.append(
             _json_change(
@@ -439,10 +441,36 @@ def plan_install(
         )
         after = before if new_text == text else new_text.encode()
         what = "[features] hooks" + (" and [mcp_servers.relay]" if mcp else "")
+        if not mcp and _codex_server(text, paths) and not _codex_server(new_text, paths):
+            what += ", without [mcp_servers.relay]"
         changes.append(
             Change(paths.codex_config, "codex-config", before, after, what, 0o600, notes)
         )
     return changes
+
+
+def _claude_mcp_removal(paths: Paths) -> Change | None:
+    """--no-mcp after an install that registered the MCP server in ~/.claude.json: its entry
+    goes, and an entry the file had before that install comes back; one Relay did not
+    write (not `relay mcp`) stays. Config.toml's is in Relay's marked block, gone alike.
+    None when no install touched the file, or it is gone."""
+    record = load_manifest(paths).get("files", {}).get(str(paths.claude_json))
+    if record is None or not paths.claude_json.exists():
+        return None
+    original = read_bytes(Path(record["original"])) if record.get("original") else None
+    before_install = agents.parse_json(_text(original, paths.claude_json), str(paths.claude_json))
+    return _json_change(
+        paths.claude_json,
+        "claude-mcp",
+        "without the MCP server `relay`",
+        lambda doc: (agents.strip_mcp_server(doc, before_install), []),
+        0o600,
+    )
+
+
+def _codex_server(text: str, paths: Paths) -> bool:
+    servers = agents.parse_toml(text, str(paths.codex_config)).get("mcp_servers")
+    return isinstance(servers, dict) and agents.SERVER_NAME in servers
 
 
 def _with_note(result: tuple[dict[str, Any], str]) -> tuple[dict[str, Any], list[str]]:
@@ -763,12 +791,16 @@ def describe_key(who: dict[str, Any]) -> str:
     )
 
 
-def trust_instructions(paths: Paths, agent_names: tuple[str, ...]) -> list[str]:
+def trust_instructions(paths: Paths, agent_names: tuple[str, ...], mcp: bool) -> list[str]:
     out = []
     if "claude-code" in agent_names:
         out += [
-            "Claude Code: new sessions run the hooks (review them with /hooks); restart running "
-            "sessions to load the `relay` MCP server (check with /mcp)."
+            "Claude Code: new sessions run the hooks (review them with /hooks); "
+            + (
+                "restart running sessions to load the `relay` MCP server (check with /mcp)."
+                if mcp
+                else "no `relay` MCP server is registered."
+            )
         ]
     if "codex" in agent_names:
         where = tilde(paths.codex_hooks, paths.home)
@@ -804,7 +836,11 @@ def trust_instructions(paths: Paths, agent_names: tuple[str, ...]) -> list[str]:
     type=click.Choice(AGENTS),
     help="Only this agent (repeatable; default: both).",
 )
-@click.option("--no-mcp", is_flag=True, help="Do not register the MCP server.")
+@click.option(
+    "--no-mcp",
+    is_flag=True,
+    help="Do not register the MCP server; take out the one an earlier install registered.",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
 def install(
     url: str | None,
@@ -842,7 +878,7 @@ def install(
     for line in apply(changes, paths, url, register_mcp):
         click.echo(line)
     click.echo("")
-    for line in trust_instructions(paths, agent_names):
+    for line in trust_instructions(paths, agent_names, register_mcp):
         click.echo(line)
     click.echo(
         f"Knobs: {tilde(paths.script, paths.home)} (takes effect on the next prompt). "

@@ -342,6 +342,60 @@ def test_config_json_gets_no_knob_the_script_overrides(tmp_path, server):
     assert not set(json.loads((fresh / ".relay/config.json").read_text())) & set(SCRIPT_KNOBS)
 
 
+def test_re_installing_with_no_mcp_takes_the_mcp_server_out_of_both_agents(tmp_path, server):
+    """QA: `relay install --no-mcp` after an install with MCP took [mcp_servers.relay] out of
+    config.toml but left mcpServers.relay in ~/.claude.json, unlisted, while install.json
+    said "mcp": false and the closing text still said to restart for the MCP server."""
+    home = tmp_path
+    write(home / ".claude.json", '{"numStartups": 7, "mcpServers": {"docs": {"command": "d"}}}')
+    write(home / ".codex/config.toml", EXISTING_CODEX_CONFIG)
+    original = snapshot(home)
+    assert install(home, server).returncode == 0
+    assert "relay" in json.loads((home / ".claude.json").read_text())["mcpServers"]
+
+    done = install(home, server, "--no-mcp")
+    assert done.returncode == 0, done.stderr
+    claude_json = json.loads((home / ".claude.json").read_text())
+    assert claude_json == {"numStartups": 7, "mcpServers": {"docs": {"command": "d"}}}
+    assert "relay" not in tomllib.loads((home / ".codex/config.toml").read_text())["mcp_servers"]
+    assert "updated    ~/.claude.json  (without the MCP server `relay`; backup" in done.stdout
+    assert "~/.codex/config.toml  ([features] hooks, without [mcp_servers.relay]" in done.stdout
+    assert "MCP server (check with /mcp)" not in done.stdout
+    assert "no `relay` MCP server is registered" in done.stdout
+    assert json.loads((home / ".relay/install.json").read_text())["mcp"] is False
+    again = install(home, server, "--no-mcp")
+    assert "unchanged  ~/.claude.json" in again.stdout
+
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(home) == original
+
+
+def test_no_mcp_leaves_an_mcp_server_relay_did_not_write(tmp_path, server):
+    """A `relay` server the user registered themselves stays through install, --no-mcp and
+    uninstall: one that runs something else is never Relay's, and one that was there before
+    Relay's install comes back when Relay's goes."""
+    home = tmp_path
+    own = {"command": "/opt/relay-proxy", "args": ["--stdio"]}
+    write(home / ".claude.json", json.dumps({"mcpServers": {"relay": own}}))
+    assert install(home, server).returncode == 0
+    assert install(home, server, "--no-mcp").returncode == 0
+    assert json.loads((home / ".claude.json").read_text())["mcpServers"] == {"relay": own}
+
+    other = tmp_path / "other"
+    before = {"command": "/usr/local/bin/relay", "args": ["mcp"]}  # the user's own, earlier
+    write(other / ".claude.json", json.dumps({"mcpServers": {"relay": before}}))
+    assert install(other, server).returncode == 0
+    assert json.loads((other / ".claude.json").read_text())["mcpServers"]["relay"] != before
+    assert install(other, server, "--no-mcp").returncode == 0
+    assert json.loads((other / ".claude.json").read_text())["mcpServers"] == {"relay": before}
+
+    fresh = tmp_path / "fresh"  # never installed with MCP: ~/.claude.json is not Relay's
+    write(fresh / ".claude.json", json.dumps({"mcpServers": {"relay": before}}))
+    done = install(fresh, server, "--no-mcp")
+    assert done.returncode == 0 and "~/.claude.json" not in done.stdout
+    assert json.loads((fresh / ".claude.json").read_text())["mcpServers"] == {"relay": before}
+
+
 def test_uninstall_keeps_what_the_user_changed_after_install(tmp_path, server):
     home = tmp_path
     write(home / ".claude/settings.json", EXISTING_SETTINGS)
