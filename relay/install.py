@@ -35,7 +35,7 @@ from typing import Any
 import click
 
 from relay import agents
-from relay.errors import InvalidRequestError, RelayError
+from relay.errors import InvalidRequestError, NotFoundError, RelayError
 from relay.hook import config as hook_config
 
 MANIFEST_VERSION = 1
@@ -772,7 +772,14 @@ def verify(url: str, key: str) -> dict[str, Any]:
         raise InvalidRequestError(f"server URL must start with http:// or https:// (got {url!r})")
     if not key or not all("!" <= ch <= "~" for ch in key):
         raise InvalidRequestError("the API key is empty or contains spaces or non-ASCII characters")
-    who = RelayClient(url, key, timeout=10).get("/v1/whoami")
+    try:
+        who = RelayClient(url, key, timeout=10).get("/v1/whoami")
+    except NotFoundError:
+        raise _not_relay_root(url, "404 Not Found") from None
+    except ValueError:  # a 2xx whose body is not JSON: some other web server
+        raise _not_relay_root(url, "an answer that is not JSON") from None
+    if not isinstance(who, dict) or not isinstance(who.get("key"), dict):
+        raise _not_relay_root(url, "an answer that is not Relay's")
     scopes = set(who.get("key", {}).get("scopes") or [])
     if not scopes & {"memory:read", "admin"}:
         raise InvalidRequestError(
@@ -780,6 +787,34 @@ def verify(url: str, key: str) -> dict[str, Any]:
             " with 'relay key create --org ORG --name NAME --scope memory:read'"
         )
     return who
+
+
+def _not_relay_root(url: str, answer: str) -> InvalidRequestError:
+    base = url.rstrip("/")
+    root = base.removesuffix("/v1")
+    give = (
+        f"give its root, {root}, without /v1"
+        if root != base
+        else "give the root URL `relay serve` prints (the one /healthz and /v1/... are under)"
+    )
+    return InvalidRequestError(
+        f"{url} is not a Relay server root: GET {base}/v1/whoami got {answer}; {give}"
+    )
+
+
+def read_key_file(path: str) -> str:
+    """The API key from the first line of `path` that holds anything."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InvalidRequestError(f"cannot read the key file {path}: {why}") from None
+    lines = text.strip().splitlines()
+    if not lines:
+        raise InvalidRequestError(
+            f"the key file {path} is empty: the API key goes on its first line"
+        )
+    return lines[0].strip()
 
 
 def describe_key(who: dict[str, Any]) -> str:
@@ -822,7 +857,7 @@ def trust_instructions(paths: Paths, agent_names: tuple[str, ...], mcp: bool) ->
 @click.option(
     "--key-file",
     type=click.Path(dir_okay=False, exists=True),
-    help="Read the API key from this file's first line instead.",
+    help="Read the API key from this file's first line (instead of --key; beats RELAY_API_KEY).",
 )
 @click.option(
     "--project",
@@ -853,7 +888,10 @@ def install(
 ) -> None:
     """Connect this machine to a Relay server and wire recall into Claude Code and Codex."""
     if key_file:
-        key = (Path(key_file).read_text().strip().splitlines() or [""])[0].strip()
+        source = click.get_current_context().get_parameter_source("key")
+        if key and source is click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError("give --key or --key-file, not both")
+        key = read_key_file(key_file)  # beats RELAY_API_KEY, as a flag beats the environment
     url = (url or click.prompt("Relay server URL", default="http://127.0.0.1:8765")).strip()
     key = (key or click.prompt("API key", hide_input=True)).strip()
     agent_names = agent_names or AGENTS

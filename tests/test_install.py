@@ -276,6 +276,72 @@ def test_a_bad_key_or_a_dead_server_writes_nothing(tmp_path, server):
     assert snapshot(tmp_path) == before
 
 
+@contextlib.contextmanager
+def web_server(directory: Path):
+    """A real web server that is not Relay, serving `directory` on loopback."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(directory))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+def test_a_url_that_is_not_a_relay_root_says_what_to_give(tmp_path, server):
+    """QA: `--url http://host:port/v1` failed with just `relay: error: Not Found`; another
+    web server answering 200 with HTML failed with a JSON traceback."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with_v1 = relay(home, "install", "--url", server["url"] + "/v1", "--key", server["key"])
+    assert with_v1.returncode == 2 and with_v1.stderr.count("\n") == 1, with_v1.stderr
+    assert with_v1.stderr.startswith(f"relay: error: {server['url']}/v1 is not a Relay server root")
+    assert f"give its root, {server['url']}, without /v1" in with_v1.stderr
+    site = tmp_path / "site"
+    write(site / "v1/whoami", "<html>welcome</html>")
+    with web_server(site) as other:
+        elsewhere = relay(home, "install", "--url", other, "--key", server["key"])
+    assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr
+    assert f"{other} is not a Relay server root" in elsewhere.stderr
+    assert "got an answer that is not JSON" in elsewhere.stderr
+    assert snapshot(home) == {}
+
+
+def test_key_file_mistakes_are_one_line_errors(tmp_path, server):
+    """QA: an empty --key-file fell through to an `API key:` prompt, then `aborted`; --key
+    with --key-file silently used the file."""
+    home = tmp_path / "home"
+    home.mkdir()
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n")
+    url = ("--url", server["url"])
+    done = relay(home, "install", *url, "--key-file", str(empty), stdin="")
+    assert done.returncode == 2 and "API key:" not in done.stderr + done.stdout
+    assert (
+        done.stderr
+        == f"relay: error: the key file {empty} is empty: the API key goes on its first line\n"
+    )
+    good = tmp_path / "good.key"
+    good.write_text(server["key"] + "\n")
+    both = relay(home, "install", *url, "--key", server["key"], "--key-file", str(good))
+    assert both.returncode == 2 and "give --key or --key-file, not both" in both.stderr
+    assert snapshot(home) == {}
+    # RELAY_API_KEY in the environment is no --key: the file, given on the command line, wins.
+    done = relay(
+        home, "install", *url, "--key-file", str(good), RELAY_API_KEY="relay_x_" + "y" * 32
+    )
+    assert done.returncode == 0, done.stderr
+    assert (home / ".relay/key").read_text() == server["key"] + "\n"
+
+
 def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
     home = tmp_path
     write(home / ".claude/settings.json", HOOK_LADEN_SETTINGS)
