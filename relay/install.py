@@ -176,8 +176,8 @@ def executables() -> tuple[str, str]:
 
 
 # -- file contents ---------------------------------------------------------------------
-# The script's first line after the shebang: whatever goes wrong below it (a typo, a
-# relay-hook that moved), nothing reaches stderr and the exit status is 0, because an
+# The script's first command, before anything that can fail: whatever goes wrong below it
+# (a typo, a relay-hook that moved), nothing reaches stderr and the exit status is 0, as an
 # agent shows a hook's stderr and Claude Code blocks, and erases, a prompt whose hook exits
 # 2. A syntax error or a failed `exec` runs the EXIT trap in dash; bash (macOS's sh)
 # skips it on a failed `exec` unless `execfail` lets the script go on to its end.
