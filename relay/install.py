@@ -617,7 +617,11 @@ def _reverse(
         stripped_doc = agents.strip_hooks(doc, str(path))
     if created and not agents.normalise_hooks(stripped_doc):
         return None
-    if original is not None and _same_json(stripped_doc, orig_doc):
+    # The original may hold Relay's hook registered by hand (relay-hook itself), which
+    # install replaced with its own: what is left once Relay's entries go is then the
+    # original without them, and the original comes back whole, that entry included.
+    unchanged = orig_doc if role == "claude-mcp" else agents.strip_hooks(orig_doc, str(path))
+    if original is not None and _same_json(stripped_doc, unchanged):
         return original
     if stripped_doc == doc:
         return current

@@ -310,10 +310,14 @@ def test_a_hook_registered_by_hand_is_checked_and_not_doubled(tmp_path, server):
         f"{BIN / 'relay-hook'} (started directly, without the knob script" in done.stdout
     )
     assert "last 24 h: 1 runs" in done.stdout
+    by_hand = settings.read_bytes()
     installed(tmp_path, server.url, server.admin_key)
     commands = json.loads(settings.read_text())["hooks"]
     assert [len(commands[event]) for event in ("UserPromptSubmit", "SessionStart")] == [1, 1]
     registered_command(settings, "UserPromptSubmit")  # install's, through the knob script
+    # and uninstall gives the hand registration back, as every original comes back
+    assert relay(tmp_path, "uninstall").returncode == 0
+    assert settings.read_bytes() == by_hand
 
 
 def test_a_prompt_entry_with_the_session_start_argument_fails(tmp_path, server):
