@@ -316,11 +316,6 @@ def _located(exc: RelayError, batch: list[ExportedMemory], name: str) -> RelayEr
         memory, message = batch[item], exc.message.removeprefix(f"items.{item}: ")
     else:
         memory = next((m for m in batch if m.id == exc.details.get("memory_id")), None)
-    if memory is not None and isinstance(exc, NotFoundError):
-        message = (
-            f"{memory.id} exists for an audience this key cannot read; restore it with a"
-            " key that has that role"
-        )
     if memory is None:
         return exc
     return type(exc)(f"{name}:{memory.line}: {message}", **exc.details)

@@ -661,10 +661,55 @@ def test_a_batch_refused_by_the_store_names_the_item(api):
     hidden = remember(api, "acme_sre", "For sre.", id="bp-sre", audiences=["sre"])
     items = [{"id": "bp5", "body": "five"}, {"id": hidden["id"], "body": "mine now"}]
     r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
-    error = assert_error(r, 404, "not_found")
-    assert error["message"] == "items.1: no memory 'bp-sre'" and error["details"]["item"] == 1
+    error = assert_error(r, 409, "conflict")
+    assert error["message"].startswith("items.1: id 'bp-sre' is taken")
+    assert error["details"] == {"item": 1, "memory_id": "bp-sre"}
     listed = api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"]
     assert {m["id"] for m in listed} == {"bp-sre"}  # nothing of the refused batches landed
+
+
+def test_a_hidden_id_answers_alike_whether_it_lives_or_was_deleted(api):
+    """QA: a key without the role got 404 for the revisions of a deleted sre memory, as for
+    an unused id, but a batch naming it was 409 'was deleted' where a live sre memory's id
+    was 404: every write told whether the hidden memory still existed. A hidden id is now
+    taken alike (409 for a create or a batch, 404 for an edit or a delete, as for an id
+    never used); only a key that reads it is told that it was deleted."""
+    sre, dev = api.headers("acme_sre"), api.headers("acme_dev")
+    remember(api, "acme_sre", "The 2027 layoff plan, for sre.", id="hid-live", audiences=["sre"])
+    remember(api, "acme_sre", "The 2026 layoff plan, for sre.", id="hid-gone", audiences=["sre"])
+    assert api.client.delete("/v1/memories/hid-gone", headers=sre).status_code == 204
+
+    def answers(memory_id: str, writes: bool = True) -> list[tuple[int, str]]:
+        body, path = {"id": memory_id, "body": "probe"}, f"/v1/memories/{memory_id}"
+        replies = [
+            api.client.patch(path, json={"body": "probe"}, headers=dev),
+            api.client.patch(path, json={"body": "probe", "expected_revision": 1}, headers=dev),
+            api.client.delete(path, headers=dev),
+            api.client.get(f"{path}/revisions", headers=dev),
+        ]
+        if writes:
+            replies += [
+                api.client.post("/v1/memories", json=body, headers=dev),
+                api.client.post("/v1/memories/batch", json={"items": [body]}, headers=dev),
+            ]
+        return [(r.status_code, r.text.replace(memory_id, "ID")) for r in replies]
+
+    live, gone = answers("hid-live"), answers("hid-gone")
+    assert live == gone
+    assert [status for status, _ in live] == [404, 404, 404, 404, 409, 409]
+    assert "taken" in live[-1][1] and "deleted" in live[-1][1]  # says it may be either
+    # An edit, a delete and a read cannot tell it from an id never used ...
+    assert answers("hid-never", writes=False) == live[:4]
+    # ... which a write takes.
+    r = api.client.post(
+        "/v1/memories/batch", json={"items": [{"id": "hid-never", "body": "x"}]}, headers=dev
+    )
+    assert r.status_code == 200, r.text
+    # A key that reads the deleted memory is told that it was deleted.
+    r = api.client.post(
+        "/v1/memories/batch", json={"items": [{"id": "hid-gone", "body": "x"}]}, headers=sre
+    )
+    assert "was deleted" in assert_error(r, 409, "conflict")["message"]
 
 
 def test_a_chunked_bulk_write_names_the_item_by_its_place_in_the_whole(api):

@@ -17,7 +17,7 @@ from relay.hygiene import (
     check_tags,
     check_title,
 )
-from relay.import_writer import check_drafts
+from relay.import_writer import check_drafts, with_live_ids
 from relay.importer import (
     ImportDraft,
     draft_id,
@@ -680,3 +680,14 @@ def test_an_export_file_points_to_relay_restore(tmp_path, count):
         f"{path} is a relay export file: restore it with `relay restore {path}`; relay import"
         " reads Markdown"
     )
+
+
+def test_a_section_live_at_two_generations_is_written_at_the_oldest():
+    """Keys for different audiences importing one file leave a section at two live
+    generations (the second could not read the first's id); the draft goes to the oldest,
+    whichever order the ids come in, and the other is retired as any id no draft kept."""
+    drafts = [ImportDraft(f"imp_{i:016x}", None, "text", "a.md", ()) for i in range(40)]
+    owned = {f"{d.id}{suffix}" for d in drafts for suffix in (".3", ".2")}
+    assert [d.id for d in with_live_ids(drafts, owned)] == [f"{d.id}.2" for d in drafts]
+    owned |= {d.id for d in drafts}
+    assert [d.id for d in with_live_ids(drafts, owned)] == [d.id for d in drafts]

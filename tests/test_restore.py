@@ -387,17 +387,33 @@ def test_a_link_the_server_refuses_is_named_by_its_line(tmp_path, target):
 
 
 def test_a_memory_this_key_cannot_read_is_named_by_its_line(tmp_path, source):
-    mint(source.url, source.admin_key, "sre", ["memory:write"], ["sre"])
+    """Its id is taken, whether that memory lives or was deleted: one answer for both (a
+    key without the role was told 'exists' for one and 'was deleted' for the other)."""
+    sre = mint(source.url, source.admin_key, "sre", ["memory:write"], ["sre"])["secret"]
     dev = mint(source.url, source.admin_key, "dev2", ["memory:read", "memory:write"])["secret"]
-    remember(
-        source.url, source.admin_key, id="hid-sre", body="Failover by hand.", audiences=["sre"]
-    )
-    (tmp_path / "sre.jsonl").write_text(json.dumps(get(source, "/v1/memories/hid-sre").json()))
-    done = run(source, tmp_path, "restore", "sre.jsonl", key=dev)
-    assert done.returncode == 4
-    assert done.stderr.strip().splitlines()[-1] == (
-        "relay: error: sre.jsonl:1: hid-sre exists for an audience this key cannot read;"
-        " restore it with a key that has that role"
+    lines = []
+    for memory_id in ("hid-sre", "hid-sre-gone"):
+        remember(source.url, sre, id=memory_id, body="Failover by hand.", audiences=["sre"])
+        (tmp_path / "sre.jsonl").write_text(
+            json.dumps(get(source, f"/v1/memories/{memory_id}").json())
+        )
+        if memory_id.endswith("-gone"):
+            gone = httpx.delete(
+                f"{source.url}/v1/memories/{memory_id}",
+                headers={"Authorization": f"Bearer {sre}"},
+                timeout=30,
+            )
+            assert gone.status_code == 204
+        done = run(source, tmp_path, "restore", "sre.jsonl", key=dev)
+        assert done.returncode == 5
+        lines.append(done.stderr.strip().splitlines()[-1].replace(memory_id, "ID"))
+    assert (
+        lines
+        == [
+            "relay: error: sre.jsonl:1: id 'ID' is taken by a memory for audiences this key lacks"
+            " (a deleted memory's id stays taken too)"
+        ]
+        * 2
     )
 
 

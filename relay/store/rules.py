@@ -19,21 +19,28 @@ def judge_write(
     expected_revision: int | None,
     audiences: frozenset[str] | None,
 ) -> None:
-    """Raise unless a write of `mode` may go ahead against the stored `current` memory."""
+    """Raise unless a write of `mode` may go ahead against the stored `current` memory
+    (`deleted`: its tombstone, which keeps the audiences of its last live revision).
+
+    Ids are unique in the org and never reused, so a taken id is refused whoever may read
+    its memory. One the writer may not read is refused before anything else is looked at,
+    with one answer whether it lives or was deleted: an edit's 404 (as for an id never
+    used), any other write's 409 naming the id (so `relay import` takes the id's next
+    generation). Only a reader of the memory is told which it is."""
+    if current is not None and not _reads(audiences, current.audiences):
+        if mode == "edit":
+            raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
+        raise ConflictError(
+            f"id {memory_id!r} is taken by a memory for audiences this key lacks"
+            " (a deleted memory's id stays taken too)",
+            memory_id=memory_id,
+        )
     if deleted:
         raise ConflictError(
             f"memory {memory_id!r} was deleted; its id cannot be reused", memory_id=memory_id
         )
     if mode == "create" and current is not None:
-        # Ids are unique in the org: a taken one is taken whoever may read it.
-        raise ConflictError(f"memory {memory_id!r} already exists")
-    if (
-        current is not None
-        and audiences is not None
-        and not (set(current.audiences) & (audiences | {EVERYONE}))
-    ):
-        # Invisible to this writer: answer exactly as if it did not exist.
-        raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
+        raise ConflictError(f"memory {memory_id!r} already exists", memory_id=memory_id)
     if mode == "edit" and current is None:
         raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
     if expected_revision is not None and (current is None or current.revision != expected_revision):
