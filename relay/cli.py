@@ -774,11 +774,13 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
     - a memory is written after the memories of the file it supersedes;
     - a supersedes link to a memory neither in the file nor readable with this key
       here (deleted since, or outside the exporting key's audiences) is dropped and
-      counted, unless the server already holds that link, which is then kept;
+      counted, unless the server shows that link, which is then kept (it keeps the
+      links it holds to memories this key cannot read, and does not show them);
     - a malformed line stops the restore, naming it, before anything is written;
-    - it also stops at a memory deleted here since (deleted ids are never reused) and
-      at a batch the server refuses (an unknown audience): the batches before stay
-      written, and running the restore again once fixed finishes it."""
+    - it also stops at a memory deleted here since (deleted ids are never reused) or
+      held here for audiences this key lacks, and at a batch the server refuses (an
+      unknown audience): the batches before stay written, and running the restore
+      again once fixed finishes it."""
     from relay.restore import read_export, restore_memories
 
     name = "<stdin>" if str(file) == "-" else str(file)

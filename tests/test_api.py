@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from postgres_support import raw_count
+from postgres_support import raw_count, raw_rows
 
 from relay.store.sqlite import SQLiteStore
 
@@ -266,6 +266,7 @@ def test_history_withholds_a_revision_from_keys_outside_its_audiences(api):
             ),
             "valid_until": None,
             "supersedes": None,
+            "supersedes_withheld": None,
         }
         assert "envelope" not in json.dumps(items) and "ops/vault" not in json.dumps(items)
         assert items[2]["body"] == "Deploys go through the release train on Tuesdays."
@@ -552,12 +553,15 @@ def test_an_edit_cannot_drop_a_link_to_a_memory_the_writer_cannot_read(api):
     other = remember(api, "acme_dev", "The payments vault has a staging twin.")
     assert hidden["id"] not in ids(search(api, "acme_sre", q))
     path, dev = f"/v1/memories/{newer['id']}", api.headers("acme_dev")
+    admin = api.headers("acme_admin")
     r = api.client.patch(path, json={"supersedes": []}, headers=dev)
     assert r.status_code == 200, r.text
-    assert (r.json()["supersedes"], r.json()["revision"]) == ([hidden["id"]], 1)  # no change
+    assert r.json()["revision"] == 1  # no change
+    assert (r.json()["supersedes"], r.json()["supersedes_withheld"]) == ([], 1)  # as dev sees it
     r = api.client.patch(path, json={"supersedes": [other["id"]]}, headers=dev)
     assert r.status_code == 200, r.text
-    assert r.json()["supersedes"] == [other["id"], hidden["id"]]
+    assert (r.json()["supersedes"], r.json()["supersedes_withheld"]) == ([other["id"]], 1)
+    assert api.client.get(path, headers=admin).json()["supersedes"] == [other["id"], hidden["id"]]
     batch = {
         "items": [
             {"id": newer["id"], "body": newer["body"]},
@@ -566,7 +570,7 @@ def test_an_edit_cannot_drop_a_link_to_a_memory_the_writer_cannot_read(api):
     }
     r = api.client.post("/v1/memories/batch", json=batch, headers=dev)
     assert r.status_code == 200, r.text
-    got = api.client.get(path, headers=dev).json()
+    got = api.client.get(path, headers=admin).json()
     assert got["supersedes"] == [hidden["id"]]  # the readable link was the writer's to drop
     assert hidden["id"] not in ids(search(api, "acme_sre", q))
     sre_view = api.client.get(f"/v1/memories/{hidden['id']}", headers=api.headers("acme_sre"))
@@ -577,7 +581,7 @@ def test_an_edit_cannot_drop_a_link_to_a_memory_the_writer_cannot_read(api):
     assert api.client.delete(f"/v1/memories/{hidden['id']}", headers=sre).status_code == 204
     r = api.client.patch(path, json={"supersedes": [], "title": "Vault keys"}, headers=dev)
     assert r.status_code == 200, r.text
-    assert r.json()["supersedes"] == [hidden["id"]]
+    assert api.client.get(path, headers=admin).json()["supersedes"] == [hidden["id"]]
     # A key that may read it (its tombstone's audiences) may drop it.
     r = api.client.patch(path, json={"supersedes": []}, headers=sre)
     assert r.status_code == 200 and r.json()["supersedes"] == [], r.text
@@ -621,11 +625,130 @@ def test_dropping_a_hidden_link_brings_it_back_only_for_a_reader(api):
     newer = remember(api, "acme_admin", "Vault keys rotate monthly now.", supersedes=[hidden["id"]])
     path = f"/v1/memories/{newer['id']}"
     r = api.client.patch(path, json={"supersedes": []}, headers=api.headers("acme_dev"))
-    assert r.json()["supersedes"] == [hidden["id"]]
+    assert r.json()["supersedes_withheld"] == 1
     assert hidden["id"] not in ids(search(api, "acme_sre", q))
     r = api.client.patch(path, json={"supersedes": []}, headers=api.headers("acme_sre"))
     assert r.json()["supersedes"] == []
     assert hidden["id"] in ids(search(api, "acme_sre", q))
+
+
+def test_links_to_memories_a_key_cannot_read_are_withheld(api):
+    """QA: a key without the role read the id of an sre-only memory in the `supersedes` of
+    a memory for all (by id, in lists, revisions and exports, and in the answer to its own
+    edit). Such a link is left out and counted in `supersedes_withheld`, alike whether the
+    hidden memory lives or was deleted; a key that reads it sees it, and an edit that sends
+    back the links as shown keeps them as they were."""
+    sre, dev = api.headers("acme_sre"), api.headers("acme_dev")
+    hidden = "sec-pentest-findings-q3"
+    remember(
+        api,
+        "acme_sre",
+        "Pentest Q3: the image proxy fetches any URL.",
+        id=hidden,
+        audiences=["sre"],
+    )
+    remember(api, "acme_dev", "The image proxy is open to the internet.", id="img-old")
+    remember(
+        api,
+        "acme_sre",
+        "The image proxy allows listed hosts only.",
+        id="img-note",
+        supersedes=[hidden, "img-old"],
+    )
+
+    def views(who: str) -> dict[str, str]:
+        h = api.headers(who)
+        return {
+            "get": api.client.get("/v1/memories/img-note", headers=h).text,
+            "list": api.client.get("/v1/memories", headers=h).text,
+            "revisions": api.client.get("/v1/memories/img-note/revisions", headers=h).text,
+        }
+
+    for who in ("acme_reader", "acme_dev"):
+        seen = views(who)
+        assert all(hidden not in text for text in seen.values()), seen
+        got = json.loads(seen["get"])
+        assert (got["supersedes"], got["supersedes_withheld"]) == (["img-old"], 1)
+        (rev,) = json.loads(seen["revisions"])["items"]
+        assert (rev["supersedes"], rev["supersedes_withheld"]) == (["img-old"], 1)
+    got = api.client.get("/v1/memories/img-note", headers=sre).json()
+    assert (got["supersedes"], got["supersedes_withheld"]) == ([hidden, "img-old"], 0)
+
+    # An edit answers as a read does, and sending the links back as shown changes nothing.
+    r = api.client.patch("/v1/memories/img-note", json={"supersedes": ["img-old"]}, headers=dev)
+    assert r.status_code == 200 and hidden not in r.text, r.text
+    assert (r.json()["revision"], r.json()["supersedes_withheld"]) == (1, 1)
+    r = api.client.patch("/v1/memories/img-note", json={"title": "Image proxy"}, headers=dev)
+    assert r.status_code == 200 and hidden not in r.text, r.text
+    admin = api.client.get("/v1/memories/img-note", headers=api.headers("acme_admin")).json()
+    assert (admin["revision"], admin["supersedes"]) == (2, [hidden, "img-old"])
+
+    # The console reads through the same store.
+    api.client.post("/console/api/session", json={"key": api.keys["acme_reader"]})
+    for path in ("/memories/img-note", "/memories", "/memories/img-note/revisions"):
+        r = api.client.get("/console/api" + path)
+        assert r.status_code == 200 and hidden not in r.text, r.text
+    diff = api.client.get("/console/api/memories/img-note/diff", params={"from": 1, "to": 2})
+    assert diff.status_code == 200 and hidden not in diff.text, diff.text
+    (links,) = [f for f in diff.json()["fields"] if f["field"] == "supersedes"]
+    assert [line["text"] for line in links["lines"]] == ["img-old", "(and 1 this key cannot read)"]
+    api.client.cookies.clear()
+
+    before = views("acme_reader")
+    assert api.client.delete(f"/v1/memories/{hidden}", headers=sre).status_code == 204
+    assert views("acme_reader") == before  # nothing says it was deleted
+
+
+def _set_audiences(store, memory_id: str, audiences: list[str]) -> None:
+    """Give a memory `audiences` beneath the store's rules: data written before them."""
+    value = json.dumps(audiences) if isinstance(store, SQLiteStore) else audiences
+    raw_rows(
+        store, "UPDATE memories SET audiences = ? WHERE id = ? RETURNING id", (value, memory_id)
+    )
+    raw_rows(store, "DELETE FROM memory_audiences WHERE memory_id = ? RETURNING 1", (memory_id,))
+    for audience in audiences:
+        raw_rows(
+            store,
+            "INSERT INTO memory_audiences (org_id, memory_id, audience)"
+            " SELECT org_id, id, ? FROM memories WHERE id = ? RETURNING 1",
+            (audience, memory_id),
+        )
+
+
+def test_a_replacement_a_key_cannot_read_is_withheld(api):
+    """QA: a memory opened to all after an sre memory superseded it showed every reader
+    `superseded_by` naming the sre memory, and null once that was deleted. It is null for a
+    key that cannot read the replacement, whether it lives or not."""
+    remember(api, "acme_sre", "VPN: the old concentrator at vpn1.", id="vpn-old", audiences=["sre"])
+    remember(
+        api,
+        "acme_sre",
+        "VPN: after the breach, use vpn2 with hardware keys.",
+        id="vpn-replacement-after-breach",
+        audiences=["sre"],
+        supersedes=["vpn-old"],
+    )
+    _set_audiences(api.services.store, "vpn-old", ["sre", "dev"])
+    reader = api.headers("acme_dev")
+
+    def seen() -> tuple[str, str]:
+        one = api.client.get("/v1/memories/vpn-old", headers=reader)
+        listed = api.client.get("/v1/memories", headers=reader)
+        return one.text, listed.text
+
+    before = seen()
+    assert all("vpn-replacement" not in text for text in before), before
+    assert json.loads(before[0])["superseded_by"] is None
+    sre_view = api.client.get("/v1/memories/vpn-old", headers=api.headers("acme_sre")).json()
+    assert sre_view["superseded_by"] == "vpn-replacement-after-breach"
+    r = api.client.patch("/v1/memories/vpn-old", json={"title": "Old VPN"}, headers=reader)
+    assert r.status_code == 200, r.text
+    before = seen()
+    r = api.client.delete(
+        "/v1/memories/vpn-replacement-after-breach", headers=api.headers("acme_sre")
+    )
+    assert r.status_code == 204
+    assert seen() == before  # nothing says it was deleted
 
 
 def test_a_bad_item_rejects_the_whole_batch(api):

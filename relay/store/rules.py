@@ -4,11 +4,14 @@ with the same words."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
-from relay.models import EVERYONE, Memory, MemoryDraft
+from relay.models import EVERYONE, Memory, MemoryDraft, Revision
 from relay.store import SaveMode
+
+Read = TypeVar("Read", Memory, Revision)
 
 
 def judge_write(
@@ -130,6 +133,8 @@ def carried_links(
     hidden = [
         t for t in kept if t not in targets and not _reads(writer, stored.get(t, ((), False))[0])
     ]
+    if hidden and tuple(targets) == tuple(t for t in kept if t not in hidden):
+        return tuple(kept)  # the links as the writer was shown them (`as_read`): no change
     return (*targets, *hidden)
 
 
@@ -146,3 +151,35 @@ def settle_supersedes(
     links = carried_links(draft.supersedes, kept, stored, writer)
     judge_supersedes(memory_id, links, stored, writer, draft.audiences, kept)
     return draft if links == draft.supersedes else dataclasses.replace(draft, supersedes=links)
+
+
+def linked_ids(items: Iterable[Memory | Revision]) -> set[str]:
+    """Every memory id the `supersedes` and `superseded_by` of `items` name."""
+    ids: set[str] = set()
+    for item in items:
+        ids.update(item.supersedes)
+        if isinstance(item, Memory) and item.superseded_by is not None:
+            ids.add(item.superseded_by)
+    return ids
+
+
+def as_read(item: Read, readable: Collection[str]) -> Read:
+    """A memory or revision as a reader sees it, `readable` being which of its links
+    (`linked_ids`) name memories the reader may read (a deleted one by its last audiences).
+
+    A link to any other memory is withheld: `supersedes` leaves it out and
+    `supersedes_withheld` counts it (those are the links a write by the reader carries
+    over, `carried_links`), and `superseded_by` is null. What the link named would tell
+    the reader of a memory it may not read, and whether that memory still lives."""
+    shown = tuple(t for t in item.supersedes if t in readable)
+    if (
+        isinstance(item, Memory)
+        and item.superseded_by is not None
+        and item.superseded_by not in readable
+    ):
+        item = dataclasses.replace(item, superseded_by=None)
+    if len(shown) == len(item.supersedes):
+        return item
+    return dataclasses.replace(
+        item, supersedes=shown, supersedes_withheld=len(item.supersedes) - len(shown)
+    )

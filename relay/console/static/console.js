@@ -357,7 +357,7 @@ function memoryForm(memory, onSave, saveLabel) {
     field('Tags', h('input', { name: 'tags', value: m.tags.join(', ') }), 'Comma-separated.'),
     field('Valid until', validUntil, 'ISO 8601 (2026-12-31 or 2026-12-31T18:00:00Z), in the future; empty for no end.'),
     h('div', { class: 'quick', role: 'group', 'aria-label': 'Set valid until' }, quick('In 1 minute', 60e3), quick('In 1 day', 864e5), quick('In 30 days', 30 * 864e5), quick('No end', null)),
-    field('Supersedes', h('input', { name: 'supersedes', value: m.supersedes.join(', '), spellcheck: 'false' }), 'Comma-separated ids of memories this one replaces.'),
+    field('Supersedes', h('input', { name: 'supersedes', value: m.supersedes.join(', '), spellcheck: 'false' }), `Comma-separated ids of memories this one replaces.${m.supersedes_withheld ? ` Its links to ${m.supersedes_withheld} this key cannot read stay.` : ''}`),
     h('div', { class: 'field check' }, h('input', { type: 'checkbox', name: 'pinned', id: 'pinned', checked: m.pinned }), h('label', { for: 'pinned' }, 'Pinned (part of the team profile at session start)')),
     h('button', { type: 'submit' }, saveLabel),
   );
@@ -392,6 +392,12 @@ async function pageNew() {
   );
 }
 
+// Links to memories this key cannot read are counted, never named (docs/http-api.md).
+function hiddenLinks(m) {
+  const n = m.supersedes_withheld || 0;
+  return n ? `(and ${n} ${n === 1 ? 'memory' : 'memories'} this key cannot read)` : '';
+}
+
 function describe(m) {
   const rows = [
     ['ID', h('code', {}, m.id)],
@@ -404,7 +410,7 @@ function describe(m) {
     ['Created', when(m.created_at)],
     ['Updated', when(m.updated_at)],
     ['Valid until', when(m.valid_until) || 'no end'],
-    ['Supersedes', m.supersedes.length ? m.supersedes.map((id) => [memoryLink(id), ' ']) : '—'],
+    ['Supersedes', m.supersedes.length || m.supersedes_withheld ? [m.supersedes.map((id) => [memoryLink(id), ' ']), hiddenLinks(m)] : '—'],
     ['Superseded by', m.superseded_by ? memoryLink(m.superseded_by) : '—'],
     ['Pinned', m.pinned ? 'yes' : 'no'],
   ];
