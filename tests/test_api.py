@@ -699,6 +699,53 @@ def test_links_to_memories_a_key_cannot_read_are_withheld(api):
     assert views("acme_reader") == before  # nothing says it was deleted
 
 
+def test_a_superseded_memory_reaches_no_one_its_replacement_does_not(api):
+    """QA: an sre memory superseded by another sre memory was opened to all; its new readers
+    found neither it (superseded) nor its replacement (sre only) in recall, which is what
+    a narrower replacement is refused for. Audiences a superseded memory gains are judged
+    against its replacement's, in an edit and in a batch."""
+    sre = api.headers("acme_sre")
+    remember(api, "acme_sre", "VPN: the old concentrator at vpn1.", id="vpn-old", audiences=["sre"])
+    remember(
+        api,
+        "acme_sre",
+        "VPN: after the breach, use vpn2 with hardware keys.",
+        id="vpn-new",
+        audiences=["sre"],
+        supersedes=["vpn-old"],
+    )
+    for audiences, left_out in ((["all"], "all"), (["sre", "dev"], "dev")):
+        for who in ("acme_sre", "acme_admin"):
+            r = api.client.patch(
+                "/v1/memories/vpn-old", json={"audiences": audiences}, headers=api.headers(who)
+            )
+            said = assert_error(r, 400, "invalid_request")["message"]
+            assert said.startswith(
+                f"'vpn-new' supersedes this memory and does not reach {left_out}:"
+            )
+    items = [
+        {"id": "vpn-faq", "body": "VPN questions go to #netops."},
+        {"id": "vpn-old", "body": "VPN: the old concentrator at vpn1.", "audiences": ["all"]},
+    ]
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=sre)
+    error = assert_error(r, 400, "invalid_request")
+    assert (
+        error["message"].startswith("items.1: 'vpn-new' supersedes")
+        and error["details"]["item"] == 1
+    )
+    r = api.client.patch("/v1/memories/vpn-old", json={"title": "Old VPN"}, headers=sre)
+    assert r.status_code == 200, r.text  # widening nothing is no harm
+
+    # Once the replacement reaches everyone, so may what it replaced.
+    r = api.client.patch("/v1/memories/vpn-new", json={"audiences": ["all"]}, headers=sre)
+    assert r.status_code == 200, r.text
+    r = api.client.patch("/v1/memories/vpn-old", json={"audiences": ["all"]}, headers=sre)
+    assert r.status_code == 200, r.text
+    got = api.client.get("/v1/memories/vpn-old", headers=api.headers("acme_reader")).json()
+    assert got["superseded_by"] == "vpn-new"
+    assert ids(search(api, "acme_reader", "which VPN concentrator do we use?"))[:1] == ["vpn-new"]
+
+
 def _set_audiences(store, memory_id: str, audiences: list[str]) -> None:
     """Give a memory `audiences` beneath the store's rules: data written before them."""
     value = json.dumps(audiences) if isinstance(store, SQLiteStore) else audiences
@@ -716,9 +763,10 @@ def _set_audiences(store, memory_id: str, audiences: list[str]) -> None:
 
 
 def test_a_replacement_a_key_cannot_read_is_withheld(api):
-    """QA: a memory opened to all after an sre memory superseded it showed every reader
-    `superseded_by` naming the sre memory, and null once that was deleted. It is null for a
-    key that cannot read the replacement, whether it lives or not."""
+    """QA: a memory opened to all after an sre memory superseded it (which the rule above now
+    refuses; such pairs remain from before) showed every reader `superseded_by` naming the
+    sre memory, and null once that was deleted. It is null for a key that cannot read the
+    replacement, whether it lives or not; and such a key may not widen the memory."""
     remember(api, "acme_sre", "VPN: the old concentrator at vpn1.", id="vpn-old", audiences=["sre"])
     remember(
         api,
@@ -741,6 +789,11 @@ def test_a_replacement_a_key_cannot_read_is_withheld(api):
     assert json.loads(before[0])["superseded_by"] is None
     sre_view = api.client.get("/v1/memories/vpn-old", headers=api.headers("acme_sre")).json()
     assert sre_view["superseded_by"] == "vpn-replacement-after-breach"
+    r = api.client.patch(
+        "/v1/memories/vpn-old", json={"audiences": ["sre", "dev", "all"]}, headers=reader
+    )
+    said = assert_error(r, 400, "invalid_request")["message"]
+    assert said == "this memory is superseded by one this key cannot read: keep its audiences"
     r = api.client.patch("/v1/memories/vpn-old", json={"title": "Old VPN"}, headers=reader)
     assert r.status_code == 200, r.text
     before = seen()

@@ -72,6 +72,7 @@ from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
 from relay.store.rules import (
     Read,
     as_read,
+    judge_replacement,
     judge_write,
     linked_ids,
     same_content,
@@ -760,6 +761,21 @@ class PostgresStore:
         current = _judge(row, memory_id, draft, mode, expected_revision, audiences)
         kept = () if current is None else current.supersedes
         draft = _check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
+        if current is not None and current.superseded_by is not None:
+            replacement = conn.execute(
+                "SELECT audiences FROM memories WHERE org_id = %s AND id = %s"
+                " AND deleted_at IS NULL",
+                (org_id, current.superseded_by),
+            ).fetchone()
+            if replacement is not None:
+                judge_replacement(
+                    memory_id,
+                    current.audiences,
+                    draft.audiences,
+                    current.superseded_by,
+                    replacement["audiences"],
+                    audiences,
+                )
         if current is not None and same_content(current, draft):
             return current, False
         values = _values(org_id, memory_id, draft, author, current)
@@ -817,7 +833,8 @@ class PostgresStore:
     ) -> list[tuple[Memory, bool]] | None:
         """Many distinct memories without supersession: the same checks and rows as `_save`,
         in a handful of pipelined statements instead of ten round trips per memory. None
-        when one of them already supersedes others: `_save` carries or judges those links."""
+        when one of them already supersedes others or is superseded: `_save` carries or
+        judges those links."""
         ids = [mid for mid, _, _ in items]
         rows = {
             r["id"]: r
@@ -825,7 +842,7 @@ class PostgresStore:
                 "SELECT * FROM memories WHERE org_id = %s AND id = ANY(%s)", (org_id, ids)
             )
         }
-        if any(r["supersedes"] for r in rows.values()):
+        if any(r["supersedes"] or r["superseded_by"] for r in rows.values()):
             return None
         out: list[tuple[Memory, bool] | None] = []
         writes: list[tuple[int, dict[str, Any], MemoryDraft, Sequence[PassageInput]]] = []

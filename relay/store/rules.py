@@ -153,6 +153,39 @@ def settle_supersedes(
     return draft if links == draft.supersedes else dataclasses.replace(draft, supersedes=links)
 
 
+def judge_replacement(
+    memory_id: str,
+    before: Sequence[str],
+    audiences: Sequence[str],
+    replacement: str,
+    reach: Sequence[str],
+    writer: frozenset[str] | None,
+) -> None:
+    """Raise unless a memory superseded by the live `replacement` (reaching `reach`) may
+    go from audiences `before` to `audiences`; `writer` as for `judge_supersedes`.
+
+    A superseded memory never reaches recall, so an audience it gains that its replacement
+    does not reach would find neither: the rule `judge_supersedes` holds a replacement to,
+    from the other side. Only audiences it gains are judged, so an edit that widens nothing
+    never fails on a pair written before this rule. A writer that may not read the
+    replacement (only such a pair can leave it so) is refused any new audience, whichever
+    the replacement reaches, so that the answer says nothing of them."""
+    gained = set(audiences) - set(before)
+    if not gained or EVERYONE in reach:
+        return
+    if not _reads(writer, reach):
+        raise InvalidRequestError(
+            "this memory is superseded by one this key cannot read: keep its audiences"
+        )
+    left_out = gained - set(reach)
+    if left_out:
+        raise InvalidRequestError(
+            f"{replacement!r} supersedes this memory and does not reach"
+            f" {', '.join(sorted(left_out))}: give it those audiences first, or drop its link"
+            f" to {memory_id!r}"
+        )
+
+
 def linked_ids(items: Iterable[Memory | Revision]) -> set[str]:
     """Every memory id the `supersedes` and `superseded_by` of `items` name."""
     ids: set[str] = set()

@@ -41,6 +41,7 @@ from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.rules import (
     Read,
     as_read,
+    judge_replacement,
     judge_write,
     linked_ids,
     same_content,
@@ -432,6 +433,20 @@ class SQLiteStore:
         judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
         kept = () if current is None else current.supersedes
         draft = self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
+        if current is not None and current.superseded_by is not None:
+            replacement = conn.execute(
+                "SELECT audiences FROM memories WHERE org_id = ? AND id = ? AND deleted_at IS NULL",
+                (org_id, current.superseded_by),
+            ).fetchone()
+            if replacement is not None:
+                judge_replacement(
+                    memory_id,
+                    current.audiences,
+                    draft.audiences,
+                    current.superseded_by,
+                    json.loads(replacement["audiences"]),
+                    audiences,
+                )
         if current is not None and same_content(current, draft):
             return current, False
         revision = 1 if current is None else current.revision + 1
