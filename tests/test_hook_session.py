@@ -255,3 +255,51 @@ def test_a_prompt_that_reaches_the_hook_twice_counts_once(tmp_path):
         # the next prompt is a prompt like any other
         hook.prompt("which logging conventions does the worker follow?", prompt_id="p2")
         assert hook.session_state()["count"] == 2
+
+
+def test_a_session_start_that_reaches_the_hook_twice_injects_the_profile_once(tmp_path):
+    """Registered for the user and in the project, the hook runs twice per SessionStart
+    (Codex concurrently): a second `compact` or `clear` run must not reset the ledger
+    the first has just filled and inject the profile again (QA, session 8)."""
+    pinned = results(record("mem_style"), record("mem_oncall"))
+    with FakeRelay(reply(200, pinned)) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0")
+        assert_hit_contract(hook.session_start("startup"), "SessionStart")
+        assert_silent(hook.session_start("startup"))
+        assert hook.last()["reason"] == "repeat_start"
+        for source in ("compact", "clear"):
+            hook.prompt("how do we write a database migration?")
+            # in turn: the second starts after the first has ended
+            assert_hit_contract(hook.session_start(source), "SessionStart")
+            assert_silent(hook.session_start(source))
+            assert hook.last()["reason"] == "repeat_start"
+            assert hook.session_state()["ledger"] == {"mem_style": 1, "mem_oncall": 1}
+            hook.prompt("how do we deploy the billing service?")
+            # together, as Codex runs matching hooks
+            done = run_together(hook, [hook.start_payload(source)] * 2)
+            assert [rc for rc, _ in done] == [0, 0]
+            assert sum(bool(out) for _, out in done) == 1, done
+            assert hook.session_state()["ledger"] == {"mem_style": 1, "mem_oncall": 1}
+        reasons = [e.get("reason") for e in hook.outcomes() if e["event"] == "session_start"]
+        assert reasons.count("repeat_start") == 5
+        assert len(server.requests) == 5 + 4  # one profile per start, and the four prompts
+
+
+def test_a_later_session_start_of_the_same_source_resets_again(tmp_path):
+    """Only a duplicate counts once: a compaction after a prompt, or one past the time the
+    first run of a start could take, resets the ledger and brings the profile back."""
+    with FakeRelay(reply(200, results(record("mem_style")))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="400")
+        assert_hit_contract(hook.session_start("compact"), "SessionStart")
+        hook.prompt("ok")  # a prompt in between: the next compaction is a new one
+        assert_hit_contract(hook.session_start("compact"), "SessionStart")
+        # no prompt in between, but later than a duplicate run could start
+        path = hook.state_dir / "sessions" / "sess-1.json"
+        stored = json.loads(path.read_text())
+        stored["start"]["at"] -= 0.4 + 1.0
+        path.write_text(json.dumps(stored))
+        assert_hit_contract(hook.session_start("compact"), "SessionStart")
+        assert hook.last()["ledger_reset"] is True
+        # another source is another event
+        assert_hit_contract(hook.session_start("clear"), "SessionStart")
+    assert len(server.requests) == 4

@@ -1,4 +1,5 @@
-"""Per-session state: prompt counter, last search keywords, the conversation ledger.
+"""Per-session state: prompt counter, last search keywords, the conversation ledger, the
+last session start.
 
 One JSON file per session under `<state_dir>/sessions/`, replaced atomically and
 changed only under that session's flock, so two hooks of one session (a prompt
@@ -34,6 +35,7 @@ def fresh(session_id: str) -> dict:
         "ledger": {},
         "told_unauthorized": False,
         "last_prompt_id": None,
+        "start": None,
     }
 
 
@@ -100,6 +102,14 @@ def _load(path: str, session_id: str) -> dict:
     state["told_unauthorized"] = stored.get("told_unauthorized") is True
     if isinstance(stored.get("last_prompt_id"), str):
         state["last_prompt_id"] = stored["last_prompt_id"]
+    start = stored.get("start")
+    if (
+        isinstance(start, dict)
+        and isinstance(start.get("source"), str)
+        and type(start.get("at")) in (int, float)
+        and type(start.get("count")) is int
+    ):
+        state["start"] = {key: start[key] for key in ("source", "at", "count")}
     return state
 
 
