@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from relay.hook import codec, config, gate, outcome_log, state
 from relay.hook.client import HookFailure, parse_url
-from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
+from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
 
 json_values = st.recursive(
     st.none()
@@ -235,6 +235,31 @@ def test_the_least_deadline_is_one_that_can_search_and_the_docs_say_so():
     docs = (Path(__file__).parent.parent / "docs/hook.md").read_text()
     (row,) = [line for line in docs.splitlines() if line.startswith("| `deadline_ms`")]
     assert f"{floor}..{config.DEADLINE_MAX_MS}" in row
+
+
+@pytest.mark.parametrize("knob", ["max_tokens", "profile_max_tokens"])
+def test_the_least_token_budget_is_one_that_can_inject_and_the_docs_say_so(knob):
+    """A budget below the preamble plus the room of a cut record injects nothing, ever, and
+    logged it as a healthy no_match (QA: RELAY_MAX_TOKENS=150): such a budget is out of
+    range like any other bad value, and docs/hook.md states the range the code uses."""
+    from relay.hook.pack import MIN_BUDGET_TOKENS as floor
+
+    record = rec("a", 1, "Run `make migrate` before every deploy; never edit one. " * 20)
+    for intro in (PROMPT_INTRO, PROFILE_INTRO):
+        context, _, _ = pack([record], {}, 3, floor, intro)
+        assert "[truncated]" in context and tokens(context) <= floor
+    longest = max(PROMPT_INTRO, PROFILE_INTRO, key=tokens)
+    assert pack([record], {}, 3, floor - 1, longest)[0] is None
+    env = {"RELAY_CONFIG": "/nonexistent/config.json"}
+    default = config.DEFAULTS[knob]
+    ignored: list[str] = []
+    variable = "RELAY_" + knob.upper()
+    assert config.load({**env, variable: str(floor - 1)}, ignored)[knob] == default
+    assert ignored and knob in ignored[0]  # relay doctor shows it
+    assert config.load({**env, variable: str(floor)})[knob] == floor
+    docs = (Path(__file__).parent.parent / "docs/hook.md").read_text()
+    (row,) = [line for line in docs.splitlines() if line.startswith(f"| `{knob}`")]
+    assert f"{floor}..8000" in row
 
 
 def test_settings_table_has_help_and_env_names_for_every_knob():
