@@ -325,6 +325,39 @@ def test_session_files_are_private_bounded_and_cleaned(tmp_path):
     assert state.cleanup(str(tmp_path)) == 0  # at most once an hour
 
 
+def test_a_lock_removed_while_waited_for_is_never_held_beside_its_successor(tmp_path):
+    """A hook waiting on a lock file that its holder removes (the sweep) must not take the
+    removed file: it takes the one now at that name, so at most one lock is ever held."""
+    import threading
+
+    from relay.hook.files import Lock
+
+    path = str(tmp_path / "s.lock")
+    first = Lock(path, time.monotonic() + 1).__enter__()
+    assert first.held
+    waiter: dict[str, bool] = {}
+
+    def wait() -> None:
+        with Lock(path, time.monotonic() + 1.0) as lock:
+            waiter["held"] = lock.held
+            waiter["with_successor"] = lock.held and successor.held
+
+    successor = Lock(path, 0)
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.05)  # the waiter has opened the file and polls its flock
+    os.unlink(path)  # removed by its holder
+    successor.until = time.monotonic() + 1
+    successor.__enter__()
+    assert successor.held  # a new file of that name
+    first.__exit__()  # the removed file is free now: the waiter must not settle for it
+    time.sleep(0.2)
+    assert "held" not in waiter or not waiter["held"]
+    successor.__exit__()
+    thread.join(2)
+    assert waiter == {"held": True, "with_successor": False}
+
+
 def test_odd_session_ids_are_hashed_into_file_names(tmp_path):
     stem = state.session_file_stem(str(tmp_path), "../../etc/passwd")
     assert os.path.dirname(stem) == str(tmp_path / "sessions")
