@@ -128,10 +128,13 @@ def run(argv: list[str], t_main: float, environ=None) -> None:
         _dispatch(inv)
     finally:
         try:
-            inv.write_log()
-        finally:
             if inv.event == "session_start" or inv.log.get("outcome") == "hit":
-                state.cleanup(inv.cfg.state_dir)
+                # Before the log line, so its total covers the sweep the agent waits for too.
+                t = time.monotonic()
+                state.cleanup(inv.cfg.state_dir, min(t + state.CLEANUP_BUDGET_S, inv.until))
+                inv.ms["cleanup"] = _ms(time.monotonic() - t)
+        finally:
+            inv.write_log()
 
 
 def _dispatch(inv: Invocation) -> None:
