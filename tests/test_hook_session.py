@@ -331,3 +331,23 @@ def test_a_hit_sweeps_old_sessions_within_a_small_budget_and_logs_it(tmp_path):
     left = len([p for p in folder.iterdir() if p.name.startswith("old-")])
     assert left > 2 * 2000 - 2 * 400  # a few milliseconds' worth went, not all of them
     assert (folder / "sess-1.json").exists()
+
+
+def test_chit_chat_made_of_quantifiers_and_particles_does_not_search(tmp_path):
+    """QA: "please continue with that, thanks a lot" searched, on "lot": the filler list
+    held English function words but not the closed classes of quantifiers and degree words
+    ("lot", "much") or of phrasal-verb particles ("ahead"); a prompt made of them names no
+    topic. The words of one that does still search."""
+    with FakeRelay(reply(200, results())) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0")
+        for prompt in (
+            "please continue with that, thanks a lot",
+            "go ahead, thank you so much",
+            "perfect, that's quite enough, thanks",
+        ):
+            assert_silent(hook.prompt(prompt))
+            assert hook.last()["reason"] == "no_keywords", (prompt, hook.last())
+        assert server.requests == []
+        assert_silent(hook.prompt("roll back the orders migration, thanks a lot"))
+        assert hook.last()["outcome"] == "no_match"
+        assert server.requests[0].json()["query"].startswith("roll back the orders migration")
