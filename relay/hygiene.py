@@ -138,6 +138,16 @@ def check_key_name(name: str) -> None:
             "name must be one line without control characters, like 'alice laptop'",
             field="name",
         )
+    # Shown by `relay key list`, the console and whoami, beside the key it names.
+    _reject_secrets(name, "name", "name")
+
+
+def check_given_id(memory_id: str) -> str:
+    """Raise if a memory id chosen by the writer (the API's `id`, a batch item's, an
+    import's) is secret-shaped: an id is shown wherever its memory is (search results, the
+    hook's context, exports), so it is refused as the same text in a body would be."""
+    _reject_secrets(memory_id, "id", "id")
+    return memory_id
 
 
 def check_title(title: str | None) -> str | None:

@@ -49,6 +49,8 @@ def draft_from_fields(
     hide the memory from everyone, so it is refused.
     """
     now = now or datetime.now(UTC)
+    if isinstance(fields.get("id"), str):  # the shape is the caller's (API model, restore)
+        hygiene.check_given_id(fields["id"])
     audiences = fields.get("audiences")
     if audiences is None:  # left out: everyone; an empty list is refused, never widened
         audiences = [EVERYONE]
@@ -192,6 +194,8 @@ def create(
 ) -> Memory:
     """A new memory written by `principal` (API, MCP, console): its fields checked, an id
     made unless given, and what it supersedes judged against what the key may read."""
+    if memory_id is not None:
+        fields = {**fields, "id": memory_id}  # judged with the rest, whoever chose it
     draft = draft_from_fields(fields, store.known_audiences(principal.org_id))
     memory, _ = save(
         store,

@@ -888,6 +888,46 @@ def test_a_hidden_id_answers_alike_whether_it_lives_or_was_deleted(api):
     assert "was deleted" in assert_error(r, 409, "conflict")["message"]
 
 
+@pytest.mark.parametrize(
+    "memory_id",
+    [
+        "AK" + "IAZ7Q3K5M2N8P4R6T1",
+        "gh" + "p_R8x2Kq9LmZ4tV7nB3cY6wD1fH5jP0sA2eG8u",
+        "sk" + "_live_51Hx9QkL2mN8pR4tV6wY0zB",
+    ],
+)
+def test_a_secret_shaped_id_is_refused_like_a_secret_in_a_body(api, memory_id):
+    """QA: `{"id": "AKIA...", "body": "Deploy keys live in the vault."}` was stored (201),
+    and a batch item's such id written: ids show in search results, the hook's context and
+    exports."""
+    h = api.headers("acme_dev")
+    r = api.client.post(
+        "/v1/memories", json={"id": memory_id, "body": "Deploy keys live in the vault."}, headers=h
+    )
+    error = assert_error(r, 422, "secret_detected")
+    assert error["details"]["field"] == "id" and memory_id not in r.text
+    items = [{"id": "fine-one", "body": "first fine memory"}, {"id": memory_id, "body": "ok"}]
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    error = assert_error(r, 422, "secret_detected")
+    assert error["message"].startswith("items.1: id looks like it contains a secret")
+    assert error["details"]["item"] == 1 and error["details"]["field"] == "id"
+    assert api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"] == []
+
+
+def test_a_secret_shaped_key_name_is_refused(api):
+    """QA: POST /v1/keys {"name": "ci password=Hunter2xQ9!"} made the key (201)."""
+    h = api.headers("acme_admin")
+    keys = len(api.client.get("/v1/keys", headers=h).json()["items"])
+    r = api.client.post(
+        "/v1/keys",
+        json={"name": "ci password=" + "Hunter2xQ9!", "scopes": ["memory:read"]},
+        headers=h,
+    )
+    error = assert_error(r, 422, "secret_detected")
+    assert error["details"]["field"] == "name" and "Hunter2" not in r.text
+    assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == keys
+
+
 def test_a_chunked_bulk_write_names_the_item_by_its_place_in_the_whole(api):
     """`writes.save_many` writes in chunks: a refusal names the item's place in what it was
     given, not in its chunk."""

@@ -408,6 +408,54 @@ def test_bad_tags_are_rejected(tags, error):
         check_tags(tags)
 
 
+# --- ids and key names ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("memory_id", "kind"),
+    [
+        (AWS_ID, "aws access key id"),
+        (GITHUB, "github token"),
+        ("sk" + "_live_" + "51Hx9QkL2mN8pR4tV6wY0zB", "stripe key"),
+        ("password:" + "Hunter2xQ9", "password assignment"),
+    ],
+)
+def test_a_secret_shaped_id_is_refused_naming_the_field(memory_id, kind):
+    """QA: ids appear in search results, the hook's context and exports, yet an AWS key
+    id, a GitHub token or a Stripe key was accepted as one (201)."""
+    with pytest.raises(SecretDetectedError, match=f"^id looks like .*{kind}") as exc:
+        hygiene.check_given_id(memory_id)
+    assert exc.value.details["field"] == "id"
+    assert memory_id not in exc.value.message
+
+
+@pytest.mark.parametrize(
+    "memory_id",
+    [
+        "mem_3f9a1c2e7b3d5a8f",
+        "imp_0123456789abcdef.2",
+        "S1:Caroline:0",
+        "deploy-token-rotation",
+        "password-policy",
+        "secret:rotation",
+        "ghp_docs",
+        "AKIA-format-notes",
+    ],
+)
+def test_ordinary_ids_pass(memory_id):
+    assert hygiene.check_given_id(memory_id) == memory_id
+
+
+def test_a_secret_shaped_key_name_is_refused():
+    """QA: POST /v1/keys {"name": "ci password=Hunter2xQ9!"} made the key (201); a key's
+    name is listed by `relay key list`, the console and whoami."""
+    with pytest.raises(SecretDetectedError, match="^name looks like") as exc:
+        hygiene.check_key_name("ci password=" + "Hunter2xQ9!")
+    assert exc.value.details["field"] == "name"
+    for name in ("ci", "alice laptop", "deploy token for CI", "password rotation bot"):
+        hygiene.check_key_name(name)
+
+
 # --- audiences ------------------------------------------------------------------------------
 
 
