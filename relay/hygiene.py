@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
@@ -397,6 +398,7 @@ def find_secrets(text: str) -> list[str]:
     Only kind names are returned (e.g. "github token"), never the matched text, so the
     result is safe to log and to put in an error message.
     """
+    text = _as_read(text)
     hits: list[tuple[int, str]] = []
     claimed: list[tuple[int, int]] = []
     for kind, pattern, accept in _PROVIDER_PATTERNS:
@@ -419,6 +421,16 @@ def find_secrets(text: str) -> list[str]:
     for _, kind in sorted(hits):
         seen.setdefault(kind, None)
     return list(seen)
+
+
+def _as_read(text: str) -> str:
+    """`text` as a reader (or a model) takes it in: without invisible format characters
+    (zero-width spaces and joiners, bidi marks, tag characters) and with compatibility forms
+    folded (NFKC: full-width `ｇｈｐ＿` is `ghp_`), so a token cannot dodge a pattern by them."""
+    if text.isascii():
+        return text
+    visible = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    return unicodedata.normalize("NFKC", visible)
 
 
 def _reject_secrets(text: str, what: str, field: str) -> None:

@@ -207,6 +207,23 @@ def test_a_specific_kind_is_not_also_reported_as_an_assignment():
     assert find_secrets(f"Authorization: Bearer {JWT}") == ["jwt"]
 
 
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [
+        ("github token", GITHUB[:10] + "\u200b" + GITHUB[10:]),  # zero-width space
+        ("github token", GITHUB[:4] + "\u200d" + GITHUB[4:20] + "\u2060" + GITHUB[20:]),
+        ("github token", "".join(chr(ord(c) + 0xFEE0) for c in GITHUB)),  # full-width
+        ("aws access key id", AWS_ID[:8] + "\u00ad" + AWS_ID[8:]),  # soft hyphen
+        ("aws access key id", "\ufeff" + AWS_ID[:6] + "\u200c" + AWS_ID[6:]),
+        ("password assignment", "ｐａｓｓｗｏｒｄ＝Ｔｒ０ｕｂ４ｄｏｒ３"),
+    ],
+)
+def test_invisible_and_full_width_characters_do_not_hide_a_secret(kind, text):
+    """QA: a ghp_ token with U+200B inside, or written in full-width letters, was stored:
+    it reads the same to a person and to a model, so it is matched as it reads."""
+    assert find_secrets(text) == [kind]
+
+
 # --- find_secrets: what must pass ---------------------------------------------------------
 
 NOT_SECRETS = [
@@ -272,6 +289,12 @@ NOT_SECRETS = [
     "Explicit BEGIN/COMMIT for multi-statement changes",
     "commit 3eb6f2c0a1d4b5e6f7a8b9c0d1e2f3a4b5c6d7e8",
     "sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    # text outside ASCII, read as it is written
+    "The on-call family 👨\u200d👩\u200d👧 rotates the deploy token every Friday.",
+    "パスワード：金庫に保管（ｖａｕｌｔ）",
+    "ｐａｓｓｗｏｒｄ： ｃｈａｎｇｅｍｅ",
+    "Use\u00a0the\u200bsecret manager; token\u2060=\u2060${DEPLOY_TOKEN}",
+    "كلمة المرور في الخزنة\u200f (password: see the vault)",
 ]
 
 
