@@ -485,11 +485,33 @@ def _relay_key(value: str) -> bool:
     )
 
 
+# The storage emulator's (Azurite's) account key, published by Microsoft for local use.
+_AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+def _azure_key(value: str) -> bool:
+    return value != _AZURITE_KEY and _random_not_example(value)
+
+
 _NOT_TOKEN = r"(?<![A-Za-z0-9_-])"
 _PROVIDER_PATTERNS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool] | None], ...] = (
     (
+        # Three dashes or more on either side: a header copied with one dash lost (or a
+        # space added) still opens a private key.
         "private key",
-        re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"),
+        re.compile(r"---[ \t]?BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?[ \t]?---"),
+        None,
+    ),
+    (
+        # PuTTY's .ppk: the header, then (a few short lines later) the private blob.
+        "private key",
+        re.compile(
+            r"PuTTY-User-Key-File-\d{1,2}:[^\n]{0,200}\n(?:[^\n]{0,200}\n){0,40}?"
+            r"Private-Lines:[ \t]*\d"
+            r"|Private-Lines:[ \t]*\d{1,3}[ \t]*\n[ \t]*[A-Za-z0-9+/]{40,}"
+        ),
         None,
     ),
     (
@@ -525,6 +547,46 @@ _PROVIDER_PATTERNS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool] | No
         _random_looking,
     ),
     ("google api key", re.compile(_NOT_TOKEN + r"AIza[0-9A-Za-z_-]{35}"), None),
+    (
+        "google oauth client secret",
+        re.compile(_NOT_TOKEN + r"GOCSPX-[A-Za-z0-9_-]{24,40}(?![A-Za-z0-9_-])"),
+        _random_looking,
+    ),
+    ("google oauth token", re.compile(_NOT_TOKEN + r"ya29\.[A-Za-z0-9_.-]{30,}"), _random_looking),
+    (
+        "sendgrid api key",
+        re.compile(_NOT_TOKEN + r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"),
+        _random_looking,
+    ),
+    (
+        "shopify token",
+        re.compile(_NOT_TOKEN + r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}(?![A-Za-z0-9])"),
+        _random_looking,
+    ),
+    (
+        "digitalocean token",
+        re.compile(_NOT_TOKEN + r"do[opr]_v1_[a-f0-9]{64}(?![A-Za-z0-9])"),
+        _random_looking,
+    ),
+    # Twilio's API key sid; lower-case hex, as Twilio writes it (an upper-case hex digest
+    # after "SK" is more likely a SKU or a hash).
+    ("twilio api key", re.compile(_NOT_TOKEN + r"SK[0-9a-f]{32}(?![A-Za-z0-9])"), _random_looking),
+    (
+        "azure storage key",
+        re.compile(
+            r"(?i)(?<![A-Za-z0-9])(?:AccountKey|SharedAccessKey)[ \t]{0,2}=[ \t]{0,2}"
+            r"(?P<v>[A-Za-z0-9+/]{20,}={0,2})"
+        ),
+        _azure_key,
+    ),
+    (
+        "azure sas token",
+        re.compile(
+            r"(?<![A-Za-z0-9])sv=\d{4}-\d\d-\d\d[^\s\"'<>]{0,400}?[?&;]sig="
+            r"(?P<v>[A-Za-z0-9%+/=]{30,})"
+        ),
+        _random_looking,
+    ),
     (
         "jwt",
         re.compile(_NOT_TOKEN + r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),

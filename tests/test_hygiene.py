@@ -35,6 +35,18 @@ JWT = (
     "ey" + "JhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
     "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
 )
+AZURE_KEY = "pU3KGCUwux1tEyze1iN7LtkeP3IfyxlxF0SU1kk8nVw0YL4xIB5p/" + (
+    "tqg7ui5mX9cfCmZ/a/lkyU81lSvTfrXFA=="
+)
+PUTTY = """PuTTY-User-Key-File-3: ssh-rsa
+Encryption: none
+Comment: deploy@ci
+Public-Lines: 2
+AAAAB3NzaC1yc2EAAAADAQABAAABAQC7vbqajDhA8cNx2m0dVKjgx7z3Kq9Lm2Vn7R
+t4Wy8Bc1Df6Gh0Jk5pQ3ZR1zTOlUcR64cXQLioDnkHIfxIq2HZt
+Private-Lines: 1
+AAABAQCh3ZR1zTOlUcR64cXQLioDnkHIfxIq2HZtPlJhx2jIclHkCiHp6bR1IqfEouH
+Private-MAC: 8f14e45fceea167a5a36dedd4bea2543"""
 
 
 # --- check_body ----------------------------------------------------------------------------
@@ -143,6 +155,43 @@ SECRETS = [
     ("private key", "-----BEGIN OPENSSH PRIVATE KEY-----"),
     ("private key", "-----BEGIN PRIVATE KEY-----"),
     ("private key", "-----BEGIN PGP PRIVATE KEY BLOCK-----"),
+    ("private key", "----BEGIN RSA PRIVATE KEY----\nMIIEow...\n----END RSA PRIVATE KEY----"),
+    ("private key", "--- BEGIN EC PRIVATE KEY ---"),
+    ("private key", PUTTY),
+    ("private key", PUTTY[PUTTY.index("Private-Lines") :]),
+    ("google oauth client secret", "OAuth client GOC" + "SPX-v5ZJr3J1TWDtkwtDDb_xHKas1VOq"),
+    (
+        "google oauth token",
+        "gcloud auth print-access-token gave ya" + "29.a0AfH6SMBx3kZ9qLm2Vn7Rt4Wy8Bc1Df6",
+    ),
+    (
+        "sendgrid api key",
+        "mail relay uses S"
+        + "G.g6YYZYn9ZhyiA4uoRgnatm.UdjAWtGSU8po_799NksnRH9ucAUsdMlHUvTCQCyEZDz",
+    ),
+    ("shopify token", "the Shopify app token is shp" + "at_fb008f86bebb2737f6a6f0fb23c6f5da"),
+    (
+        "digitalocean token",
+        "doctl auth init -t do"
+        + "p_v1_2cec255404e4fb440034d6608697a8d41bed440e50454f31af3176813e02ea68",
+    ),
+    ("twilio api key", "twilio api key sid S" + "Kef786e4d3cea27d26934b484e73cf575"),
+    (
+        "azure storage key",
+        "DefaultEndpointsProtocol=https;AccountName=acmeprod;AccountKey="
+        + AZURE_KEY
+        + ";EndpointSuffix=core.windows.net",
+    ),
+    (
+        "azure storage key",
+        "Endpoint=sb://acme.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;"
+        "SharedAccessKey=J6Cus/7pIy+K8iEfnuSRxbEL7LVWO/web5NCfsvI/ik=",
+    ),
+    (
+        "azure sas token",
+        "https://acme.blob.core.windows.net/backups/db.gz?sv=2022-11-02&ss=b&srt=o&sp=r"
+        "&se=2026-01-01T00:00:00Z&sig=a%2Bb3C4d5E6f7G8h9I0j1K2l3M4n5O6p7Q8r9S0t%3D",
+    ),
     ("password in url", "DATABASE_URL=postgres://app:" + "s3cr3tPw@db.internal:5432/app"),
     ("password in url", "redis://:" + "9fKq2LmX@cache:6379/0"),
     ("authorization header", 'curl -H "Authorization: Bearer ' + 'abcDEF123456ghiJKL789mno"'),
@@ -289,6 +338,25 @@ NOT_SECRETS = [
     "Explicit BEGIN/COMMIT for multi-statement changes",
     "commit 3eb6f2c0a1d4b5e6f7a8b9c0d1e2f3a4b5c6d7e8",
     "sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    # provider formats named, not given
+    "Google OAuth client secrets start with GOCSPX-; keep them in the secret manager.",
+    "A token starting ya29. is a Google access token: it expires within the hour.",
+    "SendGrid keys look like SG.xxxxxxxxxxxxxxxxxxxxxx.yyyy; store them as SENDGRID_API_KEY.",
+    "Shopify admin tokens start with shpat_ and are shown once.",
+    "DigitalOcean tokens (dop_v1_...) live in 1Password under 'DO prod'.",
+    "Order SK" + "E3B0C44298FC1C149AFBF4C8996FB924 shipped.",  # upper-case hex: a SKU, a hash
+    "AccountKey=<storage-account-key>;EndpointSuffix=core.windows.net",
+    "DefaultEndpointsProtocol=https;AccountName=acmeprod;AccountKey=${AZURE_STORAGE_KEY}",
+    "Locally: DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+    "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;",  # Azurite's published key
+    "UseDevelopmentStorage=true",
+    "A SAS URL carries sv=2022-11-02 and a sig= parameter: never paste one here.",
+    "-----BEGIN PUBLIC KEY-----",
+    "-----BEGIN CERTIFICATE-----",
+    "--- BEGIN release notes ---",
+    "PuTTY-User-Key-File-3 is the .ppk header; convert with puttygen key.ppk -O private-openssh",
+    "Private-Lines: says how many base64 lines of the private blob follow.",
     # text outside ASCII, read as it is written
     "The on-call family 👨\u200d👩\u200d👧 rotates the deploy token every Friday.",
     "パスワード：金庫に保管（ｖａｕｌｔ）",
@@ -312,8 +380,21 @@ def test_not_a_secret(text):
         "http://" * (MAX_BODY_CHARS // 7),
         ("a" * 60 + "=") * (MAX_BODY_CHARS // 61),
         "eyJ" * (MAX_BODY_CHARS // 3),
+        "PuTTY-User-Key-File-3: x\n" * (MAX_BODY_CHARS // 25),
+        "sv=2022-01-01&" * (MAX_BODY_CHARS // 14),
+        "---BEGIN" + " " * MAX_BODY_CHARS,
     ],
-    ids=["letters", "assignments", "colons", "schemes", "long-keys", "jwt-prefixes"],
+    ids=[
+        "letters",
+        "assignments",
+        "colons",
+        "schemes",
+        "long-keys",
+        "jwt-prefixes",
+        "ppk-headers",
+        "sas-versions",
+        "pem-begin",
+    ],
 )
 def test_scanning_a_full_size_body_is_fast(text):
     start = time.perf_counter()
