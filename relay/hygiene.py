@@ -409,14 +409,15 @@ def find_secrets(text: str) -> list[str]:
             if accept is None or accept(value):
                 hits.append((m.start(), kind))
                 claimed.append(m.span())
-    for pattern, group_to_kind in _ASSIGNMENT_PATTERNS:
+    for pattern, kind_of, judge in _ASSIGNMENT_PATTERNS:
         for m in pattern.finditer(text):
             start, end = m.span("v")
             if any(s < end and start < e for s, e in claimed):
                 continue  # already reported as a specific kind, e.g. GITHUB_TOKEN=ghp_...
+            key = m.group("k") if "k" in pattern.groupindex else ""
             value, quoted = _unquote(m.group("v"))
-            if _looks_like_literal_secret(value, quoted):
-                hits.append((m.start(), group_to_kind(m.group("k"))))
+            if judge(value, quoted, key):
+                hits.append((m.start(), kind_of(key)))
     seen: dict[str, None] = {}
     for _, kind in sorted(hits):
         seen.setdefault(kind, None)
@@ -649,7 +650,30 @@ def _assignment_kind(key: str) -> str:
     return "secret assignment"
 
 
-_ASSIGNMENT_PATTERNS = ((_ASSIGNMENT, _assignment_kind), (_CLI_FLAG, _assignment_kind))
+# A password given on a command line, in the one slot the command has for it:
+# `curl -u user:pass` (or --user), `mysql -pPASS` (no space: `-p pass` prompts, and
+# `pass` is the database), `sshpass -p pass`. The line is cut at a pipe or `;`/`&`.
+_COMMAND_LINE = r"(?=[ \t])[^\n|;&]{0,400}?[ \t]"  # the rest of the line up to the flag
+_CURL_USER = re.compile(
+    r"(?<![\w-])curl(?:\.exe)?" + _COMMAND_LINE + r"(?:-[A-Za-z]{0,5}u[ \t]*|--user[ \t=]+)"
+    r"[\"']?[^\s:\"'`$<>{}()]{1,128}:(?P<v>[^\s\"'`]{1,256})"
+)
+_MYSQL_PASSWORD = re.compile(
+    r"(?<![\w-])(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlcheck|mysqlsh|mariadb"
+    r"|mariadb-dump)" + _COMMAND_LINE + r"-p" + _VALUE
+)
+_SSHPASS = re.compile(r"(?<![\w-])sshpass" + _COMMAND_LINE + r"-p[ \t]*" + _VALUE)
+
+
+def _command_kind(_: str) -> str:
+    return "password in command"
+
+
+def _written_password(value: str, quoted: bool, key: str) -> bool:
+    """A value in a slot that only ever holds a password: judged as a quoted one would be
+    (any digit or symbol makes it literal), since it cannot be an expression."""
+    return _looks_like_literal_secret(value, True, key)
+
 
 # Values that stand in for a secret rather than being one.
 _PLACEHOLDER_WORDS = frozenset(
@@ -687,7 +711,7 @@ def _is_placeholder_or_reference(value: str) -> bool:
     return len(set(lowered)) <= 1
 
 
-def _looks_like_literal_secret(value: str, quoted: bool) -> bool:
+def _looks_like_literal_secret(value: str, quoted: bool, key: str = "") -> bool:
     """Whether an assigned value is a credential written out, not prose, code or a stand-in."""
     if len(value) < 6 or any(ch.isspace() for ch in value) or value.isdigit():
         return False
@@ -707,3 +731,14 @@ def _looks_like_literal_secret(value: str, quoted: bool) -> bool:
         or has_symbol
         or (len(value) >= 16 and _entropy(value) >= 3.3)
     )
+
+
+_ASSIGNMENT_PATTERNS: tuple[
+    tuple[re.Pattern[str], Callable[[str], str], Callable[[str, bool, str], bool]], ...
+] = (
+    (_ASSIGNMENT, _assignment_kind, _looks_like_literal_secret),
+    (_CLI_FLAG, _assignment_kind, _looks_like_literal_secret),
+    (_CURL_USER, _command_kind, _written_password),
+    (_MYSQL_PASSWORD, _command_kind, _written_password),
+    (_SSHPASS, _command_kind, _written_password),
+)
