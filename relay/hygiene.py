@@ -623,7 +623,9 @@ _PROVIDER_PATTERNS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool] | No
 # The key must start at an identifier boundary and is length-bounded, which keeps the scan
 # linear on long runs of identifier characters.
 _KEYWORDS = (
-    r"password|passwd|passphrase|pwd|secret|token|api[_ -]?key|apikey"
+    # `pass` as a word of its own (DB_PASS, db-pass, dbPass, pass), not bypass or compass.
+    r"password|passwd|passphrase|pwd|(?<![a-z0-9])pass|(?-i:(?<=[a-z0-9])Pass)"
+    r"|secret|token|api[_ -]?key|apikey"
     r"|(?:access|private|secret|signing|encryption|master)[_-]?key|credentials?"
 )
 # `password: str = "..."`: a typed declaration assigns after the annotation.
@@ -638,10 +640,30 @@ _CLI_FLAG = re.compile(
     r"[ \t]+" + _VALUE
 )
 
+# An environment variable named like a credential, `STRIPE_KEY=...` (upper case, as env
+# files and shell exports write them). `key` alone names too much (cache, sort, primary,
+# partition keys), so the value must be a long random string besides.
+_ENV_KEY = re.compile(
+    r"(?<![A-Za-z0-9_])(?P<k>[A-Z][A-Z0-9_]{0,62}_KEY)[\"']?[ \t]{0,4}(?:=|:)[ \t]{0,4}" + _VALUE
+)
+_KEY_MATERIAL = re.compile(r"(?:base64:)?[A-Za-z0-9+/_-]{20,}={0,2}")  # base64, hex, url-safe
+_SEPARATORS = re.compile(r"[/_-]")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
+
+def _env_key_value(value: str, quoted: bool, key: str) -> bool:
+    if any(word in key for word in ("PUBLIC", "PUBLISHABLE")) or _UUID.fullmatch(value):
+        return False
+    if not _KEY_MATERIAL.fullmatch(value) or not _random_looking(value):
+        return False  # a name (`session:abc123`), a file (`db.sql.gz`), a word
+    if value.lower() in (value, value.swapcase()) and max(map(len, _SEPARATORS.split(value))) <= 12:
+        return False  # a path or a name (`uploads/2024/q1`, `user_profile_v2`), in short words
+    return _looks_like_literal_secret(value, quoted, key)
+
 
 def _assignment_kind(key: str) -> str:
     key = key.lower()
-    if key.endswith(("password", "passwd", "passphrase", "pwd")):
+    if key.endswith(("password", "passwd", "passphrase", "pwd", "pass")):
         return "password assignment"
     if key.endswith("token"):
         return "token assignment"
@@ -672,7 +694,7 @@ def _command_kind(_: str) -> str:
 def _written_password(value: str, quoted: bool, key: str) -> bool:
     """A value in a slot that only ever holds a password: judged as a quoted one would be
     (any digit or symbol makes it literal), since it cannot be an expression."""
-    return _looks_like_literal_secret(value, True, key)
+    return _looks_like_literal_secret(value, True, "password")
 
 
 # Values that stand in for a secret rather than being one.
@@ -738,6 +760,7 @@ _ASSIGNMENT_PATTERNS: tuple[
 ] = (
     (_ASSIGNMENT, _assignment_kind, _looks_like_literal_secret),
     (_CLI_FLAG, _assignment_kind, _looks_like_literal_secret),
+    (_ENV_KEY, _assignment_kind, _env_key_value),
     (_CURL_USER, _command_kind, _written_password),
     (_MYSQL_PASSWORD, _command_kind, _written_password),
     (_SSHPASS, _command_kind, _written_password),
