@@ -11,7 +11,11 @@ assignments (`password = ...`, `api_key: ...`) are flagged only when the value
 looks like a literal credential: placeholders (`<your-key>`, `***`,
 `changeme`) and references (`${VAR}`, `$VAR`, `os.environ[...]`,
 `process.env.X`, `op://...`) are how a team *should* write about secrets, and
-prose ("rotate the API key monthly") has no assignment at all.
+prose ("rotate the API key monthly") has no assignment at all. A quoted run of
+words is a passphrase only where a password goes and only without the words a
+hint or a label is made of. A command's password slot (`curl -u user:...`,
+`mysql -p...`) is judged like an assignment. Text is matched as it reads: without
+invisible format characters, NFKC-folded.
 """
 
 from __future__ import annotations
@@ -636,7 +640,7 @@ _ASSIGNMENT = re.compile(
     r"[\"']?[ \t]{0,4}(?:" + _TYPE_ANNOTATION + r"|:=|=>|=|:)[ \t]{0,4}" + _VALUE
 )
 _CLI_FLAG = re.compile(
-    r"(?i)(?<![A-Za-z0-9_-])--(?P<k>password|passwd|token|api-key|secret|client-secret)"
+    r"(?i)(?<![A-Za-z0-9_-])--(?P<k>password|passwd|passphrase|token|api-key|secret|client-secret)"
     r"[ \t]+" + _VALUE
 )
 
@@ -693,7 +697,11 @@ def _command_kind(_: str) -> str:
 
 def _written_password(value: str, quoted: bool, key: str) -> bool:
     """A value in a slot that only ever holds a password: judged as a quoted one would be
-    (any digit or symbol makes it literal), since it cannot be an expression."""
+    (any digit or symbol makes it literal), since it cannot be an expression; quoted words
+    (`-p'S3cret Pass!'`) are one when a digit or symbol is among them."""
+    if quoted and any(not ch.isalpha() and not ch.isspace() for ch in value):
+        if any(ch.isspace() for ch in value) and _passphrase(value, 2):
+            return True
     return _looks_like_literal_secret(value, True, "password")
 
 
@@ -733,10 +741,50 @@ def _is_placeholder_or_reference(value: str) -> bool:
     return len(set(lowered)) <= 1
 
 
+# Words a sentence, a label or a hint uses, and a random passphrase almost never does:
+# `password: "see the vault"`, `"password": "Mot de passe"` are no passphrases.
+_PROSE_WORDS = frozenset(
+    """a an the and or not no nor but if then than so as at by for from in into of on to
+    with without via per is are was were be been it its this that these those there here
+    your my our their his her you we they i me us them see use used using set get read ask
+    stored store kept keep lives live same above below any some none empty value variable
+    file env environment vault manager secret secrets password passwords passphrase key
+    keys token tokens credential credentials required optional enter type must should can
+    will do does new old confirm current forgot reset invalid wrong min max least most
+    characters chars de la le les des du et un une der die das und ein eine el los las y en
+    il di da""".split()
+)
+
+
+def _passphrase(value: str, min_words: int) -> bool:
+    """Several plain words that make a passphrase ("correct horse battery staple"), not a
+    sentence or a label: no word of one (_PROSE_WORDS), nothing standing in for a secret."""
+    words = [w.strip(".,;:!?()\"'").lower() for w in value.split()]
+    return (
+        min_words <= len(words) <= 10
+        and all(0 < len(w) <= 24 for w in words)
+        and not any(w in _PROSE_WORDS for w in words)
+        and not _is_placeholder_or_reference(value)
+    )
+
+
+def _passphrase_words(key: str) -> int | None:
+    """How many words, quoted, make a passphrase of a value assigned to `key` (None: none)."""
+    key = key.lower()
+    if key.endswith("passphrase"):
+        return 3
+    if key.endswith(("password", "passwd", "pass")):
+        return 4  # a label ("Passwort erneut eingeben") is rarely four words without one
+    return None
+
+
 def _looks_like_literal_secret(value: str, quoted: bool, key: str = "") -> bool:
     """Whether an assigned value is a credential written out, not prose, code or a stand-in."""
-    if len(value) < 6 or any(ch.isspace() for ch in value) or value.isdigit():
+    if len(value) < 6 or value.isdigit():
         return False
+    if any(ch.isspace() for ch in value):
+        min_words = _passphrase_words(key)
+        return quoted and min_words is not None and _passphrase(value, min_words)
     if _is_placeholder_or_reference(value):
         return False
     if "://" in value or value.startswith(("/", "./", "../", "~/")):
