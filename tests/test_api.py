@@ -396,6 +396,19 @@ def test_expired_key_is_refused(api):
             "secret_detected",
         ),
         ({"body": "set password = 'hunter2-Xk9!pQ' in the env"}, 422, "secret_detected"),
+        # QA's misses: over HTTP, each was stored (201)
+        ({"body": "jenkins: curl -u admin:Tr0ub4dor3xK9 https://ci/x"}, 422, "secret_detected"),
+        ({"body": "export DB_PASS=Tr0ub4dor3xK9"}, 422, "secret_detected"),
+        ({"body": 'passphrase: "correct horse battery staple"'}, 422, "secret_detected"),
+        ({"body": "token ghp_a1B2c3D4e5\u200bF6g7H8i9J0k1L2m3N4o5P6q7R8"}, 422, "secret_detected"),
+        (
+            {
+                "body": "DefaultEndpointsProtocol=https;AccountName=acmeprod;AccountKey="
+                "J6Cus/7pIy+K8iEfnuSRxbEL7LVWO/web5NCfsvI/ik=;EndpointSuffix=core.windows.net"
+            },
+            422,
+            "secret_detected",
+        ),
         ({"body": "fine", "unknown_field": 1}, 422, "invalid_request"),
         ({"body": 42}, 422, "invalid_request"),
     ],
