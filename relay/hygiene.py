@@ -209,8 +209,9 @@ def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
     """
     if tags is None:
         return ()
-    if isinstance(tags, str):
-        tags = [tags]
+    tags = [tags] if isinstance(tags, str) else list(tags)
+    # As written, before a message below repeats a tag.
+    _reject_secrets(" ".join(t for t in tags if isinstance(t, str)), "tags", "tags")
     out: dict[str, None] = {}
     for tag in tags:
         if not isinstance(tag, str):
@@ -234,9 +235,7 @@ def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
         raise TooLargeError(
             f"{len(out)} tags; the limit is {MAX_TAGS}", field="tags", limit=MAX_TAGS
         )
-    result = tuple(out)
-    _reject_secrets(" ".join(result), "tags", "tags")
-    return result
+    return tuple(out)
 
 
 def check_audiences(
@@ -251,8 +250,9 @@ def check_audiences(
         raise InvalidRequestError(
             "audiences must name at least one role, or 'all' for everyone", field="audiences"
         )
-    if isinstance(audiences, str):
-        audiences = [audiences]
+    audiences = [audiences] if isinstance(audiences, str) else list(audiences)
+    # As written, before any message repeats one; a restore or an import names any.
+    _reject_secrets(" ".join(a for a in audiences if isinstance(a, str)), "audiences", "audiences")
     names: set[str] = set()
     for name in audiences:
         if not isinstance(name, str):
@@ -300,8 +300,10 @@ def check_roles(roles: Iterable[str] | str | None) -> frozenset[str]:
     """
     if roles is None:
         return frozenset()
-    if isinstance(roles, str):
-        roles = [roles]
+    roles = [roles] if isinstance(roles, str) else list(roles)
+    # Listed with the key and, as audiences, beside every memory addressed to them; judged
+    # as written, before any message repeats one.
+    _reject_secrets(" ".join(r for r in roles if isinstance(r, str)), "roles", "roles")
     names: set[str] = set()
     for role in roles:
         if not isinstance(role, str):

@@ -590,6 +590,13 @@ def test_bad_tags_are_rejected(tags, error):
         check_tags(tags)
 
 
+def test_a_secret_in_a_tag_is_refused_before_any_message_repeats_it():
+    for tags in ([f"ci {GITHUB}"], [f"{GITHUB}-" + "x" * 100]):  # whitespace, too long
+        with pytest.raises(SecretDetectedError) as exc:
+            check_tags(["ok", *tags])
+        assert GITHUB not in exc.value.message
+
+
 # --- ids and key names ----------------------------------------------------------------------
 
 
@@ -636,6 +643,26 @@ def test_a_secret_shaped_key_name_is_refused():
     assert exc.value.details["field"] == "name"
     for name in ("ci", "alice laptop", "deploy token for CI", "password rotation bot"):
         hygiene.check_key_name(name)
+
+
+def test_a_secret_shaped_role_or_audience_is_refused():
+    """A role is listed with its key and, as an audience, beside every memory addressed to
+    it; lower-case as it must be, a GitHub or Stripe token still fits its rule."""
+    token = GITHUB.lower()
+    with pytest.raises(SecretDetectedError, match="^roles looks like .*github token") as exc:
+        hygiene.check_roles(["platform", token])
+    assert exc.value.details["field"] == "roles"
+    with pytest.raises(SecretDetectedError, match="^audiences looks like") as exc:
+        check_audiences(["backend", "sk" + "_live_51hqxy2ezvkylo2c8nq3rt5w"], None)
+    assert exc.value.details["field"] == "audiences"
+    for unfit in (AWS_ID, "password=" + "Hunter2xQ9"):  # judged before a message repeats it
+        for check in (hygiene.check_roles, lambda names: check_audiences(names, {"ops"})):
+            with pytest.raises(SecretDetectedError) as exc:
+                check(["ops", unfit])
+            assert unfit not in exc.value.message
+    assert hygiene.check_roles(["ghp-team", "secrets.admins", "token-rotation"]) == frozenset(
+        {"ghp-team", "secrets.admins", "token-rotation"}
+    )
 
 
 # --- audiences ------------------------------------------------------------------------------
