@@ -549,6 +549,10 @@ def create_app(services: Services) -> FastAPI:
         for i, item in enumerate(body.items):
             if not item.id:
                 raise InvalidRequestError(f"items.{i}.id: a batch item needs an id", item=i)
+            try:  # before any message repeats the id
+                hygiene.check_given_id(item.id)
+            except RelayError as exc:
+                raise _batch_item(exc, i) from None
             if item.id in first:  # the last would win silently, and count as written twice
                 raise InvalidRequestError(
                     f"items.{i}: id {item.id!r} is also items.{first[item.id]}",

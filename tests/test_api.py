@@ -924,6 +924,10 @@ def test_a_secret_shaped_id_is_refused_like_a_secret_in_a_body(api, memory_id):
     error = assert_error(r, 422, "secret_detected")
     assert error["message"].startswith("items.1: id looks like it contains a secret")
     assert error["details"]["item"] == 1 and error["details"]["field"] == "id"
+    # named twice, it is still refused as a secret, never repeated in "is also items.N"
+    items.append({"id": memory_id, "body": "again"})
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    assert assert_error(r, 422, "secret_detected") and memory_id not in r.text
     assert api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"] == []
 
 
