@@ -571,7 +571,8 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
 @click.option(
     "--source-prefix",
     metavar="NAME",
-    help="Name that starts every source, in place of the repository's ('' for none).",
+    help="Name that starts every source, in place of the repository's (or of ~ or /"
+    " outside a git work tree; '' for none).",
 )
 @click.option("--audience", "audiences", multiple=True, help="Audience for every imported memory.")
 @click.option(
@@ -599,7 +600,10 @@ def import_(
     Each memory's source names its file the same way from any folder:
       - in a git work tree: <repository>/<path in the repository>, the repository
         named by its origin remote (acme/shop-backend/AGENTS.md), else by its folder;
-      - elsewhere: the path relative to the current folder (or to --root).
+      - elsewhere: where it sits on this machine, ~/notes/CLAUDE.md under your
+        home folder, else its absolute path (warned about: a teammate's copy
+        sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
+      - with --root: the path relative to that folder.
     Ids derive from the source and the section, so re-importing is idempotent.
     Re-importing a file forgets the memories of sections it no longer has, and
     importing a folder of a git work tree forgets those of its files deleted or renamed
@@ -611,11 +615,14 @@ def import_(
         folder_prefixes,
         iter_import_files,
         named_by_folder,
+        named_by_place,
         source_for,
     )
 
     drafts_by_source, failed = {}, []
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
+    placed: list[str] = []  # sources of files named by where they sit on this machine
+    files_by_source: dict[str, Path] = {}
     for f in iter_import_files(paths):
         work_tree = named_by_folder(f, root, source_prefix)
         if work_tree is not None:
@@ -626,7 +633,18 @@ def import_(
             failed.append(f)
             click.echo(f"relay: skipped {f}: {exc.message}", err=True)
             continue
-        drafts_by_source[source_for(f, root, source_prefix)] = drafts
+        source = source_for(f, root, source_prefix)
+        if source in files_by_source:  # one would overwrite and retire the other's memories
+            raise InvalidRequestError(
+                f"{files_by_source[source]} and {f} would both be recorded as {source}, and"
+                " importing one would overwrite and retire the other's memories; nothing was"
+                " imported: import them apart, each with its own --source-prefix",
+                path=str(f),
+            )
+        files_by_source[source] = f
+        if named_by_place(f, root):
+            placed.append(source)
+        drafts_by_source[source] = drafts
         if not drafts:
             click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
     if not drafts_by_source and not failed:
@@ -639,6 +657,16 @@ def import_(
             f" its folder ({work_tree.name}/...): another repository in a folder of that name"
             " would share them, and importing it would overwrite and retire these; name it"
             " with --source-prefix",
+            err=True,
+        )
+    if placed:
+        more = f" and {len(placed) - 1} more" if len(placed) > 1 else ""
+        click.echo(
+            "relay: warning: outside any git work tree, a source names where the file sits"
+            f" on this machine ({placed[0]}{more}): a teammate's copy elsewhere becomes"
+            " memories of its own, and a different file at that place on their machine would"
+            " overwrite and retire these; to name a folder the same on every machine, import"
+            " it with --root FOLDER --source-prefix NAME",
             err=True,
         )
     gone = (

@@ -18,11 +18,12 @@ Structured data is refused, never read as Markdown (`refuse_structured`): a `rel
 file imported as text would turn every audience's memories into one memory for everyone.
 
 `source` names the file the same way from any working directory: a file in a git work
-tree is `<repository>/<path in the repository>` (see `source_for`); the section
-lives in the title. Ids are derived from the source, the section's heading path and its
-ordinal among memories with the same path, so re-importing an unchanged file yields the
-same ids and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
-into parts rather than rejected.
+tree is `<repository>/<path in the repository>`, any other file where it sits on this
+machine (`~/notes/CLAUDE.md`; see `source_for`); the section lives in the title. Ids are
+derived from the source, the section's heading path and its ordinal among memories with
+the same path, so re-importing an unchanged file yields the same ids and bodies, and the
+store can skip it. Sections longer than `MAX_BODY_CHARS` are split into parts rather than
+rejected.
 """
 
 from __future__ import annotations
@@ -181,18 +182,38 @@ def source_for(path: Path, root: Path | None = None, prefix: str | None = None) 
     """The provenance recorded for `path`, POSIX style, the same from any working directory.
 
     A file in a git work tree is `<repository>/<path in the repository>`, the repository
-    named by `repository_name`, so two repositories' `AGENTS.md` stay apart; any other
-    file is relative to the working directory. `root` makes the path relative to that
-    folder instead, with no name before it; `prefix`, when given, replaces the
-    repository's name (an empty prefix drops it).
+    named by `repository_name`, so two repositories' `AGENTS.md` stay apart. Any other file
+    is named by where it sits on this machine (`place_on_this_machine`): `~/<path>` under
+    the home folder, else its absolute path, so two folders' `CLAUDE.md` stay apart too.
+    `root` makes the path relative to that folder instead, with no name before it;
+    `prefix`, when given, replaces the repository's name, or the `~` or `/` before the
+    path (an empty prefix drops it).
     """
-    if root is None and (repo := git_work_tree(path)) is not None:
+    if root is not None:
+        rel, name = _relative_to(path, root), (prefix or "").strip("/")
+    elif (repo := git_work_tree(path)) is not None:
         rel = _relative_to(path, repo)
         name = repository_name(repo) if prefix is None else prefix.strip("/")
     else:
-        rel = _relative_to(path, root) if root is not None else _relative_to_cwd(path)
-        name = (prefix or "").strip("/")
+        place = place_on_this_machine(path)
+        if prefix is None:
+            return place
+        rel, name = place.removeprefix("~").lstrip("/"), prefix.strip("/")
     return f"{name}/{rel}" if name else rel
+
+
+def place_on_this_machine(path: Path) -> str:
+    """Where `path` sits, the same from any working directory: `~/notes/CLAUDE.md` under the
+    home folder (whose owner's name it need not record), else `/srv/docs/CLAUDE.md`.
+
+    The folder is resolved, so a symlinked folder (or working directory) names the same
+    place; the file itself is recorded where it sits, a symlink by its own name."""
+    full = Path(os.path.abspath(path))
+    folder = Path(os.path.realpath(full.parent))
+    home = Path(os.path.realpath(os.path.expanduser("~")))
+    if home != Path(home.anchor) and folder.is_relative_to(home):
+        return (Path("~") / folder.relative_to(home) / full.name).as_posix()
+    return (folder / full.name).as_posix()
 
 
 def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[str, Path]:
@@ -240,6 +261,13 @@ def named_by_folder(path: Path, root: Path | None, prefix: str | None) -> Path |
     return work_tree if work_tree is not None and not _origin_url(work_tree) else None
 
 
+def named_by_place(path: Path, root: Path | None) -> bool:
+    """Whether `path`'s source is where it sits on this machine (outside any git work tree,
+    no `--root`): a teammate's copy elsewhere gets memories of its own, and a different file
+    at that place on their machine would overwrite and retire these. Worth a warning."""
+    return root is None and git_work_tree(path) is None
+
+
 def _origin_url(work_tree: Path) -> str | None:
     """The `origin` remote's URL from the repository's config (a linked worktree's or a
     submodule's `.git` is a file naming its git folder; a worktree's config is shared)."""
@@ -267,15 +295,6 @@ def _relative_to(path: Path, root: Path) -> str:
         raise InvalidRequestError(
             f"{path} is not inside the import root {root}", path=str(path)
         ) from None
-
-
-def _relative_to_cwd(path: Path) -> str:
-    if not path.is_absolute():
-        return Path(os.path.normpath(path)).as_posix()
-    try:
-        return Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
-    except ValueError:
-        return path.name  # never record an absolute path from someone's machine
 
 
 def drafts_from_path(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -30,10 +31,11 @@ def git_repo(path: Path) -> Path:
 
 
 def relay_import(
-    server, cwd: Path, *args: str, key: str | None = None
+    server, cwd: Path, *args: str, key: str | None = None, home: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """`relay import ARGS` run from `cwd`, as the server's admin (or with `key`)."""
-    env = clean_env(cwd, RELAY_URL=server.url, RELAY_API_KEY=key or server.admin_key)
+    """`relay import ARGS` run from `cwd`, as the server's admin (or with `key`), with HOME
+    `home` (default: `cwd`)."""
+    env = clean_env(home or cwd, RELAY_URL=server.url, RELAY_API_KEY=key or server.admin_key)
     return subprocess.run(
         [RELAY, "import", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
@@ -131,6 +133,75 @@ def test_a_repository_named_by_its_folder_alone_is_warned_about_once(tmp_path, s
     named = relay_import(server, repo, "AGENTS.md")
     assert "no origin remote" not in named.stderr
     assert [m["body"] for m in live_memories(server, "acme/shop/AGENTS.md")] == ["Run make."]
+
+
+def placed(path: Path) -> str:
+    """The source of a file outside any git work tree and outside HOME: its absolute path."""
+    return f"{os.path.realpath(path.parent)}/{path.name}"
+
+
+def test_files_outside_git_keep_apart_whatever_the_folder(tmp_path, server):
+    """QA: outside a git work tree sources were relative to the working directory (or just
+    the file's name): projB's CLAUDE.md overwrote projA's, importing y/notes.md from z
+    retired x/notes.md's memory, and x/notes.md from its parent became a second copy."""
+    home = tmp_path / "home"
+    home.mkdir()
+    t = tmp_path / "t"
+    a = write(t / "projA" / "CLAUDE.md", "# Build\n\nProject A builds with gradle.\n")
+    b = write(t / "projB" / "CLAUDE.md", "# Build\n\nProject B builds with cargo.\n")
+    x = write(t / "x" / "notes.md", "# A\n\nFact x.\n")
+    y = write(t / "y" / "notes.md", "# B\n\nFact y.\n")
+    (t / "z").mkdir()
+    new = "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert summary(relay_import(server, t / "projA", "CLAUDE.md", home=home)) == new
+    assert summary(relay_import(server, t / "projB", "CLAUDE.md", home=home)) == new
+    assert summary(relay_import(server, t / "z", str(x), home=home)) == new
+    done = relay_import(server, t / "z", str(y), home=home)
+    assert summary(done) == new
+    assert "outside any git work tree" in done.stderr and placed(y) in done.stderr
+    assert "--root FOLDER --source-prefix NAME" in done.stderr
+    again = relay_import(server, t, "x/notes.md", "projA/CLAUDE.md", home=home)
+    assert summary(again) == "imported 2 memories: 0 new or changed, 2 unchanged, 0 retired"
+
+    (gradle,), (cargo,) = live_memories(server, placed(a)), live_memories(server, placed(b))
+    assert (gradle["body"], gradle["revision"]) == ("Project A builds with gradle.", 1)
+    assert (cargo["body"], cargo["revision"]) == ("Project B builds with cargo.", 1)
+    assert [m["body"] for m in live_memories(server, placed(x))] == ["Fact x."]
+    assert [m["body"] for m in live_memories(server, placed(y))] == ["Fact y."]
+    assert not [m for m in every_memory(server) if m["source"] in ("CLAUDE.md", "notes.md")]
+
+
+def test_a_file_under_home_is_named_from_home(tmp_path, server):
+    home = tmp_path / "me"
+    notes = write(home / "notes" / "AGENTS.md", "# Style\nUse black.\n")
+    first = relay_import(server, home / "notes", "AGENTS.md", home=home)
+    assert summary(first) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert "(~/notes/AGENTS.md)" in first.stderr  # warned: another home differs
+    again = relay_import(server, tmp_path, str(notes), home=home)
+    assert summary(again) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
+    assert [m["body"] for m in live_memories(server, "~/notes/AGENTS.md")] == ["Use black."]
+    named = relay_import(
+        server, tmp_path, "--root", str(home), "--source-prefix", "team", str(notes), home=home
+    )
+    assert "outside any git work tree" not in named.stderr
+    assert [m["body"] for m in live_memories(server, "team/notes/AGENTS.md")] == ["Use black."]
+
+
+def test_two_files_recorded_under_one_source_are_refused(tmp_path, server):
+    """Two repositories given one --source-prefix (or two remote-less ones in folders of
+    one name) would share sources: in one import, the second file's memories replaced the
+    first's. Nothing is written."""
+    one = write(git_repo(tmp_path / "a" / "qa-shop") / "AGENTS.md", "# Build\nRun make.\n")
+    two = write(git_repo(tmp_path / "b" / "qa-shop") / "AGENTS.md", "# Build\nRun cargo.\n")
+    for args in (["--source-prefix", "qa-same", str(one), str(two)], [str(one), str(two)]):
+        done = relay_import(server, tmp_path, *args)
+        assert done.returncode == 2, done.stdout
+        source = "qa-same/AGENTS.md" if args[0] == "--source-prefix" else "qa-shop/AGENTS.md"
+        assert done.stderr.startswith(
+            f"relay: error: {one} and {two} would both be recorded as {source}, and importing"
+            " one would overwrite and retire the other's memories; nothing was imported"
+        )
+        assert live_memories(server, source) == []
 
 
 # --- a rejected section --------------------------------------------------------------------

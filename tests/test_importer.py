@@ -509,21 +509,44 @@ def test_check_drafts_names_file_and_section():
 # --- sources and file discovery ------------------------------------------------------------
 
 
-def test_source_is_relative_posix(tmp_path, monkeypatch):
+def test_source_is_relative_posix_under_a_root(tmp_path):
     nested = write(tmp_path / "a" / "b" / "AGENTS.md", "x")
     assert source_for(nested, tmp_path) == "a/b/AGENTS.md"
     assert source_for(nested, tmp_path / "a") == "b/AGENTS.md"
+    assert source_for(nested, tmp_path, "team") == "team/a/b/AGENTS.md"
     with pytest.raises(InvalidRequestError, match="not inside"):
         source_for(nested, tmp_path / "elsewhere")
-    monkeypatch.chdir(tmp_path / "a")
-    assert source_for(Path("b/AGENTS.md")) == "b/AGENTS.md"
-    assert source_for(Path("./b/../b/AGENTS.md")) == "b/AGENTS.md"
-    assert source_for(nested) == "b/AGENTS.md"  # absolute, under the working directory
     link = tmp_path / "a" / "linked.md"
     link.symlink_to(write(tmp_path / "target.md", "x"))
     assert source_for(link, tmp_path / "a") == "linked.md"  # recorded where it sits
-    outside = write(tmp_path / "z" / "CLAUDE.md", "x")
-    assert source_for(outside) == "CLAUDE.md"  # never an absolute path from this machine
+
+
+def test_a_file_outside_git_is_named_by_its_place_from_any_folder(tmp_path, monkeypatch):
+    """QA: outside a git work tree the source was relative to the working directory, or
+    just the file's name: projA/CLAUDE.md and projB/CLAUDE.md, each imported from its own
+    folder, were one memory (B overwrote A), x/notes.md imported from z retired
+    y/notes.md's, and from the parent folder it became a second copy."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    a = write(home / "projA" / "CLAUDE.md", "x")
+    b = write(home / "projB" / "CLAUDE.md", "x")
+    srv = write(tmp_path / "srv" / "docs" / "notes.md", "x")
+    (home / "z").mkdir()
+    (tmp_path / "srv-link").symlink_to(tmp_path / "srv", target_is_directory=True)
+    for cwd in (home / "projA", home / "projB", home / "z", home, tmp_path, Path("/")):
+        monkeypatch.chdir(cwd)
+        assert source_for(a) == "~/projA/CLAUDE.md", cwd
+        assert source_for(b) == "~/projB/CLAUDE.md", cwd
+        assert source_for(srv) == f"{tmp_path}/srv/docs/notes.md", cwd  # outside home
+        assert source_for(tmp_path / "srv-link" / "docs" / "notes.md") == source_for(srv)
+    monkeypatch.chdir(home / "projA")
+    assert source_for(Path("CLAUDE.md")) == "~/projA/CLAUDE.md"
+    assert source_for(Path("../projA/./CLAUDE.md")) == "~/projA/CLAUDE.md"
+    # --source-prefix takes the place of ~ or /, as of a repository's name
+    assert source_for(a, prefix="team") == "team/projA/CLAUDE.md"
+    assert source_for(srv, prefix="team") == f"team{tmp_path}/srv/docs/notes.md"
+    assert source_for(a, prefix="") == "projA/CLAUDE.md"
+    assert source_for(a, home / "projA") == "CLAUDE.md"  # an explicit root wins
 
 
 def test_source_in_a_git_work_tree_names_the_repository(tmp_path, monkeypatch):
