@@ -604,7 +604,9 @@ def import_(
         home folder, else its absolute path (warned about: a teammate's copy
         sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
       - with --root: the path relative to that folder.
-    Ids derive from the source and the section, so re-importing is idempotent.
+    Ids derive from the source and the section, so re-importing is idempotent; a
+    section keeps its memory wherever it moves in the file, and an edit to it is a
+    new revision (a rule rewritten into another is a new memory).
     Re-importing a file forgets the memories of sections it no longer has, and
     importing a folder of a git work tree forgets those of its files deleted or renamed
     since (not with --keep-removed); memories from other files or written by hand are

@@ -2,9 +2,10 @@
 
 A file named in an import owns the live memories that carry its source and an id the
 importer made (`imp_...`); hand-written memories and other files' are never touched.
-After the new drafts are written, the owned memories no draft kept are forgotten (the
-normal delete, with a tombstone), so a section removed from the file stops reaching
-agents' prompts.
+Each draft is written over the owned memory it continues (`continued_ids`: the same text
+wherever it moved, else the same section edited). After the new drafts are written, the
+owned memories no draft kept are forgotten (the normal delete, with a tombstone), so a
+section removed from the file stops reaching agents' prompts.
 
 A tombstoned id cannot be reused, so a section that comes back after being retired is
 written under the next free generation of its id (`imp_....2`), and later imports find
@@ -14,6 +15,8 @@ it there among the file's live memories.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import hashlib
 import re
 import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -49,11 +52,11 @@ def import_files(
 ) -> ImportTally:
     """Upsert every file's drafts, then retire what each file no longer holds, and the
     memories of files `gone` from a named folder (`vanished`)."""
-    owned = {source: owned_ids(client, source) for source in drafts_by_source}
+    owned = {source: owned_memories(client, source) for source in drafts_by_source}
     drafts = [
         draft
         for source, file_drafts in drafts_by_source.items()
-        for draft in with_live_ids(file_drafts, owned[source])
+        for draft in continued_ids(file_drafts, owned[source])
     ]
     from relay.client import batches
 
@@ -65,15 +68,16 @@ def import_files(
         on_batch(len(batch))
     if not keep_removed:
         kept = {d.id for d in drafts}
-        for memory_id in sorted(set().union(*owned.values(), *(gone or {}).values()) - kept):
+        ids = {m["id"] for memories in owned.values() for m in memories}
+        for memory_id in sorted(ids.union(*(gone or {}).values()) - kept):
             client.request("DELETE", memory_path(memory_id))
             tally.retired += 1
     return tally
 
 
-def owned_ids(client: RelayClient, source: str) -> set[str]:
+def owned_memories(client: RelayClient, source: str) -> list[dict]:
     """The live memories an earlier import of `source` made."""
-    return {m["id"] for m in _list(client, {"source": source}) if _IMPORTED_ID.fullmatch(m["id"])}
+    return [m for m in _list(client, {"source": source}) if _IMPORTED_ID.fullmatch(m["id"])]
 
 
 def vanished(
@@ -93,10 +97,91 @@ def vanished(
     return out
 
 
-def with_live_ids(drafts: Sequence[ImportDraft], owned: set[str]) -> list[ImportDraft]:
-    """Each draft under the id its section lives at now: a revived section's generation."""
-    live = {_base_id(memory_id): memory_id for memory_id in owned}
-    return [dataclasses.replace(d, id=live.get(d.id, d.id)) for d in drafts]
+def continued_ids(drafts: Sequence[ImportDraft], live: Sequence[dict]) -> list[ImportDraft]:
+    """Each draft under the id of the live memory (of its file) it continues, so that a
+    section keeps its memory wherever it moves in the file, whatever id an older release
+    gave it, and a memory no draft continues is retired. In order, a draft continues:
+
+    1. a memory with its title and text: unchanged (its own id first, among twins);
+    2. its own id, at its live generation (`imp_x.2` once retired and back): a section
+       alone under its heading, edited;
+    3. a memory with its text under another title: a heading renamed, a new description;
+    4. the most alike memory under its title, if at least `ALIKE`: a rule or a section
+       among namesakes, reworded.
+
+    Any other draft is new, under its own id.
+    """
+    free = {m["id"]: m for m in sorted(live, key=lambda m: m["id"])}
+    chosen: list[str | None] = [None] * len(drafts)
+
+    def claim(i: int, memory_id: str | None) -> None:
+        if memory_id is not None and chosen[i] is None and memory_id in free:
+            chosen[i] = memory_id
+            del free[memory_id]
+
+    def pick(key: Callable[[dict | ImportDraft], object]) -> None:
+        """Each draft still free takes the first free memory with the same key."""
+        by_key: dict[object, list[str]] = {}
+        for memory_id, m in free.items():
+            by_key.setdefault(key(m), []).append(memory_id)
+        for i, d in enumerate(drafts):
+            candidates = [c for c in by_key.get(key(d), ()) if c in free]
+            claim(i, candidates[0] if candidates else None)
+
+    own = {_base_id(memory_id): memory_id for memory_id in free}
+    mine = [own.get(d.id) for d in drafts]
+    for i, d in enumerate(drafts):
+        if mine[i] in free and _text(free[mine[i]]) == _text(d):
+            claim(i, mine[i])
+    pick(_text)
+    for i, memory_id in enumerate(mine):
+        claim(i, memory_id)
+    pick(_body)
+    for i, memory_id in _alike(drafts, chosen, free):
+        claim(i, memory_id)
+
+    taken = {_base_id(memory_id) for memory_id in chosen if memory_id}
+    out = []
+    for d, memory_id in zip(drafts, chosen, strict=True):
+        if memory_id is None:
+            memory_id = d.id
+            while memory_id in taken:  # its own id continues another memory now: rare
+                memory_id = "imp_" + hashlib.sha256(memory_id.encode()).hexdigest()[:16]
+            taken.add(memory_id)
+        out.append(dataclasses.replace(d, id=memory_id))
+    return out
+
+
+# How alike (difflib's ratio) a reworded rule must be to the memory it continues.
+ALIKE = 0.6
+
+
+def _alike(
+    drafts: Sequence[ImportDraft], chosen: Sequence[str | None], free: Mapping[str, dict]
+) -> list[tuple[int, str]]:
+    """(draft, memory) pairs left over under one title, most alike first, at least ALIKE."""
+    pairs = []
+    for i, d in enumerate(drafts):
+        for memory_id, m in free.items() if chosen[i] is None else ():
+            if m["title"] == d.title:
+                matcher = difflib.SequenceMatcher(None, m["body"], d.body)
+                if matcher.real_quick_ratio() >= ALIKE and matcher.quick_ratio() >= ALIKE:
+                    pairs.append((-matcher.ratio(), i, memory_id))
+    found: list[tuple[int, str]] = []
+    used: set[int | str] = set()
+    for ratio, i, memory_id in sorted(pairs):
+        if -ratio >= ALIKE and i not in used and memory_id not in used:
+            used.update((i, memory_id))
+            found.append((i, memory_id))
+    return found
+
+
+def _text(item: dict | ImportDraft) -> tuple[str | None, str]:
+    return (item["title"], item["body"]) if isinstance(item, dict) else (item.title, item.body)
+
+
+def _body(item: dict | ImportDraft) -> str:
+    return item["body"] if isinstance(item, dict) else item.body
 
 
 def _base_id(memory_id: str) -> str:

@@ -20,10 +20,10 @@ file imported as text would turn every audience's memories into one memory for e
 `source` names the file the same way from any working directory: a file in a git work
 tree is `<repository>/<path in the repository>`, any other file where it sits on this
 machine (`~/notes/CLAUDE.md`; see `source_for`); the section lives in the title. Ids are
-derived from the source, the section's heading path and its ordinal among memories with
-the same path, so re-importing an unchanged file yields the same ids and bodies, and the
-store can skip it. Sections longer than `MAX_BODY_CHARS` are split into parts rather than
-rejected.
+derived from the source and the section's heading path, and for sections that share a
+path (rules, namesake headings) from their text too, never from their place (`draft_id`),
+so re-importing an unchanged file yields the same ids and bodies, and the store can skip
+it. Sections longer than `MAX_BODY_CHARS` are split into parts rather than rejected.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -328,21 +329,25 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
     else:
         units = sections
     drafts: list[ImportDraft] = []
-    ordinals: dict[tuple[str, ...], int] = {}
+    # Counted before empty units are skipped, so filling in an empty section later does not
+    # change the ids of the sections that share its heading.
+    namesakes = Counter(heading_path for heading_path, _ in units)
+    twins: Counter[tuple[tuple[str, ...], str]] = Counter()
     for heading_path, unit_body in units:
-        # Counted before empty units are skipped, so filling in an empty section later
-        # does not renumber the sections that share its heading.
-        ordinal = ordinals.get(heading_path, 0)
-        ordinals[heading_path] = ordinal + 1
         unit_body = normalize_text(unit_body)
         if not unit_body.strip():
             continue
+        own_text: str | None = None  # what names it among namesakes
+        twin = 0
+        if namesakes[heading_path] > 1:
+            own_text, twin = unit_body, twins[heading_path, unit_body]
+            twins[heading_path, unit_body] += 1
         parts = split_long(unit_body, MAX_BODY_CHARS)
         for number, part in enumerate(parts, start=1):
             title = _title(context, heading_path, number if len(parts) > 1 else None)
             drafts.append(
                 ImportDraft(
-                    id=draft_id(source, heading_path, ordinal, number),
+                    id=draft_id(source, heading_path, number, own_text, twin),
                     title=title,
                     body=part,
                     source=source,
@@ -352,13 +357,29 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
     return drafts
 
 
-def draft_id(source: str, heading_path: tuple[str, ...], ordinal: int, part: int = 1) -> str:
-    """A stable id: same file, same section, same position, same id on every import.
+def draft_id(
+    source: str,
+    heading_path: tuple[str, ...],
+    part: int = 1,
+    text: str | None = None,
+    twin: int = 0,
+) -> str:
+    """A stable id: same file, same section, same id on every import.
 
-    Part 1 of a split section keeps the id the whole section had, so a section that grows
-    past the size limit keeps its memory and gains new ones for the extra parts.
+    A section alone under its heading path is named by that path, so an edit keeps its id
+    and makes a new revision. One that shares its path with others (the rules of a rule
+    file, two `## Notes` sections) is named by its `text` too, `twin` counting identical
+    ones before it: a place among namesakes would hand each one's id to the next when one
+    before it is removed. Part 1 of a split section keeps the id the whole section had, so a
+    section that grows past the size limit keeps its memory and gains new ones for the extra
+    parts. (`import_writer.continued_ids` then keeps a section's memory across moves and
+    edits that change these.)
     """
-    key = f"{source}\0{TITLE_SEPARATOR.join(heading_path)}\0{ordinal}"
+    key = f"{source}\0{TITLE_SEPARATOR.join(heading_path)}\0"
+    if text is None:
+        key += "0"  # what a section alone under its path has always had
+    else:
+        key += f"text {hashlib.sha256(text.encode('utf-8')).hexdigest()}\0{twin}"
     if part > 1:
         key += f"\0part {part}"
     return "imp_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]

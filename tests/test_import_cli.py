@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -392,6 +393,82 @@ def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
     kept = relay_import(server, repo, "--keep-removed", "docs")
     assert summary(kept) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
     assert bodies(server, "qa2-folder/docs/guide.md") == ["Use black."]
+
+
+# --- ids that stay with their section -----------------------------------------------------
+
+
+def test_removing_a_rule_leaves_the_others_in_their_memories(tmp_path, server):
+    """QA: deleting the first of four rules and importing again reported '3 new or changed,
+    1 retired': alpha's id now held beta, beta's gamma, and delta's was retired."""
+    repo = git_repo(tmp_path / "qa-rules")
+    rules = [f"Rule {name}: use tabs." for name in ("alpha", "beta", "gamma", "delta")]
+    cursorrules = write(repo / ".cursorrules", "".join(f"- {r}\n" for r in rules))
+    summary(relay_import(server, repo, ".cursorrules"))
+    before = {m["body"]: m["id"] for m in live_memories(server, "qa-rules/.cursorrules")}
+
+    cursorrules.write_text("".join(f"- {r}\n" for r in rules[1:]), encoding="utf-8")
+    done = relay_import(server, repo, ".cursorrules")
+    assert summary(done) == "imported 3 memories: 0 new or changed, 3 unchanged, 1 retired"
+    after = live_memories(server, "qa-rules/.cursorrules")
+    assert {m["body"]: m["id"] for m in after} == {r: before[r] for r in rules[1:]}
+    assert all(m["revision"] == 1 for m in after)
+    assert history(server, before[rules[0]]) == ["create", "delete"]
+
+
+def test_namesake_sections_keep_their_own_memories(tmp_path, server):
+    """QA: with two `## Testing` sections, removing the first rewrote the second's memory,
+    and restoring it flipped the content back: one id's history alternated between them."""
+    repo = git_repo(tmp_path / "qa-namesakes")
+    both = "## Testing\nUse pytest.\n\n## Testing\nRun the suite in CI.\n"
+    guide = write(repo / "AGENTS.md", both)
+    summary(relay_import(server, repo, "AGENTS.md"))
+    ids = {m["body"]: m["id"] for m in live_memories(server, "qa-namesakes/AGENTS.md")}
+
+    guide.write_text("## Testing\nRun the suite in CI.\n", encoding="utf-8")
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == "imported 1 memories: 0 new or changed, 1 unchanged, 1 retired"
+    guide.write_text(both, encoding="utf-8")
+    back = relay_import(server, repo, "AGENTS.md")
+    assert summary(back) == "imported 2 memories: 1 new or changed, 1 unchanged, 0 retired"
+    now = {m["body"]: m["id"] for m in live_memories(server, "qa-namesakes/AGENTS.md")}
+    assert now == {
+        "Use pytest.": ids["Use pytest."] + ".2",
+        "Run the suite in CI.": ids["Run the suite in CI."],
+    }
+    assert history(server, ids["Run the suite in CI."]) == ["create"]
+
+
+def test_an_import_by_an_older_release_is_not_rewritten(tmp_path, server):
+    """Rules imported before ids were named by their text carry ids by place: importing the
+    unchanged file again changes nothing, and removing a rule retires only its memory."""
+    repo = git_repo(tmp_path / "qa-older")
+    rules = ["Use tabs.", "Prefer pathlib.", "Keep functions short."]
+    cursorrules = write(repo / ".cursorrules", "".join(f"- {r}\n" for r in rules))
+    source = "qa-older/.cursorrules"
+    by_place = [
+        "imp_" + hashlib.sha256(f"{source}\0\0{n}".encode()).hexdigest()[:16] for n in range(3)
+    ]
+    items = [
+        {"id": i, "body": r, "title": None, "source": source, "tags": []}
+        for i, r in zip(by_place, rules, strict=True)
+    ]
+    written = httpx.post(
+        f"{server.url}/v1/memories/batch",
+        json={"items": items},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    assert written.status_code == 200, written.text
+
+    done = relay_import(server, repo, ".cursorrules")
+    assert summary(done) == "imported 3 memories: 0 new or changed, 3 unchanged, 0 retired"
+    cursorrules.write_text("".join(f"- {r}\n" for r in rules[1:]), encoding="utf-8")
+    done = relay_import(server, repo, ".cursorrules")
+    assert summary(done) == "imported 2 memories: 0 new or changed, 2 unchanged, 1 retired"
+    assert {m["id"]: m["body"] for m in live_memories(server, source)} == dict(
+        zip(by_place[1:], rules[1:], strict=True)
+    )
 
 
 # --- structured data -------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections import defaultdict
@@ -17,7 +18,7 @@ from relay.hygiene import (
     check_tags,
     check_title,
 )
-from relay.import_writer import check_drafts
+from relay.import_writer import check_drafts, continued_ids
 from relay.importer import (
     ImportDraft,
     draft_id,
@@ -173,12 +174,92 @@ def test_crlf_bom_and_trailing_whitespace_are_normalised(tmp_path):
 
 
 def test_duplicate_headings_get_distinct_stable_ids():
-    text = "## Notes\none\n## Notes\ntwo\n"
-    first, second = drafts_from_text(text, "a.md")
-    assert first.title == second.title == "Notes"
-    assert first.id != second.id
-    assert first.id == draft_id("a.md", ("Notes",), 0)
-    assert second.id == draft_id("a.md", ("Notes",), 1)
+    text = "## Notes\none\n## Notes\ntwo\n## Notes\none\n"
+    first, second, third = drafts_from_text(text, "a.md")
+    assert first.title == second.title == third.title == "Notes"
+    assert len({first.id, second.id, third.id}) == 3  # identical twins too
+    assert first.id == draft_id("a.md", ("Notes",), text="one")
+    assert second.id == draft_id("a.md", ("Notes",), text="two")
+    assert third.id == draft_id("a.md", ("Notes",), text="one", twin=1)
+
+
+def test_namesake_ids_do_not_depend_on_their_place():
+    """QA: with two `## Testing` sections, removing the first wrote the second's text over
+    the first's memory, and restoring it flipped them back: an id was the place among the
+    sections of one heading path, which all the rules of a rule file share. Now a section's
+    id holds whatever moves around it."""
+    both = "## Testing\nUse pytest.\n\n## Testing\nRun it in CI.\n"
+    first, second = drafts_from_text(both, "AGENTS.md")
+    (alone,) = drafts_from_text("## Testing\nRun it in CI.\n\n## Testing\n", "AGENTS.md")
+    assert alone.id == second.id
+    assert [d.id for d in drafts_from_text(both, "AGENTS.md")] == [first.id, second.id]
+
+    rules = "- Rule alpha: use tabs.\n- Rule beta: use tabs.\n- Rule gamma: use tabs.\n"
+    rules += "- Rule delta: use tabs.\n"
+    before = {d.body: d.id for d in drafts_from_text(rules, ".cursorrules", rules=True)}
+    after = drafts_from_text(rules.split("\n", 1)[1], ".cursorrules", rules=True)
+    assert [d.body for d in after] == [
+        "Rule beta: use tabs.",
+        "Rule gamma: use tabs.",
+        "Rule delta: use tabs.",
+    ]
+    assert [d.id for d in after] == [before[d.body] for d in after]
+
+
+def test_a_section_alone_under_its_heading_keeps_the_id_it_had():
+    """Ids of sections under a heading of their own are what they were before namesakes
+    were named by their text, so databases imported before see no change."""
+    old = "imp_" + hashlib.sha256(b"a.md\0Build\x000").hexdigest()[:16]
+    (build,) = drafts_from_text("# Build\nRun make.\n", "a.md")
+    assert build.id == old == draft_id("a.md", ("Build",))
+
+
+RULES = "".join(f"- Rule {name}: use tabs.\n" for name in ("alpha", "beta", "gamma", "delta"))
+
+
+def stored(drafts: list[ImportDraft], ids: list[str] | None = None) -> list[dict]:
+    """The live memories an import of `drafts` left (under `ids`, if other)."""
+    ids = ids or [d.id for d in drafts]
+    return [{"id": i, "title": d.title, "body": d.body} for i, d in zip(ids, drafts, strict=True)]
+
+
+def continued(text: str, live: list[dict], source: str = ".cursorrules") -> list[str]:
+    return [d.id for d in continued_ids(drafts_from_text(text, source, rules=True), live)]
+
+
+def test_an_older_import_keeps_its_ids_whatever_moves():
+    """Rules imported by an older release carry ids by place: they keep them, each with its
+    own text, when an unchanged file or one missing a rule is imported again."""
+    drafts = drafts_from_text(RULES, ".cursorrules", rules=True)
+    by_place = [
+        "imp_" + hashlib.sha256(f".cursorrules\0\0{n}".encode()).hexdigest()[:16] for n in range(4)
+    ]
+    live = stored(drafts, by_place)
+    assert continued(RULES, live) == by_place
+    assert continued(RULES.split("\n", 1)[1], live) == by_place[1:]
+    assert continued("- Rule zeta: new.\n" + RULES, live)[1:] == by_place
+
+
+def test_an_edited_section_continues_its_memory():
+    drafts = drafts_from_text(RULES, ".cursorrules", rules=True)
+    live = stored(drafts)
+    ids = [d.id for d in drafts]
+    reworded = RULES.replace("beta: use tabs.", "beta: use tabs everywhere.")
+    assert continued(reworded, live) == ids
+    unrelated = RULES.replace("Rule beta: use tabs.", "Never push to main on Fridays.")
+    fresh = continued(unrelated, live)
+    assert fresh[0] == ids[0] and fresh[2:] == ids[2:] and fresh[1] not in ids
+
+    guide = drafts_from_text("# Build\nRun make.\n# Test\nRun pytest.\n", "a.md")
+    live = stored(guide)
+    renamed = drafts_from_text("# Building\nRun make.\n# Test\nRun tox.\n", "a.md")
+    assert [d.id for d in continued_ids(renamed, live)] == [d.id for d in guide]
+    # a section back after being retired lives at its next generation
+    generations = stored(guide, [guide[0].id + ".2", guide[1].id])
+    assert [d.id for d in continued_ids(renamed, generations)] == [
+        guide[0].id + ".2",
+        guide[1].id,
+    ]
 
 
 def test_filling_an_empty_section_does_not_renumber_its_namesakes():
@@ -244,7 +325,7 @@ def test_long_sections_are_split_into_titled_parts(tmp_path):
     assert all(len(d.body) <= MAX_BODY_CHARS for d in parts)
     assert "\n\n".join(d.body for d in parts) == body  # nothing lost, cuts between paragraphs
     assert any(code in d.body for d in parts)  # a code block that fits is never cut
-    assert parts[0].id == draft_id("big.md", ("Migrations",), 0)  # part 1 keeps the section id
+    assert parts[0].id == draft_id("big.md", ("Migrations",))  # part 1 keeps the section id
     assert len({d.id for d in drafts}) == len(drafts)
     assert drafts[-1].title == "After"
 
