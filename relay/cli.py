@@ -565,7 +565,7 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--root",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Make sources relative to this folder instead (no repository name).",
 )
 @click.option(

@@ -105,6 +105,12 @@ def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
             candidates: Iterable[Path] = _walk(path)
         elif path.is_file():
             candidates = [path]
+        elif path.exists():  # /dev/null, a pipe such as <(cat notes.md), a socket
+            raise InvalidRequestError(
+                f"{path} is not a file or a folder: relay import reads {SUPPORTED_FORMATS}"
+                " files; nothing was imported",
+                path=str(path),
+            )
         else:
             raise InvalidRequestError(f"no such file or directory: {path}", path=str(path))
         for file in candidates:

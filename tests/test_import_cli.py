@@ -528,3 +528,21 @@ def test_a_file_with_nothing_to_import_says_so(tmp_path, server):
     assert done.returncode == 0, done.stderr
     assert "empty.md holds no section with text: nothing to import" in done.stderr
     assert "meta.mdc holds no section with text: nothing to import" in done.stderr
+
+
+# --- what the command says -------------------------------------------------------------------
+
+
+def test_what_is_not_a_file_and_a_missing_root_are_refused_up_front(tmp_path, server):
+    """QA: `relay import /dev/null` said 'no such file or directory: /dev/null', and
+    `--root /nonexist` was accepted, each file then failing on its own."""
+    notes = write(tmp_path / "notes.md", "# A\nFact.\n")
+    done = relay_import(server, tmp_path, str(notes), "/dev/null")
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.startswith("relay: error: /dev/null is not a file or a folder: relay")
+    assert done.stderr.endswith("; nothing was imported\n")
+    done = relay_import(server, tmp_path, "--root", str(tmp_path / "nonexist"), "notes.md")
+    assert done.returncode == 2, done.stdout
+    assert "'--root'" in done.stderr and "does not exist" in done.stderr
+    assert "skipped" not in done.stderr
+    assert live_memories(server, placed(notes)) == []
