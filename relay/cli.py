@@ -611,7 +611,7 @@ def import_(
     importing a folder of a git work tree forgets those of its files deleted or renamed
     since (not with --keep-removed); memories from other files or written by hand are
     never touched."""
-    from relay.import_writer import check_drafts, import_files, vanished
+    from relay.import_writer import ImportTally, check_drafts, import_files, vanished
     from relay.importer import (
         drafts_from_path,
         folder_prefixes,
@@ -676,8 +676,21 @@ def import_(
         if keep_removed or root
         else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
     )
-    with click.progressbar(length=len(drafts), label="importing", file=sys.stderr) as bar:
-        tally = import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone)
+    tally = ImportTally()
+    try:
+        # Without a terminal a bar is one 'importing' line, even before an error: none.
+        with click.progressbar(
+            length=len(drafts), label="importing", file=sys.stderr, hidden=not sys.stderr.isatty()
+        ) as bar:
+            import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone, tally)
+    except KeyboardInterrupt:
+        click.echo(
+            f"relay: interrupted with {tally.written + tally.unchanged} of {len(drafts)} memories"
+            f" imported ({tally.written} new or changed, {tally.unchanged} unchanged) and"
+            f" {tally.retired} retired; running the same import again finishes it",
+            err=True,
+        )
+        raise click.Abort() from None
     click.echo(
         f"imported {len(drafts)} memories: {tally.written} new or changed,"
         f" {tally.unchanged} unchanged, {tally.retired} retired"

@@ -49,9 +49,11 @@ def import_files(
     keep_removed: bool = False,
     on_batch: Callable[[int], None] = lambda _: None,
     gone: Mapping[str, set[str]] | None = None,
+    tally: ImportTally | None = None,
 ) -> ImportTally:
     """Upsert every file's drafts, then retire what each file no longer holds, and the
-    memories of files `gone` from a named folder (`vanished`)."""
+    memories of files `gone` from a named folder (`vanished`). `tally` counts as it goes,
+    so a caller interrupted midway can say what was done."""
     owned = {source: owned_memories(client, source) for source in drafts_by_source}
     drafts = [
         draft
@@ -60,7 +62,7 @@ def import_files(
     ]
     from relay.client import batches
 
-    tally = ImportTally()
+    tally = tally or ImportTally()
     for batch in batches(drafts, lambda d: _item(d, audiences)):
         result = _upsert(client, batch, audiences)
         tally.written += result["written"]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import http.server
 import os
+import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -336,7 +339,7 @@ def test_a_file_imported_for_an_audience_this_key_lacks_is_named(tmp_path, serve
     summary(relay_import(server, repo, "--audience", "ops", "docs/ops.md", key=ops))
     done = relay_import(server, repo, "docs/ops.md", key=dev)
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    line = done.stderr.strip().splitlines()[-1]  # after the progress line
+    line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("relay: error: qa2-ops/docs/ops.md: already imported for an audience")
 
 
@@ -546,3 +549,90 @@ def test_what_is_not_a_file_and_a_missing_root_are_refused_up_front(tmp_path, se
     assert "'--root'" in done.stderr and "does not exist" in done.stderr
     assert "skipped" not in done.stderr
     assert live_memories(server, placed(notes)) == []
+
+
+def test_without_a_terminal_there_is_no_progress_line(tmp_path, server):
+    """QA: piped, the progress bar was one lone 'importing' line, even before an error."""
+    repo = git_repo(tmp_path / "qa-quiet")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    done = relay_import(server, repo, "--source-prefix", "qa-quiet", "AGENTS.md")
+    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert done.stderr == ""
+    done = relay_import(server, repo, "--source-prefix", "qa-quiet", "AGENTS.md", key="nope")
+    assert done.returncode == 3 and done.stderr.startswith("relay: error: ")
+    assert "importing" not in done.stderr
+
+
+class _Interrupting(http.server.BaseHTTPRequestHandler):
+    """Forwards to the real server, but on the second batch sends the client Ctrl-C (SIGINT)
+    and never answers: as if the user pressed it while that batch was on its way."""
+
+    upstream = ""
+    client_pid: int = 0
+    batches = 0
+    release = threading.Event()
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/memories/batch":
+            type(self).batches += 1
+            if type(self).batches == 2:
+                os.kill(type(self).client_pid, signal.SIGINT)
+                type(self).release.wait(30)
+                return
+        reply = httpx.request(
+            self.command,
+            self.upstream + self.path,
+            content=body,
+            headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
+            timeout=30,
+        )
+        self.send_response(reply.status_code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply.content)))
+        self.end_headers()
+        self.wfile.write(reply.content)
+
+    do_GET = do_POST = do_DELETE = _forward
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_ctrl_c_says_what_was_written_and_that_running_again_finishes(tmp_path, server):
+    """QA: Ctrl-C during an import exited with just 'aborted', saying nothing of what it
+    had written."""
+    repo = git_repo(tmp_path / "qa-ctrl-c")
+    write(repo / "AGENTS.md", "".join(f"# Rule {i}\nKeep rule {i}.\n\n" for i in range(300)))
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Interrupting)
+    _Interrupting.upstream = server.url
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    env = clean_env(
+        repo,
+        RELAY_URL=f"http://127.0.0.1:{proxy.server_port}",
+        RELAY_API_KEY=server.admin_key,
+    )
+    try:
+        with subprocess.Popen(
+            [RELAY, "import", "AGENTS.md"],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as run:
+            _Interrupting.client_pid = run.pid
+            out, err = run.communicate(timeout=120)
+    finally:
+        _Interrupting.release.set()
+        proxy.shutdown()
+        proxy.server_close()
+    assert run.returncode == 1, err
+    assert out == ""
+    assert err.endswith(
+        "relay: interrupted with 128 of 300 memories imported (128 new or changed, 0 unchanged)"
+        " and 0 retired; running the same import again finishes it\naborted\n"
+    ), err
+    assert len(live_memories(server, "qa-ctrl-c/AGENTS.md")) == 128
+    again = relay_import(server, repo, "AGENTS.md")
+    assert summary(again) == "imported 300 memories: 172 new or changed, 128 unchanged, 0 retired"
