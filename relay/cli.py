@@ -610,7 +610,8 @@ def import_(
     Re-importing a file forgets the memories of sections it no longer has, and
     importing a folder of a git work tree forgets those of its files deleted or renamed
     since (not with --keep-removed); memories from other files or written by hand are
-    never touched."""
+    never touched. The file is the source of truth: a relay edit of an imported memory
+    is undone and a section deleted by hand comes back; the summary counts both."""
     from relay.import_writer import ImportTally, check_drafts, import_files, vanished
     from relay.importer import (
         drafts_from_path,
@@ -691,9 +692,29 @@ def import_(
             err=True,
         )
         raise click.Abort() from None
+
+    # Not errors (the file is the source of truth), but neither should come as a surprise.
+    for d in tally.overwritten:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: edited since this text was"
+            f" imported; the file's text replaced the edit (relay history {d.id} shows it)",
+            err=True,
+        )
+    for d, was in tally.revived:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: its memory {was} was deleted"
+            f" (relay forget, or retired when it left the file); imported again as {d.id}",
+            err=True,
+        )
+    also = ""
+    if n := len(tally.overwritten):
+        it = "it was" if n == 1 else "they were"
+        also += f"; {n} edited since {it} imported {'was' if n == 1 else 'were'} overwritten"
+    if n := len(tally.revived):
+        also += f"; {n} deleted before {'was' if n == 1 else 'were'} imported again"
     click.echo(
         f"imported {len(drafts)} memories: {tally.written} new or changed,"
-        f" {tally.unchanged} unchanged, {tally.retired} retired"
+        f" {tally.unchanged} unchanged, {tally.retired} retired{also}"
     )
     if failed:
         raise click.ClickException(f"{len(failed)} file(s) could not be imported (see above)")

@@ -20,7 +20,7 @@ import hashlib
 import re
 import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,10 @@ class ImportTally:
     written: int = 0
     unchanged: int = 0
     retired: int = 0
+    # Written over a change made since the file's text was imported (`relay edit`).
+    overwritten: list[ImportDraft] = field(default_factory=list)
+    # Written again after their memory was deleted (`relay forget`, or retired): (draft, old id).
+    revived: list[tuple[ImportDraft, str]] = field(default_factory=list)
 
 
 def import_files(
@@ -62,19 +66,41 @@ def import_files(
     ]
     from relay.client import batches
 
+    live = {m["id"]: m for memories in owned.values() for m in memories}
+    edited = {d.id for d in drafts if d.id in live and edited_since_import(client, live[d.id], d)}
     tally = tally or ImportTally()
     for batch in batches(drafts, lambda d: _item(d, audiences)):
-        result = _upsert(client, batch, audiences)
+        result, sent = _upsert(client, batch, audiences)
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]
+        tally.overwritten += [d for d in batch if d.id in edited]
+        tally.revived += [(d, was.id) for was, d in zip(batch, sent, strict=True) if was != d]
         on_batch(len(batch))
     if not keep_removed:
         kept = {d.id for d in drafts}
-        ids = {m["id"] for memories in owned.values() for m in memories}
-        for memory_id in sorted(ids.union(*(gone or {}).values()) - kept):
+        for memory_id in sorted(set(live).union(*(gone or {}).values()) - kept):
             client.request("DELETE", memory_path(memory_id))
             tally.retired += 1
     return tally
+
+
+def edited_since_import(client: RelayClient, memory: dict, draft: ImportDraft) -> bool:
+    """Whether writing `draft` over `memory` undoes a change made to it since the file's
+    text was imported (`relay edit`, or an import of another version of the file): the
+    draft's text is what the memory held before, or only fields an import never sets (a
+    pin, an expiry, supersedes links) differ. An edit to a section that also changed in
+    the file cannot be told from the file's change."""
+    text = (draft.title, draft.body, list(draft.tags))
+    if (memory["title"], memory["body"], memory["tags"]) == text:
+        return bool(memory["pinned"] or memory["valid_until"] or memory["supersedes"])
+    if memory["revision"] == 1:
+        return False
+    history = client.get(memory_path(memory["id"], "/revisions"))["items"]
+    return any(
+        (r["title"], r["body"], r["tags"]) == text
+        for r in history
+        if r["revision"] < memory["revision"] and r["action"] != "delete" and not r["withheld"]
+    )
 
 
 def owned_memories(client: RelayClient, source: str) -> list[dict]:
@@ -201,10 +227,14 @@ def _list(client: RelayClient, filters: dict[str, str]) -> Iterator[dict]:
         query["cursor"] = page["next_cursor"]
 
 
-def _upsert(client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str]) -> dict:
+def _upsert(
+    client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str]
+) -> tuple[dict, list[ImportDraft]]:
+    """The batch written, and the drafts as sent: a section deleted before, at its id's
+    next generation."""
     while True:
         try:
-            return _send(client, batch, audiences)
+            return _send(client, batch, audiences), batch
         except ConflictError as exc:
             # A new section's id was retired before: its tombstone keeps the id (maybe one
             # this key may not even read). Rare, so only now is that section moved to the

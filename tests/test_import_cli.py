@@ -309,7 +309,10 @@ def test_a_retired_section_can_come_back(tmp_path, server):
 
     agents.write_text(AGENTS, encoding="utf-8")
     done = relay_import(server, repo, "AGENTS.md")
-    assert summary(done) == "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired"
+    assert summary(done) == (
+        "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired; 1 deleted before was"
+        " imported again"
+    )
     (back,) = [m for m in live_memories(server, "qa2-back/AGENTS.md") if m["title"] == "Deploy"]
     assert back["id"] == deploy["id"] + ".2"
 
@@ -433,7 +436,10 @@ def test_namesake_sections_keep_their_own_memories(tmp_path, server):
     assert summary(done) == "imported 1 memories: 0 new or changed, 1 unchanged, 1 retired"
     guide.write_text(both, encoding="utf-8")
     back = relay_import(server, repo, "AGENTS.md")
-    assert summary(back) == "imported 2 memories: 1 new or changed, 1 unchanged, 0 retired"
+    assert summary(back) == (
+        "imported 2 memories: 1 new or changed, 1 unchanged, 0 retired; 1 deleted before was"
+        " imported again"
+    )
     now = {m["body"]: m["id"] for m in live_memories(server, "qa-namesakes/AGENTS.md")}
     assert now == {
         "Use pytest.": ids["Use pytest."] + ".2",
@@ -472,6 +478,48 @@ def test_an_import_by_an_older_release_is_not_rewritten(tmp_path, server):
     assert {m["id"]: m["body"] for m in live_memories(server, source)} == dict(
         zip(by_place[1:], rules[1:], strict=True)
     )
+
+
+# --- memories changed by hand since they were imported ---------------------------------------
+
+
+def test_hand_edits_and_deletions_undone_by_an_import_are_counted(tmp_path, server):
+    """QA: importing the file again silently reverted `relay edit`s of its memories and
+    brought back sections deleted with `relay forget` as `<id>.2`. The file is the source of
+    truth, so it still does, but says so."""
+    from integration_support import relay
+
+    env = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+    repo = git_repo(tmp_path / "qa-by-hand")
+    agents = write(repo / "AGENTS.md", AGENTS)
+    summary(relay_import(server, repo, "AGENTS.md"))
+    ids = {m["title"]: m["id"] for m in live_memories(server, "qa-by-hand/AGENTS.md")}
+    assert relay(tmp_path, "edit", ids["Build"], "--body", "Run ninja.", **env).returncode == 0
+    assert relay(tmp_path, "edit", ids["Test"], "--pinned", **env).returncode == 0
+    assert relay(tmp_path, "forget", ids["Deploy"], **env).returncode == 0
+
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == (
+        "imported 3 memories: 3 new or changed, 0 unchanged, 0 retired; 2 edited since they"
+        " were imported were overwritten; 1 deleted before was imported again"
+    )
+    assert (
+        f"relay: note: qa-by-hand/AGENTS.md › Build: edited since this text was imported; the"
+        f" file's text replaced the edit (relay history {ids['Build']} shows it)"
+    ) in done.stderr
+    assert "qa-by-hand/AGENTS.md › Test: edited since this text was imported" in done.stderr
+    assert (
+        f"relay: note: qa-by-hand/AGENTS.md › Deploy: its memory {ids['Deploy']} was deleted"
+        f" (relay forget, or retired when it left the file); imported again as"
+        f" {ids['Deploy']}.2"
+    ) in done.stderr
+    assert bodies(server, "qa-by-hand/AGENTS.md") == ["Run make.", "Run pytest.", "Tag from main."]
+
+    # a section changed in the file is no surprise
+    agents.write_text(AGENTS.replace("Run make.", "Run make -j8."), encoding="utf-8")
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired"
+    assert "note:" not in done.stderr
 
 
 # --- structured data -------------------------------------------------------------------------
