@@ -107,8 +107,8 @@ def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
             candidates = [path]
         elif path.exists():  # /dev/null, a pipe such as <(cat notes.md), a socket
             raise InvalidRequestError(
-                f"{path} is not a file or a folder: relay import reads {SUPPORTED_FORMATS}"
-                " files; nothing was imported",
+                f"{path} is not a file or a folder: relay import reads {SUPPORTED_FORMATS};"
+                " nothing was imported",
                 path=str(path),
             )
         else:
