@@ -574,7 +574,13 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
     help="Name that starts every source, in place of the repository's (or of ~ or /"
     " outside a git work tree; '' for none).",
 )
-@click.option("--audience", "audiences", multiple=True, help="Audience for every imported memory.")
+@click.option(
+    "--audience",
+    "audiences",
+    multiple=True,
+    help="Audience for every memory written (repeatable; default: a memory imported before"
+    " keeps its own, a new one is for all).",
+)
 @click.option(
     "--keep-removed",
     is_flag=True,

@@ -67,6 +67,12 @@ def import_files(
     from relay.client import batches
 
     live = {m["id"]: m for memories in owned.values() for m in memories}
+    # Without --audience a memory keeps its audiences: an import must not open to everyone
+    # what was imported for a role, or narrowed by hand, before.
+    drafts = [
+        dataclasses.replace(d, audiences=tuple(live[d.id]["audiences"])) if d.id in live else d
+        for d in drafts
+    ]
     edited = {d.id for d in drafts if d.id in live and edited_since_import(client, live[d.id], d)}
     tally = tally or ImportTally()
     for batch in batches(drafts, lambda d: _item(d, audiences)):
@@ -293,11 +299,14 @@ def _items(batch: list[ImportDraft], audiences: Sequence[str]) -> list[dict]:
 
 
 def _item(d: ImportDraft, audiences: Sequence[str]) -> dict:
+    """The batch item for `d`: for `audiences` (--audience), else for those of the memory
+    it continues, else (left out) for everyone."""
+    chosen = list(audiences or d.audiences)
     return {
         "id": d.id,
         "body": d.body,
         "title": d.title,
         "source": d.source,
         "tags": list(d.tags),
-        **({"audiences": list(audiences)} if audiences else {}),
+        **({"audiences": chosen} if chosen else {}),
     }

@@ -75,6 +75,8 @@ class ImportDraft:
     body: str
     source: str
     tags: tuple[str, ...]
+    # Those of the memory it continues; none: the import's --audience, or everyone.
+    audiences: tuple[str, ...] = ()
 
 
 # --- files -----------------------------------------------------------------------------------

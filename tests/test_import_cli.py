@@ -346,6 +346,35 @@ def test_a_file_imported_for_an_audience_this_key_lacks_is_named(tmp_path, serve
     assert line.startswith("relay: error: qa2-ops/docs/ops.md: already imported for an audience")
 
 
+def test_importing_again_without_audience_keeps_each_memorys_audiences(tmp_path, server):
+    """Found beside QA's: a file imported with --audience ops and imported again without it
+    (by the same ops key, or CI's) was opened to everyone, as was a memory narrowed by hand
+    with relay edit --audience. Without --audience a memory keeps its audiences."""
+    from integration_support import mint, relay
+
+    ops = mint(server.url, server.admin_key, "ops", ["memory:read", "memory:write"], ["ops"])
+    repo = git_repo(tmp_path / "qa-aud")
+    write(repo / "ops.md", "# Paging\nPage the on-call.\n")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n# Deploy\nTag from main.\n")
+    summary(relay_import(server, repo, "--audience", "ops", "ops.md", key=ops["secret"]))
+    summary(relay_import(server, repo, "AGENTS.md"))
+    (deploy,) = [m for m in live_memories(server, "qa-aud/AGENTS.md") if m["title"] == "Deploy"]
+    env = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+    assert relay(tmp_path, "edit", deploy["id"], "--audience", "ops", **env).returncode == 0
+
+    done = relay_import(server, repo, "ops.md", "AGENTS.md", key=ops["secret"])
+    assert summary(done) == "imported 3 memories: 0 new or changed, 3 unchanged, 0 retired"
+    audiences = {
+        m["title"]: m["audiences"]
+        for m in live_memories(server, "qa-aud/ops.md") + live_memories(server, "qa-aud/AGENTS.md")
+    }
+    assert audiences == {"Paging": ["ops"], "Build": ["all"], "Deploy": ["ops"]}
+    # --audience, given, is for every memory the import writes
+    done = relay_import(server, repo, "--audience", "all", "ops.md", key=ops["secret"])
+    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert [m["audiences"] for m in live_memories(server, "qa-aud/ops.md")] == [["all"]]
+
+
 def test_a_section_retired_for_an_audience_this_key_lacks_comes_back_beside_it(tmp_path, server):
     """A section imported for `ops` and retired leaves a tombstone only ops may see; a key
     without the role importing that section again was told 409 'cannot be reused' (it
