@@ -145,7 +145,11 @@ def continued_ids(drafts: Sequence[ImportDraft], live: Sequence[dict]) -> list[I
 
     Any other draft is new, under its own id.
     """
-    free = {m["id"]: m for m in sorted(live, key=lambda m: m["id"])}
+    # Oldest generation first: of two live generations of one section (keys for different
+    # audiences imported the file), the oldest is the one that continues.
+    free = {
+        m["id"]: m for m in sorted(live, key=lambda m: (_base_id(m["id"]), _generation(m["id"])))
+    }
     chosen: list[str | None] = [None] * len(drafts)
 
     def claim(i: int, memory_id: str | None) -> None:
@@ -162,7 +166,9 @@ def continued_ids(drafts: Sequence[ImportDraft], live: Sequence[dict]) -> list[I
             candidates = [c for c in by_key.get(key(d), ()) if c in free]
             claim(i, candidates[0] if candidates else None)
 
-    own = {_base_id(memory_id): memory_id for memory_id in free}
+    own: dict[str, str] = {}
+    for memory_id in free:
+        own.setdefault(_base_id(memory_id), memory_id)
     mine = [own.get(d.id) for d in drafts]
     for i, d in enumerate(drafts):
         if mine[i] in free and _text(free[mine[i]]) == _text(d):
@@ -272,9 +278,13 @@ def _send(client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str
 
 def _next_generation(memory_id: str) -> str:
     """`imp_x` -> `imp_x.2`, `imp_x.2` -> `imp_x.3`: where a retired section comes back."""
+    return f"{_base_id(memory_id)}.{_generation(memory_id) + 1}"
+
+
+def _generation(memory_id: str) -> int:
+    """`imp_x` -> 1, `imp_x.2` -> 2 (any other id: 1)."""
     base = _base_id(memory_id)
-    generation = int(memory_id[len(base) + 1 :]) if memory_id != base else 1
-    return f"{base}.{generation + 1}"
+    return int(memory_id[len(base) + 1 :]) if memory_id != base else 1
 
 
 def check_drafts(drafts: Iterable[ImportDraft], audiences: Sequence[str] = ()) -> None:

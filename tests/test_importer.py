@@ -262,6 +262,17 @@ def test_an_edited_section_continues_its_memory():
     ]
 
 
+def test_of_two_live_generations_the_oldest_continues():
+    """A section can live at two generations (keys for different audiences imported the
+    file, the second past an id it could not read): the draft goes to the oldest, whatever
+    order they come in (`.10` after `.9`), and the other is left to be retired."""
+    (draft,) = drafts_from_text("# Build\nRun make.\n", "a.md")
+    for suffixes in ([".10", ".9"], ["", ".2"], [".2", ""]):
+        live = stored([draft] * 2, [draft.id + suffix for suffix in suffixes])
+        oldest = min(suffixes, key=lambda s: int(s[1:] or 1))
+        assert [d.id for d in continued_ids([draft], live)] == [draft.id + oldest]
+
+
 def test_filling_an_empty_section_does_not_renumber_its_namesakes():
     before = drafts_from_text("## Notes\n\n## Notes\ntwo\n", "a.md")
     after = drafts_from_text("## Notes\none\n## Notes\ntwo\n", "a.md")
