@@ -708,8 +708,9 @@ def import_(
         )
     for d, was in tally.revived:
         click.echo(
-            f"relay: note: {d.source} › {d.title or d.id}: its memory {was} was deleted"
-            f" (relay forget, or retired when it left the file); imported again as {d.id}",
+            f"relay: note: {d.source} › {d.title or d.id}: its id {was} is taken (its memory"
+            " was deleted, by relay forget or when it left the file, or is one this key cannot"
+            f" read); imported again as {d.id}",
             err=True,
         )
     also = ""
@@ -717,7 +718,10 @@ def import_(
         it = "it was" if n == 1 else "they were"
         also += f"; {n} edited since {it} imported {'was' if n == 1 else 'were'} overwritten"
     if n := len(tally.revived):
-        also += f"; {n} deleted before {'was' if n == 1 else 'were'} imported again"
+        also += (
+            f"; {n} deleted before (or hidden from this key)"
+            f" {'was' if n == 1 else 'were'} imported again"
+        )
     click.echo(
         f"imported {len(drafts)} memories: {tally.written} new or changed,"
         f" {tally.unchanged} unchanged, {tally.retired} retired{also}"

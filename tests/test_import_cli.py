@@ -310,8 +310,8 @@ def test_a_retired_section_can_come_back(tmp_path, server):
     agents.write_text(AGENTS, encoding="utf-8")
     done = relay_import(server, repo, "AGENTS.md")
     assert summary(done) == (
-        "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired; 1 deleted before was"
-        " imported again"
+        "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired; 1 deleted before (or"
+        " hidden from this key) was imported again"
     )
     (back,) = [m for m in live_memories(server, "qa2-back/AGENTS.md") if m["title"] == "Deploy"]
     assert back["id"] == deploy["id"] + ".2"
@@ -466,8 +466,8 @@ def test_namesake_sections_keep_their_own_memories(tmp_path, server):
     guide.write_text(both, encoding="utf-8")
     back = relay_import(server, repo, "AGENTS.md")
     assert summary(back) == (
-        "imported 2 memories: 1 new or changed, 1 unchanged, 0 retired; 1 deleted before was"
-        " imported again"
+        "imported 2 memories: 1 new or changed, 1 unchanged, 0 retired; 1 deleted before (or"
+        " hidden from this key) was imported again"
     )
     now = {m["body"]: m["id"] for m in live_memories(server, "qa-namesakes/AGENTS.md")}
     assert now == {
@@ -530,7 +530,8 @@ def test_hand_edits_and_deletions_undone_by_an_import_are_counted(tmp_path, serv
     done = relay_import(server, repo, "AGENTS.md")
     assert summary(done) == (
         "imported 3 memories: 3 new or changed, 0 unchanged, 0 retired; 2 edited since they"
-        " were imported were overwritten; 1 deleted before was imported again"
+        " were imported were overwritten; 1 deleted before (or hidden from this key) was"
+        " imported again"
     )
     assert (
         f"relay: note: qa-by-hand/AGENTS.md › Build: edited since this text was imported; the"
@@ -538,9 +539,9 @@ def test_hand_edits_and_deletions_undone_by_an_import_are_counted(tmp_path, serv
     ) in done.stderr
     assert "qa-by-hand/AGENTS.md › Test: edited since this text was imported" in done.stderr
     assert (
-        f"relay: note: qa-by-hand/AGENTS.md › Deploy: its memory {ids['Deploy']} was deleted"
-        f" (relay forget, or retired when it left the file); imported again as"
-        f" {ids['Deploy']}.2"
+        f"relay: note: qa-by-hand/AGENTS.md › Deploy: its id {ids['Deploy']} is taken (its"
+        " memory was deleted, by relay forget or when it left the file, or is one this key"
+        f" cannot read); imported again as {ids['Deploy']}.2"
     ) in done.stderr
     assert bodies(server, "qa-by-hand/AGENTS.md") == ["Run make.", "Run pytest.", "Tag from main."]
 
