@@ -10,9 +10,10 @@ registered in `~/.claude.json` (`mcpServers`, the user scope that `claude mcp ad
 Every function here takes a file's current content and returns the new content,
 so the installer can plan every change, refuse on the first unreadable file and
 write nothing, and the tests can check each edit on its own. Relay's entries are
-recognised by the hook script's name in the command and by the `relay` server
-name, so a re-run replaces them instead of adding more, and uninstall removes
-only them.
+recognised by the hook script's name in the command, or a command that starts
+`relay-hook` itself (registered by hand, as docs/hook.md shows), and by the
+`relay` server name, so a re-run replaces them instead of adding more, and
+uninstall removes only them.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import json
 import re
 import shlex
 import tomllib
+from dataclasses import dataclass
 from typing import Any
 
 from relay.errors import InvalidRequestError
 
 SCRIPT_NAME = "relay-autosearch-hook.sh"
+HOOK_NAME = "relay-hook"  # the console script the knob script execs
 HOOK_TIMEOUT_S = 5  # a backstop only: the hook keeps its own 400 ms deadline
 EVENTS = ("UserPromptSubmit", "SessionStart")
 SERVER_NAME = "relay"
@@ -52,8 +55,66 @@ def hook_command(script: str, event: str) -> str:
     return f"[ -x {quoted} ] && exec {quoted}{arg} || exit 0"
 
 
+def command_words(command: str) -> list[str] | None:
+    """`command` split as sh splits it into words and operators (`;`, `&&`, `>`, ...);
+    None when it cannot be split (an unclosed quote)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:
+        return None
+
+
+_REDIRECTS = frozenset({"<", ">", ">>", "<&", ">&", "<>", ">|"})
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def started_in_command(command: str) -> tuple[str, list[str]] | None:
+    """(program, arguments) of the Relay hook that `command` starts: the knob script, or
+    `relay-hook` itself, in a command word's place (first, after an operator, after
+    `exec` or variable assignments). None when it starts neither."""
+    words = command_words(command) or []
+    for i, word in enumerate(words):
+        if word.rsplit("/", 1)[-1] not in (SCRIPT_NAME, HOOK_NAME):
+            continue
+        j = i
+        while j > 0 and _ASSIGNMENT.match(words[j - 1]):
+            j -= 1
+        if j and not (words[j - 1] == "exec" or _is_operator(words[j - 1])):
+            continue  # an argument, as in `[ -x SCRIPT ]`
+        args: list[str] = []
+        rest = iter(words[i + 1 :])
+        for arg in rest:
+            if arg in _REDIRECTS:
+                next(rest, None)  # its target
+                if args and args[-1].isdigit():
+                    args.pop()  # `2>/dev/null`: the descriptor, split off by the lexer
+            elif _is_operator(arg):
+                break
+            else:
+                args.append(arg)
+        return word, args
+    return None
+
+
+def _is_operator(word: str) -> bool:
+    return bool(word) and all(ch in "();<>|&" for ch in word)
+
+
 def is_relay_handler(handler: object) -> bool:
-    return isinstance(handler, dict) and SCRIPT_NAME in str(handler.get("command", ""))
+    """A hook handler that runs Relay's recall hook: through the knob script, or by
+    starting `relay-hook` directly as docs/hook.md shows (install replaces either with
+    its own entry, so the hook never runs twice per prompt)."""
+    if not isinstance(handler, dict):
+        return False
+    command = str(handler.get("command", ""))
+    if SCRIPT_NAME in command:
+        return True
+    words = command_words(command)
+    if words is None:
+        return re.search(rf"(^|[\s/'\"]){HOOK_NAME}($|[\s'\";&|)])", command) is not None
+    return any(w.rsplit("/", 1)[-1] == HOOK_NAME for w in words)
 
 
 def _hooks_table(doc: dict[str, Any], where: str) -> dict[str, Any] | None:
@@ -117,9 +178,23 @@ def add_hooks(doc: dict[str, Any], script: str, where: str = "settings") -> dict
     return out
 
 
-def relay_hook_commands(doc: dict[str, Any]) -> dict[str, list[str]]:
-    """Event -> the Relay commands registered for it (for `relay doctor`)."""
-    found: dict[str, list[str]] = {}
+@dataclass(frozen=True)
+class RelayHandler:
+    """One Relay handler as registered: its event, its group's matcher (None when the
+    group has none), and the handler itself (`type`, `command`, `timeout`, ...)."""
+
+    event: str
+    matcher: object
+    handler: dict[str, Any]
+
+    @property
+    def command(self) -> str:
+        return str(self.handler.get("command", ""))
+
+
+def relay_handlers(doc: dict[str, Any]) -> list[RelayHandler]:
+    """Every Relay handler in a hooks document, in file order (for `relay doctor`)."""
+    found: list[RelayHandler] = []
     hooks = doc.get("hooks")
     if not isinstance(hooks, dict):
         return found
@@ -128,7 +203,41 @@ def relay_hook_commands(doc: dict[str, Any]) -> dict[str, list[str]]:
             handlers = group.get("hooks") if isinstance(group, dict) else None
             for h in handlers if isinstance(handlers, list) else []:
                 if is_relay_handler(h):
-                    found.setdefault(event, []).append(str(h.get("command")))
+                    found.append(RelayHandler(event, group.get("matcher"), h))
+    return found
+
+
+# Where a session can start from, as each agent tells its SessionStart hooks (`source`).
+SESSION_SOURCES = {
+    "claude-code": ("startup", "resume", "clear", "compact"),
+    "codex": ("startup", "resume", "clear"),
+}
+
+
+def matcher_matches(matcher: object, value: str) -> bool:
+    """Whether a group's `matcher` lets `value` through, as both agents read it: absent,
+    empty or `*` matches everything; letters, digits, `_` and `|` name exact values;
+    anything else is a regular expression."""
+    if matcher is None:
+        return True
+    if not isinstance(matcher, str):
+        return False
+    pattern = matcher.strip()
+    if pattern in ("", "*"):
+        return True
+    if re.fullmatch(r"[A-Za-z0-9_|]+", pattern):
+        return value in (part.strip() for part in pattern.split("|"))
+    try:
+        return re.search(pattern, value) is not None
+    except re.error:
+        return False
+
+
+def relay_hook_commands(doc: dict[str, Any]) -> dict[str, list[str]]:
+    """Event -> the Relay commands registered for it."""
+    found: dict[str, list[str]] = {}
+    for h in relay_handlers(doc):
+        found.setdefault(h.event, []).append(h.command)
     return found
 
 
@@ -150,11 +259,17 @@ def mcp_entry(relay_bin: str) -> dict[str, Any]:
 
 
 def is_relay_server(entry: object) -> bool:
-    """A server entry that runs `<...>/relay mcp`: ours to replace or remove."""
+    """A server entry that runs Relay's CLI (`<...>/relay`): ours to replace or remove,
+    whatever its arguments, so that install repairs an entry whose `args` were edited
+    away from `["mcp"]` instead of leaving it broken."""
     if not isinstance(entry, dict):
         return False
-    command = str(entry.get("command", ""))
-    return command.rsplit("/", 1)[-1] == "relay" and entry.get("args") == ["mcp"]
+    return str(entry.get("command", "")).rsplit("/", 1)[-1] == "relay"
+
+
+def runs_relay_mcp(entry: object) -> bool:
+    """A server entry that starts `<...>/relay mcp`, as install registers it."""
+    return is_relay_server(entry) and isinstance(entry, dict) and entry.get("args") == ["mcp"]
 
 
 def add_mcp_server(doc: dict[str, Any], relay_bin: str, where: str) -> tuple[dict[str, Any], str]:

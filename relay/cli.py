@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -286,7 +286,11 @@ def _org_id(store, name_or_id: str) -> str:  # noqa: ANN001
     help="Audience the key may read, named as memories' audiences are (lowercase letters, "
     "digits, _ . -; stored lower-cased); repeatable.",
 )
-@click.option("--expires-in-days", type=click.IntRange(1), help="Expire the key after N days.")
+@click.option(
+    "--expires-in-days",
+    type=click.IntRange(1, 36500),
+    help="Expire the key after N days (at most 100 years).",
+)
 @db_option
 def key_create(
     org_name: str,
@@ -316,6 +320,7 @@ def key_create(
 def key_list(org_name: str, db: str | None) -> None:
     """List an organisation's keys (never their secrets)."""
     store = _open_store(db)
+    click.echo("id\tstate\tname\tscopes\troles\texpires")
     for k in store.list_keys(_org_id(store, org_name)):
         state = (
             "revoked"
@@ -324,9 +329,9 @@ def key_list(org_name: str, db: str | None) -> None:
             if k.expires_at and k.expires_at < datetime.now(UTC)
             else "active"
         )
-        click.echo(
-            f"{k.id}\t{state}\t{k.name}\t{','.join(sorted(k.scopes))}\t{','.join(sorted(k.roles))}"
-        )
+        expires = k.expires_at.isoformat(timespec="seconds") if k.expires_at else "never"
+        roles = ",".join(sorted(k.roles)) or "-"
+        click.echo(f"{k.id}\t{state}\t{k.name}\t{','.join(sorted(k.scopes))}\t{roles}\t{expires}")
         _warn_unaddressable_roles(k.id, k.roles)
 
 
@@ -359,8 +364,12 @@ def _warn_unaddressable_roles(key_id: str, roles: frozenset[str]) -> None:
 def key_revoke(org_name: str, key_id: str, db: str | None) -> None:
     """Revoke a key at once, everywhere."""
     store = _open_store(db)
-    store.revoke_key(_org_id(store, org_name), key_id)
-    click.echo(f"revoked {key_id}")
+    asked = datetime.now(UTC)
+    revoked = store.revoke_key(_org_id(store, org_name), key_id).revoked_at
+    if revoked is not None and revoked < asked:
+        click.echo(f"{key_id} was already revoked, at {revoked.isoformat(timespec='seconds')}")
+    else:
+        click.echo(f"revoked {key_id}")
 
 
 # -- memories (over HTTP) -------------------------------------------------------
@@ -413,7 +422,13 @@ def _memory_options(
             multiple=True,
             help=f"Role allowed to see it (repeatable; {audience_default}).",
         ),
-        click.option("--tag", "tags", multiple=True, help="Tag (repeatable)."),
+        click.option(
+            "--tag",
+            "tags",
+            multiple=True,
+            help="Tag (repeatable"
+            + ("; replaces its tags; kept if not given)." if clears else ")."),
+        ),
         clears and _clear_option("tags", "Remove all its tags."),
         click.option(
             "--valid-until",
@@ -443,8 +458,22 @@ def _memory_options(
     return fn
 
 
+def _memory_path(memory_id: str, rest: str = "") -> str:
+    from relay.client import memory_path  # imported when used: the CLI starts light
+
+    return memory_path(memory_id, rest)
+
+
 def _read_body(body: str | None) -> str | None:
-    return sys.stdin.read() if body == "-" else body
+    if body != "-":
+        return body
+    raw = sys.stdin.buffer.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(
+            f"stdin is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})"
+        ) from None
 
 
 @cli.command()
@@ -499,7 +528,7 @@ def edit(
         fields["expected_revision"] = expected_revision
     if not fields:
         raise click.UsageError("nothing to change: pass --body or another field")
-    memory = client.request("PATCH", f"/v1/memories/{memory_id}", fields)
+    memory = client.request("PATCH", _memory_path(memory_id), fields)
     click.echo(f"{memory['id']} is now at revision {memory['revision']}")
 
 
@@ -508,7 +537,7 @@ def edit(
 @client_options
 def forget(client, memory_id: str) -> None:  # noqa: ANN001
     """Delete a memory everywhere at once (its history keeps a tombstone, not the text)."""
-    client.request("DELETE", f"/v1/memories/{memory_id}")
+    client.request("DELETE", _memory_path(memory_id))
     click.echo(f"forgot {memory_id}")
 
 
@@ -518,10 +547,11 @@ def forget(client, memory_id: str) -> None:  # noqa: ANN001
 @client_options
 def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
     """Show every revision of a memory."""
-    items = client.get(f"/v1/memories/{memory_id}/revisions")["items"]
+    items = client.get(_memory_path(memory_id, "/revisions"))["items"]
     if as_json:
         _echo_json(items)
         return
+    before: dict[str, Any] = {}
     for r in items:
         if r.get("withheld"):
             text = "(withheld: written for audiences this key cannot read)"
@@ -529,6 +559,27 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
             text = r["body"] if r["body"] is not None else "(deleted: text removed)"
         head = f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}  {r['title'] or ''}"
         click.echo(f"{head}\n    {text}")
+        if r.get("withheld") or r["action"] == "delete":
+            continue
+        # What else this revision changed: an edit of a tag or a date is a revision too.
+        fields = {name: r.get(name) for name in _HISTORY_FIELDS}
+        changed = [
+            f"{name}: {_shown(value)}"
+            for name, value in fields.items()
+            if value != before.get(name, [] if isinstance(value, list) else None)
+        ]
+        if changed:
+            click.echo("    (" + "; ".join(changed) + ")")
+        before = fields
+
+
+_HISTORY_FIELDS = ("source", "audiences", "tags", "valid_until", "supersedes")
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == []:
+        return "none"
+    return ", ".join(value) if isinstance(value, list) else str(value)
 
 
 @cli.command()
@@ -732,19 +783,46 @@ def import_(
 
 @cli.command()
 @click.option(
-    "--output", "-o", type=click.File("w"), default="-", help="File to write (default stdout)."
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    default="-",
+    help="File to write (default stdout); replaced only once the whole export is read.",
 )
 @client_options
-def export(client, output) -> None:  # noqa: ANN001
+def export(client, output: Path) -> None:  # noqa: ANN001
     """Export every memory the key may read as JSONL (relay restore reads it back).
 
-    Expired and superseded memories are included; deleted ones are not."""
+    Expired and superseded memories are included; deleted ones are not. A file is
+    written beside its final name (readable by you alone) and renamed into place at
+    the end: an export that fails midway leaves an earlier backup as it was."""
+    if str(output) == "-":
+        _export_pages(client, sys.stdout)
+        return
+    import tempfile
+
+    try:
+        fd, partial = tempfile.mkstemp(
+            prefix=f".{output.name}.", suffix=".partial", dir=output.resolve().parent
+        )
+    except OSError as exc:
+        raise RelayError(f"cannot write {output}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            _export_pages(client, fh)
+        os.replace(partial, output)
+    except BaseException:
+        os.unlink(partial)
+        raise
+
+
+def _export_pages(client, out: TextIO) -> None:  # noqa: ANN001
     cursor = None
     while True:
         query = "" if cursor is None else "&cursor=" + urllib.parse.quote(cursor)
         page = client.get("/v1/memories?limit=500" + query)
         for item in page["items"]:
-            output.write(json.dumps(item, ensure_ascii=False) + "\n")
+            out.write(json.dumps(item, ensure_ascii=False) + "\n")
         cursor = page["next_cursor"]
         if not cursor:
             break
@@ -770,11 +848,13 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
     - a memory is written after the memories of the file it supersedes;
     - a supersedes link to a memory neither in the file nor readable with this key
       here (deleted since, or outside the exporting key's audiences) is dropped and
-      counted, unless the server already holds that link, which is then kept;
+      counted, unless the server shows that link, which is then kept (it keeps the
+      links it holds to memories this key cannot read, and does not show them);
     - a malformed line stops the restore, naming it, before anything is written;
-    - it also stops at a memory deleted here since (deleted ids are never reused) and
-      at a batch the server refuses (an unknown audience): the batches before stay
-      written, and running the restore again once fixed finishes it."""
+    - it also stops at a memory deleted here since (deleted ids are never reused) or
+      held here for audiences this key lacks, and at a batch the server refuses (an
+      unknown audience): the batches before stay written, and running the restore
+      again once fixed finishes it."""
     from relay.restore import read_export, restore_memories
 
     name = "<stdin>" if str(file) == "-" else str(file)
@@ -840,6 +920,10 @@ def bench_recall(
 ) -> None:
     """Recall@k, nDCG, MRR, abstention and search time on a ../shared/bench folder."""
     from relay import bench_recall as br
+
+    for name in ("memories.jsonl", "queries.jsonl"):
+        if not (folder / name).is_file():
+            raise click.UsageError(f"{folder} has no {name}: is it a ../shared/bench folder?")
 
     result = br.run(
         folder,

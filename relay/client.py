@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from relay import errors
 from relay.hook import config as hook_config
+from relay.hygiene import MEMORY_ID
 
 _BY_CODE: dict[str, type[errors.RelayError]] = {
     cls.code: cls
@@ -57,8 +58,11 @@ def batches(items: Sequence[T], as_item: Callable[[T], Any]) -> Iterator[list[T]
 
 
 def memory_path(memory_id: str, rest: str = "") -> str:
-    """`/v1/memories/<id><rest>`, the id quoted whole: whatever it holds stays one segment."""
-    return f"/v1/memories/{urllib.parse.quote(memory_id, safe='')}{rest}"
+    """`/v1/memories/<id><rest>`; text that cannot be an id names no memory, and is refused
+    here as the server would (a `/` or `?` in it would address another resource)."""
+    if not MEMORY_ID.fullmatch(memory_id):
+        raise errors.NotFoundError(f"no memory {memory_id!r}")
+    return f"/v1/memories/{memory_id}{rest}"
 
 
 class ConnectionFailedError(errors.UnavailableError):
@@ -75,7 +79,12 @@ class RelayClient:
             raise NotConfiguredError(
                 "no server URL: pass --url, set RELAY_URL, or run 'relay install'"
             )
-        self.url = url.rstrip("/")
+        parts = urllib.parse.urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise NotConfiguredError(
+                f"{url!r} is not a Relay server URL: give http://host:port (or https://...)"
+            )
+        self.url = url.strip().rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
 

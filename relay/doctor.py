@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import shlex
 import stat
 import sys
@@ -26,13 +25,14 @@ from typing import Any
 
 import click
 
-from relay import agents
+from relay import agents, knob_script
 from relay.errors import RelayError, StoreError, UnavailableError
 from relay.hook import config as hook_config
 
 SLOW_SERVER_MS = 150
 BUDGET_ALERT_RUNS = 3  # runs out of budget before a search, in 24 h, worth a finding
 EXPIRY_WARNING = timedelta(days=7)
+HOOK_EXIT_MS = 100  # after its deadline, the hook logs its outcome and exits
 AGENT_LABELS = {"claude-code": "Claude Code", "codex": "Codex"}
 
 
@@ -53,6 +53,8 @@ class Doctor:
         self.manifest = load_manifest(self.paths)
         self.findings: list[Finding] = []
         self.cfg: hook_config.Config | None = None
+        self._scripts_checked: dict[Path, bool] = {}
+        self._tomls: dict[Path, tuple[dict[str, Any] | None, str | None]] = {}
         self.key_ok: bool | None = None
 
     def add(self, level: str, area: str, message: str, fix: str = "") -> None:
@@ -75,6 +77,7 @@ class Doctor:
 
     def check_config(self) -> bool:
         path = Path(hook_config.config_path(self.environ))
+        raw: dict[str, Any] = {}
         if not path.exists():
             if self.environ.get("RELAY_URL") and self.environ.get("RELAY_API_KEY"):
                 self.add(
@@ -105,11 +108,12 @@ class Doctor:
                     "fix the file or run `relay install` again",
                 )
                 return False
-        from relay.install import script_environ
-
         # The settings the hook runs with: the script's knobs beat the config file.
+        script = self._script_reading if self._script_in_use() else None
         ignored: list[str] = []
-        self.cfg = cfg = hook_config.load(script_environ(self.paths.script, self.environ), ignored)
+        self.cfg = cfg = hook_config.load(knob_script.hook_environ(script, self.environ), ignored)
+        if script is not None:
+            self._check_shadowed_knobs(path, raw, script)
         for what in ignored:
             self.add(
                 "warn",
@@ -163,6 +167,33 @@ class Doctor:
                 "remove the setting to turn recall back on",
             )
         return True
+
+    def _check_shadowed_knobs(
+        self, path: Path, raw: dict[str, Any], script: knob_script.Reading
+    ) -> None:
+        """A knob config.json sets to another value than the knob script, whose value the
+        hook takes instead: an edit of config.json that never takes effect."""
+        parsers = {name: parse for name, _, parse, _ in hook_config.SETTINGS}
+        for key, value in raw.items():
+            export = script.exports.get(f"RELAY_{key.upper()}")
+            if key not in parsers or export is None or export.value is None:
+                continue
+            try:
+                differ = parsers[key](value) != parsers[key](export.value)
+            except (ValueError, TypeError, OverflowError):
+                continue  # a value the hook ignores: its own finding
+            if differ:
+                name = export.source or export.variable
+                self.add(
+                    "warn",
+                    "config",
+                    f"{self.home(path)} sets {key} to {json.dumps(value)}, but "
+                    f"{self.home(self.paths.script)} sets {name}={export.value} (line "
+                    f"{export.line}), which the hook takes instead: the config value is never "
+                    "used",
+                    f"change {name} in {self.home(self.paths.script)}, or remove {key} from "
+                    f"{self.home(path)}",
+                )
 
     def _client(self):  # noqa: ANN202
         from relay.client import RelayClient
@@ -285,22 +316,65 @@ class Doctor:
                 out.append((agent, p, expected))
         return out
 
-    def check_hooks(self) -> None:
-        any_ok = False
+    @functools.cached_property
+    def _hook_docs(self) -> list[tuple[str, Path, bool, dict[str, Any] | Exception]]:
+        """Each hooks file parsed once (or why it cannot be): (agent, path, expected, doc)."""
+        out: list[tuple[str, Path, bool, dict[str, Any] | Exception]] = []
         for agent, path, expected in self._hook_files():
-            label = AGENT_LABELS[agent]
             try:
                 doc = agents.parse_json(path.read_text(), str(path)) if path.exists() else {}
             except (OSError, RelayError) as exc:
+                out.append((agent, path, expected, exc))
+            else:
+                out.append((agent, path, expected, doc))
+        return out
+
+    def _relay_entries(self) -> list[agents.RelayHandler]:
+        """Every Relay entry registered in the hooks files doctor reads."""
+        return [
+            h
+            for _, _, _, doc in self._hook_docs
+            if isinstance(doc, dict)
+            for h in agents.relay_handlers(doc)
+        ]
+
+    def _script_in_use(self) -> bool:
+        """Whether the hook runs through the knob script: a registered Relay entry starts it,
+        or none is registered to say otherwise (`relay-hook` registered by hand skips it)."""
+        started = [agents.started_in_command(h.command) for h in self._relay_entries()]
+        programs = [s[0].rsplit("/", 1)[-1] for s in started if s]
+        return not programs or agents.SCRIPT_NAME in programs
+
+    @functools.cached_property
+    def _script_reading(self) -> knob_script.Reading | None:
+        """The installed knob script as sh runs it; None when it is missing or unreadable."""
+        try:
+            return knob_script.read(self.paths.script.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def _reading_of(self, script: Path) -> knob_script.Reading:
+        if script == self.paths.script:
+            return self._script_reading or knob_script.Reading()
+        try:
+            return knob_script.read(script.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return knob_script.Reading()
+
+    def check_hooks(self) -> None:
+        any_ok = False
+        for agent, path, expected, doc in self._hook_docs:
+            label = AGENT_LABELS[agent]
+            if not isinstance(doc, dict):
                 self.add(
                     "fail",
                     "hooks",
-                    f"{label}: {self.home(path)} is unreadable ({exc}); the agent ignores it",
+                    f"{label}: {self.home(path)} is unreadable ({doc}); the agent ignores it",
                     "fix the file, then `relay install`",
                 )
                 continue
-            found = agents.relay_hook_commands(doc)
-            missing = [e for e in agents.EVENTS if e not in found]
+            handlers = agents.relay_handlers(doc)
+            missing = [e for e in agents.EVENTS if e not in {h.event for h in handlers}]
             if missing == list(agents.EVENTS):
                 if expected:
                     self.add(
@@ -317,10 +391,12 @@ class Doctor:
                     f"{label}: {self.home(path)} lacks the {' and '.join(missing)} hook",
                     f"run `relay install --agent {agent}`",
                 )
-            if self._check_commands(label, path, found):
+            self._check_duplicates(label, path, handlers)
+            sound = self._check_entries(agent, path, handlers)
+            if self._check_targets(label, path, handlers, sound) and len(sound) == len(handlers):
                 any_ok = True
             if agent == "codex":
-                self._check_codex_flag()
+                self._check_codex_flag(path)
         if not any_ok and not any(f.area == "hooks" for f in self.findings):
             self.add(
                 "fail",
@@ -329,94 +405,255 @@ class Doctor:
                 "run `relay install`",
             )
 
-    def _check_commands(self, label: str, path: Path, found: dict[str, list[str]]) -> bool:
-        scripts = set()
-        for commands in found.values():
-            for command in commands:
-                script = script_of(command, self.paths.home)
-                if script is None:
-                    self.add(
-                        "warn",
-                        "hooks",
-                        f"{label}: unexpected Relay hook command in {self.home(path)}: {command}",
-                        "run `relay install` to rewrite it",
-                    )
-                    continue
-                scripts.add(script)
-        ok = True
-        for script in sorted(scripts):
-            if not os.access(script, os.X_OK):
+    def _check_duplicates(
+        self, label: str, path: Path, handlers: list[agents.RelayHandler]
+    ) -> None:
+        for event in agents.EVENTS:
+            count = sum(h.event == event for h in handlers)
+            if count > 1:
                 self.add(
                     "warn",
                     "hooks",
-                    f"{label}: hooks registered, but {self.home(script)} is missing or not "
-                    "executable: automatic recall is off (the agent skips it silently)",
-                    "run `relay install` to restore it, if that was not on purpose",
+                    f"{label}: {self.home(path)} registers Relay's {event} hook {count} times:"
+                    " each one runs the hook again",
+                    "run `relay install`: it keeps one entry per event",
                 )
-                ok = False
-                continue
-            hook = hook_binary_of(script)
-            if hook is None or not os.access(hook, os.X_OK):
+
+    def _check_entries(
+        self, agent: str, path: Path, handlers: list[agents.RelayHandler]
+    ) -> list[agents.RelayHandler]:
+        """What the agent reads before it runs a Relay entry's command: its `type`, its
+        `timeout` (seconds, in both agents) and, for SessionStart, its group's matcher.
+        Returns the entries the agent runs (a matcher only narrows when)."""
+        label = AGENT_LABELS[agent]
+        deadline = (self.cfg or hook_config.load(self.environ)).deadline_ms
+        fix = "run `relay install` to rewrite the entry"
+        sound = []
+        for h in handlers:
+            where = f"{label}: the Relay {h.event} entry in {self.home(path)}"
+            runs = True
+            kind = h.handler.get("type")
+            if kind != "command":
+                what = f'"type": {json.dumps(kind)}' if "type" in h.handler else "no type"
                 self.add(
                     "fail",
                     "hooks",
-                    f"{label}: {self.home(script)} runs {hook or 'nothing recognisable'}, which "
-                    "does not exist or is not executable: the agent shows an error on every prompt",
-                    "run `relay install` from the Relay you use now",
+                    f'{where} has {what}, not "command": {label} never runs its command',
+                    f'set "type": "command", or {fix}',
+                )
+                runs = False
+            problem = _timeout_problem(agent, h.handler.get("timeout"), deadline)
+            if problem:
+                self.add(
+                    "fail",
+                    "hooks",
+                    f"{where}: {problem}",
+                    f"remove the timeout or set it to {agents.HOOK_TIMEOUT_S} (seconds), or {fix}",
+                )
+                runs = False
+            if runs:
+                sound.append(h)
+            if h.event != "SessionStart":
+                continue  # both agents ignore a UserPromptSubmit matcher
+            sources = agents.SESSION_SOURCES[agent]
+            missed = [s for s in sources if not agents.matcher_matches(h.matcher, s)]
+            if missed:
+                kept = " or ".join(s for s in sources if s not in missed)
+                self.add(
+                    "warn",
+                    "hooks",
+                    f"{where} has the matcher {json.dumps(h.matcher)}: it runs "
+                    + (f"only for sessions whose source is {kept}" if kept else "never")
+                    + f", not {' or '.join(missed)}: those start without the team profile",
+                    f"remove the matcher (Relay's entry has none), or {fix}",
+                )
+        return sound
+
+    def _check_targets(
+        self,
+        label: str,
+        path: Path,
+        handlers: list[agents.RelayHandler],
+        sound: list[agents.RelayHandler],
+    ) -> bool:
+        """What each Relay entry starts, and with which argument: the knob script (present,
+        executable, exec'ing a `relay-hook` that is) or `relay-hook` itself. The `ok` line
+        names the events of the `sound` entries only: the others never run."""
+        targets: dict[Path, list[str]] = {}
+        ok = True
+        for h in handlers:
+            started = agents.started_in_command(h.command)
+            if started is None:
+                self.add(
+                    "warn",
+                    "hooks",
+                    f"{label}: unexpected Relay hook command in {self.home(path)}: {h.command}",
+                    "run `relay install` to rewrite it",
+                )
+                continue
+            word, args = started
+            events = targets.setdefault(self._program_path(word), [])
+            # Without the argument the hook still knows a session start by the agent's
+            # hook_event_name; with it, it takes every prompt for one.
+            if args[:1] == ["session-start"] and h.event != "SessionStart":
+                self.add(
+                    "fail",
+                    "hooks",
+                    f"{label}: the {h.event} entry in {self.home(path)} runs {word} with the "
+                    "`session-start` argument: the hook takes every prompt for a session start, "
+                    "so no prompt searches",
+                    "run `relay install` to rewrite the entry",
                 )
                 ok = False
-                continue
-            events = " and ".join(e for e in agents.EVENTS if e in found)
+            elif any(h is other for other in sound):
+                events.append(h.event)
+        for program, events in sorted(targets.items()):
+            on = " and ".join(e for e in agents.EVENTS if e in events)
+            if program.name == agents.SCRIPT_NAME:
+                ok = self._check_script(label, path, program, on) and ok
+            elif not os.access(program, os.X_OK):
+                self.add(
+                    "fail",
+                    "hooks",
+                    f"{label}: {self.home(path)} runs {program}, which does not exist or is not "
+                    "executable: the agent shows an error on every prompt",
+                    "run `relay install` (it registers the hook through its knob script)",
+                )
+                ok = False
+            elif on:
+                self.add(
+                    "ok",
+                    "hooks",
+                    f"{label}: {on} in {self.home(path)} -> {program} (started directly, without"
+                    " the knob script: its settings come from the environment and config.json)",
+                )
+        return ok
+
+    def _script_parses(self, script: Path) -> bool:
+        """sh can parse the script (else it stops at the error, exit status 2, before it
+        starts the hook), and every line that sets a knob is one doctor can read; each
+        finding once, however many agents run the script."""
+        if script in self._scripts_checked:
+            return self._scripts_checked[script]
+        error = knob_script.syntax_error(script)
+        self._scripts_checked[script] = error is None
+        fix = f"run `relay install` to rewrite {self.home(script)} (knobs back to their defaults)"
+        if error:
+            # sh may report where it gave up (an unclosed quote: the end of the file), not
+            # where the mistake is; the first line doctor cannot read is the likelier one.
+            suspect = next(iter(self._reading_of(script).unreadable), None)
+            self.add(
+                "fail",
+                "hooks",
+                f"sh cannot parse {self.home(script)} ({error}"
+                + (f"; look at line {suspect.line}, `{suspect.text}`" if suspect else "")
+                + "): sh exits with status 2 before it starts relay-hook, so no prompt gets "
+                "recall, and Claude Code blocks a prompt whose hook exits with 2",
+                f"fix the line, or {fix}",
+            )
+            return False
+        for bad in self._reading_of(script).unreadable:
+            what = (
+                f"sh runs {bad.text.split()[0]} as a command (not found), so that knob is "
+                "unset and the hook takes config.json's value or its default"
+                if bad.spaced
+                else "doctor cannot tell what it sets, so the settings shown may not be the hook's"
+            )
+            self.add(
+                "warn",
+                "hooks",
+                f"line {bad.line} of {self.home(script)}, `{bad.text}`, is not a plain "
+                f"NAME=value assignment (no spaces around =): {what}",
+                f"write it as NAME=value, or {fix}",
+            )
+        return True
+
+    def _program_path(self, word: str) -> Path:
+        """A command word as sh finds it: `$HOME/` and `~/` expanded, a bare name on PATH."""
+        for prefix in ("$HOME/", "${HOME}/", "~/"):
+            if word.startswith(prefix):
+                return self.paths.home / word[len(prefix) :]
+        if "/" not in word:
+            import shutil
+
+            return Path(shutil.which(word, path=self.environ.get("PATH")) or word)
+        return Path(word)
+
+    def _check_script(self, label: str, path: Path, script: Path, on: str) -> bool:
+        if not os.access(script, os.X_OK):
+            self.add(
+                "warn",
+                "hooks",
+                f"{label}: hooks registered, but {self.home(script)} is missing or not "
+                "executable: automatic recall is off (the agent skips it silently)",
+                "run `relay install` to restore it, if that was not on purpose",
+            )
+            return False
+        if not self._script_parses(script):
+            return False
+        hook = self._reading_of(script).hook
+        if hook is None or not os.access(hook, os.X_OK):
+            self.add(
+                "fail",
+                "hooks",
+                f"{label}: {self.home(script)} runs {hook or 'nothing recognisable'}, which "
+                "does not exist or is not executable: the agent shows an error on every prompt",
+                "run `relay install` from the Relay you use now",
+            )
+            return False
+        if on:  # the events whose entries the agent runs
             self.add(
                 "ok",
                 "hooks",
-                f"{label}: {events} in {self.home(path)} -> {self.home(script)} -> {hook}",
+                f"{label}: {on} in {self.home(path)} -> {self.home(script)} -> {hook}",
             )
-        return ok
+        return True
 
-    def _codex_config(self, area: str) -> dict[str, Any] | None:
-        """~/.codex/config.toml parsed ({} when absent); None when Codex cannot read it
+    def _recorded_or_usual(self, role: str, usual: Path) -> list[Path]:
+        """The files of `role` install recorded writing (CLAUDE_CONFIG_DIR or CODEX_HOME
+        set then, maybe not now), then where this environment says they are."""
+        recorded = [
+            Path(p) for p, rec in self.manifest.get("files", {}).items() if rec.get("role") == role
+        ]
+        return list(dict.fromkeys([*recorded, usual]))
+
+    def _codex_config(self, area: str, path: Path) -> dict[str, Any] | None:
+        """A Codex config.toml parsed ({} when absent); None when Codex cannot read it
         either, after one failure saying where it breaks (install refuses to edit it too)."""
-        data, why = self._codex_toml
+        data, why = self._codex_toml(path)
         if why is not None:
             self._fail_once(
                 area,
-                f"Codex: {self.home(self.paths.codex_config)} is {why}: Codex cannot load its "
+                f"Codex: {self.home(path)} is {why}: Codex cannot load its "
                 "config, and `relay install` will not edit it",
                 "fix the file, then `relay install`",
             )
         return data
 
-    @functools.cached_property
-    def _codex_toml(self) -> tuple[dict[str, Any] | None, str | None]:
+    def _codex_toml(self, path: Path) -> tuple[dict[str, Any] | None, str | None]:
         """The file read and parsed once for the checks that need it: (data, why not)."""
-        import tomllib
-
-        try:
-            return tomllib.loads(self.paths.codex_config.read_text(encoding="utf-8")), None
-        except FileNotFoundError:
-            return {}, None
-        except UnicodeDecodeError:
-            return None, "not UTF-8 text"
-        except tomllib.TOMLDecodeError as exc:
-            return None, f"not valid TOML ({exc})"
-        except OSError as exc:
-            return None, f"unreadable ({exc.strerror})"
+        if path not in self._tomls:
+            self._tomls[path] = _read_toml(path)
+        return self._tomls[path]
 
     def _fail_once(self, area: str, message: str, fix: str) -> None:
         if not any(f.message == message for f in self.findings):  # two checks read one file
             self.add("fail", area, message, fix)
 
-    def _check_codex_flag(self) -> None:
-        data = self._codex_config("hooks")
+    def _check_codex_flag(self, hooks: Path) -> None:
+        """The hooks flag in the config.toml beside `hooks` (a Codex home), else in the one
+        install wrote (a project's hooks.json)."""
+        configs = self._recorded_or_usual("codex-config", self.paths.codex_config)
+        beside = hooks.parent / "config.toml"
+        path = beside if beside in configs else configs[0]
+        data = self._codex_config("hooks", path)
         if data is None:
             return
         if agents.codex_hooks_enabled(data) is False:
             self.add(
                 "fail",
                 "hooks",
-                "Codex: hooks are turned off in "
-                f"{self.home(self.paths.codex_config)} ([features] hooks = false)",
+                f"Codex: hooks are turned off in {self.home(path)} ([features] hooks = false)",
                 "set `hooks = true` under [features]",
             )
         else:
@@ -429,29 +666,43 @@ class Doctor:
 
     # -- MCP ---------------------------------------------------------------------
     def check_mcp(self) -> None:
-        claude = self.paths.claude_json
-        try:
-            doc = json.loads(claude.read_text(encoding="utf-8")) if claude.exists() else {}
-        except (OSError, ValueError) as exc:
-            what = "unreadable" if isinstance(exc, OSError) else "not valid JSON"
-            self.add(
-                "fail",
-                "mcp",
-                f"Claude Code: {self.home(claude)} is {what} ({exc}): Claude Code cannot load "
-                "its MCP servers, and `relay install` will not edit it",
-                "fix the file, then `relay install`",
-            )
-        else:
+        for claude in self._recorded_or_usual("claude-mcp", self.paths.claude_json):
+            try:
+                doc = json.loads(claude.read_text(encoding="utf-8")) if claude.exists() else {}
+            except (OSError, ValueError) as exc:
+                what = "unreadable" if isinstance(exc, OSError) else "not valid JSON"
+                self.add(
+                    "fail",
+                    "mcp",
+                    f"Claude Code: {self.home(claude)} is {what} ({exc}): Claude Code cannot "
+                    "load its MCP servers, and `relay install` will not edit it",
+                    "fix the file, then `relay install`",
+                )
+                continue
             servers = doc.get("mcpServers") if isinstance(doc, dict) else None
             entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
-            self._mcp_finding("Claude Code", claude, entry)
-        data = self._codex_config("mcp")
-        if data is not None:
-            servers = data.get("mcp_servers")
-            entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
-            self._mcp_finding("Codex", self.paths.codex_config, entry)
+            self._mcp_finding("Claude Code", claude, entry, agents.is_relay_server(entry))
+        for config in self._recorded_or_usual("codex-config", self.paths.codex_config):
+            data = self._codex_config("mcp", config)
+            if data is not None:
+                servers = data.get("mcp_servers")
+                entry = servers.get(agents.SERVER_NAME) if isinstance(servers, dict) else None
+                self._mcp_finding("Codex", config, entry, self._in_codex_block(config))
 
-    def _mcp_finding(self, label: str, path: Path, entry: Any) -> None:
+    def _in_codex_block(self, config: Path) -> bool:
+        """Whether config.toml's [mcp_servers.relay] is in the block install wrote (which
+        it rewrites), not one the user wrote (which it leaves alone)."""
+        try:
+            text = config.read_text(encoding="utf-8")
+            rest = agents.parse_toml(agents.strip_codex_config(text), "config.toml")
+        except (OSError, UnicodeDecodeError, RelayError):
+            return False
+        servers = rest.get("mcp_servers")
+        return not (isinstance(servers, dict) and agents.SERVER_NAME in servers)
+
+    def _mcp_finding(self, label: str, path: Path, entry: Any, rewrites: bool) -> None:
+        """What the agent starts for the `relay` MCP server, as registered; `rewrites`: a
+        re-run of `relay install` replaces the entry (else the fix is by hand)."""
         if not isinstance(entry, dict):
             # Missing after an install that registered it; `--no-mcp` is a choice, not a fault.
             m = self.manifest
@@ -463,13 +714,40 @@ class Doctor:
                     "run `relay install` for explicit recall (team_memory_search)",
                 )
             return
-        command = str(entry.get("command", ""))
-        if not os.access(command, os.X_OK):
+        command, args = entry.get("command"), entry.get("args", [])
+        if command is None and isinstance(entry.get("url"), str):
+            self.add(
+                "ok",
+                "mcp",
+                f"{label}: MCP server `relay` -> {entry['url']} (over HTTP; not called here)",
+            )
+            return
+        plain = isinstance(args, list) and all(isinstance(a, str) for a in args)
+        shown = shlex.join([str(command), *args]) if plain else f"{command} {json.dumps(args)}"
+        where = f"{label}: the `relay` MCP server in {self.home(path)} runs `{shown}`"
+        if rewrites:
+            fix = "run `relay install` again: it rewrites this entry"
+        elif label == "Codex":
+            fix = (
+                f"`relay install` leaves a [mcp_servers.{agents.SERVER_NAME}] it did not write "
+                f'alone: make it run `relay mcp` (args = ["mcp"]) in {self.home(path)}, or '
+                "remove it and run `relay install`"
+            )
+        else:
+            fix = (
+                "`relay install` leaves a `relay` server it did not register alone: make it "
+                "run `relay mcp`, or remove it (`claude mcp remove relay -s user`) and run "
+                "`relay install`"
+            )
+        if not isinstance(command, str) or not os.access(command, os.X_OK):
+            self.add("warn", "mcp", f"{where}, but {command} is not an executable file", fix)
+        elif not agents.runs_relay_mcp(entry):
             self.add(
                 "warn",
                 "mcp",
-                f"{label}: the `relay` MCP server runs {command}, which is not executable",
-                "run `relay install` again",
+                f"{where}, not `relay mcp`: {label} gets no Relay MCP server from it (no "
+                "team_memory_search)",
+                fix,
             )
         else:
             from relay.mcp_server import sdk_problem
@@ -478,7 +756,7 @@ class Doctor:
             if problem:
                 self.add("warn", "mcp", f"{label}: `relay mcp` cannot start: {problem}", problem)
             else:
-                self.add("ok", "mcp", f"{label}: MCP server `relay` -> {command} mcp")
+                self.add("ok", "mcp", f"{label}: MCP server `relay` -> {shown}")
 
     # -- the hook's log ------------------------------------------------------------
     def check_log(self) -> None:
@@ -486,6 +764,14 @@ class Doctor:
 
         cfg = self.cfg or hook_config.load(self.environ)
         summary = hook_stats.summarise(cfg.state_dir, 86400, cfg=cfg)
+        if summary["invocations"] == 0 and not self._relay_entries():
+            self.add(
+                "warn",
+                "log",
+                "no prompts logged in the last 24 hours, and none will be: no agent has "
+                "Relay's hook registered (see hooks above)",
+            )
+            return
         if summary["invocations"] == 0:
             self.add(
                 "ok",
@@ -520,11 +806,21 @@ class Doctor:
         self._check_budget(summary)
         breaker = summary["breaker"]
         if breaker["state"] != "closed":
+            failures = f"after {breaker.get('failures', 0)} failures"
+            if breaker["state"] == "open":
+                what = (
+                    f"open ({failures}, since {breaker.get('opened_at')}): prompts skip their "
+                    f"search for {cfg.breaker_cooldown_s:g} s from then, then one probes the server"
+                )
+            else:
+                what = (
+                    f"half-open ({failures}): its cool-down is over, and the next prompt's "
+                    "search probes the server; an answer closes it, a failure opens it again"
+                )
             self.add(
                 "warn",
                 "log",
-                f"the hook's circuit breaker for {breaker['url']} is {breaker['state']} (after "
-                f"{breaker.get('failures', 0)} failures): searches are skipped for a cool-down",
+                f"the hook's circuit breaker for {breaker['url']} is {what}",
                 "it closes by itself once the server answers; fix the server if it does not",
             )
         p95 = summary["hook_ms"]["p95"]
@@ -560,38 +856,52 @@ class Doctor:
         )
 
 
+def _read_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    import tomllib
+
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8")), None
+    except FileNotFoundError:
+        return {}, None
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except tomllib.TOMLDecodeError as exc:
+        return None, f"not valid TOML ({exc})"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror})"
+
+
+def _timeout_problem(agent: str, timeout: object, deadline_ms: int) -> str | None:
+    """What is wrong with a Relay entry's `timeout`, in seconds for both agents (Claude Code
+    takes any number, Codex a whole one and at least 1): it must outlast the hook, which
+    gives up at its deadline and then needs a moment to exit."""
+    if timeout is None:
+        return None  # the agent's default: minutes
+    label = AGENT_LABELS[agent]
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return f"its timeout {json.dumps(timeout)} is not a number of seconds"
+    if agent == "codex":
+        if not isinstance(timeout, int) or timeout < 0:
+            return (
+                f"its timeout {json.dumps(timeout)} is not whole seconds: Codex cannot read "
+                "the file, and runs none of its hooks"
+            )
+        timeout = max(timeout, 1)
+    if timeout * 1000 < deadline_ms + HOOK_EXIT_MS:
+        return (
+            f"its timeout is {timeout:g} s (seconds), shorter than the hook may take (its "
+            f"{deadline_ms} ms deadline and {HOOK_EXIT_MS} ms to exit): {label} kills it "
+            "mid-search and shows an error"
+        )
+    return None
+
+
 def _searches(n: int) -> str:
     return "search was" if n == 1 else f"{n} searches were"
 
 
 def _agent_of(path: Path) -> str:
     return "codex" if ".codex" in path.parts or path.name == "hooks.json" else "claude-code"
-
-
-_SCRIPT_IN_COMMAND = re.compile(r"\[ -x (.+?) \] && exec ")
-_EXEC_IN_SCRIPT = re.compile(r"^exec (.+?) \"\$@\"\s*$", re.MULTILINE)
-
-
-def script_of(command: str, home: Path) -> Path | None:
-    """The script a registered Relay command runs (`$HOME` expanded)."""
-    found = _SCRIPT_IN_COMMAND.search(command)
-    if not found:
-        return None
-    try:
-        (word,) = shlex.split(found.group(1))
-    except ValueError:
-        return None
-    if word.startswith("$HOME/"):
-        word = str(home) + word[len("$HOME") :]
-    return Path(word)
-
-
-def hook_binary_of(script: Path) -> str | None:
-    try:
-        found = _EXEC_IN_SCRIPT.search(script.read_text())
-        return shlex.split(found.group(1))[0] if found else None
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def render(findings: list[Finding]) -> str:

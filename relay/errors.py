@@ -92,7 +92,7 @@ class NotFoundError(RelayError):
 
 
 class ConflictError(RelayError):
-    """The write lost a race: `expected_revision` is not the current revision."""
+    """The write lost a race (a stale `expected_revision`) or names an id already taken."""
 
     status = 409
     code = "conflict"

@@ -38,6 +38,9 @@ UNSENT = "timeout:no_budget_left"  # the hook's reason for a timeout that made n
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+_LONGEST = 100 * 365 * 86400  # beyond it a start date is before any log (or year 1)
+
+
 def parse_since(text: str) -> float:
     """'90s', '30m', '24h', '7d', '2w' -> seconds."""
     text = text.strip().lower()
@@ -49,7 +52,10 @@ def parse_since(text: str) -> float:
         raise ValueError(f"period {text!r} is not a number followed by s, m, h, d or w") from None
     if not value > 0 or math.isinf(value):
         raise ValueError(f"period {text!r} must be positive")
-    return value * _UNITS[text[-1]]
+    seconds = value * _UNITS[text[-1]]
+    if seconds > _LONGEST:
+        raise ValueError(f"period {text!r} is longer than 100 years: 'all' means everything")
+    return seconds
 
 
 def _ts(entry: dict) -> float | None:

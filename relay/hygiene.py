@@ -23,6 +23,10 @@ from datetime import UTC, datetime
 
 from relay.errors import InvalidRequestError, SecretDetectedError, TooLargeError
 
+# Every memory id: made by relay.writes, given to a create (API `id`) or derived by relay
+# import; what a client may put in a URL's one path segment.
+MEMORY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
 MAX_BODY_CHARS = 16_000
 MAX_TITLE_CHARS = 200
 MAX_KEY_NAME_CHARS = 200
@@ -71,13 +75,21 @@ def unpaired_surrogate(text: str) -> str | None:
 
 
 def check_filter(name: str, value: str | None) -> str | None:
-    """A list filter's value (`source`, `tag`, ...): no stored value has control characters,
-    and PostgreSQL refuses a NUL in a query where SQLite matched nothing, so one is refused
-    (422, like any malformed parameter) the same on both stores."""
-    if value is not None and _CONTROL_OR_TAB.search(value):
+    """A list filter's value (`source`, `source_prefix`, `tag`): no stored value has control
+    characters, and PostgreSQL refuses a NUL in a query where SQLite matched nothing, so one
+    is refused (422, like any malformed parameter) the same on both stores; one longer than
+    any stored value can be is 413, as every text over its limit is."""
+    if value is None:
+        return value
+    if _CONTROL_OR_TAB.search(value):
         error = InvalidRequestError(f"{name} must not contain control characters", field=name)
         error.status = 422
         raise error
+    limit = MAX_TAG_CHARS if name == "tag" else MAX_SOURCE_CHARS
+    if len(value) > limit:
+        raise TooLargeError(
+            f"{name} is {len(value)} characters; the limit is {limit}", field=name, limit=limit
+        )
     return value
 
 
@@ -254,8 +266,8 @@ def check_audiences(
             # Nobody could read it: an audience is a role that some live key carries.
             raise InvalidRequestError(
                 f"unknown audience{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} (no "
-                f"live key has that role; create one first, e.g. relay key create --role "
-                f"{unknown[0]})",
+                "live key has that role; an admin creates one first, e.g. relay key create"
+                f" --org ORG --name NAME --scope memory:read --role {unknown[0]})",
                 field="audiences",
                 unknown=unknown,
             )

@@ -7,9 +7,11 @@ wherever it moved, else the same section edited). After the new drafts are writt
 owned memories no draft kept are forgotten (the normal delete, with a tombstone), so a
 section removed from the file stops reaching agents' prompts.
 
-A tombstoned id cannot be reused, so a section that comes back after being retired is
-written under the next free generation of its id (`imp_....2`), and later imports find
-it there among the file's live memories.
+An id is never reused, so a section whose id is taken is written under the next free
+generation of its id (`imp_....2`), and later imports find it there among the file's live
+memories. The id is taken by its tombstone once the section was retired, or by a memory
+this key may not read: the file imported before for an audience the key lacks, live or
+retired there (the server does not say which, nor does this).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relay.client import memory_path
-from relay.errors import ConflictError, ForbiddenError, InvalidRequestError, NotFoundError
+from relay.errors import ConflictError, InvalidRequestError
 from relay.importer import draft_label
 
 if TYPE_CHECKING:
@@ -246,38 +248,22 @@ def _upsert(
     next generation."""
     while True:
         try:
-            return _send(client, batch, audiences), batch
+            return client.post("/v1/memories/batch", {"items": _items(batch, audiences)}), batch
         except ConflictError as exc:
-            # A new section's id was retired before: its tombstone keeps the id (maybe one
-            # this key may not even read). Rare, so only now is that section moved to the
-            # id's next generation, and the batch sent again.
-            retired = exc.details.get("memory_id")
-            if not any(d.id == retired for d in batch):
+            # A new section's id is taken: retired before (its tombstone keeps the id), or
+            # held by a memory this key may not read. Rare, so only now is that section
+            # moved to the id's next generation, and the batch sent again.
+            taken = exc.details.get("memory_id")
+            if not any(d.id == taken for d in batch):
                 raise
             batch = [
-                dataclasses.replace(d, id=_next_generation(d.id)) if d.id == retired else d
+                dataclasses.replace(d, id=_next_generation(d.id)) if d.id == taken else d
                 for d in batch
             ]
 
 
-def _send(client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str]) -> dict:
-    try:
-        return client.post("/v1/memories/batch", {"items": _items(batch, audiences)})
-    except NotFoundError as exc:
-        # An id this import owns, held by a memory this key may not read: the file was
-        # imported before for an audience this key lacks (the server answers as if the
-        # memory did not exist). Name the section, not the bare id.
-        draft = next((d for d in batch if d.id == exc.details.get("memory_id")), None)
-        if draft is None:
-            raise
-        raise ForbiddenError(
-            f"{draft.source}: already imported for an audience this key cannot read; "
-            "import it with a key that has that role (or use --audience as before)"
-        ) from None
-
-
 def _next_generation(memory_id: str) -> str:
-    """`imp_x` -> `imp_x.2`, `imp_x.2` -> `imp_x.3`: where a retired section comes back."""
+    """`imp_x` -> `imp_x.2`, `imp_x.2` -> `imp_x.3`: where a section whose id is taken goes."""
     return f"{_base_id(memory_id)}.{_generation(memory_id) + 1}"
 
 

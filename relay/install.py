@@ -22,6 +22,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from typing import Any
 import click
 
 from relay import agents
-from relay.errors import InvalidRequestError, RelayError
+from relay.errors import InvalidRequestError, NotFoundError, RelayError
 from relay.hook import config as hook_config
 
 MANIFEST_VERSION = 1
@@ -58,13 +59,11 @@ SCRIPT_KNOBS = (
         f" ({hook_config.DEADLINE_MIN_MS}..{hook_config.DEADLINE_MAX_MS}, else ignored).",
     ),
 )
-# Knobs written into config.json at their defaults (re-running install restores them).
+_SCRIPT_VARS = frozenset(var for var, _, _ in SCRIPT_KNOBS)
+# Knobs written into config.json at their defaults (re-running install restores them); the
+# script's own are not: it hands them to the hook in the environment, which beats the file.
 CONFIG_KNOBS = (
     "memory_off",
-    "deadline_ms",
-    "min_prompt_len",
-    "throttle_prompts",
-    "overlap_threshold",
     "max_records",
     "max_tokens",
     "profile",
@@ -177,25 +176,49 @@ def executables() -> tuple[str, str]:
 
 
 # -- file contents ---------------------------------------------------------------------
+# The script's first command, before anything that can fail: whatever goes wrong below it
+# (a typo, a relay-hook that moved), nothing reaches stderr and the exit status is 0, as an
+# agent shows a hook's stderr and Claude Code blocks, and erases, a prompt whose hook exits
+# 2. A syntax error or a failed `exec` runs the EXIT trap in dash; bash (macOS's sh)
+# skips it on a failed `exec` unless `execfail` lets the script go on to its end.
+SCRIPT_GUARD = "exec 2>/dev/null; trap 'exit 0' EXIT; [ -z \"$BASH_VERSION\" ] || shopt -s execfail"
+KNOBS_END = "KNOBS"
+# How the script reads a knob line, which Python mirrors in `knob_line`: `IFS='= <tab>' read`
+# splits `NAME=value`, `NAME = value` and `NAME value` alike, trimmed; one quote is taken
+# off each end, as `DEADLINE_MS="400"` would lose them in shell.
+_KNOB_LINE = re.compile(r"[ \t]*([^=\s]*)(?:(?:[ \t]*=[ \t]*|[ \t]+)(.*?))?[ \t]*")
+
+
 def hook_script(relay_hook: str) -> str:
+    """The installed hook script: knobs read as data, not run as shell, then `exec` of the
+    hook; a typo in it can neither stop a prompt nor print anything (docs/integrations.md)."""
     import shlex
 
+    names = " | ".join(var for var, _, _ in SCRIPT_KNOBS)
     lines = [
         "#!/bin/sh",
+        "# Whatever goes wrong below, the prompt goes on: no output on stderr, exit status 0.",
+        SCRIPT_GUARD,
+        "",
         "# Relay automatic recall: Claude Code and Codex run this on every prompt (and with",
         "# `session-start` when a session starts). Written by `relay install`, yours to edit:",
         "# edits apply from the next prompt, no restart; `relay install` restores the defaults.",
         "# Delete this file to turn automatic recall off; the agents then skip it silently.",
-        "",
+        "#",
+        f"# The knobs, down to the {KNOBS_END} line, are NAME=value lines read as data, not run",
+        "# as shell: a value the hook cannot use counts as no line at all (`relay doctor` names",
+        "# it). Each reaches the hook as RELAY_<NAME> and beats ~/.relay/config.json; the same",
+        "# variable in the agent's environment beats it (`RELAY_MIN_PROMPT_LEN=0 claude`).",
+        "while IFS='= \t' read -r knob value; do",
+        "  value=${value#[\\\"\\']}; value=${value%[\\\"\\']}",
+        f"  case $knob in {names})",
+        '    eval "export RELAY_$knob=\\"\\${RELAY_$knob:-\\$value}\\"" ;;',
+        "  esac",
+        f"done <<'{KNOBS_END}'",
     ]
     for var, name, help_text in SCRIPT_KNOBS:
         lines += [f"# {help_text}", f"{var}={_knob_value(hook_config.DEFAULTS[name])}"]
-    # The environment still wins (docs/hook.md: environment, then config, then defaults),
-    # so `RELAY_THROTTLE_PROMPTS=0 claude` works for one session.
-    exports = " \\\n  ".join(
-        f'RELAY_{var}="${{RELAY_{var}:-${var}}}"' for var, _, _ in SCRIPT_KNOBS
-    )
-    lines += ["", f"export {exports}", f'exec {shlex.quote(relay_hook)} "$@"', ""]
+    lines += [KNOBS_END, f'exec {shlex.quote(relay_hook)} "$@"', ""]
     return "\n".join(lines)
 
 
@@ -203,52 +226,79 @@ def _knob_value(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def knob_line(line: str) -> tuple[str, str] | None:
+    """(VAR, value) when `line` sets one of the script's knobs, as the script reads it."""
+    found = _KNOB_LINE.fullmatch(line)
+    if not found or found.group(1) not in _SCRIPT_VARS:
+        return None
+    value = found.group(2) or ""
+    value = value[1:] if value[:1] in ('"', "'") else value
+    value = value[:-1] if value[-1:] in ('"', "'") else value
+    return found.group(1), value
+
+
 def script_environ(script: Path, environ: dict[str, str]) -> dict[str, str]:
     """`environ` as the installed script hands it to the hook: each knob's `RELAY_<VAR>`
-    set from the script's `<VAR>=value` line unless `environ` already sets it."""
-    import re
-
+    from the first line that sets it, unless `environ` already sets it. (A script written
+    before the knobs were read as data set them as shell assignments: read alike.)"""
     try:
         text = script.read_text(encoding="utf-8")
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return dict(environ)
     out = dict(environ)
-    for var, _, _ in SCRIPT_KNOBS:
-        found = re.search(rf"^{var}=(\S*)\s*$", text, flags=re.MULTILINE)
-        if found and not out.get(f"RELAY_{var}"):
-            out[f"RELAY_{var}"] = found.group(1).strip("'\"")
+    for line in text.splitlines():
+        knob = knob_line(line)
+        if knob and not out.get(f"RELAY_{knob[0]}"):
+            out[f"RELAY_{knob[0]}"] = knob[1]
     return out
 
 
 def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
     """Write `settings`' values of the script's knobs into an installed hook script, whose
-    values beat the config file's (`relay eval replay --apply`). False without a script."""
-    import re
-
+    values beat the config file's (`relay eval replay --apply`): each into the first line
+    that sets it, as the script reads the first. False without a script."""
     try:
         text = script.read_text(encoding="utf-8")
     except FileNotFoundError:
         return False
-    for var, name, _ in SCRIPT_KNOBS:
-        if name in settings:
-            line = f"{var}={_knob_value(settings[name])}"
-            text = re.sub(rf"^{var}=.*$", line, text, count=1, flags=re.MULTILINE)
-    write_atomic(script, text.encode(), 0o700)
+    lines = text.splitlines(keepends=True)
+    todo = {var: settings[name] for var, name, _ in SCRIPT_KNOBS if name in settings}
+    for i, line in enumerate(lines):
+        knob = knob_line(line.rstrip("\r\n"))
+        if knob and knob[0] in todo:
+            ending = line[len(line.rstrip("\r\n")) :]
+            lines[i] = f"{knob[0]}={_knob_value(todo.pop(knob[0]))}{ending}"
+    write_atomic(script, "".join(lines).encode(), 0o700)
     return True
 
 
-def relay_config(current: dict[str, Any], url: str, key_file: Path) -> dict[str, Any]:
+def relay_config(
+    current: dict[str, Any], url: str, key_file: Path
+) -> tuple[dict[str, Any], list[str]]:
+    """(config.json's new content, notes). The script's knobs are not written here: a copy
+    that an earlier install left at its default goes, any other value stays, noted as dead."""
     out = {k: v for k, v in current.items() if k != "api_key"}  # an inline key beats the file
     out["url"] = url
     out["api_key_file"] = str(key_file)
     for name in CONFIG_KNOBS:
         out[name] = hook_config.DEFAULTS[name]
+    notes = []
+    for var, name, _ in SCRIPT_KNOBS:
+        if name not in out:
+            continue
+        if out[name] == hook_config.DEFAULTS[name]:
+            del out[name]
+        else:
+            notes.append(
+                f"{name} {json.dumps(out[name])} here has no effect: the hook script's {var},"
+                f" which beats it, is {_knob_value(hook_config.DEFAULTS[name])}; set it there"
+            )
     out["_comment"] = (
-        f"Written by relay install. The agents' hooks run ~/.relay/{agents.SCRIPT_NAME}, whose "
-        "knobs (throttle, overlap, minimum prompt length, deadline) override these. "
-        "Keys: docs/hook.md."
+        f"Written by relay install. The agents' hooks run ~/.relay/{agents.SCRIPT_NAME}, which "
+        "sets the knobs throttle_prompts, overlap_threshold, min_prompt_len and deadline_ms "
+        "(edit them there: they beat this file). Keys: docs/hook.md."
     )
-    return out
+    return out, notes
 
 
 def _indent_of(text: str) -> int | str:
@@ -327,9 +377,17 @@ def plan_install(
     ]
     config_before = read_bytes(paths.config)
     config_doc = agents.parse_json(_text(config_before, paths.config), str(paths.config))
-    config_after = dump_json_like(relay_config(config_doc, url, paths.key), None)
+    config_doc, config_notes = relay_config(config_doc, url, paths.key)
     changes.append(
-        Change(paths.config, "relay-config", config_before, config_after, "Relay config", 0o600)
+        Change(
+            paths.config,
+            "relay-config",
+            config_before,
+            dump_json_like(config_doc, None),
+            "Relay config",
+            0o600,
+            config_notes,
+        )
     )
     changes.append(
         Change(
@@ -368,6 +426,8 @@ def plan_install(
                     0o600,
                 )
             )
+        elif removal := _claude_mcp_removal(paths):
+            changes.append(removal)
     if "codex" in agent_names:
         changes.append(
             _json_change(
@@ -381,10 +441,36 @@ def plan_install(
         )
         after = before if new_text == text else new_text.encode()
         what = "[features] hooks" + (" and [mcp_servers.relay]" if mcp else "")
+        if not mcp and _codex_server(text, paths) and not _codex_server(new_text, paths):
+            what += ", without [mcp_servers.relay]"
         changes.append(
             Change(paths.codex_config, "codex-config", before, after, what, 0o600, notes)
         )
     return changes
+
+
+def _claude_mcp_removal(paths: Paths) -> Change | None:
+    """--no-mcp after an install that registered the MCP server in ~/.claude.json: its entry
+    goes, and an entry the file had before that install comes back; one Relay did not
+    write (not `relay mcp`) stays. Config.toml's is in Relay's marked block, gone alike.
+    None when no install touched the file, or it is gone."""
+    record = load_manifest(paths).get("files", {}).get(str(paths.claude_json))
+    if record is None or not paths.claude_json.exists():
+        return None
+    original = read_bytes(Path(record["original"])) if record.get("original") else None
+    before_install = agents.parse_json(_text(original, paths.claude_json), str(paths.claude_json))
+    return _json_change(
+        paths.claude_json,
+        "claude-mcp",
+        "without the MCP server `relay`",
+        lambda doc: (agents.strip_mcp_server(doc, before_install), []),
+        0o600,
+    )
+
+
+def _codex_server(text: str, paths: Paths) -> bool:
+    servers = agents.parse_toml(text, str(paths.codex_config)).get("mcp_servers")
+    return isinstance(servers, dict) and agents.SERVER_NAME in servers
 
 
 def _with_note(result: tuple[dict[str, Any], str]) -> tuple[dict[str, Any], list[str]]:
@@ -531,7 +617,11 @@ def _reverse(
         stripped_doc = agents.strip_hooks(doc, str(path))
     if created and not agents.normalise_hooks(stripped_doc):
         return None
-    if original is not None and _same_json(stripped_doc, orig_doc):
+    # The original may hold Relay's hook registered by hand (relay-hook itself), which
+    # install replaced with its own: what is left once Relay's entries go is then the
+    # original without them, and the original comes back whole, that entry included.
+    unchanged = orig_doc if role == "claude-mcp" else agents.strip_hooks(orig_doc, str(path))
+    if original is not None and _same_json(stripped_doc, unchanged):
         return original
     if stripped_doc == doc:
         return current
@@ -686,14 +776,49 @@ def verify(url: str, key: str) -> dict[str, Any]:
         raise InvalidRequestError(f"server URL must start with http:// or https:// (got {url!r})")
     if not key or not all("!" <= ch <= "~" for ch in key):
         raise InvalidRequestError("the API key is empty or contains spaces or non-ASCII characters")
-    who = RelayClient(url, key, timeout=10).get("/v1/whoami")
+    try:
+        who = RelayClient(url, key, timeout=10).get("/v1/whoami")
+    except NotFoundError:
+        raise _not_relay_root(url, "404 Not Found") from None
+    except ValueError:  # a 2xx whose body is not JSON: some other web server
+        raise _not_relay_root(url, "an answer that is not JSON") from None
+    if not isinstance(who, dict) or not isinstance(who.get("key"), dict):
+        raise _not_relay_root(url, "an answer that is not Relay's")
     scopes = set(who.get("key", {}).get("scopes") or [])
     if not scopes & {"memory:read", "admin"}:
         raise InvalidRequestError(
-            "this key lacks memory:read, so every recall would be refused; create one with "
-            "'relay key create --scope memory:read'"
+            "this key lacks memory:read, so every recall would be refused; an admin creates one"
+            " with 'relay key create --org ORG --name NAME --scope memory:read'"
         )
     return who
+
+
+def _not_relay_root(url: str, answer: str) -> InvalidRequestError:
+    base = url.rstrip("/")
+    root = base.removesuffix("/v1")
+    give = (
+        f"give its root, {root}, without /v1"
+        if root != base
+        else "give the root URL `relay serve` prints (the one /healthz and /v1/... are under)"
+    )
+    return InvalidRequestError(
+        f"{url} is not a Relay server root: GET {base}/v1/whoami got {answer}; {give}"
+    )
+
+
+def read_key_file(path: str) -> str:
+    """The API key from the first line of `path` that holds anything."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InvalidRequestError(f"cannot read the key file {path}: {why}") from None
+    lines = text.strip().splitlines()
+    if not lines:
+        raise InvalidRequestError(
+            f"the key file {path} is empty: the API key goes on its first line"
+        )
+    return lines[0].strip()
 
 
 def describe_key(who: dict[str, Any]) -> str:
@@ -705,12 +830,16 @@ def describe_key(who: dict[str, Any]) -> str:
     )
 
 
-def trust_instructions(paths: Paths, agent_names: tuple[str, ...]) -> list[str]:
+def trust_instructions(paths: Paths, agent_names: tuple[str, ...], mcp: bool) -> list[str]:
     out = []
     if "claude-code" in agent_names:
         out += [
-            "Claude Code: new sessions run the hooks (review them with /hooks); restart running "
-            "sessions to load the `relay` MCP server (check with /mcp)."
+            "Claude Code: new sessions run the hooks (review them with /hooks); "
+            + (
+                "restart running sessions to load the `relay` MCP server (check with /mcp)."
+                if mcp
+                else "no `relay` MCP server is registered."
+            )
         ]
     if "codex" in agent_names:
         where = tilde(paths.codex_hooks, paths.home)
@@ -732,7 +861,7 @@ def trust_instructions(paths: Paths, agent_names: tuple[str, ...]) -> list[str]:
 @click.option(
     "--key-file",
     type=click.Path(dir_okay=False, exists=True),
-    help="Read the API key from this file's first line instead.",
+    help="Read the API key from this file's first line (instead of --key; beats RELAY_API_KEY).",
 )
 @click.option(
     "--project",
@@ -746,7 +875,11 @@ def trust_instructions(paths: Paths, agent_names: tuple[str, ...]) -> list[str]:
     type=click.Choice(AGENTS),
     help="Only this agent (repeatable; default: both).",
 )
-@click.option("--no-mcp", is_flag=True, help="Do not register the MCP server.")
+@click.option(
+    "--no-mcp",
+    is_flag=True,
+    help="Do not register the MCP server; take out the one an earlier install registered.",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
 def install(
     url: str | None,
@@ -759,7 +892,10 @@ def install(
 ) -> None:
     """Connect this machine to a Relay server and wire recall into Claude Code and Codex."""
     if key_file:
-        key = (Path(key_file).read_text().strip().splitlines() or [""])[0].strip()
+        source = click.get_current_context().get_parameter_source("key")
+        if key and source is click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError("give --key or --key-file, not both")
+        key = read_key_file(key_file)  # beats RELAY_API_KEY, as a flag beats the environment
     url = (url or click.prompt("Relay server URL", default="http://127.0.0.1:8765")).strip()
     key = (key or click.prompt("API key", hide_input=True)).strip()
     agent_names = agent_names or AGENTS
@@ -784,7 +920,7 @@ def install(
     for line in apply(changes, paths, url, register_mcp):
         click.echo(line)
     click.echo("")
-    for line in trust_instructions(paths, agent_names):
+    for line in trust_instructions(paths, agent_names, register_mcp):
         click.echo(line)
     click.echo(
         f"Knobs: {tilde(paths.script, paths.home)} (takes effect on the next prompt). "

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from relay.search import SearchResponse
 
 _LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.2, 0.4, 1.0, 2.5)
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class Metrics:
@@ -57,6 +58,9 @@ class Metrics:
         )
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        # Any caller, keyless too, names the method: an unknown one is "other", or each
+        # invented name would be a time series of its own.
+        method = method if method in _METHODS else "other"
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 

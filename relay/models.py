@@ -97,6 +97,8 @@ class Memory:
     supersedes: tuple[str, ...]
     pinned: bool
     superseded_by: str | None = None
+    # Links to memories the reader may not read are not shown, only counted (rules.as_read).
+    supersedes_withheld: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -112,6 +114,7 @@ class Memory:
             "updated_at": iso(self.updated_at),
             "valid_until": iso(self.valid_until),
             "supersedes": list(self.supersedes),
+            "supersedes_withheld": self.supersedes_withheld,
             "superseded_by": self.superseded_by,
             "pinned": self.pinned,
         }
@@ -151,6 +154,7 @@ class Revision:
     valid_until: datetime | None = None
     supersedes: tuple[str, ...] = ()
     withheld: bool = False
+    supersedes_withheld: int = 0  # as a memory's: links the reader may not read, counted
 
     def to_dict(self) -> dict[str, object]:
         shown: dict[str, object] = {
@@ -167,9 +171,10 @@ class Revision:
             "tags": list(self.tags),
             "valid_until": iso(self.valid_until),
             "supersedes": list(self.supersedes),
+            "supersedes_withheld": self.supersedes_withheld,
         }
         if self.withheld:  # null, not []: unknown to this reader, not empty
-            shown.update(dict.fromkeys(WITHHELD_FIELDS))
+            shown.update(dict.fromkeys((*WITHHELD_FIELDS, "supersedes_withheld")))
         return shown
 
 

@@ -15,9 +15,10 @@ What a write would refuse, and what a restore must still get right:
   it supersedes (`write_order`). A cycle, which edits can make, is written in two steps.
   A link to a memory neither in the file nor readable by the key on the server (deleted
   since, or outside the exporting key's audiences) is dropped and counted, unless the
-  server already holds it on that memory: then it is kept (a write carries over the
-  links a memory already has), so restoring into the server the file came from changes
-  nothing, and a superseded memory never comes back into its readers' recall.
+  server shows it on that memory: then it is kept, so restoring into the server the file
+  came from changes nothing. The server shows a key only the links it may follow, and
+  keeps the others whatever a write sends, so a superseded memory never comes back into
+  its readers' recall (and such a link, though counted, is not lost).
 - Every line is read and checked before anything is written: a malformed line stops the
   restore with its file and line. The server may still refuse a batch (an audience the
   organisation has no key for); the batches before it stay written.
@@ -316,11 +317,6 @@ def _located(exc: RelayError, batch: list[ExportedMemory], name: str) -> RelayEr
         memory, message = batch[item], exc.message.removeprefix(f"items.{item}: ")
     else:
         memory = next((m for m in batch if m.id == exc.details.get("memory_id")), None)
-    if memory is not None and isinstance(exc, NotFoundError):
-        message = (
-            f"{memory.id} exists for an audience this key cannot read; restore it with a"
-            " key that has that role"
-        )
     if memory is None:
         return exc
     return type(exc)(f"{name}:{memory.line}: {message}", **exc.details)

@@ -74,8 +74,12 @@ def error_response(exc: Exception) -> JSONResponse:
     else:
         status = 500
         body = {"error": {"code": "internal", "message": "internal server error", "status": 500}}
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    headers = dict(exc.headers or {}) if isinstance(exc, StarletteHTTPException) else {}
+    if status == 503:
+        headers["Retry-After"] = "1"
+    if status == 401:  # RFC 9110: a 401 names the scheme it wants
+        headers["WWW-Authenticate"] = 'Bearer realm="relay"'
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 @dataclass
@@ -407,22 +411,31 @@ def _batch_item(exc: RelayError, i: int) -> RelayError:
     return exc
 
 
+_UNPARSED_BODY = "There was an error parsing the body"  # FastAPI's words for its 400
+_UNREADABLE = {
+    UnicodeDecodeError: "it is not UTF-8",
+    RecursionError: "it is nested too deeply",
+}
+
+
 def create_app(services: Services) -> FastAPI:
     store, searcher, metrics = services.store, services.searcher, services.metrics
     app = FastAPI(
         title="Relay",
         version=__version__,
+        # `/v1/memories/` is not `/v1/memories`: a 404 in the error shape, never a redirect
+        # with an empty body (whose Location would name http behind a TLS proxy).
+        redirect_slashes=False,
         description=(
             "Team memory for coding agents. Errors: {'error': {'code', 'message', 'status'}}."
         ),
     )
     app.state.services = services
 
-    for exc_type in (RelayError, StarletteHTTPException, Exception):
+    for exc_type in (RelayError, Exception):
         app.add_exception_handler(exc_type, lambda _r, e: error_response(e))  # type: ignore[arg-type]
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _refused_body(request: Request, message: str) -> JSONResponse:
         # FastAPI parses and validates a body before any dependency runs, so a bad body
         # would tell an unauthenticated caller 422 before its key was looked at.
         if request.url.path.startswith("/v1/"):
@@ -430,9 +443,23 @@ def create_app(services: Services) -> FastAPI:
                 await run_in_threadpool(_authorize_within, request, HEALTH_WAIT_S)
             except RelayError as denied:
                 return error_response(denied)
-        err = InvalidRequestError(validation_message(exc.errors()[0] if exc.errors() else {}))
+        err = InvalidRequestError(message)
         err.status = 422
         return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await _refused_body(
+            request, validation_message(exc.errors()[0] if exc.errors() else {})
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _UNPARSED_BODY:
+            # A body FastAPI could not even decode: said like every other unreadable body.
+            why = _UNREADABLE.get(type(exc.__cause__), "it cannot be parsed")
+            return await _refused_body(request, f"the body is not valid JSON ({why})")
+        return error_response(exc)
 
     @app.middleware("http")
     async def _measure(
@@ -454,6 +481,9 @@ def create_app(services: Services) -> FastAPI:
         with connect_by(time.monotonic() + HEALTH_WAIT_S):
             store.generation("")  # a cheap query: proves the database answers
         return {"status": "ok", "version": __version__}
+
+    # Load balancers probe with HEAD too; one operation in the description is enough.
+    app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
     def metrics_endpoint() -> Response:
@@ -554,7 +584,7 @@ def create_app(services: Services) -> FastAPI:
         cursor: str | None = None,
         source: str | None = None,
         tag: str | None = None,
-        source_prefix: Annotated[str | None, Query(max_length=500)] = None,
+        source_prefix: str | None = None,
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
         for name, value in (("source", source), ("tag", tag), ("source_prefix", source_prefix)):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,14 +18,13 @@ from typing import Any
 from relay import auth, hygiene, late
 from relay.embedding import Embedder
 from relay.errors import InvalidRequestError, NotFoundError, RelayError
+from relay.hygiene import MEMORY_ID
 from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal, iso
 from relay.passages import split_passages
 from relay.store import SaveMode, Store
 from relay.text import lexical_terms
 
 EMBED_BATCH = 64
-# Every memory id: made here, given to a create (API `id`) or derived by relay import.
-MEMORY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 
 def new_memory_id() -> str:

@@ -56,7 +56,8 @@ MEMORIES = [
     ),
 ]
 
-# session -> [(prompt, class, gold ids)]
+# session -> [(prompt, class, gold ids)]: ten prompts that need a memory and ten that need
+# nothing, the fewest the advice takes (relay.eval.advice.MIN_LABELLED)
 SESSIONS = {
     "s1": [
         (
@@ -103,6 +104,29 @@ SESSIONS = {
         ),
         ("sounds good, keep going", "follow_up", []),
         ("add the charge endpoint for card payments", "needs_memory", ["team:idempotency"]),
+        (
+            "send the order confirmation email once checkout completes",
+            "needs_memory",
+            ["team:temporal"],
+        ),
+        ("what does the walrus operator do in Python?", "nothing_relevant", []),
+        (
+            "who has to approve the pull request for this payments change?",
+            "needs_memory",
+            ["team:reviews"],
+        ),
+        ("yes, open it", "follow_up", []),
+        (
+            "where should the orders endpoint read the tenant id of the caller from?",
+            "needs_memory",
+            ["team:tenant"],
+        ),
+        ("thanks, carry on", "follow_up", []),
+        (
+            "implement deleting a customer account from the admin panel",
+            "topic_shift",
+            ["team:softdelete"],
+        ),
     ],
 }
 

@@ -113,3 +113,82 @@ def test_paths_with_quotes_and_unicode_stay_valid_toml():
     odd = '/home/zoë/"venv"\\bin/relay'
     new, _ = agents.add_codex_config("", odd, "c")
     assert tomllib.loads(new)["mcp_servers"]["relay"]["command"] == odd
+
+
+HOOK = "/opt/relay/.venv/bin/relay-hook"
+BY_HAND = {  # as docs/hook.md shows: relay-hook itself, no knob script
+    "hooks": {
+        "UserPromptSubmit": [{"hooks": [{"type": "command", "command": HOOK}]}],
+        "SessionStart": [{"hooks": [{"type": "command", "command": f"{HOOK} session-start"}]}],
+    }
+}
+
+
+def test_a_hook_registered_by_hand_is_relays_and_install_replaces_it():
+    """QA: a `relay-hook` registered by hand was not Relay's to install, which added a
+    second pair (the hook ran twice per prompt), nor to doctor, which saw no hooks."""
+    assert agents.relay_hook_commands(BY_HAND) == {
+        "UserPromptSubmit": [HOOK],
+        "SessionStart": [f"{HOOK} session-start"],
+    }
+    assert agents.relay_hook_commands(agents.add_hooks(BY_HAND, SCRIPT)) == {
+        "UserPromptSubmit": [agents.hook_command(SCRIPT, "UserPromptSubmit")],
+        "SessionStart": [agents.hook_command(SCRIPT, "SessionStart")],
+    }
+    assert agents.strip_hooks(BY_HAND) == {}
+
+
+@pytest.mark.parametrize(
+    ("command", "started"),
+    [
+        (agents.hook_command(SCRIPT, "SessionStart"), (SCRIPT, ["session-start"])),
+        (
+            agents.hook_command('"$HOME/.relay/relay-autosearch-hook.sh"', "UserPromptSubmit"),
+            ("$HOME/.relay/relay-autosearch-hook.sh", []),
+        ),
+        (HOOK, (HOOK, [])),
+        (f"RELAY_DEADLINE_MS=800 exec {HOOK} session-start 2>/dev/null", (HOOK, ["session-start"])),
+        (f"cd /tmp && {HOOK}; true", (HOOK, [])),
+        ("relay-hook", ("relay-hook", [])),
+    ],
+)
+def test_what_a_relay_command_starts(command, started):
+    assert agents.is_relay_handler({"type": "command", "command": command})
+    assert agents.started_in_command(command) == started
+
+
+@pytest.mark.parametrize(
+    "command", ["echo relay-hooks", "/usr/bin/my-relay-hook", "relay hook", "python3 -m other"]
+)
+def test_commands_that_are_not_relays(command):
+    assert not agents.is_relay_handler({"type": "command", "command": command})
+
+
+@pytest.mark.parametrize(
+    ("matcher", "matched"),
+    [
+        (None, {"startup", "resume", "clear", "compact"}),
+        ("", {"startup", "resume", "clear", "compact"}),
+        ("*", {"startup", "resume", "clear", "compact"}),
+        ("compact", {"compact"}),
+        ("startup|clear", {"startup", "clear"}),
+        ("^(startup|resume)$", {"startup", "resume"}),
+        ("c.*", {"clear", "compact"}),
+        ("[", set()),  # not a regular expression: matches nothing
+        (3, set()),
+    ],
+)
+def test_session_start_matchers(matcher, matched):
+    sources = agents.SESSION_SOURCES["claude-code"]
+    assert {s for s in sources if agents.matcher_matches(matcher, s)} == matched
+
+
+def test_a_relay_mcp_entry_with_edited_args_is_still_relays():
+    """Its `args` edited away from ["mcp"], Relay's entry is still Relay's: install rewrites
+    it instead of leaving it broken, uninstall removes it."""
+    broken = {"mcpServers": {"relay": {"type": "stdio", "command": RELAY, "args": ["mcpp"]}}}
+    repaired, note = agents.add_mcp_server(broken, RELAY, "~/.claude.json")
+    assert note == "" and repaired["mcpServers"]["relay"]["args"] == ["mcp"]
+    assert agents.runs_relay_mcp(repaired["mcpServers"]["relay"])
+    assert not agents.runs_relay_mcp(broken["mcpServers"]["relay"])
+    assert agents.strip_mcp_server(broken, {}) == {}

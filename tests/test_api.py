@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from postgres_support import raw_count
+from postgres_support import raw_count, raw_rows
 
 from relay.store.sqlite import SQLiteStore
 
@@ -266,6 +266,7 @@ def test_history_withholds_a_revision_from_keys_outside_its_audiences(api):
             ),
             "valid_until": None,
             "supersedes": None,
+            "supersedes_withheld": None,
         }
         assert "envelope" not in json.dumps(items) and "ops/vault" not in json.dumps(items)
         assert items[2]["body"] == "Deploys go through the release train on Tuesdays."
@@ -309,7 +310,7 @@ def test_relay_history_shows_a_withheld_revision_as_withheld(api, monkeypatch):
     )
     shown = CliRunner().invoke(cli.cli, ["history", memory_id])
     assert shown.exit_code == 0, shown.output
-    lines = shown.output.splitlines()
+    lines = [line for line in shown.output.splitlines() if not line.startswith("    (source")]
     assert lines[2].startswith("rev 2  edit ") and lines[2].rstrip().endswith("Z")
     assert lines[3] == "    (withheld: written for audiences this key cannot read)"
     assert "envelope" not in shown.output and "Break-glass" not in shown.output
@@ -552,12 +553,15 @@ def test_an_edit_cannot_drop_a_link_to_a_memory_the_writer_cannot_read(api):
     other = remember(api, "acme_dev", "The payments vault has a staging twin.")
     assert hidden["id"] not in ids(search(api, "acme_sre", q))
     path, dev = f"/v1/memories/{newer['id']}", api.headers("acme_dev")
+    admin = api.headers("acme_admin")
     r = api.client.patch(path, json={"supersedes": []}, headers=dev)
     assert r.status_code == 200, r.text
-    assert (r.json()["supersedes"], r.json()["revision"]) == ([hidden["id"]], 1)  # no change
+    assert r.json()["revision"] == 1  # no change
+    assert (r.json()["supersedes"], r.json()["supersedes_withheld"]) == ([], 1)  # as dev sees it
     r = api.client.patch(path, json={"supersedes": [other["id"]]}, headers=dev)
     assert r.status_code == 200, r.text
-    assert r.json()["supersedes"] == [other["id"], hidden["id"]]
+    assert (r.json()["supersedes"], r.json()["supersedes_withheld"]) == ([other["id"]], 1)
+    assert api.client.get(path, headers=admin).json()["supersedes"] == [other["id"], hidden["id"]]
     batch = {
         "items": [
             {"id": newer["id"], "body": newer["body"]},
@@ -566,7 +570,7 @@ def test_an_edit_cannot_drop_a_link_to_a_memory_the_writer_cannot_read(api):
     }
     r = api.client.post("/v1/memories/batch", json=batch, headers=dev)
     assert r.status_code == 200, r.text
-    got = api.client.get(path, headers=dev).json()
+    got = api.client.get(path, headers=admin).json()
     assert got["supersedes"] == [hidden["id"]]  # the readable link was the writer's to drop
     assert hidden["id"] not in ids(search(api, "acme_sre", q))
     sre_view = api.client.get(f"/v1/memories/{hidden['id']}", headers=api.headers("acme_sre"))
@@ -577,7 +581,7 @@ def test_an_edit_cannot_drop_a_link_to_a_memory_the_writer_cannot_read(api):
     assert api.client.delete(f"/v1/memories/{hidden['id']}", headers=sre).status_code == 204
     r = api.client.patch(path, json={"supersedes": [], "title": "Vault keys"}, headers=dev)
     assert r.status_code == 200, r.text
-    assert r.json()["supersedes"] == [hidden["id"]]
+    assert api.client.get(path, headers=admin).json()["supersedes"] == [hidden["id"]]
     # A key that may read it (its tombstone's audiences) may drop it.
     r = api.client.patch(path, json={"supersedes": []}, headers=sre)
     assert r.status_code == 200 and r.json()["supersedes"] == [], r.text
@@ -621,11 +625,183 @@ def test_dropping_a_hidden_link_brings_it_back_only_for_a_reader(api):
     newer = remember(api, "acme_admin", "Vault keys rotate monthly now.", supersedes=[hidden["id"]])
     path = f"/v1/memories/{newer['id']}"
     r = api.client.patch(path, json={"supersedes": []}, headers=api.headers("acme_dev"))
-    assert r.json()["supersedes"] == [hidden["id"]]
+    assert r.json()["supersedes_withheld"] == 1
     assert hidden["id"] not in ids(search(api, "acme_sre", q))
     r = api.client.patch(path, json={"supersedes": []}, headers=api.headers("acme_sre"))
     assert r.json()["supersedes"] == []
     assert hidden["id"] in ids(search(api, "acme_sre", q))
+
+
+def test_links_to_memories_a_key_cannot_read_are_withheld(api):
+    """QA: a key without the role read the id of an sre-only memory in the `supersedes` of
+    a memory for all (by id, in lists, revisions and exports, and in the answer to its own
+    edit). Such a link is left out and counted in `supersedes_withheld`, alike whether the
+    hidden memory lives or was deleted; a key that reads it sees it, and an edit that sends
+    back the links as shown keeps them as they were."""
+    sre, dev = api.headers("acme_sre"), api.headers("acme_dev")
+    hidden = "sec-pentest-findings-q3"
+    remember(
+        api,
+        "acme_sre",
+        "Pentest Q3: the image proxy fetches any URL.",
+        id=hidden,
+        audiences=["sre"],
+    )
+    remember(api, "acme_dev", "The image proxy is open to the internet.", id="img-old")
+    remember(
+        api,
+        "acme_sre",
+        "The image proxy allows listed hosts only.",
+        id="img-note",
+        supersedes=[hidden, "img-old"],
+    )
+
+    def views(who: str) -> dict[str, str]:
+        h = api.headers(who)
+        return {
+            "get": api.client.get("/v1/memories/img-note", headers=h).text,
+            "list": api.client.get("/v1/memories", headers=h).text,
+            "revisions": api.client.get("/v1/memories/img-note/revisions", headers=h).text,
+        }
+
+    for who in ("acme_reader", "acme_dev"):
+        seen = views(who)
+        assert all(hidden not in text for text in seen.values()), seen
+        got = json.loads(seen["get"])
+        assert (got["supersedes"], got["supersedes_withheld"]) == (["img-old"], 1)
+        (rev,) = json.loads(seen["revisions"])["items"]
+        assert (rev["supersedes"], rev["supersedes_withheld"]) == (["img-old"], 1)
+    got = api.client.get("/v1/memories/img-note", headers=sre).json()
+    assert (got["supersedes"], got["supersedes_withheld"]) == ([hidden, "img-old"], 0)
+
+    # An edit answers as a read does, and sending the links back as shown changes nothing.
+    r = api.client.patch("/v1/memories/img-note", json={"supersedes": ["img-old"]}, headers=dev)
+    assert r.status_code == 200 and hidden not in r.text, r.text
+    assert (r.json()["revision"], r.json()["supersedes_withheld"]) == (1, 1)
+    r = api.client.patch("/v1/memories/img-note", json={"title": "Image proxy"}, headers=dev)
+    assert r.status_code == 200 and hidden not in r.text, r.text
+    admin = api.client.get("/v1/memories/img-note", headers=api.headers("acme_admin")).json()
+    assert (admin["revision"], admin["supersedes"]) == (2, [hidden, "img-old"])
+
+    # The console reads through the same store.
+    api.client.post("/console/api/session", json={"key": api.keys["acme_reader"]})
+    for path in ("/memories/img-note", "/memories", "/memories/img-note/revisions"):
+        r = api.client.get("/console/api" + path)
+        assert r.status_code == 200 and hidden not in r.text, r.text
+    diff = api.client.get("/console/api/memories/img-note/diff", params={"from": 1, "to": 2})
+    assert diff.status_code == 200 and hidden not in diff.text, diff.text
+    (links,) = [f for f in diff.json()["fields"] if f["field"] == "supersedes"]
+    assert [line["text"] for line in links["lines"]] == ["img-old", "(and 1 this key cannot read)"]
+    api.client.cookies.clear()
+
+    before = views("acme_reader")
+    assert api.client.delete(f"/v1/memories/{hidden}", headers=sre).status_code == 204
+    assert views("acme_reader") == before  # nothing says it was deleted
+
+
+def test_a_superseded_memory_reaches_no_one_its_replacement_does_not(api):
+    """QA: an sre memory superseded by another sre memory was opened to all; its new readers
+    found neither it (superseded) nor its replacement (sre only) in recall, which is what
+    a narrower replacement is refused for. Audiences a superseded memory gains are judged
+    against its replacement's, in an edit and in a batch."""
+    sre = api.headers("acme_sre")
+    remember(api, "acme_sre", "VPN: the old concentrator at vpn1.", id="vpn-old", audiences=["sre"])
+    remember(
+        api,
+        "acme_sre",
+        "VPN: after the breach, use vpn2 with hardware keys.",
+        id="vpn-new",
+        audiences=["sre"],
+        supersedes=["vpn-old"],
+    )
+    for audiences, left_out in ((["all"], "all"), (["sre", "dev"], "dev")):
+        for who in ("acme_sre", "acme_admin"):
+            r = api.client.patch(
+                "/v1/memories/vpn-old", json={"audiences": audiences}, headers=api.headers(who)
+            )
+            said = assert_error(r, 400, "invalid_request")["message"]
+            assert said.startswith(
+                f"'vpn-new' supersedes this memory and does not reach {left_out}:"
+            )
+    items = [
+        {"id": "vpn-faq", "body": "VPN questions go to #netops."},
+        {"id": "vpn-old", "body": "VPN: the old concentrator at vpn1.", "audiences": ["all"]},
+    ]
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=sre)
+    error = assert_error(r, 400, "invalid_request")
+    assert (
+        error["message"].startswith("items.1: 'vpn-new' supersedes")
+        and error["details"]["item"] == 1
+    )
+    r = api.client.patch("/v1/memories/vpn-old", json={"title": "Old VPN"}, headers=sre)
+    assert r.status_code == 200, r.text  # widening nothing is no harm
+
+    # Once the replacement reaches everyone, so may what it replaced.
+    r = api.client.patch("/v1/memories/vpn-new", json={"audiences": ["all"]}, headers=sre)
+    assert r.status_code == 200, r.text
+    r = api.client.patch("/v1/memories/vpn-old", json={"audiences": ["all"]}, headers=sre)
+    assert r.status_code == 200, r.text
+    got = api.client.get("/v1/memories/vpn-old", headers=api.headers("acme_reader")).json()
+    assert got["superseded_by"] == "vpn-new"
+    assert ids(search(api, "acme_reader", "which VPN concentrator do we use?"))[:1] == ["vpn-new"]
+
+
+def _set_audiences(store, memory_id: str, audiences: list[str]) -> None:
+    """Give a memory `audiences` beneath the store's rules: data written before them."""
+    value = json.dumps(audiences) if isinstance(store, SQLiteStore) else audiences
+    raw_rows(
+        store, "UPDATE memories SET audiences = ? WHERE id = ? RETURNING id", (value, memory_id)
+    )
+    raw_rows(store, "DELETE FROM memory_audiences WHERE memory_id = ? RETURNING 1", (memory_id,))
+    for audience in audiences:
+        raw_rows(
+            store,
+            "INSERT INTO memory_audiences (org_id, memory_id, audience)"
+            " SELECT org_id, id, ? FROM memories WHERE id = ? RETURNING 1",
+            (audience, memory_id),
+        )
+
+
+def test_a_replacement_a_key_cannot_read_is_withheld(api):
+    """QA: a memory opened to all after an sre memory superseded it (which the rule above now
+    refuses; such pairs remain from before) showed every reader `superseded_by` naming the
+    sre memory, and null once that was deleted. It is null for a key that cannot read the
+    replacement, whether it lives or not; and such a key may not widen the memory."""
+    remember(api, "acme_sre", "VPN: the old concentrator at vpn1.", id="vpn-old", audiences=["sre"])
+    remember(
+        api,
+        "acme_sre",
+        "VPN: after the breach, use vpn2 with hardware keys.",
+        id="vpn-replacement-after-breach",
+        audiences=["sre"],
+        supersedes=["vpn-old"],
+    )
+    _set_audiences(api.services.store, "vpn-old", ["sre", "dev"])
+    reader = api.headers("acme_dev")
+
+    def seen() -> tuple[str, str]:
+        one = api.client.get("/v1/memories/vpn-old", headers=reader)
+        listed = api.client.get("/v1/memories", headers=reader)
+        return one.text, listed.text
+
+    before = seen()
+    assert all("vpn-replacement" not in text for text in before), before
+    assert json.loads(before[0])["superseded_by"] is None
+    sre_view = api.client.get("/v1/memories/vpn-old", headers=api.headers("acme_sre")).json()
+    assert sre_view["superseded_by"] == "vpn-replacement-after-breach"
+    r = api.client.patch(
+        "/v1/memories/vpn-old", json={"audiences": ["sre", "dev", "all"]}, headers=reader
+    )
+    said = assert_error(r, 400, "invalid_request")["message"]
+    assert said == "this memory is superseded by one this key cannot read: keep its audiences"
+    r = api.client.patch("/v1/memories/vpn-old", json={"title": "Old VPN"}, headers=reader)
+    assert r.status_code == 200, r.text
+    before = seen()
+    r = api.client.delete(
+        "/v1/memories/vpn-replacement-after-breach", headers=api.headers("acme_sre")
+    )
+    assert r.status_code == 204
+    assert seen() == before  # nothing says it was deleted
 
 
 def test_a_bad_item_rejects_the_whole_batch(api):
@@ -661,10 +837,55 @@ def test_a_batch_refused_by_the_store_names_the_item(api):
     hidden = remember(api, "acme_sre", "For sre.", id="bp-sre", audiences=["sre"])
     items = [{"id": "bp5", "body": "five"}, {"id": hidden["id"], "body": "mine now"}]
     r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
-    error = assert_error(r, 404, "not_found")
-    assert error["message"] == "items.1: no memory 'bp-sre'" and error["details"]["item"] == 1
+    error = assert_error(r, 409, "conflict")
+    assert error["message"].startswith("items.1: id 'bp-sre' is taken")
+    assert error["details"] == {"item": 1, "memory_id": "bp-sre"}
     listed = api.client.get("/v1/memories", headers=api.headers("acme_admin")).json()["items"]
     assert {m["id"] for m in listed} == {"bp-sre"}  # nothing of the refused batches landed
+
+
+def test_a_hidden_id_answers_alike_whether_it_lives_or_was_deleted(api):
+    """QA: a key without the role got 404 for the revisions of a deleted sre memory, as for
+    an unused id, but a batch naming it was 409 'was deleted' where a live sre memory's id
+    was 404: every write told whether the hidden memory still existed. A hidden id is now
+    taken alike (409 for a create or a batch, 404 for an edit or a delete, as for an id
+    never used); only a key that reads it is told that it was deleted."""
+    sre, dev = api.headers("acme_sre"), api.headers("acme_dev")
+    remember(api, "acme_sre", "The 2027 layoff plan, for sre.", id="hid-live", audiences=["sre"])
+    remember(api, "acme_sre", "The 2026 layoff plan, for sre.", id="hid-gone", audiences=["sre"])
+    assert api.client.delete("/v1/memories/hid-gone", headers=sre).status_code == 204
+
+    def answers(memory_id: str, writes: bool = True) -> list[tuple[int, str]]:
+        body, path = {"id": memory_id, "body": "probe"}, f"/v1/memories/{memory_id}"
+        replies = [
+            api.client.patch(path, json={"body": "probe"}, headers=dev),
+            api.client.patch(path, json={"body": "probe", "expected_revision": 1}, headers=dev),
+            api.client.delete(path, headers=dev),
+            api.client.get(f"{path}/revisions", headers=dev),
+        ]
+        if writes:
+            replies += [
+                api.client.post("/v1/memories", json=body, headers=dev),
+                api.client.post("/v1/memories/batch", json={"items": [body]}, headers=dev),
+            ]
+        return [(r.status_code, r.text.replace(memory_id, "ID")) for r in replies]
+
+    live, gone = answers("hid-live"), answers("hid-gone")
+    assert live == gone
+    assert [status for status, _ in live] == [404, 404, 404, 404, 409, 409]
+    assert "taken" in live[-1][1] and "deleted" in live[-1][1]  # says it may be either
+    # An edit, a delete and a read cannot tell it from an id never used ...
+    assert answers("hid-never", writes=False) == live[:4]
+    # ... which a write takes.
+    r = api.client.post(
+        "/v1/memories/batch", json={"items": [{"id": "hid-never", "body": "x"}]}, headers=dev
+    )
+    assert r.status_code == 200, r.text
+    # A key that reads the deleted memory is told that it was deleted.
+    r = api.client.post(
+        "/v1/memories/batch", json={"items": [{"id": "hid-gone", "body": "x"}]}, headers=sre
+    )
+    assert "was deleted" in assert_error(r, 409, "conflict")["message"]
 
 
 def test_a_chunked_bulk_write_names_the_item_by_its_place_in_the_whole(api):
@@ -1257,3 +1478,55 @@ def test_the_served_threshold_is_the_operator_s_choice(tmp_path):
         assert r.status_code == 200 and r.json()["results"], r.text
     finally:
         server.stop()
+
+
+def test_http_edges_answer_in_the_error_shape_with_their_headers(api):
+    """QA: 405 dropped its Allow header and 401 had no WWW-Authenticate; a body that is not
+    UTF-8, or nested too deeply, got FastAPI's own 400 wording while truncated JSON got 422;
+    HEAD /healthz was 405; `/v1/memories/` was a 307 with an empty body."""
+    h = {**api.headers("acme_dev"), "content-type": "application/json"}
+    r = api.client.delete("/healthz")
+    assert assert_error(r, 405, "method_not_allowed") and "GET" in r.headers["allow"]
+    r = api.client.get("/v1/whoami")
+    assert assert_error(r, 401, "unauthorized") and r.headers["www-authenticate"].startswith(
+        "Bearer"
+    )
+    for raw, why in (
+        (b'{"body": "caf\xe9"}', "it is not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "it is nested too deeply"),
+        (b'{"body": "x"', "Expecting"),
+    ):
+        said = assert_error(
+            api.client.post("/v1/memories", content=raw, headers=h), 422, "invalid_request"
+        )
+        assert said["message"].startswith("the body is not valid JSON") and why in said["message"]
+        keyless = api.client.post(
+            "/v1/memories", content=raw, headers={"content-type": "application/json"}
+        )
+        assert_error(keyless, 401, "unauthorized")  # the key is judged before the body
+    assert api.client.head("/healthz").status_code == 200
+    r = api.client.get("/v1/memories/", headers=h, follow_redirects=False)
+    assert_error(r, 404, "not_found")
+
+
+def test_list_filters_over_any_stored_length_are_413_like_every_long_text(api):
+    """QA: a `source_prefix` over 500 characters was 422 while `source` and `tag` had no
+    limit at all (a 70 KB tag was taken); docs/http-api.md: a text over its limit is 413."""
+    h = api.headers("acme_dev")
+    for name, limit in (("source", 300), ("source_prefix", 300), ("tag", 100)):
+        assert (
+            api.client.get("/v1/memories", params={name: "x" * limit}, headers=h).status_code == 200
+        )
+        r = api.client.get("/v1/memories", params={name: "x" * (limit + 1)}, headers=h)
+        assert assert_error(r, 413, "too_large")["message"] == (
+            f"{name} is {limit + 1} characters; the limit is {limit}"
+        )
+
+
+def test_metrics_label_only_known_methods(api):
+    """QA: any method name a keyless caller sent became a time series of its own."""
+    for method in ("FOO", "BAR123"):
+        api.client.request(method, "/healthz")
+    text = api.client.get("/metrics").text
+    assert 'method="FOO"' not in text and 'method="BAR123"' not in text
+    assert 'method="other"' in text

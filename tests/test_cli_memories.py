@@ -4,12 +4,15 @@ reports in one line."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from click.testing import CliRunner, Result
 
 from relay import client as relay_client
 from relay.cli import cli
-from relay.errors import RelayError
+from relay.errors import InvalidRequestError, RelayError
 
 
 @pytest.fixture
@@ -159,3 +162,98 @@ def test_key_list_warns_of_roles_made_before_they_were_checked(api):
         for line in done.stderr.splitlines()
         if "warning" in line and "0a0b0c0d0e0f" not in line
     ]
+
+
+def test_an_id_is_sent_whole_never_read_as_part_of_the_url(relay, api):
+    """QA: `relay forget "$ID?oops"` deleted $ID and printed "forgot $ID?oops"; `relay history
+    "x#y"` read x; `relay edit "bad id!"` was a traceback (http.client.InvalidURL)."""
+    memory_id = relay("acme_dev", "remember", "Throwaway note.").output.split()[1]
+    for args in (
+        ("forget", f"{memory_id}?oops"),
+        ("forget", f"{memory_id}#oops"),
+        ("history", f"{memory_id}#y"),
+        ("edit", "bad id!", "--body", "x"),
+        ("forget", f"../{memory_id}"),
+    ):
+        said = refused(relay("acme_dev", *args))
+        assert said.startswith("no memory "), (args, said)
+    headers = api.headers("acme_dev")
+    assert api.client.get(f"/v1/memories/{memory_id}", headers=headers).status_code == 200
+
+
+def test_a_server_url_that_is_no_url_is_one_line():
+    """QA: `relay search staging --url "not a url"` was a ValueError traceback."""
+    done = CliRunner().invoke(
+        cli,
+        ["search", "staging", "--url", "not a url", "--key", "relay_k_s"],
+        standalone_mode=False,
+    )
+    assert isinstance(done.exception, RelayError), done.exception
+    assert done.exception.message == (
+        "'not a url' is not a Relay server URL: give http://host:port (or https://...)"
+    )
+
+
+def test_a_key_expiry_beyond_any_date_is_refused_as_a_usage_error(api):
+    """QA: `relay key create --expires-in-days 99999999` was an OverflowError traceback."""
+    base = ["key", "create", "--org", "acme", "--name", "ci", "--db", database(api)]
+    done = CliRunner().invoke(cli, [*base, "--expires-in-days", "99999999"])
+    assert done.exit_code == 2 and "36500" in done.output, done.output
+
+
+def test_key_list_names_its_columns_and_each_keys_expiry_and_revoke_says_when_it_was_done(api):
+    """QA: `relay key list` had no header and no expiry column; revoking a revoked key again
+    printed "revoked" as if it had just been done."""
+    base = ["--org", "acme", "--db", database(api)]
+    made = CliRunner().invoke(
+        cli, ["key", "create", *base, "--name", "contractor", "--expires-in-days", "30"]
+    )
+    key_id = made.output.split("relay_")[1].split("_")[0]
+    listed = CliRunner().invoke(cli, ["key", "list", *base]).stdout.splitlines()
+    assert listed[0] == "id\tstate\tname\tscopes\troles\texpires"
+    row = next(line.split("\t") for line in listed if line.startswith(key_id))
+    assert row[1:3] == ["active", "contractor"] and row[5].startswith(
+        str((datetime.now(UTC) + timedelta(days=30)).date())
+    )
+    first = CliRunner().invoke(cli, ["key", "revoke", *base, key_id])
+    assert first.output == f"revoked {key_id}\n"
+    again = CliRunner().invoke(cli, ["key", "revoke", *base, key_id])
+    assert again.exit_code == 0 and again.output.startswith(f"{key_id} was already revoked, at ")
+
+
+def test_history_says_what_else_each_revision_changed(relay, api):
+    """QA: `relay history` printed only the body, so a revision that changed a tag or the
+    source looked like the one before it."""
+    made = relay("acme_dev", "remember", "Deploys go out on Tuesdays.", "--source", "team/ops")
+    memory_id = made.output.split()[1]
+    relay("acme_dev", "edit", memory_id, "--tag", "deploy")
+    relay("acme_dev", "edit", memory_id, "--source", "team/release", "--no-tags")
+    shown = relay("acme_dev", "history", memory_id).output.splitlines()
+    assert shown[1:3] == [
+        "    Deploys go out on Tuesdays.",
+        "    (source: team/ops; audiences: all)",
+    ]
+    assert shown[4:6] == ["    Deploys go out on Tuesdays.", "    (tags: deploy)"]
+    assert shown[7:9] == [
+        "    Deploys go out on Tuesdays.",
+        "    (source: team/release; tags: none)",
+    ]
+    assert len(shown) == 9
+
+
+def test_a_body_on_stdin_that_is_not_utf8_is_said_so():
+    """QA: `printf 'caf\\xe9' | relay remember -` said the body "contains an unpaired
+    surrogate (\\udce9)"."""
+    args = ["remember", "-", "--url", "http://127.0.0.1:9", "--key", "relay_k_s"]
+    done = CliRunner().invoke(cli, args, input=b"caf\xe9", standalone_mode=False)
+    assert isinstance(done.exception, InvalidRequestError), done.exception
+    assert done.exception.message == "stdin is not UTF-8 text (byte 0xe9 at offset 3)"
+
+
+def test_a_body_on_stdin_is_read_as_utf8(relay, api):
+    args = ["remember", "-", "--url", "http://relay.test", "--key", api.keys["acme_dev"], "--json"]
+    done = CliRunner().invoke(
+        cli, args, input="Café menus are in é.\n".encode(), standalone_mode=False
+    )
+    assert done.exception is None, done.output
+    assert json.loads(done.output)["body"] == "Café menus are in é."

@@ -339,6 +339,25 @@ def test_supersede_another_memory(console: Console, live) -> None:
     console.shot("memories-filter-superseded")
 
 
+def test_a_link_to_a_memory_this_key_cannot_read_is_counted_not_named(
+    console: Console, live, api
+) -> None:
+    hidden = api.post(
+        "/v1/memories",
+        json={"body": "Pager escalation goes to the sre lead.", "audiences": ["sre"]},
+    ).json()["id"]
+    shown = api.post(
+        "/v1/memories",
+        json={"body": "Pager escalation goes to the on-call lead.", "supersedes": [hidden]},
+    ).json()["id"]
+    console.sign_in(live["keys"]["reader"])
+    console.go(f"#/memory/{shown}")
+    console.wait(ec.presence_of_element_located((By.ID, "memory-body")))
+    meta = console.d.find_element(By.CSS_SELECTOR, "dl.meta").text
+    assert "(and 1 memory this key cannot read)" in meta and hidden not in meta
+    assert hidden not in console.d.page_source
+
+
 def test_expire_a_memory(console: Console, live, api) -> None:
     console.sign_in(live["keys"]["admin"])
     memory_id = console.create_memory(

@@ -232,3 +232,19 @@ def test_an_expired_memory_is_edited_from_its_form_like_on_the_api(api) -> None:
     form["audiences"] = []  # the field emptied: refused, never widened to everyone
     r = api.client.patch(f"/console/api/memories/{m['id']}", json=form, headers=csrf)
     assert r.status_code == 400 and "at least one role" in r.json()["error"]["message"]
+
+
+def test_the_preview_accepts_the_token_budgets_the_hook_does(api) -> None:
+    """A budget the hook ignores (it could never carry a record) is refused by the preview
+    too, and the page's form starts where the hook's range does."""
+    from relay.hook import config as hook_config
+
+    csrf = sign_in(api, "acme_admin")
+    c = api.client
+    floor = c.get("/console/api/session").json()["hook"]["max_tokens_min"]
+    parse = next(p for name, _, p, _ in hook_config.SETTINGS if name == "max_tokens")
+    assert parse(floor) == floor
+    prompt = {"prompt": "how do we deploy staging?"}
+    for budget, status in ((floor - 1, 422), (floor, 200)):
+        r = c.post("/console/api/preview", json={**prompt, "max_tokens": budget}, headers=csrf)
+        assert r.status_code == status, r.text

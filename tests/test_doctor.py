@@ -10,6 +10,7 @@ import pytest
 from conftest import start_server
 from hook_support import free_port
 from integration_support import (
+    BIN,
     mint,
     registered_command,
     relay,
@@ -158,6 +159,13 @@ def test_no_install_at_all(tmp_path):
     assert done.returncode == 1
     assert "no Relay config at ~/.relay/config.json" in done.stdout
     assert "relay install" in done.stdout
+    # QA: it said `ok log no prompts...`, as if all were well but unused
+    (log,) = [f for f in findings(tmp_path) if f["area"] == "log"]
+    assert log["level"] == "warn", log
+    assert log["message"] == (
+        "no prompts logged in the last 24 hours, and none will be: no agent has Relay's hook "
+        "registered (see hooks above)"
+    )
 
 
 def test_a_codex_config_that_is_not_toml_fails(tmp_path, server):
@@ -260,3 +268,324 @@ def test_an_install_without_mcp_is_not_told_to_install_it(tmp_path, server):
     done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key, "--no-mcp")
     assert done.returncode == 0, done.stderr
     assert not [f for f in findings(tmp_path) if f["area"] == "mcp" and f["level"] != "ok"]
+
+
+def registered_by_hand(home, url: str, key: str) -> dict:
+    """Relay set up as docs/hook.md shows, without `relay install`: a config file, a key
+    file, and `relay-hook` itself registered in ~/.claude/settings.json."""
+    relay_dir = home / ".relay"
+    relay_dir.mkdir(mode=0o700)
+    (relay_dir / "key").write_text(key + "\n")
+    (relay_dir / "key").chmod(0o600)
+    config = {"url": url, "api_key_file": str(relay_dir / "key")}
+    (relay_dir / "config.json").write_text(json.dumps(config))
+    hook = str(BIN / "relay-hook")
+    settings = {
+        "hooks": {
+            "UserPromptSubmit": [{"hooks": [{"type": "command", "command": hook}]}],
+            "SessionStart": [{"hooks": [{"type": "command", "command": f"{hook} session-start"}]}],
+        }
+    }
+    (home / ".claude").mkdir()
+    (home / ".claude/settings.json").write_text(json.dumps(settings))
+    return settings
+
+
+def test_a_hook_registered_by_hand_is_checked_and_not_doubled(tmp_path, server):
+    """QA: `relay-hook` registered by hand as docs/hook.md shows was invisible to doctor
+    (FAIL: no Relay hooks, though the log counted its hits), and `relay install` added a
+    second pair, so the hook ran twice per prompt."""
+    registered_by_hand(tmp_path, server.url, server.admin_key)
+    settings = tmp_path / ".claude/settings.json"
+    run = run_registered(
+        str(BIN / "relay-hook"),
+        tmp_path,
+        {"session_id": "hand", "prompt_id": "p", "prompt": "how do we deploy billing to staging?"},
+    )
+    assert run.returncode == 0
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert (
+        "Claude Code: UserPromptSubmit and SessionStart in ~/.claude/settings.json -> "
+        f"{BIN / 'relay-hook'} (started directly, without the knob script" in done.stdout
+    )
+    assert "last 24 h: 1 runs" in done.stdout
+    by_hand = settings.read_bytes()
+    installed(tmp_path, server.url, server.admin_key)
+    commands = json.loads(settings.read_text())["hooks"]
+    assert [len(commands[event]) for event in ("UserPromptSubmit", "SessionStart")] == [1, 1]
+    registered_command(settings, "UserPromptSubmit")  # install's, through the knob script
+    # and uninstall gives the hand registration back, as every original comes back
+    assert relay(tmp_path, "uninstall").returncode == 0
+    assert settings.read_bytes() == by_hand
+
+
+def test_a_prompt_entry_with_the_session_start_argument_fails(tmp_path, server):
+    """The hook takes a run with `session-start` for a session start whatever the agent
+    says; without it, it tells one by the agent's hook_event_name (no finding)."""
+    settings = registered_by_hand(tmp_path, server.url, server.admin_key)
+    hook = str(BIN / "relay-hook")
+    settings["hooks"]["SessionStart"][0]["hooks"][0]["command"] = hook
+    entry = {"type": "command", "command": f"{hook} session-start"}
+    settings["hooks"]["UserPromptSubmit"].append({"hooks": [entry]})
+    (tmp_path / ".claude/settings.json").write_text(json.dumps(settings))
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert failures(tmp_path) == [
+        f"hooks: Claude Code: the UserPromptSubmit entry in ~/.claude/settings.json runs {hook} "
+        "with the `session-start` argument: the hook takes every prompt for a session start, "
+        "so no prompt searches"
+    ]
+    assert "registers Relay's UserPromptSubmit hook 2 times" in done.stdout
+
+
+def edit_relay_entry(path, event: str, group: dict | None = None, **handler) -> None:
+    """Change the one Relay entry for `event` in an agent's hooks file, as a user would."""
+    doc = json.loads(path.read_text())
+    (entry,) = doc["hooks"][event]
+    entry.update(group or {})
+    entry["hooks"][0].update(handler)
+    path.write_text(json.dumps(doc))
+
+
+def test_hook_entries_the_agents_would_not_run_fail(tmp_path, server):
+    """QA: doctor said ok for entries edited by hand so they no longer work: a timeout of
+    0.1 (seconds: Claude Code kills the hook before its 400 ms deadline), a SessionStart
+    matcher of "compact" (the profile then comes only after compaction), and a "prompt"
+    type (the command never runs)."""
+    installed(tmp_path, server.url, server.admin_key)
+    settings = tmp_path / ".claude/settings.json"
+    edit_relay_entry(settings, "UserPromptSubmit", timeout=0.1)
+    edit_relay_entry(settings, "SessionStart", {"matcher": "compact"}, type="prompt")
+    edit_relay_entry(tmp_path / ".codex/hooks.json", "UserPromptSubmit", timeout=2.5)
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "Recall is wired up" not in done.stdout
+    where = "Claude Code: the Relay {} entry in ~/.claude/settings.json"
+    failed = failures(tmp_path)
+    assert (
+        f"hooks: {where.format('UserPromptSubmit')}: its timeout is 0.1 s (seconds), shorter "
+        "than the hook may take (its 400 ms deadline and 100 ms to exit): Claude Code kills it "
+        "mid-search and shows an error"
+    ) in failed, failed
+    assert (
+        f'hooks: {where.format("SessionStart")} has "type": "prompt", not "command": '
+        "Claude Code never runs its command"
+    ) in failed
+    assert any(
+        f.startswith(
+            "hooks: Codex: the Relay UserPromptSubmit entry in ~/.codex/hooks.json: its "
+            "timeout 2.5 is not whole seconds: Codex cannot read the file"
+        )
+        for f in failed
+    ), failed
+    warned = [f["message"] for f in findings(tmp_path) if f["level"] == "warn"]
+    assert (
+        f'{where.format("SessionStart")} has the matcher "compact": it runs only for sessions '
+        "whose source is compact, not startup or resume or clear: those start without the "
+        "team profile"
+    ) in warned
+    assert "fix: remove the timeout or set it to 5 (seconds)" in done.stdout
+    assert "Claude Code: UserPromptSubmit" not in done.stdout  # no `ok` for entries never run
+    assert "Claude Code: SessionStart" not in done.stdout
+
+
+def test_hook_entry_fields_that_work_pass(tmp_path, server):
+    """A matcher that lets every source through, and a Codex timeout of 0 (Codex runs it
+    for at least 1 s), are no finding."""
+    installed(tmp_path, server.url, server.admin_key)
+    settings = tmp_path / ".claude/settings.json"
+    edit_relay_entry(settings, "SessionStart", {"matcher": "startup|resume|clear|compact"})
+    edit_relay_entry(settings, "UserPromptSubmit", {"matcher": "nothing"}, timeout=1)
+    edit_relay_entry(tmp_path / ".codex/hooks.json", "SessionStart", {"matcher": ".*"}, timeout=0)
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert not [f for f in findings(tmp_path) if f["area"] == "hooks" and f["level"] != "ok"]
+
+
+@pytest.mark.parametrize(
+    ("line", "broken"),
+    [("DEADLINE_MS=400", 'DEADLINE_MS="400'), ("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=15)")],
+)
+def test_a_knob_script_sh_cannot_parse_fails(tmp_path, server, line, broken):
+    """QA: with a quote or a parenthesis too many in the knob script, sh stopped with exit
+    status 2 on every prompt (Claude Code blocked each one) and doctor said "Recall is
+    wired up": it read the knobs with a regular expression, never as sh does."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace(line, broken))
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "Recall is wired up" not in done.stdout
+    (failed,) = [f for f in failures(tmp_path) if "sh cannot parse" in f]
+    assert failed.startswith("hooks: sh cannot parse ~/.relay/relay-autosearch-hook.sh (line ")
+    number = script.read_text().splitlines().index(broken) + 1
+    assert f"; look at line {number}, `{broken}`): sh exits with status 2 before" in failed
+    assert "fix: fix the line, or run `relay install` to rewrite" in done.stdout
+    assert " -> ~/.relay/relay-autosearch-hook.sh -> " not in done.stdout  # no `ok` for it
+
+
+def test_knob_lines_doctor_cannot_read_are_named(tmp_path, server):
+    """QA: `OVERLAP_THRESHOLD = 0.5` (spaces around =) is a command to sh, which prints
+    `OVERLAP_THRESHOLD: not found` and leaves the knob unset; doctor said nothing."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    text = script.read_text().replace("OVERLAP_THRESHOLD=0.30", "OVERLAP_THRESHOLD = 0.5")
+    script.write_text(text.replace("DEADLINE_MS=400", "DEADLINE_MS=900  # a slow laptop"))
+    number = text.splitlines().index("OVERLAP_THRESHOLD = 0.5") + 1
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    warned = [f["message"] for f in findings(tmp_path) if f["level"] == "warn"]
+    assert (
+        f"line {number} of ~/.relay/relay-autosearch-hook.sh, `OVERLAP_THRESHOLD = 0.5`, is not "
+        "a plain NAME=value assignment (no spaces around =): sh runs OVERLAP_THRESHOLD as a "
+        "command (not found), so that knob is unset and the hook takes config.json's value or "
+        "its default"
+    ) in warned, warned
+    assert "fix: write it as NAME=value, or run `relay install` to rewrite" in done.stdout
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    log = tmp_path / ".relay/state/outcomes.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(json.dumps({"ts": now, "outcome": "hit", "ms": {"total": 40}}) + "\n")
+    assert "(deadline 900 ms)" in doctor(tmp_path).stdout  # a comment after a value is read
+
+
+def test_config_knobs_the_hook_script_overrides_are_named(tmp_path, server):
+    """QA: a knob set in config.json that the installed script also sets (it exports
+    RELAY_<NAME>, which beats the file) never took effect, and doctor said nothing. Read
+    from what the script exports, whatever install wrote into config.json."""
+    installed(tmp_path, server.url, server.admin_key)
+    assert not [f for f in findings(tmp_path) if f["area"] == "config" and f["level"] != "ok"]
+    config = tmp_path / ".relay/config.json"
+    raw = {"url": server.url, "api_key_file": str(tmp_path / ".relay/key")}  # no knobs at all
+    config.write_text(json.dumps({**raw, "deadline_ms": 900, "max_records": 5, "min_score": 0.3}))
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    text = script.read_text()
+    exec_line = next(line for line in text.splitlines() if line.startswith("exec "))
+    text = text.replace(exec_line, f"export RELAY_MAX_RECORDS=2\n{exec_line}")
+    script.write_text(text)
+    deadline_line = text.splitlines().index("DEADLINE_MS=400") + 1
+    records_line = text.splitlines().index("export RELAY_MAX_RECORDS=2") + 1
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    warned = [f["message"] for f in findings(tmp_path) if f["area"] == "config"]
+    assert warned == [
+        "~/.relay/config.json sets deadline_ms to 900, but ~/.relay/relay-autosearch-hook.sh "
+        f"sets DEADLINE_MS=400 (line {deadline_line}), which the hook takes instead: the config "
+        "value is never used",
+        "~/.relay/config.json sets max_records to 5, but ~/.relay/relay-autosearch-hook.sh "
+        f"sets RELAY_MAX_RECORDS=2 (line {records_line}), which the hook takes instead: "
+        "the config value is never used",
+        f"~/.relay/config.json: server {server.url}, key from ~/.relay/key",
+    ], warned
+    assert "fix: change DEADLINE_MS in ~/.relay/relay-autosearch-hook.sh, or remove" in done.stdout
+
+
+def test_an_mcp_registration_with_wrong_args_is_named_and_install_repairs_it(tmp_path, server):
+    """QA: `args` edited to ["mcpp"] in ~/.claude.json, or to [] in config.toml, and doctor
+    printed `ok mcp ... -> .../relay mcp`: it checked only that the command is executable,
+    and wrote `mcp` after it whatever the arguments were."""
+    installed(tmp_path, server.url, server.admin_key)
+    relay_bin = str(BIN / "relay")
+    claude_json = tmp_path / ".claude.json"
+    doc = json.loads(claude_json.read_text())
+    doc["mcpServers"]["relay"]["args"] = ["mcpp"]
+    claude_json.write_text(json.dumps(doc))
+    config = tmp_path / ".codex/config.toml"
+    config.write_text(config.read_text().replace('args = ["mcp"]', "args = []"))
+    done = doctor(tmp_path)
+    assert f"-> {relay_bin} mcp" not in done.stdout, done.stdout
+    warned = [f["message"] for f in findings(tmp_path) if f["area"] == "mcp"]
+    assert warned == [
+        f"Claude Code: the `relay` MCP server in ~/.claude.json runs `{relay_bin} mcpp`, not "
+        "`relay mcp`: Claude Code gets no Relay MCP server from it (no team_memory_search)",
+        f"Codex: the `relay` MCP server in ~/.codex/config.toml runs `{relay_bin}`, not "
+        "`relay mcp`: Codex gets no Relay MCP server from it (no team_memory_search)",
+    ], warned
+    assert done.stdout.count("fix: run `relay install` again: it rewrites this entry") == 2
+    installed(tmp_path, server.url, server.admin_key)
+    repaired = [f for f in findings(tmp_path) if f["area"] == "mcp"]
+    assert [(f["level"], f["message"]) for f in repaired] == [
+        ("ok", f"Claude Code: MCP server `relay` -> {relay_bin} mcp"),
+        ("ok", f"Codex: MCP server `relay` -> {relay_bin} mcp"),
+    ]
+
+
+def test_an_mcp_server_install_did_not_write_gets_a_fix_by_hand(tmp_path, server):
+    done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key, "--no-mcp")
+    assert done.returncode == 0, done.stderr
+    config = tmp_path / ".codex/config.toml"
+    config.write_text(config.read_text() + '\n[mcp_servers.relay]\ncommand = "/bin/true"\n')
+    (tmp_path / ".claude.json").write_text(
+        json.dumps({"mcpServers": {"relay": {"type": "http", "url": f"{server.url}/mcp"}}})
+    )
+    mcp = [f for f in findings(tmp_path) if f["area"] == "mcp"]
+    assert [(f["level"], f["message"]) for f in mcp] == [
+        ("ok", f"Claude Code: MCP server `relay` -> {server.url}/mcp (over HTTP; not called here)"),
+        (
+            "warn",
+            "Codex: the `relay` MCP server in ~/.codex/config.toml runs `/bin/true`, not "
+            "`relay mcp`: Codex gets no Relay MCP server from it (no team_memory_search)",
+        ),
+    ]
+    assert mcp[1]["fix"].startswith("`relay install` leaves a [mcp_servers.relay] it did not")
+
+
+def test_doctor_checks_the_files_install_wrote_wherever_they_are(tmp_path, server):
+    """QA: installed with CLAUDE_CONFIG_DIR and CODEX_HOME set, doctor run without them
+    printed no MCP finding at all and read the Codex hooks flag from ~/.codex/config.toml;
+    install recorded where it wrote (install.json), and doctor now reads those files."""
+    claude_dir, codex_home = tmp_path / "claude-config", tmp_path / "codex-home"
+    done = relay(
+        tmp_path,
+        "install",
+        "--url",
+        server.url,
+        "--key",
+        server.admin_key,
+        CLAUDE_CONFIG_DIR=str(claude_dir),
+        CODEX_HOME=str(codex_home),
+    )
+    assert done.returncode == 0, done.stderr
+    config = codex_home / "config.toml"
+    config.write_text(config.read_text().replace("hooks = true", "hooks = false"))
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex/config.toml").write_text("[features]\nhooks = true\n")
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    relay_bin = BIN / "relay"
+    mcp = [(f["level"], f["message"]) for f in findings(tmp_path) if f["area"] == "mcp"]
+    assert mcp == [
+        ("ok", f"Claude Code: MCP server `relay` -> {relay_bin} mcp"),
+        ("ok", f"Codex: MCP server `relay` -> {relay_bin} mcp"),
+    ], mcp
+    assert failures(tmp_path) == [
+        "hooks: Codex: hooks are turned off in ~/codex-home/config.toml ([features] hooks = false)"
+    ]
+    assert "Claude Code: UserPromptSubmit and SessionStart in ~/claude-config/settings.json" in (
+        done.stdout
+    )
+
+
+def test_the_breaker_says_what_it_does_open_and_half_open(tmp_path, server):
+    """QA: with the breaker half-open doctor said searches were skipped for a cool-down,
+    though half-open means the next prompt's search probes the server."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    elsewhere = f"http://127.0.0.1:{free_port()}"  # nothing listens: unavailable at once
+    settings = {**json.loads(config.read_text()), "url": elsewhere, "breaker_cooldown_s": 3600}
+    config.write_text(json.dumps(settings))
+    for n in range(3):
+        prompt(tmp_path, session=f"breaker-{n}")
+    (log,) = [f["message"] for f in findings(tmp_path) if "circuit breaker" in f["message"]]
+    assert log.startswith(f"the hook's circuit breaker for {elsewhere} is open (after 3 failures")
+    assert log.endswith(
+        "prompts skip their search for 3600 s from then, then one probes the server"
+    )
+    config.write_text(json.dumps({**settings, "breaker_cooldown_s": 0}))
+    (log,) = [f["message"] for f in findings(tmp_path) if "circuit breaker" in f["message"]]
+    assert log == (
+        f"the hook's circuit breaker for {elsewhere} is half-open (after 3 failures): its "
+        "cool-down is over, and the next prompt's search probes the server; an answer closes "
+        "it, a failure opens it again"
+    )

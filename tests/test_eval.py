@@ -12,8 +12,9 @@ import subprocess
 import httpx
 import pytest
 from click.testing import CliRunner
-from eval_support import SESSIONS, png_pixels, write_team_dataset
+from eval_support import MEMORIES, SESSIONS, png_pixels, write_team_dataset
 from hook_support import FakeRelay, Hook, assert_hit_contract, record, reply, results
+from integration_support import relay
 
 from relay.eval.advice import apply
 from relay.eval.commands import eval_group
@@ -26,8 +27,9 @@ from relay.eval.conversations import (
 from relay.eval.faults import KINDS
 from relay.eval.replay import extras, figures
 from relay.eval.report import histogram, lines, targets
+from relay.hook import config as hook_config
 from relay.hook_bench import ON_TIME_SLACK_MS
-from relay.install import hook_script
+from relay.install import hook_script, script_environ
 
 R_KEYS = {
     "hook_ms",
@@ -56,7 +58,7 @@ def replayed(team, tmp_path_factory):
     return out, result.output
 
 
-def test_replay_writes_exactly_the_documented_schema(replayed):
+def test_replay_writes_exactly_the_documented_schema(replayed, team):
     out, text = replayed
     data = json.loads((out / "figures.json").read_text())
     assert set(data) == {"conversations", "turns", "on", "off", "ungated"}
@@ -77,7 +79,11 @@ def test_replay_writes_exactly_the_documented_schema(replayed):
     assert on["outcomes"]["hit"] >= 1 and on["outcomes"]["skipped"] >= 1
     assert ungated["outcomes"]["skipped"] <= on["outcomes"]["skipped"]
     assert ungated["tokens_cumulative"] >= on["tokens_cumulative"] > 0
-    assert "useful" in text and "advice" in text
+    assert "useful" in text
+    # the advice names what it was fitted to (it said "this team's replay" of bench data too)
+    assert f"advice (fitted to the 2 conversations replayed from {team}, 10 prompts" in text
+    assert "this team's" not in text
+    assert "predicted targets, current -> advised: usefulness ≥ 0.8 " in text
 
 
 def test_replay_report_json_carries_turns_advice_and_the_commit(replayed):
@@ -99,6 +105,20 @@ def test_replay_report_json_carries_turns_advice_and_the_commit(replayed):
     }
     # the token target is read against the same ungated run the figures report
     assert advice["ungated_tokens_cumulative"] == report["figures"]["ungated"]["tokens_cumulative"]
+    # the advised setting is judged by the targets the report judges the replay by
+    assert advice["sample"] == {"conversations": 2, "memory_prompts": 10, "quiet_prompts": 10}
+    for setting in ("current", "recommended"):
+        checks, predicted = advice[f"targets_{setting}"], advice[f"predicted_{setting}"]
+        assert set(checks) == {"useful_rate", "quiet_rate", "tokens_of_ungated"}
+        assert checks["useful_rate"] == {
+            "value": predicted["useful_rate"],
+            "met": predicted["useful_rate"] >= 0.8,
+        }
+    if not advice["targets_recommended"]["useful_rate"]["met"]:
+        assert "usefulness target" in advice["rule"]
+    html = (out / "replay.html").read_text()
+    assert "the advice below predicts them for the setting it advises" in html
+    assert "<td>usefulness ≥ 0.8</td>" in html
     # the offline replay of the gate searches exactly where the real hook did
     on = [r for r in rows if r["mode"] == "on"]
     # (only where every turn ran normally: a hook starved of its stdin on a loaded machine
@@ -288,10 +308,10 @@ def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tm
     args += ["--json", str(tmp_path / "f.json"), "--report-dir", str(tmp_path / "rep")]
     config = tmp_path / "config.json"
     env = {"RELAY_CONFIG": str(config)}
-    applied = CliRunner().invoke(eval_group, [*args, "--apply"], env=env)
-    assert applied.exit_code == 1, applied.output
-    assert applied.output.startswith(
-        "Error: --apply: no advice to apply: no prompt names the memories it needs"
+    applied = relay(tmp_path, "eval", *args, "--apply", **env)
+    assert applied.returncode == 2 and applied.stdout == "", applied.stderr
+    assert applied.stderr.startswith(
+        "relay: error: --apply: no advice to apply: no prompt names the memories it needs"
     )
     assert not config.exists() and not (tmp_path / "rep").exists()  # stopped before replaying
 
@@ -301,10 +321,20 @@ def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tm
     data = json.loads((tmp_path / "f.json").read_text())
     assert data["turns"] == 2 and data["on"]["useful_rate"] is None
     assert set(data["on"]["by_class"]) == {"needs_memory", "unlabelled"}
+    for mode in ("on", "off", "ungated"):  # in no rate, as documented (quiet_rate was 0.0)
+        unlabelled = data[mode]["by_class"]["unlabelled"]
+        assert unlabelled["useful_rate"] is None and unlabelled["quiet_rate"] is None
     report = json.loads((tmp_path / "rep" / "replay.json").read_text())
     assert set(report["advice"]) == {"refused", "current"}
     assert "No advice: no prompt names" in (tmp_path / "rep" / "replay.html").read_text()
     assert not config.exists()
+
+
+def one_error_line(done) -> str:  # noqa: ANN001
+    """The one line `relay` printed on stderr for an error, as every command prints one."""
+    assert done.returncode != 0 and done.stdout == "", (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr.rstrip("\n")
 
 
 def test_a_refused_key_or_a_server_down_stops_the_replay_at_once(team_server, tmp_path):
@@ -316,18 +346,94 @@ def test_a_refused_key_or_a_server_down_stops_the_replay_at_once(team_server, tm
     prompts.write_text('{"prompt": "write a database migration by hand", "kind": "follow_up"}\n')
     down = f"http://127.0.0.1:{free_port()}"
     cases = [
-        (team_server.url, "relay_abc_def", f"Error: {team_server.url} refused the key: "),
-        (down, team_server.admin_key, f"Error: cannot reach the Relay server at {down}: "),
+        (team_server.url, "relay_abc_def", 3, f"{team_server.url} refused the key: "),
+        (down, team_server.admin_key, 8, f"cannot reach the Relay server at {down}: "),
     ]
-    for url, key, expected in cases:
-        result = CliRunner().invoke(
-            eval_group,
-            ["replay", str(prompts), "--url", url, "--key", key]
-            + ["--report-dir", str(tmp_path / "rep")],
+    for url, key, code, expected in cases:
+        done = relay(
+            tmp_path,
+            *("eval", "replay", str(prompts), "--url", url, "--key", key),
+            *("--report-dir", str(tmp_path / "rep")),
         )
-        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
-        assert result.output.startswith(expected) and result.output.count("\n") == 1, result.output
+        assert one_error_line(done).startswith(f"relay: error: {expected}"), done.stderr
+        assert done.returncode == code
         assert not (tmp_path / "rep").exists()
+
+
+def test_a_key_that_cannot_read_is_refused_with_a_command_that_makes_one(team_server, tmp_path):
+    """QA: the hint 'create one with relay key create --scope memory:read' failed as written
+    (the command needs --org and --name)."""
+    import shlex
+
+    made = relay(
+        *(tmp_path, "key", "create", "--org", "acme", "--name", "writer"),
+        *("--scope", "memory:write"),
+        RELAY_DB=str(team_server.db),
+    )
+    assert made.returncode == 0, made.stderr
+    writer = made.stdout.split("secret (shown once): ", 1)[1].strip()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand"}\n')
+    done = relay(
+        tmp_path, "eval", "replay", str(prompts), "--url", team_server.url, "--key", writer
+    )
+    line = one_error_line(done)
+    assert line.startswith("relay: error: the key ") and "lacks memory:read" in line, line
+    assert done.returncode == 3
+    hint = shlex.split(line.rsplit(" with '", 1)[1].rstrip("'"))
+    assert hint[0] == "relay"
+    made = relay(tmp_path, *hint[1:], RELAY_DB=str(team_server.db))  # run where the database is
+    assert made.returncode == 0, made.stderr
+    reader = made.stdout.split("secret (shown once): ", 1)[1].strip()
+    who = httpx.get(f"{team_server.url}/v1/whoami", headers={"Authorization": f"Bearer {reader}"})
+    assert who.status_code == 200 and "memory:read" in who.json()["key"]["scopes"]
+
+
+def test_a_teams_prompts_replay_against_the_server_every_client_command_uses(
+    team_server, team, tmp_path
+):
+    """QA: 'relay eval replay team.jsonl' refused with 'needs --url and --key' although
+    RELAY_URL/RELAY_API_KEY were set and relay install had written ~/.relay/config.json,
+    which every other client command falls back to; and a bench folder took --url/--key
+    and silently replayed against a server of its own instead."""
+    from conftest import free_port
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand", "kind": "follow_up"}\n')
+    down = f"http://127.0.0.1:{free_port()}"
+    replay = ("eval", "replay", str(prompts), "--report-dir", str(tmp_path / "rep"))
+    # nothing configured: the same line as every client command
+    done = relay(tmp_path / "nobody", *replay)
+    assert one_error_line(done) == (
+        "relay: error: no server URL: pass --url, set RELAY_URL, or run 'relay install'"
+    )
+    # the environment: the replay asks that server, with that key
+    done = relay(tmp_path, *replay, RELAY_URL=team_server.url, RELAY_API_KEY="relay_abc_def")
+    assert one_error_line(done).startswith(f"relay: error: {team_server.url} refused the key")
+    done = relay(tmp_path, *replay, RELAY_URL=down, RELAY_API_KEY=team_server.admin_key)
+    assert one_error_line(done).startswith(f"relay: error: cannot reach the Relay server at {down}")
+    # the config relay install writes (its key in a file beside it)
+    home = tmp_path / "home"
+    (home / ".relay").mkdir(parents=True)
+    (home / ".relay" / "key").write_text(team_server.admin_key + "\n")
+    (home / ".relay" / "config.json").write_text(
+        json.dumps({"url": team_server.url, "api_key_file": str(home / ".relay" / "key")})
+    )
+    done = relay(home, *replay, "--json", str(tmp_path / "f.json"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "f.json").read_text())["turns"] == 1
+    # flags still come first
+    done = relay(home, *replay, "--url", down)
+    assert one_error_line(done).startswith(f"relay: error: cannot reach the Relay server at {down}")
+
+    bench = CliRunner().invoke(
+        eval_group,
+        ["replay", str(team), "--url", team_server.url, "--key", "k"]
+        + ["--report-dir", str(tmp_path / "bench")],
+    )
+    assert bench.exit_code == 2, bench.output
+    assert "--url and --key are for a JSONL of prompts" in bench.output
+    assert not (tmp_path / "bench").exists()
 
 
 @pytest.mark.parametrize(
@@ -337,25 +443,22 @@ def test_a_refused_key_or_a_server_down_stops_the_replay_at_once(team_server, tm
         ("[1]", "not a JSON object"),
         ('{"url": "http://x", "min_score": 2}', "the hook would ignore min_score 2 in "),
         ('{"throttle_prompts": "often"}', "the hook would ignore throttle_prompts 'often' in "),
+        ('{"min_scor": 0.3}', "the hook would ignore min_scor (not a setting; did you mean "),
+        ('{"colour": "blue"}', "the hook would ignore colour (not a setting; docs/hook.md "),
     ],
 )
 def test_a_config_the_hook_could_not_read_is_an_error(team, tmp_path, text, expected):
     """QA: --config '{bad' was silently ignored (the hook falls back to its defaults), so the
-    replay measured the defaults under the file's name."""
+    replay measured the defaults under the file's name; so was a misspelt knob."""
     config = tmp_path / "config.json"
     config.write_text(text)
-    result = CliRunner().invoke(
-        eval_group,
-        ["replay", str(team), "--config", str(config), "--report-dir", str(tmp_path / "rep")],
+    done = relay(
+        tmp_path,
+        *("eval", "replay", str(team), "--config", str(config)),
+        *("--report-dir", str(tmp_path / "rep")),
     )
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
-    assert result.output.startswith(f"Error: --config {config}: {expected}"), result.output
-    assert result.output.count("\n") == 1
-
-
-def test_replay_of_a_jsonl_needs_a_server():
-    result = CliRunner().invoke(eval_group, ["replay", __file__])
-    assert result.exit_code != 0 and "--url" in result.output
+    assert one_error_line(done).startswith(f"relay: error: --config {config}: {expected}")
+    assert done.returncode == 2
 
 
 @pytest.mark.parametrize(
@@ -366,18 +469,29 @@ def test_replay_of_a_jsonl_needs_a_server():
         (['{"prompt": "fix it", "relevant": "team:x"}'], "line 1: 'relevant' is not a list"),
         (['{"prompt": "a", "session": "s", "turn": "2"}'], "line 1: 'turn' is not a whole"),
         (['{"query": ""}'], "line 1: no prompt"),
+        (['{"query":"x"'], "line 1: not JSON (Expecting ',' delimiter at column 13)"),
+        (
+            ['{"prompt": "a b", "kind": "needs_memory", "relevant": ["m"]}']
+            + ['{"prompt": "explain CMD", "kind": "nothing_relevant", "relevant": ["m"]}'],
+            "line 2: a nothing_relevant prompt lists 'relevant' memories, but it should get "
+            "nothing: give it kind needs_memory, or drop 'relevant'",
+        ),
+        (
+            ['{"prompt": "go on", "kind": "follow_up", "relevant": ["m"]}'],
+            "line 1: a follow_up prompt lists 'relevant' memories",
+        ),
     ],
 )
 def test_a_bad_row_in_a_prompts_jsonl_is_one_line_naming_its_line(tmp_path, lines, expected):
-    """QA: an array row raised AttributeError; a bad JSON on line 2 said 'line 1 column 2'."""
+    """QA: an array row raised AttributeError; a bad JSON on line 2 said 'line 1 column 2';
+    '{"query":"x"' said 'at column 1', the line break taken for a second line."""
     prompts = tmp_path / "bad.jsonl"
     prompts.write_text("\n".join(lines) + "\n")
-    result = CliRunner().invoke(
-        eval_group, ["replay", str(prompts), "--url", "http://127.0.0.1:9", "--key", "k"]
+    done = relay(
+        tmp_path, "eval", "replay", str(prompts), "--url", "http://127.0.0.1:9", "--key", "k"
     )
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
-    assert result.output.startswith(f"Error: {prompts}: {expected}")
-    assert result.output.count("\n") == 1
+    assert one_error_line(done).startswith(f"relay: error: {prompts}: {expected}")
+    assert done.returncode == 2
 
 
 def test_a_teams_prompts_replay_as_written_with_their_own_classes(tmp_path):
@@ -511,6 +625,10 @@ def test_a_memory_prompt_without_gold_is_not_measured_for_usefulness():
         }
 
     unlabelled = figures([row(1, "needs_memory", None)], conversations=1)
+    # a row nobody labelled is in no rate at all, quiet or not
+    alone = figures([{**row(1, "unlabelled", None), "quiet": True}], conversations=1)
+    assert alone["by_class"]["unlabelled"]["quiet_rate"] is None
+    assert alone["quiet_rate"] is None and alone["useful_rate"] is None
     assert unlabelled["useful_rate"] is None
     assert unlabelled["by_class"]["needs_memory"]["useful_rate"] is None
     mixed = figures([row(1, "needs_memory", None), row(2, "topic_shift", True)], 1)
@@ -538,6 +656,9 @@ def test_apply_also_sets_the_installed_scripts_knobs_which_beat_the_config(tmp_p
     assert script.stat().st_mode & 0o777 == 0o700
     done = subprocess.run(["sh", "-n", str(script)], capture_output=True)
     assert done.returncode == 0, done.stderr  # still a valid script
+    # What the hook reads when the agents run it through the script (config.json beneath it).
+    cfg = hook_config.load(script_environ(script, {"RELAY_CONFIG": str(config)}))
+    assert {k: cfg[k] for k in advised} == advised and cfg.min_score == 0.6
 
 
 def test_apply_merges_the_advice_into_the_config_and_the_hook_honours_min_score(tmp_path):
@@ -575,3 +696,54 @@ def test_the_replay_takes_only_deadlines_the_hook_accepts(tmp_path):
             cli, ["eval", command, str(tmp_path), "--deadline-ms", str(DEADLINE_MIN_MS - 1)]
         )
         assert done.exit_code == 2 and "--deadline-ms" in done.output, done.output
+
+
+def test_a_kept_database_is_reused_for_the_same_data_only_and_with_its_keys(tmp_path):
+    """QA: after a memory's text changed in memories.jsonl, a replay with the same --workdir
+    said 'loading ... into a fresh database', then 'reusing the database loaded from ...',
+    and measured the old memories (the check compared the folder's path); and every reuse
+    minted a new key per mode and store."""
+    from relay.eval.harness import load_database
+    from relay.store.sqlite import SQLiteStore
+
+    folder = write_team_dataset(tmp_path / "acme")
+    db = tmp_path / "work" / "relay.db"
+    db.parent.mkdir()
+    said: list[str] = []
+
+    def load() -> dict:
+        said.clear()
+        return load_database(db, folder, None, ("on", "off"), said.append, reuse=True)
+
+    def held() -> tuple[str, int]:
+        store = SQLiteStore(db)
+        try:
+            org = store.find_org("acme")
+            assert org is not None
+            memory = store.current_memory(org.id, "team:migrations")
+            assert memory is not None
+            return memory.body, len(store.list_keys(org.id))
+        finally:
+            store.close()
+
+    first = load()
+    assert (
+        said[0]
+        == f"loading {folder} into a fresh database in {db.parent} (no replay loaded one there)"
+    )
+    body, keys = held()
+    assert body == MEMORIES[0][1]
+    assert load() == first  # the same keys, still valid
+    assert said == [f"reusing the database in {db.parent}, loaded from the same data"]
+    assert held() == (body, keys)  # nothing minted
+
+    rows = (folder / "memories.jsonl").read_text().splitlines()
+    changed = json.loads(rows[0])
+    changed["text"] = "Database migrations are generated with Alembic autogenerate now."
+    (folder / "memories.jsonl").write_text("\n".join([json.dumps(changed), *rows[1:]]) + "\n")
+    assert load() != first
+    assert said[0] == (
+        f"loading {folder} into a fresh database in {db.parent} (its memories.jsonl changed)"
+    )
+    assert not any(line.startswith("reusing") for line in said)
+    assert held()[0] == changed["text"]

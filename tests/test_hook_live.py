@@ -136,3 +136,23 @@ def test_a_large_max_records_still_recalls(tmp_path, org, max_records):
         hook.prompt("how do I create and apply a new database migration?")
     )
     assert "make migrate" in context and hook.last()["outcome"] == "hit", hook.last()
+
+
+@pytest.mark.parametrize("budget", ["50", "150", "152"])
+def test_every_token_budget_the_config_accepts_can_inject(tmp_path, org, budget):
+    """A budget the preamble leaves no room in injected nothing on every prompt and logged
+    it as a healthy no_match (QA: RELAY_MAX_TOKENS=150); now it is out of range, the default
+    applies, and the least budget accepted carries a record (cut to fit if need be)."""
+    hook = Hook(
+        tmp_path,
+        org["url"],
+        RELAY_API_KEY=org["admin"],
+        RELAY_MAX_TOKENS=budget,
+        RELAY_PROFILE_MAX_TOKENS=budget,
+    )
+    context = assert_hit_contract(hook.session_start("startup"), "SessionStart")
+    assert "team/process/reviews" in context
+    context = assert_hit_contract(
+        hook.prompt("how do I create and apply a new database migration?")
+    )
+    assert "team/db/migrations" in context and hook.last()["outcome"] == "hit", hook.last()

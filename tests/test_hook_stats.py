@@ -102,6 +102,11 @@ def test_parse_since():
     for bad in ("-1d", "bogus", "xh"):
         with pytest.raises(ValueError, match="period"):
             parse_since(bad)
+    # QA: a period reaching before year 1 was a traceback (year out of range)
+    with pytest.raises(ValueError, match="longer than 100 years: 'all' means everything"):
+        parse_since("99999999w")
+    done = CliRunner().invoke(stats, ["--since", "99999999w"])
+    assert done.exit_code == 2 and "Traceback" not in done.output
 
 
 def test_the_breaker_reported_is_the_configured_urls(tmp_path):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from relay.hook import codec, config, gate, outcome_log, state
 from relay.hook.client import HookFailure, parse_url
-from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
+from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
 
 json_values = st.recursive(
     st.none()
@@ -237,6 +237,31 @@ def test_the_least_deadline_is_one_that_can_search_and_the_docs_say_so():
     assert f"{floor}..{config.DEADLINE_MAX_MS}" in row
 
 
+@pytest.mark.parametrize("knob", ["max_tokens", "profile_max_tokens"])
+def test_the_least_token_budget_is_one_that_can_inject_and_the_docs_say_so(knob):
+    """A budget below the preamble plus the room of a cut record injects nothing, ever, and
+    logged it as a healthy no_match (QA: RELAY_MAX_TOKENS=150): such a budget is out of
+    range like any other bad value, and docs/hook.md states the range the code uses."""
+    from relay.hook.pack import MIN_BUDGET_TOKENS as floor
+
+    record = rec("a", 1, "Run `make migrate` before every deploy; never edit one. " * 20)
+    for intro in (PROMPT_INTRO, PROFILE_INTRO):
+        context, _, _ = pack([record], {}, 3, floor, intro)
+        assert "[truncated]" in context and tokens(context) <= floor
+    longest = max(PROMPT_INTRO, PROFILE_INTRO, key=tokens)
+    assert pack([record], {}, 3, floor - 1, longest)[0] is None
+    env = {"RELAY_CONFIG": "/nonexistent/config.json"}
+    default = config.DEFAULTS[knob]
+    ignored: list[str] = []
+    variable = "RELAY_" + knob.upper()
+    assert config.load({**env, variable: str(floor - 1)}, ignored)[knob] == default
+    assert ignored and knob in ignored[0]  # relay doctor shows it
+    assert config.load({**env, variable: str(floor)})[knob] == floor
+    docs = (Path(__file__).parent.parent / "docs/hook.md").read_text()
+    (row,) = [line for line in docs.splitlines() if line.startswith(f"| `{knob}`")]
+    assert f"{floor}..8000" in row
+
+
 def test_settings_table_has_help_and_env_names_for_every_knob():
     names = {name for name, _, _, _ in config.SETTINGS}
     assert {"url", "api_key", "api_key_file", "state_dir", "deadline_ms", "min_prompt_len"} <= names
@@ -295,9 +320,122 @@ def test_session_files_are_private_bounded_and_cleaned(tmp_path):
     os.utime(path, (old, old))
     with state.Session(str(tmp_path), "s2", time.monotonic() + 1) as session:
         session.save()
-    assert state.cleanup(str(tmp_path)) == 1
+    assert state.cleanup(str(tmp_path), time.monotonic() + 5) == 1
     assert not path.exists() and (tmp_path / "sessions" / "s2.json").exists()
-    assert state.cleanup(str(tmp_path)) == 0  # at most once an hour
+    assert state.cleanup(str(tmp_path), time.monotonic() + 5) == 0  # at most once an hour
+
+
+def make_sessions(root: Path, names: list[str], age_s: float) -> None:
+    """Session state and lock files as the hook leaves them, last written `age_s` ago."""
+    folder = root / "sessions"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    when = time.time() - age_s
+    for name in names:
+        for ext in (".json", ".lock"):
+            path = folder / (name + ext)
+            path.write_text(json.dumps(state.fresh(name)) if ext == ".json" else "")
+            os.utime(path, (when, when))
+
+
+def test_a_sweep_stops_when_its_time_is_up_and_goes_on_later(tmp_path):
+    """20,000 stale files made the first hit of a day take 644 ms (QA): one sweep stops at
+    `until`, and the next, a minute later, goes on until the folder is clean."""
+    stale = [f"old-{i}" for i in range(1000)]
+    make_sessions(tmp_path, stale, state.SESSION_TTL_S + 60)
+    make_sessions(tmp_path, [f"live-{i}" for i in range(40)], 60)
+    files = len(list((tmp_path / "sessions").iterdir()))
+    assert state.cleanup(str(tmp_path), time.monotonic()) == 0  # no time, no work
+    assert len(list((tmp_path / "sessions").iterdir())) == files
+    removed = state.cleanup(str(tmp_path), time.monotonic() + 0.005)
+    assert removed < len(stale)
+    # cut short: not due again within the hour, but a minute later
+    now = time.time()
+    assert state.cleanup(str(tmp_path), time.monotonic() + 1, now + 30) == 0
+    for sweep in range(1, 1000):
+        removed += state.cleanup(str(tmp_path), time.monotonic() + 0.01, now + 61 * sweep)
+        if removed == len(stale):
+            break
+    names = {p.name for p in (tmp_path / "sessions").iterdir()} - {".cleaned"}
+    assert names == {f"live-{i}{ext}" for i in range(40) for ext in (".json", ".lock")}
+    # a sweep that saw everything makes the next wait the hour
+    later = now + 61 * sweep + 61
+    assert state.cleanup(str(tmp_path), time.monotonic() + 1, later) == 0
+    assert state.cleanup(str(tmp_path), time.monotonic() + 1, later + 60) == 0
+    make_sessions(tmp_path, ["old-again"], state.SESSION_TTL_S + 60)
+    assert state.cleanup(str(tmp_path), time.monotonic() + 1, later + 3601) == 1
+
+
+def test_a_sweep_keeps_the_newest_sessions_however_it_is_cut_short(tmp_path):
+    """Only a session with SESSIONS_MAX newer ones goes; a sweep cut short judges by the
+    part it saw, in which a newer session never has that many."""
+    make_sessions(tmp_path, [f"older-{i}" for i in range(200)], 7200)
+    make_sessions(tmp_path, [f"newer-{i}" for i in range(state.SESSIONS_MAX)], 60)
+    newest = {f"newer-{i}" for i in range(state.SESSIONS_MAX)}
+    now = time.time()
+    for sweep in range(50):
+        state.cleanup(str(tmp_path), time.monotonic() + 0.002, now + 3601 * sweep)
+        assert newest <= {p.stem for p in (tmp_path / "sessions").iterdir()}
+    for sweep in (50, 51):  # the first ends the pass begun, the next sees the whole folder
+        state.cleanup(str(tmp_path), time.monotonic() + 5, now + 3601 * sweep)
+    assert {p.stem for p in (tmp_path / "sessions").iterdir()} - {".cleaned"} == newest
+
+
+def test_the_sweep_never_removes_the_lock_of_a_session_in_use(tmp_path):
+    """A lock file is created once and flock never writes it, so its time is the session's
+    first prompt: removing it by that time, while a hook held it, let the next hook lock a
+    new file of the same name, and two hooks held "the" lock at once."""
+    with state.Session(str(tmp_path), "s1", time.monotonic() + 1) as session:
+        session.save()
+    lock = tmp_path / "sessions" / "s1.lock"
+    weeks_ago = time.time() - 3 * state.SESSION_TTL_S
+    os.utime(lock, (weeks_ago, weeks_ago))  # a session begun weeks ago, still in use
+    with state.Session(str(tmp_path), "s1", time.monotonic() + 1) as holder:
+        assert holder.held
+        state.cleanup(str(tmp_path), time.monotonic() + 5)
+        with state.Session(str(tmp_path), "s1", time.monotonic() + 0.05) as other:
+            assert not other.held
+    assert lock.exists() and (tmp_path / "sessions" / "s1.json").exists()
+    # a session idle past the TTL goes, lock and all, but not while a hook holds it
+    json_path = tmp_path / "sessions" / "s1.json"
+    os.utime(json_path, (weeks_ago, weeks_ago))
+    budget = time.monotonic() + 5
+    with state.Session(str(tmp_path), "s1", time.monotonic() + 1):
+        assert state.cleanup(str(tmp_path), budget, time.time() + 2 * state.CLEANUP_EVERY_S) == 0
+    assert state.cleanup(str(tmp_path), budget, time.time() + 4 * state.CLEANUP_EVERY_S) == 1
+    assert not lock.exists() and not json_path.exists()
+
+
+def test_a_lock_removed_while_waited_for_is_never_held_beside_its_successor(tmp_path):
+    """A hook waiting on a lock file that its holder removes (the sweep) must not take the
+    removed file: it takes the one now at that name, so at most one lock is ever held."""
+    import threading
+
+    from relay.hook.files import Lock
+
+    path = str(tmp_path / "s.lock")
+    first = Lock(path, time.monotonic() + 1).__enter__()
+    assert first.held
+    waiter: dict[str, bool] = {}
+
+    def wait() -> None:
+        with Lock(path, time.monotonic() + 1.0) as lock:
+            waiter["held"] = lock.held
+            waiter["with_successor"] = lock.held and successor.held
+
+    successor = Lock(path, 0)
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.05)  # the waiter has opened the file and polls its flock
+    os.unlink(path)  # removed by its holder
+    successor.until = time.monotonic() + 1
+    successor.__enter__()
+    assert successor.held  # a new file of that name
+    first.__exit__()  # the removed file is free now: the waiter must not settle for it
+    time.sleep(0.2)
+    assert "held" not in waiter or not waiter["held"]
+    successor.__exit__()
+    thread.join(2)
+    assert waiter == {"held": True, "with_successor": False}
 
 
 def test_odd_session_ids_are_hashed_into_file_names(tmp_path):

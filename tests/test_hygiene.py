@@ -446,6 +446,9 @@ def test_unknown_audiences_are_rejected_only_when_the_org_list_is_given():
     with pytest.raises(InvalidRequestError, match="unknown audiences: frontend, qa") as exc:
         check_audiences(["backend", "qa", "frontend"], allowed)
     assert exc.value.details["unknown"] == ["frontend", "qa"]
+    # QA: the hint left out --org and --name, so it failed as written
+    hint = "relay key create --org ORG --name NAME --scope memory:read --role frontend"
+    assert hint in exc.value.message
     assert check_audiences(["frontend"], None) == ("frontend",)
 
 

@@ -91,6 +91,10 @@ def server(tmp_path_factory):
     stop_server(live)
 
 
+# The knobs the hook script hands the hook, beating config.json's values.
+SCRIPT_KNOBS = ("deadline_ms", "min_prompt_len", "throttle_prompts", "overlap_threshold")
+
+
 def install(home: Path, server: dict, *args: str):
     return relay(home, "install", "--url", server["url"], "--key", server["key"], *args)
 
@@ -152,7 +156,8 @@ def test_install_into_an_empty_home_then_uninstall_leaves_it_empty(tmp_path, ser
     config = json.loads((home / ".relay/config.json").read_text())
     assert config["url"] == server["url"] and config["api_key_file"] == str(key)
     assert "api_key" not in config
-    assert config["deadline_ms"] == 400 and config["throttle_prompts"] == 2
+    assert config["max_records"] == 3 and config["breaker_failures"] == 3
+    assert not set(config) & set(SCRIPT_KNOBS)  # the script's, which would beat them
 
     script = home / ".relay/relay-autosearch-hook.sh"
     text = script.read_text()
@@ -271,6 +276,72 @@ def test_a_bad_key_or_a_dead_server_writes_nothing(tmp_path, server):
     assert snapshot(tmp_path) == before
 
 
+@contextlib.contextmanager
+def web_server(directory: Path):
+    """A real web server that is not Relay, serving `directory` on loopback."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(directory))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+def test_a_url_that_is_not_a_relay_root_says_what_to_give(tmp_path, server):
+    """QA: `--url http://host:port/v1` failed with just `relay: error: Not Found`; another
+    web server answering 200 with HTML failed with a JSON traceback."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with_v1 = relay(home, "install", "--url", server["url"] + "/v1", "--key", server["key"])
+    assert with_v1.returncode == 2 and with_v1.stderr.count("\n") == 1, with_v1.stderr
+    assert with_v1.stderr.startswith(f"relay: error: {server['url']}/v1 is not a Relay server root")
+    assert f"give its root, {server['url']}, without /v1" in with_v1.stderr
+    site = tmp_path / "site"
+    write(site / "v1/whoami", "<html>welcome</html>")
+    with web_server(site) as other:
+        elsewhere = relay(home, "install", "--url", other, "--key", server["key"])
+    assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr
+    assert f"{other} is not a Relay server root" in elsewhere.stderr
+    assert "got an answer that is not JSON" in elsewhere.stderr
+    assert snapshot(home) == {}
+
+
+def test_key_file_mistakes_are_one_line_errors(tmp_path, server):
+    """QA: an empty --key-file fell through to an `API key:` prompt, then `aborted`; --key
+    with --key-file silently used the file."""
+    home = tmp_path / "home"
+    home.mkdir()
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n")
+    url = ("--url", server["url"])
+    done = relay(home, "install", *url, "--key-file", str(empty), stdin="")
+    assert done.returncode == 2 and "API key:" not in done.stderr + done.stdout
+    assert (
+        done.stderr
+        == f"relay: error: the key file {empty} is empty: the API key goes on its first line\n"
+    )
+    good = tmp_path / "good.key"
+    good.write_text(server["key"] + "\n")
+    both = relay(home, "install", *url, "--key", server["key"], "--key-file", str(good))
+    assert both.returncode == 2 and "give --key or --key-file, not both" in both.stderr
+    assert snapshot(home) == {}
+    # RELAY_API_KEY in the environment is no --key: the file, given on the command line, wins.
+    done = relay(
+        home, "install", *url, "--key-file", str(good), RELAY_API_KEY="relay_x_" + "y" * 32
+    )
+    assert done.returncode == 0, done.stderr
+    assert (home / ".relay/key").read_text() == server["key"] + "\n"
+
+
 def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
     home = tmp_path
     write(home / ".claude/settings.json", HOOK_LADEN_SETTINGS)
@@ -300,6 +371,95 @@ def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
     assert relay(home, "uninstall").returncode == 0
     assert (home / ".claude/settings.json").read_text() == HOOK_LADEN_SETTINGS
     assert not (home / ".relay").exists()
+
+
+def test_config_json_gets_no_knob_the_script_overrides(tmp_path, server):
+    """QA: install wrote deadline_ms, min_prompt_len, throttle_prompts and overlap_threshold
+    into config.json, where the script's values always beat them: `"min_prompt_len": 100`
+    changed nothing. Install no longer writes them, drops the copies an older install left
+    at their defaults, and says of any other value that it has no effect and where to set it."""
+    home = tmp_path
+    old_install = {
+        "url": server["url"],
+        "api_key_file": str(home / ".relay/key"),
+        "deadline_ms": 400,
+        "throttle_prompts": 2,
+        "overlap_threshold": 0.3,
+        "min_prompt_len": 100,  # set by hand, to no effect
+        "log_prompt_text": True,
+    }
+    write(home / ".relay/config.json", json.dumps(old_install))
+    done = install(home, server, "--agent", "claude-code")
+    assert done.returncode == 0, done.stderr
+    config = json.loads((home / ".relay/config.json").read_text())
+    assert set(config) & set(SCRIPT_KNOBS) == {"min_prompt_len"}
+    assert config["log_prompt_text"] is True and config["max_records"] == 3
+    assert (
+        "note: ~/.relay/config.json: min_prompt_len 100 here has no effect: the hook script's "
+        "MIN_PROMPT_LEN, which beats it, is 15; set it there"
+    ) in done.stdout
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    run = run_registered(command, home, prompt_payload("how do I apply a database migration?"))
+    assert b"make migrate" in run.stdout  # 36 characters: under 100, yet it searched
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert install(fresh, server).returncode == 0
+    assert not set(json.loads((fresh / ".relay/config.json").read_text())) & set(SCRIPT_KNOBS)
+
+
+def test_re_installing_with_no_mcp_takes_the_mcp_server_out_of_both_agents(tmp_path, server):
+    """QA: `relay install --no-mcp` after an install with MCP took [mcp_servers.relay] out of
+    config.toml but left mcpServers.relay in ~/.claude.json, unlisted, while install.json
+    said "mcp": false and the closing text still said to restart for the MCP server."""
+    home = tmp_path
+    write(home / ".claude.json", '{"numStartups": 7, "mcpServers": {"docs": {"command": "d"}}}')
+    write(home / ".codex/config.toml", EXISTING_CODEX_CONFIG)
+    original = snapshot(home)
+    assert install(home, server).returncode == 0
+    assert "relay" in json.loads((home / ".claude.json").read_text())["mcpServers"]
+
+    done = install(home, server, "--no-mcp")
+    assert done.returncode == 0, done.stderr
+    claude_json = json.loads((home / ".claude.json").read_text())
+    assert claude_json == {"numStartups": 7, "mcpServers": {"docs": {"command": "d"}}}
+    assert "relay" not in tomllib.loads((home / ".codex/config.toml").read_text())["mcp_servers"]
+    assert "updated    ~/.claude.json  (without the MCP server `relay`; backup" in done.stdout
+    assert "~/.codex/config.toml  ([features] hooks, without [mcp_servers.relay]" in done.stdout
+    assert "MCP server (check with /mcp)" not in done.stdout
+    assert "no `relay` MCP server is registered" in done.stdout
+    assert json.loads((home / ".relay/install.json").read_text())["mcp"] is False
+    again = install(home, server, "--no-mcp")
+    assert "unchanged  ~/.claude.json" in again.stdout
+
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(home) == original
+
+
+def test_no_mcp_leaves_an_mcp_server_relay_did_not_write(tmp_path, server):
+    """A `relay` server the user registered themselves stays through install, --no-mcp and
+    uninstall: one that runs something else is never Relay's, and one that was there before
+    Relay's install comes back when Relay's goes."""
+    home = tmp_path
+    own = {"command": "/opt/relay-proxy", "args": ["--stdio"]}
+    write(home / ".claude.json", json.dumps({"mcpServers": {"relay": own}}))
+    assert install(home, server).returncode == 0
+    assert install(home, server, "--no-mcp").returncode == 0
+    assert json.loads((home / ".claude.json").read_text())["mcpServers"] == {"relay": own}
+
+    other = tmp_path / "other"
+    before = {"command": "/usr/local/bin/relay", "args": ["mcp"]}  # the user's own, earlier
+    write(other / ".claude.json", json.dumps({"mcpServers": {"relay": before}}))
+    assert install(other, server).returncode == 0
+    assert json.loads((other / ".claude.json").read_text())["mcpServers"]["relay"] != before
+    assert install(other, server, "--no-mcp").returncode == 0
+    assert json.loads((other / ".claude.json").read_text())["mcpServers"] == {"relay": before}
+
+    fresh = tmp_path / "fresh"  # never installed with MCP: ~/.claude.json is not Relay's
+    write(fresh / ".claude.json", json.dumps({"mcpServers": {"relay": before}}))
+    done = install(fresh, server, "--no-mcp")
+    assert done.returncode == 0 and "~/.claude.json" not in done.stdout
+    assert json.loads((fresh / ".claude.json").read_text())["mcpServers"] == {"relay": before}
 
 
 def test_uninstall_keeps_what_the_user_changed_after_install(tmp_path, server):
@@ -389,6 +549,182 @@ def test_deleting_the_script_turns_recall_off_without_a_sound(tmp_path, server):
         run = run_registered(command, home, prompt_payload("how do I apply a migration?"), shell)
         assert (run.returncode, run.stdout, run.stderr) == (0, b"", b"")
     assert not (home / ".relay/state").exists()  # the hook never ran
+
+
+# bash, as macOS's and Fedora's /bin/sh, behaves otherwise than dash on a failed `exec`.
+SHELLS = (["/bin/sh"], ["/bin/bash", "--posix"])
+
+
+def run_script(script: Path, home: Path, payload: dict, shell: list[str]):
+    """The hook script run by `shell` as the registered command runs it: JSON on stdin."""
+    return subprocess.run(
+        [*shell, str(script)],
+        input=json.dumps(payload).encode(),
+        capture_output=True,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    "typo",
+    [
+        ("DEADLINE_MS=400", 'DEADLINE_MS="400'),  # an unterminated quote
+        ("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=15)"),
+        ("OVERLAP_THRESHOLD=0.30", "OVERLAP_THRESHOLD = 0.5"),
+        ("THROTTLE_PROMPTS=2", "THROTTLE_PROMPTS=$(echo 2"),
+    ],
+    ids=["quote", "paren", "spaced", "substitution"],
+)
+def test_a_typo_in_a_knob_neither_blocks_the_prompt_nor_stops_recall(tmp_path, server, typo):
+    """QA: `DEADLINE_MS="400` made the script exit 2 with a syntax error on stderr, and
+    Claude Code blocks, and erases, a prompt whose hook exits 2. The knobs are read as data
+    now: a value the hook cannot use is ignored, and recall goes on."""
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace(*typo))
+    for n, shell in enumerate(SHELLS):
+        payload = prompt_payload("how do I create a database migration?", session=f"s{n}")
+        run = run_script(script, home, payload, shell)
+        assert (run.returncode, run.stderr) == (0, b""), shell
+        assert b"make migrate" in run.stdout, shell
+    run = run_registered(command, home, prompt_payload("how do I apply a migration?", "s3"))
+    assert (run.returncode, run.stderr) == (0, b"") and b"make migrate" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        ("\nexec /", "\nif then\nexec /"),  # a syntax error outside the knobs
+        ("\nKNOBS\n", "\n"),  # the knobs' end marker deleted
+        ("\nexec /", "\nno-such-command\nexec /"),
+    ],
+    ids=["syntax", "no-end-marker", "unknown-command"],
+)
+def test_a_broken_script_exits_0_and_prints_nothing(tmp_path, server, breakage):
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace(*breakage, 1))
+    payload = prompt_payload("which cluster do we deploy staging to?")
+    for shell in SHELLS:
+        run = run_script(script, home, payload, shell)
+        assert (run.returncode, run.stderr) == (0, b""), shell
+    run = run_registered(command, home, payload)
+    assert (run.returncode, run.stderr) == (0, b"")
+
+
+def test_a_moved_relay_hook_exits_0_silently(tmp_path, server):
+    """QA: with the venv moved, every prompt ended in exit 127 and `exec: .../relay-hook:
+    not found` on stderr (dash), which the agent shows; bash skips the EXIT trap there."""
+    home = tmp_path
+    assert install(home, server, "--agent", "claude-code").returncode == 0
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace(str(BIN), str(tmp_path / "oldvenv/bin")))
+    assert str(tmp_path / "oldvenv/bin/relay-hook") in script.read_text()
+    payload = prompt_payload("which cluster do we deploy staging to?")
+    for shell in SHELLS:
+        run = run_script(script, home, payload, shell)
+        assert (run.returncode, run.stdout, run.stderr) == (0, b"", b""), shell
+    run = run_registered(command, home, payload)
+    assert (run.returncode, run.stdout, run.stderr) == (0, b"", b"")
+
+
+# The script as relay install wrote it before its knobs were read as data (a user's typo in).
+OLD_SCRIPT = """#!/bin/sh
+# Relay automatic recall: Claude Code and Codex run this on every prompt (and with
+# `session-start` when a session starts). Written by `relay install`, yours to edit:
+# edits apply from the next prompt, no restart; `relay install` restores the defaults.
+# Delete this file to turn automatic recall off; the agents then skip it silently.
+
+# No new search within this many prompts of the last one.
+THROTTLE_PROMPTS=2
+# Search again only when keyword overlap with the last search is below this (0..1).
+OVERLAP_THRESHOLD=0.30
+# Prompts shorter than this many characters never search.
+MIN_PROMPT_LEN=15
+# Whole budget per prompt in ms, from process start; then the prompt goes on.
+DEADLINE_MS="400
+
+export RELAY_THROTTLE_PROMPTS="${RELAY_THROTTLE_PROMPTS:-$THROTTLE_PROMPTS}" \\
+  RELAY_OVERLAP_THRESHOLD="${RELAY_OVERLAP_THRESHOLD:-$OVERLAP_THRESHOLD}" \\
+  RELAY_MIN_PROMPT_LEN="${RELAY_MIN_PROMPT_LEN:-$MIN_PROMPT_LEN}" \\
+  RELAY_DEADLINE_MS="${RELAY_DEADLINE_MS:-$DEADLINE_MS}"
+exec RELAY_HOOK "$@"
+"""
+
+
+def test_re_installing_mends_an_old_script_and_keeps_the_registered_command(tmp_path, server):
+    """An install made before the script was guarded is mended by `relay install`: the
+    script is rewritten, the agents' commands stay as they were (Codex keeps its trust),
+    and uninstall still takes out exactly what install put in."""
+    home = tmp_path
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    original = snapshot(home)
+    assert install(home, server).returncode == 0
+    script = home / ".relay/relay-autosearch-hook.sh"
+    script.write_text(OLD_SCRIPT.replace("RELAY_HOOK", str(BIN / "relay-hook")))
+    command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
+    payload = prompt_payload("how do I create a database migration?")
+    run = run_registered(command, home, payload)
+    assert run.returncode == 2 and b"Syntax error" in run.stderr  # what blocked the prompt
+
+    again = install(home, server)
+    assert again.returncode == 0, again.stderr
+    assert "updated    ~/.relay/relay-autosearch-hook.sh" in again.stdout
+    for name in ("~/.claude/settings.json", "~/.codex/hooks.json"):
+        assert f"unchanged  {name}" in again.stdout
+    assert registered_command(home / ".claude/settings.json", "UserPromptSubmit") == command
+    script.write_text(script.read_text().replace("DEADLINE_MS=400", 'DEADLINE_MS="400'))
+    run = run_registered(command, home, payload)
+    assert (run.returncode, run.stderr) == (0, b"") and b"make migrate" in run.stdout
+
+    assert relay(home, "uninstall").returncode == 0
+    assert {k: v for k, v in snapshot(home).items() if not k.startswith(".relay/state")} == (
+        original
+    )
+
+
+def test_what_doctor_and_eval_read_from_the_script_is_what_it_hands_the_hook(tmp_path):
+    """`script_environ` (doctor) and `set_script_knobs` (eval --apply) read knob lines as
+    the script does; the script here execs `env`, to show what the hook would get."""
+    from relay.install import hook_script, script_environ, set_script_knobs
+
+    script = tmp_path / "relay-autosearch-hook.sh"
+    text = hook_script("/usr/bin/env")
+    for old, new in (
+        ("DEADLINE_MS=400", 'DEADLINE_MS="450'),
+        ("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=15)"),
+        ("OVERLAP_THRESHOLD=0.30", "  OVERLAP_THRESHOLD = '0.5'  "),
+        ("THROTTLE_PROMPTS=2", "THROTTLE_PROMPTS 4\nTHROTTLE_PROMPTS=9"),  # the first wins
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    script.write_text(text)
+    script.chmod(0o700)
+
+    def handed(environ: dict[str, str]) -> dict[str, str]:
+        for shell in SHELLS:
+            run = subprocess.run([*shell, str(script)], capture_output=True, env=environ)
+            got = dict(line.split("=", 1) for line in run.stdout.decode().splitlines())
+            assert {k: v for k, v in got.items() if k.startswith("RELAY_")} == {
+                k: v for k, v in script_environ(script, environ).items() if k.startswith("RELAY_")
+            }, shell
+        return got
+
+    got = handed({"PATH": "/usr/bin:/bin"})
+    assert got["RELAY_DEADLINE_MS"] == "450" and got["RELAY_MIN_PROMPT_LEN"] == "15)"
+    assert got["RELAY_OVERLAP_THRESHOLD"] == "0.5" and got["RELAY_THROTTLE_PROMPTS"] == "4"
+    assert handed({"RELAY_DEADLINE_MS": "700"})["RELAY_DEADLINE_MS"] == "700"
+
+    assert set_script_knobs(script, {"overlap_threshold": 0.2, "throttle_prompts": 0})
+    got = handed({})
+    assert got["RELAY_OVERLAP_THRESHOLD"] == "0.20" and got["RELAY_THROTTLE_PROMPTS"] == "0"
+    assert "THROTTLE_PROMPTS=9" in script.read_text()  # only the line the script reads
 
 
 def test_knob_edits_apply_on_the_next_prompt(tmp_path, server):

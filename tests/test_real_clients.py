@@ -531,6 +531,41 @@ def test_a_failing_recall_never_holds_or_breaks_the_prompt(failure, client_name,
 
 
 @pytest.mark.parametrize("client_name", ["claude-code", "codex"])
+@pytest.mark.parametrize("breakage", ["knob_typo", "relay_hook_moved"])
+def test_a_broken_relay_script_never_blocks_the_prompt(breakage, client_name, server, tmp_path):
+    """QA: `DEADLINE_MS="400` (one stray quote) made the script exit 2 with a syntax error,
+    and Claude Code blocks, and erases, a prompt whose hook exits 2; a moved venv made it
+    exit 127 with `exec: .../relay-hook: not found` on every prompt. Now the prompt goes on
+    with no error shown, and past a typo in a knob recall goes on too (the value is ignored).
+    No "hook" in this test's name: Codex prints the temporary path, where hook_problems looks."""
+    api = FakeModelApi()
+    client = CLIENTS[client_name](api)
+    try:
+        home = make_home(tmp_path, client, server.url, server.admin_key)
+        script = home / ".relay/relay-autosearch-hook.sh"
+        text = script.read_text()
+        if breakage == "knob_typo":
+            broken = text.replace("DEADLINE_MS=400", 'DEADLINE_MS="400')
+        else:
+            broken = re.sub(
+                r"^exec /\S+/relay-hook", "exec /gone/venv/bin/relay-hook", text, flags=re.M
+            )
+        assert broken != text
+        script.write_text(broken)
+        turn = client.run(home, breakage, NEEDED)
+    finally:
+        api.close()
+    assert prompt_call(client, turn), turn.describe()
+    assert hook_problems(client, turn) == [], turn.describe()
+    body = prompt_call(client, turn).body
+    if breakage == "knob_typo":
+        assert count_in(body, memory_tag(server.clusters)) == 1, turn.describe()
+        assert turn.prompt_outcome()["outcome"] == "hit", turn.describe()
+    else:
+        assert count_in(body, "<relay-memory") == 0 and turn.outcomes == [], turn.describe()
+
+
+@pytest.mark.parametrize("client_name", ["claude-code", "codex"])
 def test_the_suite_would_see_a_hook_error(client_name, server, tmp_path):
     """The control for every "no hook error shown" above: a hook that fails is seen."""
     api = FakeModelApi()

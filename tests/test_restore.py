@@ -387,17 +387,33 @@ def test_a_link_the_server_refuses_is_named_by_its_line(tmp_path, target):
 
 
 def test_a_memory_this_key_cannot_read_is_named_by_its_line(tmp_path, source):
-    mint(source.url, source.admin_key, "sre", ["memory:write"], ["sre"])
+    """Its id is taken, whether that memory lives or was deleted: one answer for both (a
+    key without the role was told 'exists' for one and 'was deleted' for the other)."""
+    sre = mint(source.url, source.admin_key, "sre", ["memory:write"], ["sre"])["secret"]
     dev = mint(source.url, source.admin_key, "dev2", ["memory:read", "memory:write"])["secret"]
-    remember(
-        source.url, source.admin_key, id="hid-sre", body="Failover by hand.", audiences=["sre"]
-    )
-    (tmp_path / "sre.jsonl").write_text(json.dumps(get(source, "/v1/memories/hid-sre").json()))
-    done = run(source, tmp_path, "restore", "sre.jsonl", key=dev)
-    assert done.returncode == 4
-    assert done.stderr.strip().splitlines()[-1] == (
-        "relay: error: sre.jsonl:1: hid-sre exists for an audience this key cannot read;"
-        " restore it with a key that has that role"
+    lines = []
+    for memory_id in ("hid-sre", "hid-sre-gone"):
+        remember(source.url, sre, id=memory_id, body="Failover by hand.", audiences=["sre"])
+        (tmp_path / "sre.jsonl").write_text(
+            json.dumps(get(source, f"/v1/memories/{memory_id}").json())
+        )
+        if memory_id.endswith("-gone"):
+            gone = httpx.delete(
+                f"{source.url}/v1/memories/{memory_id}",
+                headers={"Authorization": f"Bearer {sre}"},
+                timeout=30,
+            )
+            assert gone.status_code == 204
+        done = run(source, tmp_path, "restore", "sre.jsonl", key=dev)
+        assert done.returncode == 5
+        lines.append(done.stderr.strip().splitlines()[-1].replace(memory_id, "ID"))
+    assert (
+        lines
+        == [
+            "relay: error: sre.jsonl:1: id 'ID' is taken by a memory for audiences this key lacks"
+            " (a deleted memory's id stays taken too)"
+        ]
+        * 2
     )
 
 
@@ -410,3 +426,36 @@ def test_long_memories_travel_in_requests_the_server_accepts(tmp_path, target):
     assert (
         summary(done) == "restored 40 memories: 40 new or changed, 0 unchanged, 0 expired skipped"
     )
+
+
+def test_an_export_that_fails_midway_leaves_the_earlier_backup_as_it_was(tmp_path: Path):
+    """QA: `relay export -o backup.jsonl` wrote the file page by page, so a server failing on
+    the third page left the old 4,169-line backup cut to 1,000 lines, every one valid, and
+    `relay restore` took it for complete."""
+    from hook_support import FakeRelay, reply
+
+    first = {"items": [json.loads(line("m1"))], "next_cursor": "c2"}
+    down = {"error": {"code": "unavailable", "message": "db down", "status": 503}}
+
+    def pages(conn, request):  # noqa: ANN001, ANN202
+        return (
+            reply(200, first)(conn, request)
+            if "cursor" not in request.path
+            else (reply(503, down)(conn, request))
+        )
+
+    backup = tmp_path / "backup.jsonl"
+    backup.write_text(line("old") + "\n", encoding="utf-8")
+    with FakeRelay(pages) as server:
+        env = {"RELAY_URL": server.url, "RELAY_API_KEY": "relay_k_s"}
+        done = relay(tmp_path, "export", "-o", str(backup), **env)
+    assert done.returncode != 0 and "db down" in done.stderr
+    assert backup.read_text(encoding="utf-8") == line("old") + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup.jsonl"]  # no partial left
+
+
+def test_an_export_file_is_its_owners_alone(tmp_path: Path, source):
+    """It holds every memory the key may read, role-restricted ones too."""
+    done = run(source, tmp_path, "export", "-o", "all.jsonl")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "all.jsonl").stat().st_mode & 0o777 == 0o600

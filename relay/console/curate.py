@@ -123,6 +123,8 @@ def _lines(r: Revision, name: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, tuple):
+        if name == "supersedes" and r.supersedes_withheld:  # counted, never named
+            return [*value, f"(and {r.supersedes_withheld} this key cannot read)"]
         return list(value)
     return str(value).splitlines()
 

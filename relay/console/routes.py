@@ -36,7 +36,7 @@ from relay.errors import ForbiddenError, InvalidRequestError, NotFoundError, Una
 from relay.hook import codec, gate, state
 from relay.hook import config as hook_config
 from relay.hook.client import HookFailure
-from relay.hook.pack import PROMPT_INTRO, pack, tokens, validate
+from relay.hook.pack import MIN_BUDGET_TOKENS, PROMPT_INTRO, pack, tokens, validate
 from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
 from relay.models import ApiKey, Principal, iso
@@ -139,7 +139,7 @@ class Preview(_Body):
     prompt: str = Field(max_length=100_000)
     key_id: str | None = Field(None, max_length=64)
     max_records: int = Field(int(hook_config.DEFAULTS["max_records"]), ge=1, le=20)  # type: ignore[call-overload]
-    max_tokens: int = Field(int(hook_config.DEFAULTS["max_tokens"]), ge=50, le=8000)  # type: ignore[call-overload]
+    max_tokens: int = Field(int(hook_config.DEFAULTS["max_tokens"]), ge=MIN_BUDGET_TOKENS, le=8000)  # type: ignore[call-overload]
     min_score: float = Field(float(hook_config.DEFAULTS.get("min_score", 0.0)), ge=0.0, le=1.0)  # type: ignore[arg-type]
     deadline_ms: int = Field(HOOK_SERVER_MS, ge=20, le=10_000)
 
@@ -236,6 +236,7 @@ def build_routers(
             "hook": {
                 "max_records": hook_config.DEFAULTS["max_records"],
                 "max_tokens": hook_config.DEFAULTS["max_tokens"],
+                "max_tokens_min": MIN_BUDGET_TOKENS,
                 "min_score": hook_config.DEFAULTS.get("min_score", 0.0),
                 "deadline_ms": HOOK_SERVER_MS,
             },

@@ -13,11 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from relay.errors import InvalidRequestError, RelayError
 from relay.hook.config import DEADLINE_MAX_MS, DEADLINE_MIN_MS
 from relay.hook_bench import BENCH
 
 if TYPE_CHECKING:
+    from relay.client import RelayClient
     from relay.eval.conversations import Conversation
+
+# Errors are RelayErrors, so `relay` prints them as every command does ("relay: error: ...",
+# with the class's exit code); click's UsageError stays for options that do not fit together.
 
 
 def _progress(message: str) -> None:
@@ -63,7 +68,7 @@ def _conversations(source: Path, count: int | None, seed: int, turns: int) -> li
     try:
         return load_conversations(source, count, seed, turns)
     except (ValueError, KeyError, OSError) as exc:
-        raise click.ClickException(f"{source}: {exc}") from None
+        raise InvalidRequestError(f"{source}: {exc}") from None
 
 
 def _check_config(path: Path) -> None:
@@ -75,28 +80,63 @@ def _check_config(path: Path) -> None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise click.ClickException(f"--config {path}: not a readable JSON file ({exc})") from None
+        raise InvalidRequestError(f"--config {path}: not a readable JSON file ({exc})") from None
     if not isinstance(data, dict):
-        raise click.ClickException(f"--config {path}: not a JSON object")
+        raise InvalidRequestError(f"--config {path}: not a JSON object")
+    for name in data:  # the hook's own table of settings: it skips any other key unread
+        if name not in hook_config.DEFAULTS:
+            import difflib
+
+            near = difflib.get_close_matches(name, hook_config.DEFAULTS, n=1)
+            raise InvalidRequestError(
+                f"--config {path}: the hook would ignore {name} (not a setting"
+                + (f"; did you mean {near[0]}?)" if near else "; docs/hook.md lists them)")
+            )
     ignored: list[str] = []
     hook_config.load({"RELAY_CONFIG": str(path)}, ignored)
     if ignored:
-        raise click.ClickException(f"--config {path}: the hook would ignore {ignored[0]}")
+        raise InvalidRequestError(f"--config {path}: the hook would ignore {ignored[0]}")
 
 
-def _check_server(url: str, key: str) -> None:
+def _team_server(url: str | None, key: str | None) -> RelayClient:
+    """The server and key a team's prompts replay against: the flags, else RELAY_URL and
+    RELAY_API_KEY(_FILE), else the config `relay install` wrote, as every client command
+    resolves them (`RelayClient.from_config`)."""
+    from relay.client import NotConfiguredError, RelayClient
+
+    client = RelayClient.from_config(url, key)
+    if not client.api_key:
+        raise NotConfiguredError(
+            "no API key: pass --key, set RELAY_API_KEY, or run 'relay install'"
+        )
+    return client
+
+
+def _check_server(client: RelayClient) -> None:
     """One request before the replay (`GET /v1/whoami`): the server answers, takes the key,
     and the key may read. Otherwise every hook run would quietly log the failure and the
     report would measure a server that is down, or a key that is refused."""
-    from relay.errors import RelayError, UnauthorizedError
-    from relay.install import verify
+    import shlex
 
+    from relay.client import RelayClient
+    from relay.errors import ForbiddenError, UnauthorizedError
+
+    if not client.url.startswith(("http://", "https://")):
+        raise InvalidRequestError(
+            f"server URL must start with http:// or https:// (got {client.url!r})"
+        )
     try:
-        verify(url, key)
+        who = RelayClient(client.url, client.api_key, timeout=10).get("/v1/whoami")
     except UnauthorizedError as exc:
-        raise click.ClickException(f"{url} refused the key: {exc.message}") from None
-    except RelayError as exc:
-        raise click.ClickException(exc.message) from None
+        raise UnauthorizedError(f"{client.url} refused the key: {exc.message}") from None
+    key = (who or {}).get("key") or {}
+    if not set(key.get("scopes") or ()) & {"memory:read", "admin"}:
+        org = ((who or {}).get("org") or {}).get("name") or "ORG"
+        raise ForbiddenError(
+            f"the key {key.get('id')} lacks memory:read, so every recall would be refused; "
+            "an admin creates one where the server's database is with 'relay key create "
+            f"--org {shlex.quote(org)} --name relay-eval --scope memory:read'"
+        )
 
 
 def _folder_option(name: str, help_text: str):  # noqa: ANN202
@@ -145,7 +185,8 @@ common = [
         "--workdir",
         type=click.Path(file_okay=False, path_type=Path),
         help="Keep the database, server log and hook state here (default: a temporary folder); "
-        "a replay reuses a database it loaded there from the same data.",
+        "a replay reuses a database it loaded there from the same data (the same content of "
+        "memories.jsonl and the distractors'), and its keys.",
     ),
 ]
 
@@ -174,8 +215,15 @@ def eval_group() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A Relay config whose knobs the 'on' mode uses (e.g. after --apply).",
 )
-@click.option("--url", help="Replay a JSONL of prompts against this running server instead.")
-@click.option("--key", help="A memory:read key for --url.")
+@click.option(
+    "--url",
+    help="The running server a JSONL of prompts replays against [default: RELAY_URL, else the "
+    "config relay install wrote]; not for a bench folder, which gets a server of its own.",
+)
+@click.option(
+    "--key",
+    help="A memory:read key for that server [default: RELAY_API_KEY, else the config].",
+)
 @click.option(
     "--apply", "apply_", is_flag=True, help="Write the advised knobs to the Relay config."
 )
@@ -199,11 +247,11 @@ def replay_command(
 
     SOURCE is a ../shared/bench-format folder (its memories are loaded into a
     fresh `relay serve`; its sessions replayed, or conversations built from its
-    questions), or a team's JSONL of prompts replayed against --url/--key.
+    questions), or a team's JSONL of prompts replayed against its server (--url/--key,
+    RELAY_URL/RELAY_API_KEY, or the config relay install wrote).
     """
     import http.client
 
-    from relay.errors import RelayError
     from relay.eval import advice as adv
     from relay.eval import replay as rp
     from relay.eval import report as rep
@@ -217,24 +265,26 @@ def replay_command(
     bench = source.is_dir()
     if bench and not (source / "memories.jsonl").exists():
         raise click.UsageError(f"{source} has no memories.jsonl")
-    if not bench and not (url and key):
-        raise click.UsageError("a JSONL of prompts needs --url and --key (the team's server)")
+    if bench and (url or key):
+        raise click.UsageError(
+            "--url and --key are for a JSONL of prompts, replayed against a running server; "
+            f"{source} is a bench folder, loaded into a server the replay starts itself"
+        )
+    client = None if bench else _team_server(url, key)
     conversations = _conversations(source, count, seed, turns)
     if not conversations:
-        raise click.UsageError(f"{source}: no conversations to replay")
+        raise InvalidRequestError(f"{source}: no conversations to replay")
     refusal = adv.cannot_advise(conversations)
     if apply_ and refusal:  # before the replay: minutes of it would end in nothing to apply
-        raise click.ClickException(f"--apply: no advice to apply: {refusal}")
-    if not bench:
-        assert url and key
-        _check_server(url, key)
+        raise InvalidRequestError(f"--apply: no advice to apply: {refusal}")
+    if client is not None:
+        _check_server(client)
     stores = {c.store for c in conversations}
     work, tmp = make_workdir(workdir, "relay-eval-replay-")
     server = None
     try:
         with _stoppable():
             if bench:
-                _progress(f"loading {source} into a fresh database")
                 keys = load_database(
                     work / "relay.db",
                     source,
@@ -248,14 +298,17 @@ def replay_command(
                 server = Server(work / "relay.db", work / "server.log")
                 base = server.url
             else:
-                assert url and key
-                base = url
+                assert client is not None
+                base = client.url
                 keys = {
-                    s: OrgKeys("", dict.fromkeys((*rp.MODES, "probe"), key), "") for s in stores
+                    s: OrgKeys("", dict.fromkeys((*rp.MODES, "probe"), client.api_key), "")
+                    for s in stores
                 }
             missing = stores - set(keys)
             if missing:
-                raise click.UsageError(f"prompts name stores with no memories: {sorted(missing)}")
+                raise InvalidRequestError(
+                    f"{source}: prompts name stores with no memories: {sorted(missing)}"
+                )
             compile_hook()
             first = next(iter(stores))
             warm_up(
@@ -288,7 +341,7 @@ def replay_command(
                         max(current["max_records"], *adv.GRID["max_records"]),
                     )
                 except (OSError, http.client.HTTPException, RelayError) as exc:
-                    raise click.ClickException(
+                    raise RelayError(
                         f"{base}: the advice's searches failed after the replay: {exc}"
                     ) from None
                 advice = adv.advise(conversations, probes, rows, current)
@@ -317,7 +370,7 @@ def replay_command(
     if json_path:
         json_path.write_text(json.dumps(result, indent=2) + "\n")
     click.echo(rp.render(result, more, deadline_ms))
-    click.echo(adv.render(advice))
+    click.echo(adv.render(advice, str(source)))
     click.echo(f"report: {html_path} (figures behind it: {report_json})")
     if apply_:
         written = adv.apply(advice["recommended"])
@@ -377,7 +430,6 @@ def faults_command(
     server = None
     try:
         with _stoppable():
-            _progress(f"loading {source} into a fresh database")
             used = {c.store for c in conversations}
             keys = load_database(work / "relay.db", source, distractors, ("on",), _progress, used)
             server = Server(work / "relay.db", work / "server.log")
@@ -408,6 +460,4 @@ def faults_command(
     click.echo(fl.render(drills, deadline_ms))
     click.echo(f"report: {html_path} (figures behind it: {report_json})")
     if not fl.all_good(drills):
-        raise click.ClickException(
-            "some drill runs were late, injected from a failure or mislogged"
-        )
+        raise RelayError("some drill runs were late, injected from a failure or mislogged")

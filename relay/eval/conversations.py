@@ -341,7 +341,8 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                # without its line break, which json would count as the start of a line 2
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
             if not isinstance(row, dict):
@@ -358,6 +359,12 @@ def _team_row(row: dict[str, Any], line: int) -> dict[str, Any]:
     if kind is not None and kind not in (*CLASSES, UNLABELLED):
         raise ValueError(
             f"line {line}: kind {kind!r} is not one of {', '.join((*CLASSES, UNLABELLED))}"
+        )
+    if kind in QUIET_CLASSES and out["relevant"]:
+        # judged by getting nothing, so its gold would count for nothing, unseen
+        raise ValueError(
+            f"line {line}: a {kind} prompt lists 'relevant' memories, but it should get "
+            "nothing: give it kind needs_memory, or drop 'relevant'"
         )
     return out
 

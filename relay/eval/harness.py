@@ -37,6 +37,84 @@ class OrgKeys:
     read_ids: dict[str, str] = field(default_factory=dict)
 
 
+def file_digest(path: Path) -> dict[str, Any]:
+    """What a file held: its size and SHA-256 (milliseconds for the largest bench file, next
+    to the minutes its memories take to load)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def load_recipe(folder: Path, distractors: Path | None, used: set[str] | None) -> dict[str, Any]:
+    """What decides a loaded database's content: the memories loaded (by content, not by
+    path: an edited memories.jsonl is other data in the same folder), the distractors and
+    which stores hold them, the embedding model and Relay's version (its write path)."""
+    from relay import __version__
+    from relay.embedding import PROVIDERS
+
+    return {
+        "memories": file_digest(folder / "memories.jsonl"),
+        "distractors": file_digest(distractors / "memories.jsonl") if distractors else None,
+        "distractors_in": sorted(used) if distractors and used is not None else None,
+        "embedder": PROVIDERS["onnx"].name,
+        "relay": __version__,
+    }
+
+
+_CHANGED = {
+    "memories": "its memories.jsonl changed",
+    "distractors": "the distractors changed",
+    "distractors_in": "other stores are replayed, and only those hold the distractors",
+    "embedder": "the embedding model changed",
+    "relay": "Relay's version changed",
+}
+
+
+def _why_not_kept(marker: Path, recipe: dict[str, Any]) -> str | None:
+    """None when the database beside `marker` was loaded from `recipe`; else why it was not."""
+    try:
+        loaded = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "no replay loaded one there"
+    before = loaded.get("recipe") if isinstance(loaded, dict) else None
+    if not isinstance(before, dict):
+        return "no replay loaded one there"
+    return next((why for k, why in _CHANGED.items() if before.get(k) != recipe[k]), None)
+
+
+def _saved_keys(marker: Path) -> dict[str, dict[str, str]]:
+    """The keys a replay kept beside the database: {store: {mode or "admin": secret}}."""
+    try:
+        loaded = json.loads(marker.read_text(encoding="utf-8"))
+        keys = loaded.get("keys")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(keys, dict):
+        return {}
+    return {
+        name: {role: v for role, v in roles.items() if isinstance(v, str)}
+        for name, roles in keys.items()
+        if isinstance(roles, dict)
+    }
+
+
+def _valid(store: Any, secret: str, org_id: str) -> bool:
+    """The key still authenticates, for this organisation (not revoked, not expired)."""
+    from relay.auth import authorize
+    from relay.errors import UnauthorizedError
+
+    try:
+        return authorize(store, f"Bearer {secret}").org_id == org_id
+    except UnauthorizedError:
+        return False
+
+
 def load_database(
     db: Path,
     folder: Path,
@@ -49,32 +127,40 @@ def load_database(
     """Every store of `folder` as an organisation (the production write path), the ones in
     `used` (default all) also holding every memory of `distractors`; returns keys per store.
 
-    With `reuse`, a database this function loaded before from the same folders (and not
-    changed since by a drill) is kept, and only fresh keys are minted.
+    With `reuse`, a database this function loaded before from the same data (`load_recipe`:
+    the files' content, not their path) is kept, with the keys it minted for it: each run
+    starts its own server, so no mode can be served answers cached for another run, and
+    minting anew would add a key per mode and store to the database on every run. The
+    keys' secrets are kept beside the database (readable by its owner alone), which
+    grants no more than the database file itself does. A drill's run (no `reuse`) always
+    loads afresh, and the next replay too: drills delete memories and revoke keys.
     """
-    from relay.auth import mint_key
+    from relay.auth import mint_key, split_key
     from relay.bench_recall import load_folder, memory_draft, read_jsonl
     from relay.embedding import load_embedder
     from relay.store.sqlite import SQLiteStore
     from relay.writes import save_many
 
     marker = db.with_name(db.name + ".loaded.json")
-    recipe = {
-        "folder": str(folder.resolve()),
-        "distractors": str(distractors.resolve()) if distractors else None,
-        "used": sorted(used) if used is not None else None,
-    }
-    kept = reuse and marker.exists() and json.loads(marker.read_text()) == recipe
+    recipe = load_recipe(folder, distractors, used)
+    why = _why_not_kept(marker, recipe) if reuse else "a drill changes the database"
+    kept = why is None
     if not kept:
         marker.unlink(missing_ok=True)
         for stale in db.parent.glob(db.name + "*"):
             stale.unlink()
+        if progress:
+            progress(
+                f"loading {folder} into a fresh database"
+                + (f" in {db.parent} ({why})" if reuse else "")
+            )
+    saved = _saved_keys(marker) if kept else {}
     store = SQLiteStore(db)
     try:
         if kept:
             orgs = {o.name: o.id for o in store.list_orgs()}
             if progress:
-                progress(f"reusing the database loaded from {folder}")
+                progress(f"reusing the database in {db.parent}, loaded from the same data")
         else:
             embedder = load_embedder("onnx", 1)
             principals = load_folder(store, embedder, folder, progress)
@@ -90,20 +176,33 @@ def load_database(
                     save_many(store, embedder, org_id, extra, author="eval", batch=1024)
                     if progress:
                         progress(f"loaded {len(extra)} distractors into {name}")
+        secrets: dict[str, dict[str, str]] = {}
         out = {}
         for name, org_id in orgs.items():
-            keys = {m: mint_key(store, org_id, f"eval-{m}", READ, frozenset()) for m in modes}
-            admin = mint_key(store, org_id, "eval-admin", ADMIN, frozenset())
+            mine = saved.get(name, {})
+            keys: dict[str, str] = {}
+            ids: dict[str, str] = {}
+            for role in (*modes, "admin"):
+                secret = mine.get(role)
+                if secret is None or not _valid(store, secret, org_id):
+                    scopes = ADMIN if role == "admin" else READ
+                    secret = mint_key(store, org_id, f"eval-{role}", scopes, frozenset()).secret
+                keys[role] = secret
+                ids[role] = (split_key(secret) or ("", ""))[0]
+            secrets[name] = {**mine, **keys}  # a mode not replayed this time keeps its key
             out[name] = OrgKeys(
                 org_id,
-                {m: k.secret for m, k in keys.items()},
-                admin.secret,
-                {m: k.key.id for m, k in keys.items()},
+                {m: keys[m] for m in modes},
+                keys["admin"],
+                {m: ids[m] for m in modes},
             )
     finally:
         store.close()
-    if reuse and not kept:
-        marker.write_text(json.dumps(recipe))
+    if reuse:
+        marker.unlink(missing_ok=True)  # created anew, so readable by its owner alone
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"recipe": recipe, "loaded_from": str(folder.resolve()), "keys": secrets}, fh)
     return out
 
 

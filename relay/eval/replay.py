@@ -27,6 +27,7 @@ from typing import Any
 from relay.eval.conversations import (
     MEMORY_CLASSES,
     QUIET_CLASSES,
+    UNLABELLED,
     Conversation,
     Turn,
     kept_in_history,
@@ -182,9 +183,18 @@ def figures(rows: list[dict[str, Any]], conversations: int, classes: bool = True
             by_kind[r["kind"]].append(r)
         out["by_class"] = {k: figures(v, conversations, False) for k, v in sorted(by_kind.items())}
     else:
-        out["useful_rate"] = _rate([r["useful"] for r in rows])
-        out["quiet_rate"] = _rate([r["quiet"] for r in rows])
+        out.update(_class_rates(rows))
     return out
+
+
+def _class_rates(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """useful_rate and quiet_rate of one class's rows; none for unlabelled rows, whose
+    class nobody gave: whether they should have got something is unknown."""
+    rated = [r for r in rows if r["kind"] != UNLABELLED]
+    return {
+        "useful_rate": _rate([r["useful"] for r in rated]),
+        "quiet_rate": _rate([r["quiet"] for r in rated]),
+    }
 
 
 def public(rows: list[dict[str, Any]], conversations: int) -> dict[str, Any]:
@@ -237,14 +247,7 @@ def extras(rows: list[dict[str, Any]], deadline_ms: int) -> dict[str, Any]:
                     if r["kind"] in MEMORY_CLASSES and r["answered"] is not None
                 ]
             ),
-            "by_slice": {
-                k: {
-                    "n": len(v),
-                    "useful_rate": _rate([r["useful"] for r in v]),
-                    "quiet_rate": _rate([r["quiet"] for r in v]),
-                }
-                for k, v in sorted(slices.items())
-            },
+            "by_slice": {k: {"n": len(v), **_class_rates(v)} for k, v in sorted(slices.items())},
             "inconsistent": sum(r["logged_hit"] == r["quiet"] for r in mine),
         }
     on, off = out["modes"]["on"], out["modes"]["off"]

@@ -15,7 +15,14 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from relay.eval.advice import changes
+from relay.eval.advice import (
+    QUIET_TARGET,
+    TARGET_NAMES,
+    TOKEN_TARGET,
+    USEFUL_TARGET,
+    changes,
+    knob_and_effect,
+)
 from relay.eval.conversations import MEMORY_CLASSES, UNLABELLED
 from relay.hook_bench import ON_TIME_SLACK_MS
 
@@ -265,16 +272,16 @@ def targets(result: dict[str, Any], more: dict[str, Any]) -> list[tuple[str, str
         ("duplicate rate 0", f"{on['duplicate_rate']:.4f}", on["duplicate_rate"] == 0),
         (f"no prompt over deadline + {ON_TIME_SLACK_MS} ms", f"{over} over", over == 0),
         (
-            "usefulness ≥ 0.8 on memory-needing prompts",
+            f"usefulness ≥ {USEFUL_TARGET} on memory-needing prompts",
             _rate(on["useful_rate"]),
-            _at_least(on["useful_rate"], 0.8),
+            _at_least(on["useful_rate"], USEFUL_TARGET),
         ),
         (
-            "≥ 0.9 of nothing-needed prompts get nothing",
+            f"≥ {QUIET_TARGET} of nothing-needed prompts get nothing",
             _rate(on["quiet_rate"]),
-            _at_least(on["quiet_rate"], 0.9),
+            _at_least(on["quiet_rate"], QUIET_TARGET),
         ),
-        ("cumulative tokens ≤ 1/3 of ungated", f"{ratio:.3f} of ungated", ratio <= 1 / 3),
+        ("cumulative tokens ≤ 1/3 of ungated", f"{ratio:.3f} of ungated", ratio <= TOKEN_TARGET),
     ]
 
 
@@ -300,6 +307,10 @@ def replay_page(report: dict[str, Any]) -> str:
         cards.append(
             f'<div class="card">{_e(name)}<b class="{verdict}">{_e(figure)}</b>{_check(ok)}</div>'
         )
+    body.append(
+        '<p class="meta">The targets as measured in this replay, recall on with the knobs '
+        "replayed; the advice below predicts them for the setting it advises.</p>"
+    )
     body.append(f'<div class="cards">{"".join(cards)}</div>')
     body.append("<h2>Hook wall time, spawn to exit</h2>")
     body.append(
@@ -467,7 +478,7 @@ def _advice_html(advice: dict[str, Any]) -> list[str]:
                         c["searched"],
                         c["helped"],
                         c["added_ms"],
-                        f"{c['knob']} {c['knob_now']} → {c['knob_advised']}",
+                        knob_and_effect(c, "→")[0],
                         changes(c["moved_by"], "→") or "none",
                         f"{c['searched_now']:.2f} → {c['searched_advised']:.2f}",
                         f"{c['injected_now']:.2f} → {c['injected_advised']:.2f}",
@@ -480,11 +491,12 @@ def _advice_html(advice: dict[str, Any]) -> list[str]:
         out.append("<p>No prompt class the gate can recognise searches without helping.</p>")
     t = advice.get("threshold")
     if t:
+        knob, effect = knob_and_effect(t, "→")
         out.append(
             f'<p class="note">Prompts for which nothing relevant exists cannot be recognised '
-            f"before searching; the relevance threshold keeps them quiet. {t['injected']} of "
-            f"{t['turns']} got something injected; with min_score {t['min_score']} the share "
-            f"would go {t['injected_now']:.2f} → {t['injected_advised']:.2f}.</p>"
+            f"before searching; only the relevance threshold can keep them quiet. "
+            f"{t['injected']} of {t['turns']} got something injected. The relevance "
+            f"threshold: {_e(knob)}; {_e(effect)}.</p>"
         )
     now, new = advice["predicted_current"], advice["predicted_recommended"]
     out.append(
@@ -493,16 +505,25 @@ def _advice_html(advice: dict[str, Any]) -> list[str]:
             [[k, advice["current"][k], advice["recommended"][k]] for k in advice["current"]],
         )
     )
+    checks_now, checks_new = advice["targets_current"], advice["targets_recommended"]
+    rows: list[list[object]] = [
+        [
+            TARGET_NAMES[k],
+            f"{checks_now[k]['value']:.2f} {'met' if checks_now[k]['met'] else 'not met'}",
+            f"{v['value']:.2f} {'met' if v['met'] else 'not met'}",
+        ]
+        for k, v in checks_new.items()
+    ]
+    rows += [[k, now[k], new[k]] for k in ("search_share", "tokens_cumulative")]
     out.append(
-        _table(
-            ["predicted (hook decisions replayed offline)", "current", "recommended"],
-            [
-                [k, now[k], new[k]]
-                for k in ("useful_rate", "quiet_rate", "search_share", "tokens_cumulative")
-            ],
-        )
+        _table(["predicted (hook decisions replayed offline)", "current", "recommended"], rows)
     )
-    out.append(f'<p class="note">Chosen: {_e(advice["rule"])}.</p>')
+    sample = advice["sample"]
+    out.append(
+        f'<p class="note">Chosen: {_e(advice["rule"])}. Fitted to the '
+        f"{sample['conversations']} conversations replayed ({sample['memory_prompts']} prompts "
+        f"that need a memory, {sample['quiet_prompts']} that need nothing).</p>"
+    )
     for note in advice["notes"]:
         out.append(f'<p class="note">{_e(note)}</p>')
     return out

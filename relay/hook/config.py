@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from relay.hook import codec
+from relay.hook.pack import MIN_BUDGET_TOKENS
 
 TYPE_CHECKING = False  # `import typing` would cost the hook a few milliseconds
 if TYPE_CHECKING:
@@ -117,10 +118,22 @@ SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
         " asked-for searches: in a small org, unrelated prompts scored 0.11 to 0.16.",
     ),
     ("max_records", 3, _int(1, 20), "Most records injected per prompt."),
-    ("max_tokens", 600, _int(50, 8000), "Most tokens injected per prompt, labels included."),
+    (
+        "max_tokens",
+        600,
+        _int(MIN_BUDGET_TOKENS, 8000),
+        "Most tokens injected per prompt, labels included; less than"
+        f" {MIN_BUDGET_TOKENS} could never carry a record.",
+    ),
     ("profile", True, _bool, "SessionStart injects the team profile (pinned memories)."),
     ("profile_max_records", 5, _int(1, 20), "Most pinned records injected at SessionStart."),
-    ("profile_max_tokens", 800, _int(50, 8000), "Most tokens injected at SessionStart."),
+    (
+        "profile_max_tokens",
+        800,
+        _int(MIN_BUDGET_TOKENS, 8000),
+        "Most tokens injected at SessionStart; less than"
+        f" {MIN_BUDGET_TOKENS} could never carry a record.",
+    ),
     (
         "breaker_failures",
         3,

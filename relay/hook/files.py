@@ -73,7 +73,10 @@ class Lock:
     """An exclusive flock on `path`, waited for no later than `until` (time.monotonic()).
 
     `held` tells whether it was taken; callers decide what to do without it. The
-    wait polls a non-blocking flock because a blocking one cannot be bounded.
+    wait polls a non-blocking flock because a blocking one cannot be bounded. A lock
+    file may be removed (only by a process holding it: the session sweep), so a lock
+    taken on a file no longer at `path` is dropped and the one there now is taken:
+    two processes never hold locks on two files of one name.
     """
 
     def __init__(self, path: str, until: float) -> None:
@@ -83,22 +86,29 @@ class Lock:
         self.held = False
 
     def __enter__(self) -> Lock:
-        try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            return self
         delay = 0.0005
         while True:
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            except OSError:
+                return self
+            while True:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() + delay > self.until:
+                        return self
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.005)
+                except OSError:
+                    return self
+            if _names(self.path, self.fd):
                 self.held = True
                 return self
-            except BlockingIOError:
-                if time.monotonic() + delay > self.until:
-                    return self
-                time.sleep(delay)
-                delay = min(delay * 2, 0.005)
-            except OSError:
+            os.close(self.fd)  # removed while we waited: lock what is at `path` now
+            self.fd = -1
+            if time.monotonic() > self.until:
                 return self
 
     def __exit__(self, *exc: object) -> None:
@@ -106,3 +116,13 @@ class Lock:
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = -1
         self.held = False
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        there = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    here = os.fstat(fd)
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)

@@ -1,8 +1,12 @@
 """Whether a prompt is worth a search: length, throttle, topic shift.
 
 Keywords are lower-cased runs of letters, digits and underscores of three or
-more characters, minus common English and chat filler words. Topic overlap is
-the Jaccard index of this prompt's keywords and those of the last search.
+more characters, minus filler: the closed word classes of English, which name no
+topic (pronouns, determiners, prepositions, auxiliaries; quantifiers and degree
+words: "a lot", "much", "quite"; the particles of phrasal verbs: "go ahead",
+"carry along"), and chat (acknowledgements and interjections: "thanks", "ok",
+"perfect", "oops"). Topic overlap is the Jaccard index of this prompt's keywords
+and those of the last search.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ STOPWORDS = frozenset(
     yourselves yes yeah yep okay please thanks thank sure right go going get got make made want
     need needs see look looks use using used one two try again continue proceed next still also
     well good great fine cool nice done let's it's that's what's i'm you're can't don't won't
+    lot lots much many bit little less least enough plenty several quite rather really totally
+    completely exactly almost ahead along away back forward around aside together alright
+    awesome perfect excellent sorry cheers thx yup nope hmm wow oops
     """.split()
 )
 

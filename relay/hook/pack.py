@@ -41,6 +41,11 @@ def tokens(text: str) -> int:
     return -(-len(text.encode("utf-8", "replace")) // 3)
 
 
+# The least budget that can carry a record: the longer preamble and its newline, then the
+# room a record is cut down to at the least, and its newline. Less injects nothing, ever.
+MIN_BUDGET_TOKENS = max(tokens(PROMPT_INTRO), tokens(PROFILE_INTRO)) + 1 + MIN_TRUNCATED_TOKENS + 1
+
+
 def _bad(what: str) -> HookFailure:
     return HookFailure("invalid_response", what)
 

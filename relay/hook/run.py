@@ -25,6 +25,9 @@ EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
 SERVER_MAX_K = 12  # the most results one search returns (relay.search.MAX_K: not importable here)
 EXIT_RESERVE_S = 0.025  # kept back from the network: breaker, log and exit, slower under load
 SOURCES = ("startup", "resume", "clear", "compact")
+# Two runs of one session start begin together, or the second right after the first ended
+# (an agent running its hooks in turn): within the deadline and this much more.
+REPEAT_START_SLACK_S = 1.0
 
 
 def results_wanted(max_records: int) -> int:
@@ -125,10 +128,13 @@ def run(argv: list[str], t_main: float, environ=None) -> None:
         _dispatch(inv)
     finally:
         try:
-            inv.write_log()
-        finally:
             if inv.event == "session_start" or inv.log.get("outcome") == "hit":
-                state.cleanup(inv.cfg.state_dir)
+                # Before the log line, so its total covers the sweep the agent waits for too.
+                t = time.monotonic()
+                state.cleanup(inv.cfg.state_dir, min(t + state.CLEANUP_BUDGET_S, inv.until))
+                inv.ms["cleanup"] = _ms(time.monotonic() - t)
+        finally:
+            inv.write_log()
 
 
 def _dispatch(inv: Invocation) -> None:
@@ -241,14 +247,28 @@ def _session_start(inv: Invocation, payload: dict, session_id: str | None) -> No
     source = payload.get("source")
     source = source if source in SOURCES else "startup"
     inv.log["source"] = source
-    if source in ("clear", "compact") and session_id:
+    if session_id:
         with _session(inv, session_id) as session:
-            if session.held:
+            if not session.held:
+                return inv.finish("skipped", "state_busy")
+            # One session start reaching the hook twice (registered for the user and in the
+            # project, run concurrently or in turn) counts once: a second reset would wipe
+            # the profile the first run recorded, and it would be injected again.
+            last, now = session.data["start"], time.time()
+            if (
+                last is not None
+                and last["source"] == source
+                and last["count"] == session.data["count"]  # no prompt since
+                and 0 <= now - last["at"] < cfg.deadline_ms / 1000 + REPEAT_START_SLACK_S
+            ):
+                return inv.finish("skipped", "repeat_start")
+            if source in ("clear", "compact"):
                 keep_notice = session.data["told_unauthorized"]
                 session.data = state.fresh(session_id)
                 session.data["told_unauthorized"] = keep_notice
-                session.save()
                 inv.log["ledger_reset"] = True
+            session.data["start"] = {"source": source, "at": now, "count": session.data["count"]}
+            session.save()
     if not cfg.profile:
         return inv.finish("skipped", "profile_off")
     allowed, probe = breaker.admit(cfg.state_dir, cfg.url, cfg.breaker_cooldown_s, inv.until)

@@ -1,10 +1,13 @@
-"""Per-session state: prompt counter, last search keywords, the conversation ledger.
+"""Per-session state: prompt counter, last search keywords, the conversation ledger, the
+last session start.
 
 One JSON file per session under `<state_dir>/sessions/`, replaced atomically and
 changed only under that session's flock, so two hooks of one session (a prompt
 and a subagent, say) never lose each other's updates. Files are bounded (the
 ledger keeps the newest LEDGER_MAX entries) and sessions untouched for
-SESSION_TTL_S are removed, at most once an hour.
+SESSION_TTL_S are removed, at most once an hour, by a sweep that stops after
+CLEANUP_BUDGET_S and goes on from there a little later. A session's lock file is
+removed only by a process holding it (see files.Lock).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import os
 import time
 
 from relay.hook import codec
-from relay.hook.files import Lock, private_dir, read_owned_object, write_atomic
+from relay.hook.files import Lock, private_dir, read_bytes, read_owned_object, write_atomic
 
 LEDGER_MAX = 400
 KEYWORDS_MAX = 64
@@ -21,6 +24,11 @@ STATE_MAX_BYTES = 256 * 1024
 SESSION_TTL_S = 7 * 24 * 3600
 SESSIONS_MAX = 500
 CLEANUP_EVERY_S = 3600
+# The sweep runs in a hook process the agent waits for (QA: 20,000 stale files made one hit
+# take 644 ms), so it stops after this long: a thousand sessions looked at, or a hundred
+# removed (a stat about 7 us, a removal under the session's lock about 80 us).
+CLEANUP_BUDGET_S = 0.010
+CLEANUP_RETRY_S = 60  # a sweep cut short goes on this much later
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -34,6 +42,7 @@ def fresh(session_id: str) -> dict:
         "ledger": {},
         "told_unauthorized": False,
         "last_prompt_id": None,
+        "start": None,
     }
 
 
@@ -100,12 +109,23 @@ def _load(path: str, session_id: str) -> dict:
     state["told_unauthorized"] = stored.get("told_unauthorized") is True
     if isinstance(stored.get("last_prompt_id"), str):
         state["last_prompt_id"] = stored["last_prompt_id"]
+    start = stored.get("start")
+    if (
+        isinstance(start, dict)
+        and isinstance(start.get("source"), str)
+        and type(start.get("at")) in (int, float)
+        and type(start.get("count")) is int
+    ):
+        state["start"] = {key: start[key] for key in ("source", "at", "count")}
     return state
 
 
-def cleanup(state_dir: str, now: float | None = None) -> int:
-    """Remove stale session files, at most once per CLEANUP_EVERY_S; return how many went."""
+def cleanup(state_dir: str, until: float | None = None, now: float | None = None) -> int:
+    """Remove stale sessions, at most once per CLEANUP_EVERY_S, working no later than `until`
+    (time.monotonic(); default CLEANUP_BUDGET_S from now); return how many sessions (or
+    stray files) went. A sweep cut short is taken up CLEANUP_RETRY_S later where it ended."""
     now = time.time() if now is None else now
+    until = time.monotonic() + CLEANUP_BUDGET_S if until is None else until
     sessions = os.path.join(state_dir, "sessions")
     stamp = os.path.join(sessions, ".cleaned")
     try:
@@ -113,24 +133,114 @@ def cleanup(state_dir: str, now: float | None = None) -> int:
             return 0
     except OSError:
         pass
+    if time.monotonic() >= until:
+        return 0
+    held = read_bytes(stamp, 20) or b""
+    resume = int(held) if held.isdigit() else 0
     try:
-        write_atomic(stamp, b"")
-        entries = [(e.stat().st_mtime, e.path) for e in os.scandir(sessions) if e.is_file()]
+        write_atomic(stamp, b"")  # one sweep at a time
     except OSError:
         return 0
-    entries = [(m, p) for m, p in entries if p != stamp]
-    entries.sort()
-    stale = [p for m, p in entries if m < now - SESSION_TTL_S]
-    keep = [p for m, p in entries if m >= now - SESSION_TTL_S and p.endswith(".json")]
-    if len(keep) > SESSIONS_MAX:
-        for path in keep[: len(keep) - SESSIONS_MAX]:
-            stale.append(path)
-            stale.append(path[: -len(".json")] + ".lock")
-    removed = 0
-    for path in stale:
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
-    return removed
+    sweep = _Sweep(now, until)
+    try:
+        sweep.run(sessions, resume)
+    except OSError:
+        pass
+    try:
+        if sweep.reached is None:
+            os.utime(stamp, (now, now))
+        else:
+            write_atomic(stamp, str(sweep.reached).encode())
+            due = now - CLEANUP_EVERY_S + CLEANUP_RETRY_S
+            os.utime(stamp, (due, due))
+    except OSError:
+        pass
+    return sweep.removed
+
+
+class _Sweep:
+    """One pass over `sessions/` from entry `resume` on (directory order, which removals do not
+    change), until the time is up. A session's age is its state file's: its lock file is
+    created once and never written, so its own time says nothing."""
+
+    def __init__(self, now: float, until: float) -> None:
+        self.cutoff = now - SESSION_TTL_S
+        self.until = until
+        self.removed = 0
+        self.reached: int | None = 0  # where to take up a sweep cut short; None when done
+
+    def run(self, sessions: str, resume: int) -> None:
+        live: dict[str, float] = {}  # stem -> age, of the sessions kept
+        seen: set[str] = set()
+        gone = 0  # entries passed that are removed now, so the rest moved up
+        removed: set[str] = set()
+        with os.scandir(sessions) as entries:
+            for n, entry in enumerate(entries):
+                if time.monotonic() >= self.until:
+                    self.reached = max(resume, n - gone)
+                    break
+                if n < resume:
+                    continue
+                stem, ext = os.path.splitext(entry.path)
+                if ext not in (".json", ".lock"):  # an orphaned temporary file, say
+                    age = _mtime(entry.path)
+                    if entry.name != ".cleaned" and age is not None and age < self.cutoff:
+                        went = _unlink(entry.path)
+                        gone += went
+                        self.removed += went
+                elif stem in seen:
+                    gone += stem in removed
+                else:
+                    seen.add(stem)
+                    age = _age(stem)
+                    if age is None:
+                        continue
+                    if age >= self.cutoff:
+                        live[stem] = age
+                    elif _remove_session(stem, age):
+                        removed.add(stem)
+                        gone += 1
+                        self.removed += 1
+            else:
+                self.reached = None
+        # Beyond the newest SESSIONS_MAX of those seen: a session with that many newer ones in
+        # a part of the folder has at least as many in all of it, so a sweep cut short removes
+        # only what a whole one would.
+        surplus = sorted(live, key=live.__getitem__)[: max(0, len(live) - SESSIONS_MAX)]
+        for stem in surplus:
+            if time.monotonic() >= self.until:
+                self.reached = self.reached or 0
+                return
+            self.removed += _remove_session(stem, live[stem])
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return None
+
+
+def _age(stem: str) -> float | None:
+    """When the session's state was last written; for a lock without state, its creation."""
+    age = _mtime(stem + ".json")
+    return _mtime(stem + ".lock") if age is None else age
+
+
+def _unlink(path: str) -> int:
+    try:
+        os.unlink(path)
+        return 1
+    except OSError:
+        return 0
+
+
+def _remove_session(stem: str, age: float) -> bool:
+    """Remove a session's state and lock file while holding its lock, unless it is in use
+    (one try) or was written since it was judged at `age`."""
+    with Lock(stem + ".lock", time.monotonic()) as lock:
+        if not lock.held or _age(stem) != age:
+            return False
+        _unlink(stem + ".json")
+        _unlink(stem + ".lock")  # a process waiting on it finds it gone and takes the new one
+        return True

@@ -69,7 +69,15 @@ from relay.models import (
 )
 from relay.store import SaveMode, batch_item, candidate_terms, connect_deadline
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
-from relay.store.rules import judge_write, same_content, settle_supersedes
+from relay.store.rules import (
+    Read,
+    as_read,
+    judge_replacement,
+    judge_write,
+    linked_ids,
+    same_content,
+    settle_supersedes,
+)
 from relay.store.vector_index import VectorIndex
 
 log = logging.getLogger("relay.store.postgres")
@@ -727,7 +735,8 @@ class PostgresStore:
                 if any(changed for _, changed in out):
                     terms.apply(conn, org_id)
                     _bump(conn, org_id)
-                return out
+                shown = _as_read(conn, org_id, [m for m, _ in out], audiences)
+                return [(m, changed) for m, (_, changed) in zip(shown, out, strict=True)]
         except StoreError as exc:
             if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
                 raise ConflictError("the memory was written concurrently; retry") from None
@@ -752,6 +761,21 @@ class PostgresStore:
         current = _judge(row, memory_id, draft, mode, expected_revision, audiences)
         kept = () if current is None else current.supersedes
         draft = _check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
+        if current is not None and current.superseded_by is not None:
+            replacement = conn.execute(
+                "SELECT audiences FROM memories WHERE org_id = %s AND id = %s"
+                " AND deleted_at IS NULL",
+                (org_id, current.superseded_by),
+            ).fetchone()
+            if replacement is not None:
+                judge_replacement(
+                    memory_id,
+                    current.audiences,
+                    draft.audiences,
+                    current.superseded_by,
+                    replacement["audiences"],
+                    audiences,
+                )
         if current is not None and same_content(current, draft):
             return current, False
         values = _values(org_id, memory_id, draft, author, current)
@@ -809,7 +833,8 @@ class PostgresStore:
     ) -> list[tuple[Memory, bool]] | None:
         """Many distinct memories without supersession: the same checks and rows as `_save`,
         in a handful of pipelined statements instead of ten round trips per memory. None
-        when one of them already supersedes others: `_save` carries or judges those links."""
+        when one of them already supersedes others or is superseded: `_save` carries or
+        judges those links."""
         ids = [mid for mid, _, _ in items]
         rows = {
             r["id"]: r
@@ -817,7 +842,7 @@ class PostgresStore:
                 "SELECT * FROM memories WHERE org_id = %s AND id = ANY(%s)", (org_id, ids)
             )
         }
-        if any(r["supersedes"] for r in rows.values()):
+        if any(r["supersedes"] or r["superseded_by"] for r in rows.values()):
             return None
         out: list[tuple[Memory, bool] | None] = []
         writes: list[tuple[int, dict[str, Any], MemoryDraft, Sequence[PassageInput]]] = []
@@ -945,9 +970,10 @@ class PostgresStore:
                 f"SELECT m.* FROM memories m WHERE {managed_sql(audiences)} AND m.id = %(id)s",
                 params,
             ).fetchone()
-        if row is None:
-            raise NotFoundError(f"no memory {memory_id!r}")
-        return _memory(row)
+            if row is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            (memory,) = _as_read(conn, org_id, [_memory(row)], audiences)
+        return memory
 
     def list_memories(
         self,
@@ -976,7 +1002,7 @@ class PostgresStore:
         query += " ORDER BY m.id LIMIT %(limit)s"
         with self._tx(org_id) as conn:
             rows = conn.execute(query, params).fetchall()
-        items = [_memory(r) for r in rows[:limit]]
+            items = _as_read(conn, org_id, [_memory(r) for r in rows[:limit]], audiences)
         return items, (items[-1].id if len(rows) > limit else None)
 
     def history(
@@ -996,7 +1022,7 @@ class PostgresStore:
             if conn.execute(query, params).fetchone() is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
             rows = conn.execute(history_sql(audiences is not None), params).fetchall()
-        return [_revision(r) for r in rows]
+            return _as_read(conn, org_id, [_revision(r) for r in rows], audiences)
 
     def pinned(self, org_id: str, audiences: frozenset[str], now: datetime) -> list[Memory]:
         params = _params(org_id, audiences, now=now)
@@ -1006,7 +1032,7 @@ class PostgresStore:
                 " ORDER BY m.updated_at DESC LIMIT 20",
                 params,
             ).fetchall()
-        return [_memory(r) for r in rows]
+            return _as_read(conn, org_id, [_memory(r) for r in rows], audiences)
 
     # -- search ----------------------------------------------------------------------
     def lexical_search(
@@ -1465,6 +1491,26 @@ def _check_supersedes(
     )
     stored = {r["id"]: (r["audiences"], r["live"]) for r in rows}
     return settle_supersedes(memory_id, draft, stored, writer, kept)
+
+
+def _as_read(
+    conn: psycopg.Connection,
+    org_id: str,
+    items: Sequence[Read],
+    audiences: frozenset[str] | None,
+) -> list[Read]:
+    """`items` as a reader of `audiences` sees them (`rules.as_read`): their links to
+    memories it may not read (a deleted one by its last audiences) withheld. None: an
+    admin management read, which sees every link."""
+    ids = sorted(linked_ids(items))
+    if audiences is None or not ids:
+        return list(items)
+    rows = conn.execute(
+        "SELECT DISTINCT memory_id FROM memory_audiences WHERE org_id = %s"
+        " AND memory_id = ANY(%s) AND audience = ANY(%s)",
+        (org_id, ids, sorted(audiences | {EVERYONE})),
+    ).fetchall()
+    return [as_read(item, {r["memory_id"] for r in rows}) for item in items]
 
 
 def _bump(conn: psycopg.Connection, org_id: str) -> None:

@@ -4,11 +4,14 @@ with the same words."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
-from relay.models import EVERYONE, Memory, MemoryDraft
+from relay.models import EVERYONE, Memory, MemoryDraft, Revision
 from relay.store import SaveMode
+
+Read = TypeVar("Read", Memory, Revision)
 
 
 def judge_write(
@@ -19,21 +22,28 @@ def judge_write(
     expected_revision: int | None,
     audiences: frozenset[str] | None,
 ) -> None:
-    """Raise unless a write of `mode` may go ahead against the stored `current` memory."""
+    """Raise unless a write of `mode` may go ahead against the stored `current` memory
+    (`deleted`: its tombstone, which keeps the audiences of its last live revision).
+
+    Ids are unique in the org and never reused, so a taken id is refused whoever may read
+    its memory. One the writer may not read is refused before anything else is looked at,
+    with one answer whether it lives or was deleted: an edit's 404 (as for an id never
+    used), any other write's 409 naming the id (so `relay import` takes the id's next
+    generation). Only a reader of the memory is told which it is."""
+    if current is not None and not _reads(audiences, current.audiences):
+        if mode == "edit":
+            raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
+        raise ConflictError(
+            f"id {memory_id!r} is taken by a memory for audiences this key lacks"
+            " (a deleted memory's id stays taken too)",
+            memory_id=memory_id,
+        )
     if deleted:
         raise ConflictError(
             f"memory {memory_id!r} was deleted; its id cannot be reused", memory_id=memory_id
         )
     if mode == "create" and current is not None:
-        # Ids are unique in the org: a taken one is taken whoever may read it.
-        raise ConflictError(f"memory {memory_id!r} already exists")
-    if (
-        current is not None
-        and audiences is not None
-        and not (set(current.audiences) & (audiences | {EVERYONE}))
-    ):
-        # Invisible to this writer: answer exactly as if it did not exist.
-        raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
+        raise ConflictError(f"memory {memory_id!r} already exists", memory_id=memory_id)
     if mode == "edit" and current is None:
         raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
     if expected_revision is not None and (current is None or current.revision != expected_revision):
@@ -123,6 +133,8 @@ def carried_links(
     hidden = [
         t for t in kept if t not in targets and not _reads(writer, stored.get(t, ((), False))[0])
     ]
+    if hidden and tuple(targets) == tuple(t for t in kept if t not in hidden):
+        return tuple(kept)  # the links as the writer was shown them (`as_read`): no change
     return (*targets, *hidden)
 
 
@@ -139,3 +151,68 @@ def settle_supersedes(
     links = carried_links(draft.supersedes, kept, stored, writer)
     judge_supersedes(memory_id, links, stored, writer, draft.audiences, kept)
     return draft if links == draft.supersedes else dataclasses.replace(draft, supersedes=links)
+
+
+def judge_replacement(
+    memory_id: str,
+    before: Sequence[str],
+    audiences: Sequence[str],
+    replacement: str,
+    reach: Sequence[str],
+    writer: frozenset[str] | None,
+) -> None:
+    """Raise unless a memory superseded by the live `replacement` (reaching `reach`) may
+    go from audiences `before` to `audiences`; `writer` as for `judge_supersedes`.
+
+    A superseded memory never reaches recall, so an audience it gains that its replacement
+    does not reach would find neither: the rule `judge_supersedes` holds a replacement to,
+    from the other side. Only audiences it gains are judged, so an edit that widens nothing
+    never fails on a pair written before this rule. A writer that may not read the
+    replacement (only such a pair can leave it so) is refused any new audience, whichever
+    the replacement reaches, so that the answer says nothing of them."""
+    gained = set(audiences) - set(before)
+    if not gained or EVERYONE in reach:
+        return
+    if not _reads(writer, reach):
+        raise InvalidRequestError(
+            "this memory is superseded by one this key cannot read: keep its audiences"
+        )
+    left_out = gained - set(reach)
+    if left_out:
+        raise InvalidRequestError(
+            f"{replacement!r} supersedes this memory and does not reach"
+            f" {', '.join(sorted(left_out))}: give it those audiences first, or drop its link"
+            f" to {memory_id!r}"
+        )
+
+
+def linked_ids(items: Iterable[Memory | Revision]) -> set[str]:
+    """Every memory id the `supersedes` and `superseded_by` of `items` name."""
+    ids: set[str] = set()
+    for item in items:
+        ids.update(item.supersedes)
+        if isinstance(item, Memory) and item.superseded_by is not None:
+            ids.add(item.superseded_by)
+    return ids
+
+
+def as_read(item: Read, readable: Collection[str]) -> Read:
+    """A memory or revision as a reader sees it, `readable` being which of its links
+    (`linked_ids`) name memories the reader may read (a deleted one by its last audiences).
+
+    A link to any other memory is withheld: `supersedes` leaves it out and
+    `supersedes_withheld` counts it (those are the links a write by the reader carries
+    over, `carried_links`), and `superseded_by` is null. What the link named would tell
+    the reader of a memory it may not read, and whether that memory still lives."""
+    shown = tuple(t for t in item.supersedes if t in readable)
+    if (
+        isinstance(item, Memory)
+        and item.superseded_by is not None
+        and item.superseded_by not in readable
+    ):
+        item = dataclasses.replace(item, superseded_by=None)
+    if len(shown) == len(item.supersedes):
+        return item
+    return dataclasses.replace(
+        item, supersedes=shown, supersedes_withheld=len(item.supersedes) - len(shown)
+    )

@@ -38,7 +38,15 @@ from relay.models import (
 )
 from relay.store import SaveMode, batch_item, candidate_terms
 from relay.store.migrations_sqlite import MIGRATIONS
-from relay.store.rules import judge_write, same_content, settle_supersedes
+from relay.store.rules import (
+    Read,
+    as_read,
+    judge_replacement,
+    judge_write,
+    linked_ids,
+    same_content,
+    settle_supersedes,
+)
 from relay.store.vector_index import VectorIndex
 
 
@@ -377,9 +385,11 @@ class SQLiteStore:
         audiences: frozenset[str] | None = None,
     ) -> tuple[Memory, bool]:
         with self._write() as conn:
-            return self._save(
+            saved, changed = self._save(
                 conn, org_id, memory_id, draft, author, passages, mode, expected_revision, audiences
             )
+            (shown,) = _as_read(conn, org_id, [saved], audiences)
+        return shown, changed
 
     def save_memories(
         self,
@@ -399,7 +409,8 @@ class SQLiteStore:
                             conn, org_id, memory_id, draft, author, passages, mode, None, audiences
                         )
                     )
-        return saved
+            shown = _as_read(conn, org_id, [m for m, _ in saved], audiences)
+        return [(m, changed) for m, (_, changed) in zip(shown, saved, strict=True)]
 
     def _save(
         self,
@@ -422,6 +433,20 @@ class SQLiteStore:
         judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
         kept = () if current is None else current.supersedes
         draft = self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
+        if current is not None and current.superseded_by is not None:
+            replacement = conn.execute(
+                "SELECT audiences FROM memories WHERE org_id = ? AND id = ? AND deleted_at IS NULL",
+                (org_id, current.superseded_by),
+            ).fetchone()
+            if replacement is not None:
+                judge_replacement(
+                    memory_id,
+                    current.audiences,
+                    draft.audiences,
+                    current.superseded_by,
+                    json.loads(replacement["audiences"]),
+                    audiences,
+                )
         if current is not None and same_content(current, draft):
             return current, False
         revision = 1 if current is None else current.revision + 1
@@ -612,17 +637,14 @@ class SQLiteStore:
     def get_memory(self, org_id: str, memory_id: str, audiences: frozenset[str] | None) -> Memory:
         params = {"org": org_id, "id": memory_id, "now": time.time(), **_audience_params(audiences)}
         count = None if audiences is None else len(params) - 3
-        with translate_errors():
-            row = (
-                self._reader()
-                .execute(
-                    f"SELECT m.* FROM memories m WHERE {_managed_sql(count)} AND m.id = :id", params
-                )
-                .fetchone()
-            )
-        if row is None:
-            raise NotFoundError(f"no memory {memory_id!r}")
-        return _memory(row)
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT m.* FROM memories m WHERE {_managed_sql(count)} AND m.id = :id", params
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            (memory,) = _as_read(conn, org_id, [_memory(row)], audiences)
+        return memory
 
     def list_memories(
         self,
@@ -651,9 +673,9 @@ class SQLiteStore:
             params["tag"] = tag
         sql += " ORDER BY m.id LIMIT :limit"
         params["limit"] = limit + 1
-        with translate_errors():
-            rows = self._reader().execute(sql, params).fetchall()
-        items = [_memory(r) for r in rows[:limit]]
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+            items = _as_read(conn, org_id, [_memory(r) for r in rows[:limit]], audiences)
         return items, (items[-1].id if len(rows) > limit else None)
 
     def history(
@@ -675,21 +697,17 @@ class SQLiteStore:
             if conn.execute(sql, params).fetchone() is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
             rows = conn.execute(history_sql(count), params).fetchall()
-        return [_revision(r) for r in rows]
+            return _as_read(conn, org_id, [_revision(r) for r in rows], audiences)
 
     def pinned(self, org_id: str, audiences: frozenset[str], now: datetime) -> list[Memory]:
         params = {"org": org_id, "now": now.timestamp(), **_audience_params(audiences)}
-        with translate_errors():
-            rows = (
-                self._reader()
-                .execute(
-                    f"SELECT m.* FROM memories m WHERE {visible_sql(len(params) - 2)}"
-                    " AND m.pinned = 1 ORDER BY m.updated_at DESC LIMIT 20",
-                    params,
-                )
-                .fetchall()
-            )
-        return [_memory(r) for r in rows]
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT m.* FROM memories m WHERE {visible_sql(len(params) - 2)}"
+                " AND m.pinned = 1 ORDER BY m.updated_at DESC LIMIT 20",
+                params,
+            ).fetchall()
+            return _as_read(conn, org_id, [_memory(r) for r in rows], audiences)
 
     # -- search --------------------------------------------------------------
     def lexical_search(
@@ -990,6 +1008,39 @@ def _managed_sql(audience_count: int | None) -> str:
             f" AND ma.memory_id = m.id AND ma.audience IN ({names}))"
         )
     return " AND ".join(clauses)
+
+
+def _as_read(
+    conn: sqlite3.Connection,
+    org_id: str,
+    items: Sequence[Read],
+    audiences: frozenset[str] | None,
+) -> list[Read]:
+    """`items` as a reader of `audiences` sees them (`rules.as_read`): their links to
+    memories it may not read (a deleted one by its last audiences) withheld. None: an
+    admin management read, which sees every link."""
+    ids = sorted(linked_ids(items))
+    if audiences is None or not ids:
+        return list(items)
+    readable = _readable(conn, org_id, ids, audiences)
+    return [as_read(item, readable) for item in items]
+
+
+def _readable(
+    conn: sqlite3.Connection, org_id: str, ids: Sequence[str], audiences: frozenset[str]
+) -> set[str]:
+    """Which of `ids` name memories of the org, live or deleted, that `audiences` read."""
+    reader = sorted(audiences | {EVERYONE})
+    found: set[str] = set()
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        sql = (
+            "SELECT DISTINCT memory_id FROM memory_audiences WHERE org_id = ?"
+            f" AND memory_id IN ({', '.join('?' * len(chunk))})"
+            f" AND audience IN ({', '.join('?' * len(reader))})"
+        )
+        found.update(r[0] for r in conn.execute(sql, (org_id, *chunk, *reader)))
+    return found
 
 
 def _bump(conn: sqlite3.Connection, org_id: str) -> None:

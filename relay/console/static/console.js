@@ -357,7 +357,7 @@ function memoryForm(memory, onSave, saveLabel) {
     field('Tags', h('input', { name: 'tags', value: m.tags.join(', ') }), 'Comma-separated.'),
     field('Valid until', validUntil, 'ISO 8601 (2026-12-31 or 2026-12-31T18:00:00Z), in the future; empty for no end.'),
     h('div', { class: 'quick', role: 'group', 'aria-label': 'Set valid until' }, quick('In 1 minute', 60e3), quick('In 1 day', 864e5), quick('In 30 days', 30 * 864e5), quick('No end', null)),
-    field('Supersedes', h('input', { name: 'supersedes', value: m.supersedes.join(', '), spellcheck: 'false' }), 'Comma-separated ids of memories this one replaces.'),
+    field('Supersedes', h('input', { name: 'supersedes', value: m.supersedes.join(', '), spellcheck: 'false' }), `Comma-separated ids of memories this one replaces.${m.supersedes_withheld ? ` Its links to ${m.supersedes_withheld} this key cannot read stay.` : ''}`),
     h('div', { class: 'field check' }, h('input', { type: 'checkbox', name: 'pinned', id: 'pinned', checked: m.pinned }), h('label', { for: 'pinned' }, 'Pinned (part of the team profile at session start)')),
     h('button', { type: 'submit' }, saveLabel),
   );
@@ -392,6 +392,12 @@ async function pageNew() {
   );
 }
 
+// Links to memories this key cannot read are counted, never named (docs/http-api.md).
+function hiddenLinks(m) {
+  const n = m.supersedes_withheld || 0;
+  return n ? `(and ${n} ${n === 1 ? 'memory' : 'memories'} this key cannot read)` : '';
+}
+
 function describe(m) {
   const rows = [
     ['ID', h('code', {}, m.id)],
@@ -404,7 +410,7 @@ function describe(m) {
     ['Created', when(m.created_at)],
     ['Updated', when(m.updated_at)],
     ['Valid until', when(m.valid_until) || 'no end'],
-    ['Supersedes', m.supersedes.length ? m.supersedes.map((id) => [memoryLink(id), ' ']) : '—'],
+    ['Supersedes', m.supersedes.length || m.supersedes_withheld ? [m.supersedes.map((id) => [memoryLink(id), ' ']), hiddenLinks(m)] : '—'],
     ['Superseded by', m.superseded_by ? memoryLink(m.superseded_by) : '—'],
     ['Pinned', m.pinned ? 'yes' : 'no'],
   ];
@@ -599,7 +605,7 @@ async function pagePreview(params) {
     field('Prompt', prompt),
     field('As key', select('key_id', keyOptions, ''), 'Recall uses the key\'s own roles; an admin key sees no more than its roles in recall.'),
     field('Max records', h('input', { name: 'max_records', type: 'number', min: '1', max: '20', value: String(session.hook.max_records) })),
-    field('Max tokens', h('input', { name: 'max_tokens', type: 'number', min: '50', max: '8000', value: String(session.hook.max_tokens) })),
+    field('Max tokens', h('input', { name: 'max_tokens', type: 'number', min: String(session.hook.max_tokens_min), max: '8000', value: String(session.hook.max_tokens) })),
     field('Min score', h('input', { name: 'min_score', type: 'number', min: '0', max: '1', step: '0.01', value: String(session.hook.min_score) }), 'The hook\'s min_score knob: results the server scored below it are dropped (0: the server\'s threshold only).'),
     h('button', { type: 'submit' }, 'Show what the agent would see'),
   );
