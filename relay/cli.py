@@ -616,15 +616,22 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--root",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Make sources relative to this folder instead (no repository name).",
 )
 @click.option(
     "--source-prefix",
     metavar="NAME",
-    help="Name that starts every source, in place of the repository's ('' for none).",
+    help="Name that starts every source, in place of the repository's (or of ~ or /"
+    " outside a git work tree; '' for none).",
 )
-@click.option("--audience", "audiences", multiple=True, help="Audience for every imported memory.")
+@click.option(
+    "--audience",
+    "audiences",
+    multiple=True,
+    help="Audience for every memory written (repeatable; default: a memory imported before"
+    " keeps its own, a new one is for all).",
+)
 @click.option(
     "--keep-removed",
     is_flag=True,
@@ -650,23 +657,32 @@ def import_(
     Each memory's source names its file the same way from any folder:
       - in a git work tree: <repository>/<path in the repository>, the repository
         named by its origin remote (acme/shop-backend/AGENTS.md), else by its folder;
-      - elsewhere: the path relative to the current folder (or to --root).
-    Ids derive from the source and the section, so re-importing is idempotent.
+      - elsewhere: where it sits on this machine, ~/notes/CLAUDE.md under your
+        home folder, else its absolute path (warned about: a teammate's copy
+        sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
+      - with --root: the path relative to that folder.
+    Ids derive from the source and the section, so re-importing is idempotent; a
+    section keeps its memory wherever it moves in the file, and an edit to it is a
+    new revision (a rule rewritten into another is a new memory).
     Re-importing a file forgets the memories of sections it no longer has, and
     importing a folder of a git work tree forgets those of its files deleted or renamed
     since (not with --keep-removed); memories from other files or written by hand are
-    never touched."""
-    from relay.import_writer import check_drafts, import_files, vanished
+    never touched. The file is the source of truth: a relay edit of an imported memory
+    is undone and a section deleted by hand comes back; the summary counts both."""
+    from relay.import_writer import ImportTally, check_drafts, import_files, vanished
     from relay.importer import (
         drafts_from_path,
         folder_prefixes,
         iter_import_files,
         named_by_folder,
+        named_by_place,
         source_for,
     )
 
     drafts_by_source, failed = {}, []
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
+    placed: list[str] = []  # sources of files named by where they sit on this machine
+    files_by_source: dict[str, Path] = {}
     for f in iter_import_files(paths):
         work_tree = named_by_folder(f, root, source_prefix)
         if work_tree is not None:
@@ -677,7 +693,18 @@ def import_(
             failed.append(f)
             click.echo(f"relay: skipped {f}: {exc.message}", err=True)
             continue
-        drafts_by_source[source_for(f, root, source_prefix)] = drafts
+        source = source_for(f, root, source_prefix)
+        if source in files_by_source:  # one would overwrite and retire the other's memories
+            raise InvalidRequestError(
+                f"{files_by_source[source]} and {f} would both be recorded as {source}, and"
+                " importing one would overwrite and retire the other's memories; nothing was"
+                " imported: import them apart, each with its own --source-prefix",
+                path=str(f),
+            )
+        files_by_source[source] = f
+        if named_by_place(f, root):
+            placed.append(source)
+        drafts_by_source[source] = drafts
         if not drafts:
             click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
     if not drafts_by_source and not failed:
@@ -692,16 +719,63 @@ def import_(
             " with --source-prefix",
             err=True,
         )
+    if placed:
+        more = f" and {len(placed) - 1} more" if len(placed) > 1 else ""
+        click.echo(
+            "relay: warning: outside any git work tree, a source names where the file sits"
+            f" on this machine ({placed[0]}{more}): a teammate's copy elsewhere becomes"
+            " memories of its own, and a different file at that place on their machine would"
+            " overwrite and retire these; to name a folder the same on every machine, import"
+            " it with --root FOLDER --source-prefix NAME",
+            err=True,
+        )
     gone = (
         {}
         if keep_removed or root
         else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
     )
-    with click.progressbar(length=len(drafts), label="importing", file=sys.stderr) as bar:
-        tally = import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone)
+    tally = ImportTally()
+    try:
+        # Without a terminal a bar is one 'importing' line, even before an error: none.
+        with click.progressbar(
+            length=len(drafts), label="importing", file=sys.stderr, hidden=not sys.stderr.isatty()
+        ) as bar:
+            import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone, tally)
+    except KeyboardInterrupt:
+        click.echo(
+            f"relay: interrupted with {tally.written + tally.unchanged} of {len(drafts)} memories"
+            f" imported ({tally.written} new or changed, {tally.unchanged} unchanged) and"
+            f" {tally.retired} retired; running the same import again finishes it",
+            err=True,
+        )
+        raise click.Abort() from None
+
+    # Not errors (the file is the source of truth), but neither should come as a surprise.
+    for d in tally.overwritten:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: edited since this text was"
+            f" imported; the file's text replaced the edit (relay history {d.id} shows it)",
+            err=True,
+        )
+    for d, was in tally.revived:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: its id {was} is taken (its memory"
+            " was deleted, by relay forget or when it left the file, or is one this key cannot"
+            f" read); imported again as {d.id}",
+            err=True,
+        )
+    also = ""
+    if n := len(tally.overwritten):
+        it = "it was" if n == 1 else "they were"
+        also += f"; {n} edited since {it} imported {'was' if n == 1 else 'were'} overwritten"
+    if n := len(tally.revived):
+        also += (
+            f"; {n} deleted before (or hidden from this key)"
+            f" {'was' if n == 1 else 'were'} imported again"
+        )
     click.echo(
         f"imported {len(drafts)} memories: {tally.written} new or changed,"
-        f" {tally.unchanged} unchanged, {tally.retired} retired"
+        f" {tally.unchanged} unchanged, {tally.retired} retired{also}"
     )
     if failed:
         raise click.ClickException(f"{len(failed)} file(s) could not be imported (see above)")

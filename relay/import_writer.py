@@ -2,9 +2,10 @@
 
 A file named in an import owns the live memories that carry its source and an id the
 importer made (`imp_...`); hand-written memories and other files' are never touched.
-After the new drafts are written, the owned memories no draft kept are forgotten (the
-normal delete, with a tombstone), so a section removed from the file stops reaching
-agents' prompts.
+Each draft is written over the owned memory it continues (`continued_ids`: the same text
+wherever it moved, else the same section edited). After the new drafts are written, the
+owned memories no draft kept are forgotten (the normal delete, with a tombstone), so a
+section removed from the file stops reaching agents' prompts.
 
 An id is never reused, so a section whose id is taken is written under the next free
 generation of its id (`imp_....2`), and later imports find it there among the file's live
@@ -16,10 +17,12 @@ retired there (the server does not say which, nor does this).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import hashlib
 import re
 import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,10 @@ class ImportTally:
     written: int = 0
     unchanged: int = 0
     retired: int = 0
+    # Written over a change made since the file's text was imported (`relay edit`).
+    overwritten: list[ImportDraft] = field(default_factory=list)
+    # Written again after their memory was deleted (`relay forget`, or retired): (draft, old id).
+    revived: list[tuple[ImportDraft, str]] = field(default_factory=list)
 
 
 def import_files(
@@ -48,34 +55,65 @@ def import_files(
     keep_removed: bool = False,
     on_batch: Callable[[int], None] = lambda _: None,
     gone: Mapping[str, set[str]] | None = None,
+    tally: ImportTally | None = None,
 ) -> ImportTally:
     """Upsert every file's drafts, then retire what each file no longer holds, and the
-    memories of files `gone` from a named folder (`vanished`)."""
-    owned = {source: owned_ids(client, source) for source in drafts_by_source}
+    memories of files `gone` from a named folder (`vanished`). `tally` counts as it goes,
+    so a caller interrupted midway can say what was done."""
+    owned = {source: owned_memories(client, source) for source in drafts_by_source}
     drafts = [
         draft
         for source, file_drafts in drafts_by_source.items()
-        for draft in with_live_ids(file_drafts, owned[source])
+        for draft in continued_ids(file_drafts, owned[source])
     ]
     from relay.client import batches
 
-    tally = ImportTally()
+    live = {m["id"]: m for memories in owned.values() for m in memories}
+    # Without --audience a memory keeps its audiences: an import must not open to everyone
+    # what was imported for a role, or narrowed by hand, before.
+    drafts = [
+        dataclasses.replace(d, audiences=tuple(live[d.id]["audiences"])) if d.id in live else d
+        for d in drafts
+    ]
+    edited = {d.id for d in drafts if d.id in live and edited_since_import(client, live[d.id], d)}
+    tally = tally or ImportTally()
     for batch in batches(drafts, lambda d: _item(d, audiences)):
-        result = _upsert(client, batch, audiences)
+        result, sent = _upsert(client, batch, audiences)
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]
+        tally.overwritten += [d for d in batch if d.id in edited]
+        tally.revived += [(d, was.id) for was, d in zip(batch, sent, strict=True) if was != d]
         on_batch(len(batch))
     if not keep_removed:
         kept = {d.id for d in drafts}
-        for memory_id in sorted(set().union(*owned.values(), *(gone or {}).values()) - kept):
+        for memory_id in sorted(set(live).union(*(gone or {}).values()) - kept):
             client.request("DELETE", memory_path(memory_id))
             tally.retired += 1
     return tally
 
 
-def owned_ids(client: RelayClient, source: str) -> set[str]:
+def edited_since_import(client: RelayClient, memory: dict, draft: ImportDraft) -> bool:
+    """Whether writing `draft` over `memory` undoes a change made to it since the file's
+    text was imported (`relay edit`, or an import of another version of the file): the
+    draft's text is what the memory held before, or only fields an import never sets (a
+    pin, an expiry, supersedes links) differ. An edit to a section that also changed in
+    the file cannot be told from the file's change."""
+    text = (draft.title, draft.body, list(draft.tags))
+    if (memory["title"], memory["body"], memory["tags"]) == text:
+        return bool(memory["pinned"] or memory["valid_until"] or memory["supersedes"])
+    if memory["revision"] == 1:
+        return False
+    history = client.get(memory_path(memory["id"], "/revisions"))["items"]
+    return any(
+        (r["title"], r["body"], r["tags"]) == text
+        for r in history
+        if r["revision"] < memory["revision"] and r["action"] != "delete" and not r["withheld"]
+    )
+
+
+def owned_memories(client: RelayClient, source: str) -> list[dict]:
     """The live memories an earlier import of `source` made."""
-    return {m["id"] for m in _list(client, {"source": source}) if _IMPORTED_ID.fullmatch(m["id"])}
+    return [m for m in _list(client, {"source": source}) if _IMPORTED_ID.fullmatch(m["id"])]
 
 
 def vanished(
@@ -95,22 +133,97 @@ def vanished(
     return out
 
 
-def with_live_ids(drafts: Sequence[ImportDraft], owned: set[str]) -> list[ImportDraft]:
-    """Each draft under the id its section lives at now: a revived section's generation.
+def continued_ids(drafts: Sequence[ImportDraft], live: Sequence[dict]) -> list[ImportDraft]:
+    """Each draft under the id of the live memory (of its file) it continues, so that a
+    section keeps its memory wherever it moves in the file, whatever id an older release
+    gave it, and a memory no draft continues is retired. In order, a draft continues:
 
-    A section lives at two generations when keys for different audiences imported the
-    file (the second took the next id past the first's, which it could not read); a key
-    that reads both writes the oldest and, unless told to keep them, retires the other."""
-    live: dict[str, str] = {}
-    for memory_id in sorted(owned, key=_generation, reverse=True):
-        live[_base_id(memory_id)] = memory_id
-    return [dataclasses.replace(d, id=live.get(d.id, d.id)) for d in drafts]
+    1. a memory with its title and text: unchanged (its own id first, among twins);
+    2. its own id, at its live generation (`imp_x.2` once retired and back): a section
+       alone under its heading, edited;
+    3. a memory with its text under another title: a heading renamed, a new description;
+    4. the most alike memory under its title, if at least `ALIKE`: a rule or a section
+       among namesakes, reworded.
+
+    Any other draft is new, under its own id.
+    """
+    # Oldest generation first: of two live generations of one section (keys for different
+    # audiences imported the file), the oldest is the one that continues.
+    free = {
+        m["id"]: m for m in sorted(live, key=lambda m: (_base_id(m["id"]), _generation(m["id"])))
+    }
+    chosen: list[str | None] = [None] * len(drafts)
+
+    def claim(i: int, memory_id: str | None) -> None:
+        if memory_id is not None and chosen[i] is None and memory_id in free:
+            chosen[i] = memory_id
+            del free[memory_id]
+
+    def pick(key: Callable[[dict | ImportDraft], object]) -> None:
+        """Each draft still free takes the first free memory with the same key."""
+        by_key: dict[object, list[str]] = {}
+        for memory_id, m in free.items():
+            by_key.setdefault(key(m), []).append(memory_id)
+        for i, d in enumerate(drafts):
+            candidates = [c for c in by_key.get(key(d), ()) if c in free]
+            claim(i, candidates[0] if candidates else None)
+
+    own: dict[str, str] = {}
+    for memory_id in free:
+        own.setdefault(_base_id(memory_id), memory_id)
+    mine = [own.get(d.id) for d in drafts]
+    for i, d in enumerate(drafts):
+        if mine[i] in free and _text(free[mine[i]]) == _text(d):
+            claim(i, mine[i])
+    pick(_text)
+    for i, memory_id in enumerate(mine):
+        claim(i, memory_id)
+    pick(_body)
+    for i, memory_id in _alike(drafts, chosen, free):
+        claim(i, memory_id)
+
+    taken = {_base_id(memory_id) for memory_id in chosen if memory_id}
+    out = []
+    for d, memory_id in zip(drafts, chosen, strict=True):
+        if memory_id is None:
+            memory_id = d.id
+            while memory_id in taken:  # its own id continues another memory now: rare
+                memory_id = "imp_" + hashlib.sha256(memory_id.encode()).hexdigest()[:16]
+            taken.add(memory_id)
+        out.append(dataclasses.replace(d, id=memory_id))
+    return out
 
 
-def _generation(memory_id: str) -> int:
-    """`imp_x` -> 1, `imp_x.2` -> 2 (any other id: 1)."""
-    base = _base_id(memory_id)
-    return int(memory_id[len(base) + 1 :]) if memory_id != base else 1
+# How alike (difflib's ratio) a reworded rule must be to the memory it continues.
+ALIKE = 0.6
+
+
+def _alike(
+    drafts: Sequence[ImportDraft], chosen: Sequence[str | None], free: Mapping[str, dict]
+) -> list[tuple[int, str]]:
+    """(draft, memory) pairs left over under one title, most alike first, at least ALIKE."""
+    pairs = []
+    for i, d in enumerate(drafts):
+        for memory_id, m in free.items() if chosen[i] is None else ():
+            if m["title"] == d.title:
+                matcher = difflib.SequenceMatcher(None, m["body"], d.body)
+                if matcher.real_quick_ratio() >= ALIKE and matcher.quick_ratio() >= ALIKE:
+                    pairs.append((-matcher.ratio(), i, memory_id))
+    found: list[tuple[int, str]] = []
+    used: set[int | str] = set()
+    for ratio, i, memory_id in sorted(pairs):
+        if -ratio >= ALIKE and i not in used and memory_id not in used:
+            used.update((i, memory_id))
+            found.append((i, memory_id))
+    return found
+
+
+def _text(item: dict | ImportDraft) -> tuple[str | None, str]:
+    return (item["title"], item["body"]) if isinstance(item, dict) else (item.title, item.body)
+
+
+def _body(item: dict | ImportDraft) -> str:
+    return item["body"] if isinstance(item, dict) else item.body
 
 
 def _base_id(memory_id: str) -> str:
@@ -128,10 +241,14 @@ def _list(client: RelayClient, filters: dict[str, str]) -> Iterator[dict]:
         query["cursor"] = page["next_cursor"]
 
 
-def _upsert(client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str]) -> dict:
+def _upsert(
+    client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str]
+) -> tuple[dict, list[ImportDraft]]:
+    """The batch written, and the drafts as sent: a section deleted before, at its id's
+    next generation."""
     while True:
         try:
-            return client.post("/v1/memories/batch", {"items": _items(batch, audiences)})
+            return client.post("/v1/memories/batch", {"items": _items(batch, audiences)}), batch
         except ConflictError as exc:
             # A new section's id is taken: retired before (its tombstone keeps the id), or
             # held by a memory this key may not read. Rare, so only now is that section
@@ -148,6 +265,12 @@ def _upsert(client: RelayClient, batch: list[ImportDraft], audiences: Sequence[s
 def _next_generation(memory_id: str) -> str:
     """`imp_x` -> `imp_x.2`, `imp_x.2` -> `imp_x.3`: where a section whose id is taken goes."""
     return f"{_base_id(memory_id)}.{_generation(memory_id) + 1}"
+
+
+def _generation(memory_id: str) -> int:
+    """`imp_x` -> 1, `imp_x.2` -> 2 (any other id: 1)."""
+    base = _base_id(memory_id)
+    return int(memory_id[len(base) + 1 :]) if memory_id != base else 1
 
 
 def check_drafts(drafts: Iterable[ImportDraft], audiences: Sequence[str] = ()) -> None:
@@ -172,11 +295,14 @@ def _items(batch: list[ImportDraft], audiences: Sequence[str]) -> list[dict]:
 
 
 def _item(d: ImportDraft, audiences: Sequence[str]) -> dict:
+    """The batch item for `d`: for `audiences` (--audience), else for those of the memory
+    it continues, else (left out) for everyone."""
+    chosen = list(audiences or d.audiences)
     return {
         "id": d.id,
         "body": d.body,
         "title": d.title,
         "source": d.source,
         "tags": list(d.tags),
-        **({"audiences": list(audiences)} if audiences else {}),
+        **({"audiences": chosen} if chosen else {}),
     }

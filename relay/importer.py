@@ -18,11 +18,12 @@ Structured data is refused, never read as Markdown (`refuse_structured`): a `rel
 file imported as text would turn every audience's memories into one memory for everyone.
 
 `source` names the file the same way from any working directory: a file in a git work
-tree is `<repository>/<path in the repository>` (see `source_for`); the section
-lives in the title. Ids are derived from the source, the section's heading path and its
-ordinal among memories with the same path, so re-importing an unchanged file yields the
-same ids and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
-into parts rather than rejected.
+tree is `<repository>/<path in the repository>`, any other file where it sits on this
+machine (`~/notes/CLAUDE.md`; see `source_for`); the section lives in the title. Ids are
+derived from the source and the section's heading path, and for sections that share a
+path (rules, namesake headings) from their text too, never from their place (`draft_id`),
+so re-importing an unchanged file yields the same ids and bodies, and the store can skip
+it. Sections longer than `MAX_BODY_CHARS` are split into parts rather than rejected.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import hashlib
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -73,6 +75,8 @@ class ImportDraft:
     body: str
     source: str
     tags: tuple[str, ...]
+    # Those of the memory it continues; none: the import's --audience, or everyone.
+    audiences: tuple[str, ...] = ()
 
 
 # --- files -----------------------------------------------------------------------------------
@@ -103,6 +107,12 @@ def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
             candidates: Iterable[Path] = _walk(path)
         elif path.is_file():
             candidates = [path]
+        elif path.exists():  # /dev/null, a pipe such as <(cat notes.md), a socket
+            raise InvalidRequestError(
+                f"{path} is not a file or a folder: relay import reads {SUPPORTED_FORMATS};"
+                " nothing was imported",
+                path=str(path),
+            )
         else:
             raise InvalidRequestError(f"no such file or directory: {path}", path=str(path))
         for file in candidates:
@@ -181,18 +191,38 @@ def source_for(path: Path, root: Path | None = None, prefix: str | None = None) 
     """The provenance recorded for `path`, POSIX style, the same from any working directory.
 
     A file in a git work tree is `<repository>/<path in the repository>`, the repository
-    named by `repository_name`, so two repositories' `AGENTS.md` stay apart; any other
-    file is relative to the working directory. `root` makes the path relative to that
-    folder instead, with no name before it; `prefix`, when given, replaces the
-    repository's name (an empty prefix drops it).
+    named by `repository_name`, so two repositories' `AGENTS.md` stay apart. Any other file
+    is named by where it sits on this machine (`place_on_this_machine`): `~/<path>` under
+    the home folder, else its absolute path, so two folders' `CLAUDE.md` stay apart too.
+    `root` makes the path relative to that folder instead, with no name before it;
+    `prefix`, when given, replaces the repository's name, or the `~` or `/` before the
+    path (an empty prefix drops it).
     """
-    if root is None and (repo := git_work_tree(path)) is not None:
+    if root is not None:
+        rel, name = _relative_to(path, root), (prefix or "").strip("/")
+    elif (repo := git_work_tree(path)) is not None:
         rel = _relative_to(path, repo)
         name = repository_name(repo) if prefix is None else prefix.strip("/")
     else:
-        rel = _relative_to(path, root) if root is not None else _relative_to_cwd(path)
-        name = (prefix or "").strip("/")
+        place = place_on_this_machine(path)
+        if prefix is None:
+            return place
+        rel, name = place.removeprefix("~").lstrip("/"), prefix.strip("/")
     return f"{name}/{rel}" if name else rel
+
+
+def place_on_this_machine(path: Path) -> str:
+    """Where `path` sits, the same from any working directory: `~/notes/CLAUDE.md` under the
+    home folder (whose owner's name it need not record), else `/srv/docs/CLAUDE.md`.
+
+    The folder is resolved, so a symlinked folder (or working directory) names the same
+    place; the file itself is recorded where it sits, a symlink by its own name."""
+    full = Path(os.path.abspath(path))
+    folder = Path(os.path.realpath(full.parent))
+    home = Path(os.path.realpath(os.path.expanduser("~")))
+    if home != Path(home.anchor) and folder.is_relative_to(home):
+        return (Path("~") / folder.relative_to(home) / full.name).as_posix()
+    return (folder / full.name).as_posix()
 
 
 def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[str, Path]:
@@ -240,6 +270,13 @@ def named_by_folder(path: Path, root: Path | None, prefix: str | None) -> Path |
     return work_tree if work_tree is not None and not _origin_url(work_tree) else None
 
 
+def named_by_place(path: Path, root: Path | None) -> bool:
+    """Whether `path`'s source is where it sits on this machine (outside any git work tree,
+    no `--root`): a teammate's copy elsewhere gets memories of its own, and a different file
+    at that place on their machine would overwrite and retire these. Worth a warning."""
+    return root is None and git_work_tree(path) is None
+
+
 def _origin_url(work_tree: Path) -> str | None:
     """The `origin` remote's URL from the repository's config (a linked worktree's or a
     submodule's `.git` is a file naming its git folder; a worktree's config is shared)."""
@@ -267,15 +304,6 @@ def _relative_to(path: Path, root: Path) -> str:
         raise InvalidRequestError(
             f"{path} is not inside the import root {root}", path=str(path)
         ) from None
-
-
-def _relative_to_cwd(path: Path) -> str:
-    if not path.is_absolute():
-        return Path(os.path.normpath(path)).as_posix()
-    try:
-        return Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
-    except ValueError:
-        return path.name  # never record an absolute path from someone's machine
 
 
 def drafts_from_path(
@@ -309,21 +337,25 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
     else:
         units = sections
     drafts: list[ImportDraft] = []
-    ordinals: dict[tuple[str, ...], int] = {}
+    # Counted before empty units are skipped, so filling in an empty section later does not
+    # change the ids of the sections that share its heading.
+    namesakes = Counter(heading_path for heading_path, _ in units)
+    twins: Counter[tuple[tuple[str, ...], str]] = Counter()
     for heading_path, unit_body in units:
-        # Counted before empty units are skipped, so filling in an empty section later
-        # does not renumber the sections that share its heading.
-        ordinal = ordinals.get(heading_path, 0)
-        ordinals[heading_path] = ordinal + 1
         unit_body = normalize_text(unit_body)
         if not unit_body.strip():
             continue
+        own_text: str | None = None  # what names it among namesakes
+        twin = 0
+        if namesakes[heading_path] > 1:
+            own_text, twin = unit_body, twins[heading_path, unit_body]
+            twins[heading_path, unit_body] += 1
         parts = split_long(unit_body, MAX_BODY_CHARS)
         for number, part in enumerate(parts, start=1):
             title = _title(context, heading_path, number if len(parts) > 1 else None)
             drafts.append(
                 ImportDraft(
-                    id=draft_id(source, heading_path, ordinal, number),
+                    id=draft_id(source, heading_path, number, own_text, twin),
                     title=title,
                     body=part,
                     source=source,
@@ -333,13 +365,29 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
     return drafts
 
 
-def draft_id(source: str, heading_path: tuple[str, ...], ordinal: int, part: int = 1) -> str:
-    """A stable id: same file, same section, same position, same id on every import.
+def draft_id(
+    source: str,
+    heading_path: tuple[str, ...],
+    part: int = 1,
+    text: str | None = None,
+    twin: int = 0,
+) -> str:
+    """A stable id: same file, same section, same id on every import.
 
-    Part 1 of a split section keeps the id the whole section had, so a section that grows
-    past the size limit keeps its memory and gains new ones for the extra parts.
+    A section alone under its heading path is named by that path, so an edit keeps its id
+    and makes a new revision. One that shares its path with others (the rules of a rule
+    file, two `## Notes` sections) is named by its `text` too, `twin` counting identical
+    ones before it: a place among namesakes would hand each one's id to the next when one
+    before it is removed. Part 1 of a split section keeps the id the whole section had, so a
+    section that grows past the size limit keeps its memory and gains new ones for the extra
+    parts. (`import_writer.continued_ids` then keeps a section's memory across moves and
+    edits that change these.)
     """
-    key = f"{source}\0{TITLE_SEPARATOR.join(heading_path)}\0{ordinal}"
+    key = f"{source}\0{TITLE_SEPARATOR.join(heading_path)}\0"
+    if text is None:
+        key += "0"  # what a section alone under its path has always had
+    else:
+        key += f"text {hashlib.sha256(text.encode('utf-8')).hexdigest()}\0{twin}"
     if part > 1:
         key += f"\0part {part}"
     return "imp_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import http.server
+import os
+import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -30,10 +35,11 @@ def git_repo(path: Path) -> Path:
 
 
 def relay_import(
-    server, cwd: Path, *args: str, key: str | None = None
+    server, cwd: Path, *args: str, key: str | None = None, home: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """`relay import ARGS` run from `cwd`, as the server's admin (or with `key`)."""
-    env = clean_env(cwd, RELAY_URL=server.url, RELAY_API_KEY=key or server.admin_key)
+    """`relay import ARGS` run from `cwd`, as the server's admin (or with `key`), with HOME
+    `home` (default: `cwd`)."""
+    env = clean_env(home or cwd, RELAY_URL=server.url, RELAY_API_KEY=key or server.admin_key)
     return subprocess.run(
         [RELAY, "import", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
@@ -131,6 +137,75 @@ def test_a_repository_named_by_its_folder_alone_is_warned_about_once(tmp_path, s
     named = relay_import(server, repo, "AGENTS.md")
     assert "no origin remote" not in named.stderr
     assert [m["body"] for m in live_memories(server, "acme/shop/AGENTS.md")] == ["Run make."]
+
+
+def placed(path: Path) -> str:
+    """The source of a file outside any git work tree and outside HOME: its absolute path."""
+    return f"{os.path.realpath(path.parent)}/{path.name}"
+
+
+def test_files_outside_git_keep_apart_whatever_the_folder(tmp_path, server):
+    """QA: outside a git work tree sources were relative to the working directory (or just
+    the file's name): projB's CLAUDE.md overwrote projA's, importing y/notes.md from z
+    retired x/notes.md's memory, and x/notes.md from its parent became a second copy."""
+    home = tmp_path / "home"
+    home.mkdir()
+    t = tmp_path / "t"
+    a = write(t / "projA" / "CLAUDE.md", "# Build\n\nProject A builds with gradle.\n")
+    b = write(t / "projB" / "CLAUDE.md", "# Build\n\nProject B builds with cargo.\n")
+    x = write(t / "x" / "notes.md", "# A\n\nFact x.\n")
+    y = write(t / "y" / "notes.md", "# B\n\nFact y.\n")
+    (t / "z").mkdir()
+    new = "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert summary(relay_import(server, t / "projA", "CLAUDE.md", home=home)) == new
+    assert summary(relay_import(server, t / "projB", "CLAUDE.md", home=home)) == new
+    assert summary(relay_import(server, t / "z", str(x), home=home)) == new
+    done = relay_import(server, t / "z", str(y), home=home)
+    assert summary(done) == new
+    assert "outside any git work tree" in done.stderr and placed(y) in done.stderr
+    assert "--root FOLDER --source-prefix NAME" in done.stderr
+    again = relay_import(server, t, "x/notes.md", "projA/CLAUDE.md", home=home)
+    assert summary(again) == "imported 2 memories: 0 new or changed, 2 unchanged, 0 retired"
+
+    (gradle,), (cargo,) = live_memories(server, placed(a)), live_memories(server, placed(b))
+    assert (gradle["body"], gradle["revision"]) == ("Project A builds with gradle.", 1)
+    assert (cargo["body"], cargo["revision"]) == ("Project B builds with cargo.", 1)
+    assert [m["body"] for m in live_memories(server, placed(x))] == ["Fact x."]
+    assert [m["body"] for m in live_memories(server, placed(y))] == ["Fact y."]
+    assert not [m for m in every_memory(server) if m["source"] in ("CLAUDE.md", "notes.md")]
+
+
+def test_a_file_under_home_is_named_from_home(tmp_path, server):
+    home = tmp_path / "me"
+    notes = write(home / "notes" / "AGENTS.md", "# Style\nUse black.\n")
+    first = relay_import(server, home / "notes", "AGENTS.md", home=home)
+    assert summary(first) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert "(~/notes/AGENTS.md)" in first.stderr  # warned: another home differs
+    again = relay_import(server, tmp_path, str(notes), home=home)
+    assert summary(again) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
+    assert [m["body"] for m in live_memories(server, "~/notes/AGENTS.md")] == ["Use black."]
+    named = relay_import(
+        server, tmp_path, "--root", str(home), "--source-prefix", "team", str(notes), home=home
+    )
+    assert "outside any git work tree" not in named.stderr
+    assert [m["body"] for m in live_memories(server, "team/notes/AGENTS.md")] == ["Use black."]
+
+
+def test_two_files_recorded_under_one_source_are_refused(tmp_path, server):
+    """Two repositories given one --source-prefix (or two remote-less ones in folders of
+    one name) would share sources: in one import, the second file's memories replaced the
+    first's. Nothing is written."""
+    one = write(git_repo(tmp_path / "a" / "qa-shop") / "AGENTS.md", "# Build\nRun make.\n")
+    two = write(git_repo(tmp_path / "b" / "qa-shop") / "AGENTS.md", "# Build\nRun cargo.\n")
+    for args in (["--source-prefix", "qa-same", str(one), str(two)], [str(one), str(two)]):
+        done = relay_import(server, tmp_path, *args)
+        assert done.returncode == 2, done.stdout
+        source = "qa-same/AGENTS.md" if args[0] == "--source-prefix" else "qa-shop/AGENTS.md"
+        assert done.stderr.startswith(
+            f"relay: error: {one} and {two} would both be recorded as {source}, and importing"
+            " one would overwrite and retire the other's memories; nothing was imported"
+        )
+        assert live_memories(server, source) == []
 
 
 # --- a rejected section --------------------------------------------------------------------
@@ -234,7 +309,10 @@ def test_a_retired_section_can_come_back(tmp_path, server):
 
     agents.write_text(AGENTS, encoding="utf-8")
     done = relay_import(server, repo, "AGENTS.md")
-    assert summary(done) == "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired"
+    assert summary(done) == (
+        "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired; 1 deleted before (or"
+        " hidden from this key) was imported again"
+    )
     (back,) = [m for m in live_memories(server, "qa2-back/AGENTS.md") if m["title"] == "Deploy"]
     assert back["id"] == deploy["id"] + ".2"
 
@@ -268,7 +346,10 @@ def test_a_file_imported_for_an_audience_this_key_lacks_comes_back_beside_it(tmp
     summary(relay_import(server, repo, "--audience", "ops", "docs/ops.md", key=ops))
     first = {m["id"]: m["audiences"] for m in live_memories(server, "qa2-ops/docs/ops.md")}
     done = relay_import(server, repo, "docs/ops.md", key=dev)
-    assert summary(done) == "imported 2 memories: 2 new or changed, 0 unchanged, 0 retired"
+    assert summary(done) == (
+        "imported 2 memories: 2 new or changed, 0 unchanged, 0 retired; 2 deleted before (or"
+        " hidden from this key) were imported again"
+    )
     both = {m["id"]: m["audiences"] for m in live_memories(server, "qa2-ops/docs/ops.md")}
     assert both == {**first, **{f"{mid}.2": ["all"] for mid in first}}
     again = relay_import(server, repo, "docs/ops.md", key=dev)
@@ -277,6 +358,35 @@ def test_a_file_imported_for_an_audience_this_key_lacks_comes_back_beside_it(tmp
     back = relay_import(server, repo, "--audience", "ops", "docs/ops.md", key=ops)
     assert summary(back) == "imported 2 memories: 0 new or changed, 2 unchanged, 2 retired"
     assert {m["id"]: m["audiences"] for m in live_memories(server, "qa2-ops/docs/ops.md")} == first
+
+
+def test_importing_again_without_audience_keeps_each_memorys_audiences(tmp_path, server):
+    """Found beside QA's: a file imported with --audience ops and imported again without it
+    (by the same ops key, or CI's) was opened to everyone, as was a memory narrowed by hand
+    with relay edit --audience. Without --audience a memory keeps its audiences."""
+    from integration_support import mint, relay
+
+    ops = mint(server.url, server.admin_key, "ops", ["memory:read", "memory:write"], ["ops"])
+    repo = git_repo(tmp_path / "qa-aud")
+    write(repo / "ops.md", "# Paging\nPage the on-call.\n")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n# Deploy\nTag from main.\n")
+    summary(relay_import(server, repo, "--audience", "ops", "ops.md", key=ops["secret"]))
+    summary(relay_import(server, repo, "AGENTS.md"))
+    (deploy,) = [m for m in live_memories(server, "qa-aud/AGENTS.md") if m["title"] == "Deploy"]
+    env = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+    assert relay(tmp_path, "edit", deploy["id"], "--audience", "ops", **env).returncode == 0
+
+    done = relay_import(server, repo, "ops.md", "AGENTS.md", key=ops["secret"])
+    assert summary(done) == "imported 3 memories: 0 new or changed, 3 unchanged, 0 retired"
+    audiences = {
+        m["title"]: m["audiences"]
+        for m in live_memories(server, "qa-aud/ops.md") + live_memories(server, "qa-aud/AGENTS.md")
+    }
+    assert audiences == {"Paging": ["ops"], "Build": ["all"], "Deploy": ["ops"]}
+    # --audience, given, is for every memory the import writes
+    done = relay_import(server, repo, "--audience", "all", "ops.md", key=ops["secret"])
+    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert [m["audiences"] for m in live_memories(server, "qa-aud/ops.md")] == [["all"]]
 
 
 def test_a_section_retired_for_an_audience_this_key_lacks_comes_back_beside_it(tmp_path, server):
@@ -332,6 +442,128 @@ def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
     kept = relay_import(server, repo, "--keep-removed", "docs")
     assert summary(kept) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
     assert bodies(server, "qa2-folder/docs/guide.md") == ["Use black."]
+
+
+# --- ids that stay with their section -----------------------------------------------------
+
+
+def test_removing_a_rule_leaves_the_others_in_their_memories(tmp_path, server):
+    """QA: deleting the first of four rules and importing again reported '3 new or changed,
+    1 retired': alpha's id now held beta, beta's gamma, and delta's was retired."""
+    repo = git_repo(tmp_path / "qa-rules")
+    rules = [f"Rule {name}: use tabs." for name in ("alpha", "beta", "gamma", "delta")]
+    cursorrules = write(repo / ".cursorrules", "".join(f"- {r}\n" for r in rules))
+    summary(relay_import(server, repo, ".cursorrules"))
+    before = {m["body"]: m["id"] for m in live_memories(server, "qa-rules/.cursorrules")}
+
+    cursorrules.write_text("".join(f"- {r}\n" for r in rules[1:]), encoding="utf-8")
+    done = relay_import(server, repo, ".cursorrules")
+    assert summary(done) == "imported 3 memories: 0 new or changed, 3 unchanged, 1 retired"
+    after = live_memories(server, "qa-rules/.cursorrules")
+    assert {m["body"]: m["id"] for m in after} == {r: before[r] for r in rules[1:]}
+    assert all(m["revision"] == 1 for m in after)
+    assert history(server, before[rules[0]]) == ["create", "delete"]
+
+
+def test_namesake_sections_keep_their_own_memories(tmp_path, server):
+    """QA: with two `## Testing` sections, removing the first rewrote the second's memory,
+    and restoring it flipped the content back: one id's history alternated between them."""
+    repo = git_repo(tmp_path / "qa-namesakes")
+    both = "## Testing\nUse pytest.\n\n## Testing\nRun the suite in CI.\n"
+    guide = write(repo / "AGENTS.md", both)
+    summary(relay_import(server, repo, "AGENTS.md"))
+    ids = {m["body"]: m["id"] for m in live_memories(server, "qa-namesakes/AGENTS.md")}
+
+    guide.write_text("## Testing\nRun the suite in CI.\n", encoding="utf-8")
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == "imported 1 memories: 0 new or changed, 1 unchanged, 1 retired"
+    guide.write_text(both, encoding="utf-8")
+    back = relay_import(server, repo, "AGENTS.md")
+    assert summary(back) == (
+        "imported 2 memories: 1 new or changed, 1 unchanged, 0 retired; 1 deleted before (or"
+        " hidden from this key) was imported again"
+    )
+    now = {m["body"]: m["id"] for m in live_memories(server, "qa-namesakes/AGENTS.md")}
+    assert now == {
+        "Use pytest.": ids["Use pytest."] + ".2",
+        "Run the suite in CI.": ids["Run the suite in CI."],
+    }
+    assert history(server, ids["Run the suite in CI."]) == ["create"]
+
+
+def test_an_import_by_an_older_release_is_not_rewritten(tmp_path, server):
+    """Rules imported before ids were named by their text carry ids by place: importing the
+    unchanged file again changes nothing, and removing a rule retires only its memory."""
+    repo = git_repo(tmp_path / "qa-older")
+    rules = ["Use tabs.", "Prefer pathlib.", "Keep functions short."]
+    cursorrules = write(repo / ".cursorrules", "".join(f"- {r}\n" for r in rules))
+    source = "qa-older/.cursorrules"
+    by_place = [
+        "imp_" + hashlib.sha256(f"{source}\0\0{n}".encode()).hexdigest()[:16] for n in range(3)
+    ]
+    items = [
+        {"id": i, "body": r, "title": None, "source": source, "tags": []}
+        for i, r in zip(by_place, rules, strict=True)
+    ]
+    written = httpx.post(
+        f"{server.url}/v1/memories/batch",
+        json={"items": items},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    assert written.status_code == 200, written.text
+
+    done = relay_import(server, repo, ".cursorrules")
+    assert summary(done) == "imported 3 memories: 0 new or changed, 3 unchanged, 0 retired"
+    cursorrules.write_text("".join(f"- {r}\n" for r in rules[1:]), encoding="utf-8")
+    done = relay_import(server, repo, ".cursorrules")
+    assert summary(done) == "imported 2 memories: 0 new or changed, 2 unchanged, 1 retired"
+    assert {m["id"]: m["body"] for m in live_memories(server, source)} == dict(
+        zip(by_place[1:], rules[1:], strict=True)
+    )
+
+
+# --- memories changed by hand since they were imported ---------------------------------------
+
+
+def test_hand_edits_and_deletions_undone_by_an_import_are_counted(tmp_path, server):
+    """QA: importing the file again silently reverted `relay edit`s of its memories and
+    brought back sections deleted with `relay forget` as `<id>.2`. The file is the source of
+    truth, so it still does, but says so."""
+    from integration_support import relay
+
+    env = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+    repo = git_repo(tmp_path / "qa-by-hand")
+    agents = write(repo / "AGENTS.md", AGENTS)
+    summary(relay_import(server, repo, "AGENTS.md"))
+    ids = {m["title"]: m["id"] for m in live_memories(server, "qa-by-hand/AGENTS.md")}
+    assert relay(tmp_path, "edit", ids["Build"], "--body", "Run ninja.", **env).returncode == 0
+    assert relay(tmp_path, "edit", ids["Test"], "--pinned", **env).returncode == 0
+    assert relay(tmp_path, "forget", ids["Deploy"], **env).returncode == 0
+
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == (
+        "imported 3 memories: 3 new or changed, 0 unchanged, 0 retired; 2 edited since they"
+        " were imported were overwritten; 1 deleted before (or hidden from this key) was"
+        " imported again"
+    )
+    assert (
+        f"relay: note: qa-by-hand/AGENTS.md › Build: edited since this text was imported; the"
+        f" file's text replaced the edit (relay history {ids['Build']} shows it)"
+    ) in done.stderr
+    assert "qa-by-hand/AGENTS.md › Test: edited since this text was imported" in done.stderr
+    assert (
+        f"relay: note: qa-by-hand/AGENTS.md › Deploy: its id {ids['Deploy']} is taken (its"
+        " memory was deleted, by relay forget or when it left the file, or is one this key"
+        f" cannot read); imported again as {ids['Deploy']}.2"
+    ) in done.stderr
+    assert bodies(server, "qa-by-hand/AGENTS.md") == ["Run make.", "Run pytest.", "Tag from main."]
+
+    # a section changed in the file is no surprise
+    agents.write_text(AGENTS.replace("Run make.", "Run make -j8."), encoding="utf-8")
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired"
+    assert "note:" not in done.stderr
 
 
 # --- structured data -------------------------------------------------------------------------
@@ -391,3 +623,108 @@ def test_a_file_with_nothing_to_import_says_so(tmp_path, server):
     assert done.returncode == 0, done.stderr
     assert "empty.md holds no section with text: nothing to import" in done.stderr
     assert "meta.mdc holds no section with text: nothing to import" in done.stderr
+
+
+# --- what the command says -------------------------------------------------------------------
+
+
+def test_what_is_not_a_file_and_a_missing_root_are_refused_up_front(tmp_path, server):
+    """QA: `relay import /dev/null` said 'no such file or directory: /dev/null', and
+    `--root /nonexist` was accepted, each file then failing on its own."""
+    notes = write(tmp_path / "notes.md", "# A\nFact.\n")
+    done = relay_import(server, tmp_path, str(notes), "/dev/null")
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.startswith("relay: error: /dev/null is not a file or a folder: relay")
+    assert done.stderr.endswith("; nothing was imported\n")
+    done = relay_import(server, tmp_path, "--root", str(tmp_path / "nonexist"), "notes.md")
+    assert done.returncode == 2, done.stdout
+    assert "'--root'" in done.stderr and "does not exist" in done.stderr
+    assert "skipped" not in done.stderr
+    assert live_memories(server, placed(notes)) == []
+
+
+def test_without_a_terminal_there_is_no_progress_line(tmp_path, server):
+    """QA: piped, the progress bar was one lone 'importing' line, even before an error."""
+    repo = git_repo(tmp_path / "qa-quiet")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    done = relay_import(server, repo, "--source-prefix", "qa-quiet", "AGENTS.md")
+    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert done.stderr == ""
+    done = relay_import(server, repo, "--source-prefix", "qa-quiet", "AGENTS.md", key="nope")
+    assert done.returncode == 3 and done.stderr.startswith("relay: error: ")
+    assert "importing" not in done.stderr
+
+
+class _Interrupting(http.server.BaseHTTPRequestHandler):
+    """Forwards to the real server, but on the second batch sends the client Ctrl-C (SIGINT)
+    and never answers: as if the user pressed it while that batch was on its way."""
+
+    upstream = ""
+    client_pid: int = 0
+    batches = 0
+    release = threading.Event()
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/memories/batch":
+            type(self).batches += 1
+            if type(self).batches == 2:
+                os.kill(type(self).client_pid, signal.SIGINT)
+                type(self).release.wait(30)
+                return
+        reply = httpx.request(
+            self.command,
+            self.upstream + self.path,
+            content=body,
+            headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
+            timeout=30,
+        )
+        self.send_response(reply.status_code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply.content)))
+        self.end_headers()
+        self.wfile.write(reply.content)
+
+    do_GET = do_POST = do_DELETE = _forward
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_ctrl_c_says_what_was_written_and_that_running_again_finishes(tmp_path, server):
+    """QA: Ctrl-C during an import exited with just 'aborted', saying nothing of what it
+    had written."""
+    repo = git_repo(tmp_path / "qa-ctrl-c")
+    write(repo / "AGENTS.md", "".join(f"# Rule {i}\nKeep rule {i}.\n\n" for i in range(300)))
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Interrupting)
+    _Interrupting.upstream = server.url
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    env = clean_env(
+        repo,
+        RELAY_URL=f"http://127.0.0.1:{proxy.server_port}",
+        RELAY_API_KEY=server.admin_key,
+    )
+    try:
+        with subprocess.Popen(
+            [RELAY, "import", "AGENTS.md"],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as run:
+            _Interrupting.client_pid = run.pid
+            out, err = run.communicate(timeout=120)
+    finally:
+        _Interrupting.release.set()
+        proxy.shutdown()
+        proxy.server_close()
+    assert run.returncode == 1, err
+    assert out == ""
+    assert err.endswith(
+        "relay: interrupted with 128 of 300 memories imported (128 new or changed, 0 unchanged)"
+        " and 0 retired; running the same import again finishes it\naborted\n"
+    ), err
+    assert len(live_memories(server, "qa-ctrl-c/AGENTS.md")) == 128
+    again = relay_import(server, repo, "AGENTS.md")
+    assert summary(again) == "imported 300 memories: 172 new or changed, 128 unchanged, 0 retired"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections import defaultdict
@@ -17,7 +18,7 @@ from relay.hygiene import (
     check_tags,
     check_title,
 )
-from relay.import_writer import check_drafts, with_live_ids
+from relay.import_writer import check_drafts, continued_ids
 from relay.importer import (
     ImportDraft,
     draft_id,
@@ -173,12 +174,103 @@ def test_crlf_bom_and_trailing_whitespace_are_normalised(tmp_path):
 
 
 def test_duplicate_headings_get_distinct_stable_ids():
-    text = "## Notes\none\n## Notes\ntwo\n"
-    first, second = drafts_from_text(text, "a.md")
-    assert first.title == second.title == "Notes"
-    assert first.id != second.id
-    assert first.id == draft_id("a.md", ("Notes",), 0)
-    assert second.id == draft_id("a.md", ("Notes",), 1)
+    text = "## Notes\none\n## Notes\ntwo\n## Notes\none\n"
+    first, second, third = drafts_from_text(text, "a.md")
+    assert first.title == second.title == third.title == "Notes"
+    assert len({first.id, second.id, third.id}) == 3  # identical twins too
+    assert first.id == draft_id("a.md", ("Notes",), text="one")
+    assert second.id == draft_id("a.md", ("Notes",), text="two")
+    assert third.id == draft_id("a.md", ("Notes",), text="one", twin=1)
+
+
+def test_namesake_ids_do_not_depend_on_their_place():
+    """QA: with two `## Testing` sections, removing the first wrote the second's text over
+    the first's memory, and restoring it flipped them back: an id was the place among the
+    sections of one heading path, which all the rules of a rule file share. Now a section's
+    id holds whatever moves around it."""
+    both = "## Testing\nUse pytest.\n\n## Testing\nRun it in CI.\n"
+    first, second = drafts_from_text(both, "AGENTS.md")
+    (alone,) = drafts_from_text("## Testing\nRun it in CI.\n\n## Testing\n", "AGENTS.md")
+    assert alone.id == second.id
+    assert [d.id for d in drafts_from_text(both, "AGENTS.md")] == [first.id, second.id]
+
+    rules = "- Rule alpha: use tabs.\n- Rule beta: use tabs.\n- Rule gamma: use tabs.\n"
+    rules += "- Rule delta: use tabs.\n"
+    before = {d.body: d.id for d in drafts_from_text(rules, ".cursorrules", rules=True)}
+    after = drafts_from_text(rules.split("\n", 1)[1], ".cursorrules", rules=True)
+    assert [d.body for d in after] == [
+        "Rule beta: use tabs.",
+        "Rule gamma: use tabs.",
+        "Rule delta: use tabs.",
+    ]
+    assert [d.id for d in after] == [before[d.body] for d in after]
+
+
+def test_a_section_alone_under_its_heading_keeps_the_id_it_had():
+    """Ids of sections under a heading of their own are what they were before namesakes
+    were named by their text, so databases imported before see no change."""
+    old = "imp_" + hashlib.sha256(b"a.md\0Build\x000").hexdigest()[:16]
+    (build,) = drafts_from_text("# Build\nRun make.\n", "a.md")
+    assert build.id == old == draft_id("a.md", ("Build",))
+
+
+RULES = "".join(f"- Rule {name}: use tabs.\n" for name in ("alpha", "beta", "gamma", "delta"))
+
+
+def stored(drafts: list[ImportDraft], ids: list[str] | None = None) -> list[dict]:
+    """The live memories an import of `drafts` left (under `ids`, if other)."""
+    ids = ids or [d.id for d in drafts]
+    return [{"id": i, "title": d.title, "body": d.body} for i, d in zip(ids, drafts, strict=True)]
+
+
+def continued(text: str, live: list[dict], source: str = ".cursorrules") -> list[str]:
+    return [d.id for d in continued_ids(drafts_from_text(text, source, rules=True), live)]
+
+
+def test_an_older_import_keeps_its_ids_whatever_moves():
+    """Rules imported by an older release carry ids by place: they keep them, each with its
+    own text, when an unchanged file or one missing a rule is imported again."""
+    drafts = drafts_from_text(RULES, ".cursorrules", rules=True)
+    by_place = [
+        "imp_" + hashlib.sha256(f".cursorrules\0\0{n}".encode()).hexdigest()[:16] for n in range(4)
+    ]
+    live = stored(drafts, by_place)
+    assert continued(RULES, live) == by_place
+    assert continued(RULES.split("\n", 1)[1], live) == by_place[1:]
+    assert continued("- Rule zeta: new.\n" + RULES, live)[1:] == by_place
+
+
+def test_an_edited_section_continues_its_memory():
+    drafts = drafts_from_text(RULES, ".cursorrules", rules=True)
+    live = stored(drafts)
+    ids = [d.id for d in drafts]
+    reworded = RULES.replace("beta: use tabs.", "beta: use tabs everywhere.")
+    assert continued(reworded, live) == ids
+    unrelated = RULES.replace("Rule beta: use tabs.", "Never push to main on Fridays.")
+    fresh = continued(unrelated, live)
+    assert fresh[0] == ids[0] and fresh[2:] == ids[2:] and fresh[1] not in ids
+
+    guide = drafts_from_text("# Build\nRun make.\n# Test\nRun pytest.\n", "a.md")
+    live = stored(guide)
+    renamed = drafts_from_text("# Building\nRun make.\n# Test\nRun tox.\n", "a.md")
+    assert [d.id for d in continued_ids(renamed, live)] == [d.id for d in guide]
+    # a section back after being retired lives at its next generation
+    generations = stored(guide, [guide[0].id + ".2", guide[1].id])
+    assert [d.id for d in continued_ids(renamed, generations)] == [
+        guide[0].id + ".2",
+        guide[1].id,
+    ]
+
+
+def test_of_two_live_generations_the_oldest_continues():
+    """A section can live at two generations (keys for different audiences imported the
+    file, the second past an id it could not read): the draft goes to the oldest, whatever
+    order they come in (`.10` after `.9`), and the other is left to be retired."""
+    (draft,) = drafts_from_text("# Build\nRun make.\n", "a.md")
+    for suffixes in ([".10", ".9"], ["", ".2"], [".2", ""]):
+        live = stored([draft] * 2, [draft.id + suffix for suffix in suffixes])
+        oldest = min(suffixes, key=lambda s: int(s[1:] or 1))
+        assert [d.id for d in continued_ids([draft], live)] == [draft.id + oldest]
 
 
 def test_filling_an_empty_section_does_not_renumber_its_namesakes():
@@ -244,7 +336,7 @@ def test_long_sections_are_split_into_titled_parts(tmp_path):
     assert all(len(d.body) <= MAX_BODY_CHARS for d in parts)
     assert "\n\n".join(d.body for d in parts) == body  # nothing lost, cuts between paragraphs
     assert any(code in d.body for d in parts)  # a code block that fits is never cut
-    assert parts[0].id == draft_id("big.md", ("Migrations",), 0)  # part 1 keeps the section id
+    assert parts[0].id == draft_id("big.md", ("Migrations",))  # part 1 keeps the section id
     assert len({d.id for d in drafts}) == len(drafts)
     assert drafts[-1].title == "After"
 
@@ -509,21 +601,44 @@ def test_check_drafts_names_file_and_section():
 # --- sources and file discovery ------------------------------------------------------------
 
 
-def test_source_is_relative_posix(tmp_path, monkeypatch):
+def test_source_is_relative_posix_under_a_root(tmp_path):
     nested = write(tmp_path / "a" / "b" / "AGENTS.md", "x")
     assert source_for(nested, tmp_path) == "a/b/AGENTS.md"
     assert source_for(nested, tmp_path / "a") == "b/AGENTS.md"
+    assert source_for(nested, tmp_path, "team") == "team/a/b/AGENTS.md"
     with pytest.raises(InvalidRequestError, match="not inside"):
         source_for(nested, tmp_path / "elsewhere")
-    monkeypatch.chdir(tmp_path / "a")
-    assert source_for(Path("b/AGENTS.md")) == "b/AGENTS.md"
-    assert source_for(Path("./b/../b/AGENTS.md")) == "b/AGENTS.md"
-    assert source_for(nested) == "b/AGENTS.md"  # absolute, under the working directory
     link = tmp_path / "a" / "linked.md"
     link.symlink_to(write(tmp_path / "target.md", "x"))
     assert source_for(link, tmp_path / "a") == "linked.md"  # recorded where it sits
-    outside = write(tmp_path / "z" / "CLAUDE.md", "x")
-    assert source_for(outside) == "CLAUDE.md"  # never an absolute path from this machine
+
+
+def test_a_file_outside_git_is_named_by_its_place_from_any_folder(tmp_path, monkeypatch):
+    """QA: outside a git work tree the source was relative to the working directory, or
+    just the file's name: projA/CLAUDE.md and projB/CLAUDE.md, each imported from its own
+    folder, were one memory (B overwrote A), x/notes.md imported from z retired
+    y/notes.md's, and from the parent folder it became a second copy."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    a = write(home / "projA" / "CLAUDE.md", "x")
+    b = write(home / "projB" / "CLAUDE.md", "x")
+    srv = write(tmp_path / "srv" / "docs" / "notes.md", "x")
+    (home / "z").mkdir()
+    (tmp_path / "srv-link").symlink_to(tmp_path / "srv", target_is_directory=True)
+    for cwd in (home / "projA", home / "projB", home / "z", home, tmp_path, Path("/")):
+        monkeypatch.chdir(cwd)
+        assert source_for(a) == "~/projA/CLAUDE.md", cwd
+        assert source_for(b) == "~/projB/CLAUDE.md", cwd
+        assert source_for(srv) == f"{tmp_path}/srv/docs/notes.md", cwd  # outside home
+        assert source_for(tmp_path / "srv-link" / "docs" / "notes.md") == source_for(srv)
+    monkeypatch.chdir(home / "projA")
+    assert source_for(Path("CLAUDE.md")) == "~/projA/CLAUDE.md"
+    assert source_for(Path("../projA/./CLAUDE.md")) == "~/projA/CLAUDE.md"
+    # --source-prefix takes the place of ~ or /, as of a repository's name
+    assert source_for(a, prefix="team") == "team/projA/CLAUDE.md"
+    assert source_for(srv, prefix="team") == f"team{tmp_path}/srv/docs/notes.md"
+    assert source_for(a, prefix="") == "projA/CLAUDE.md"
+    assert source_for(a, home / "projA") == "CLAUDE.md"  # an explicit root wins
 
 
 def test_source_in_a_git_work_tree_names_the_repository(tmp_path, monkeypatch):
@@ -680,14 +795,3 @@ def test_an_export_file_points_to_relay_restore(tmp_path, count):
         f"{path} is a relay export file: restore it with `relay restore {path}`; relay import"
         " reads Markdown"
     )
-
-
-def test_a_section_live_at_two_generations_is_written_at_the_oldest():
-    """Keys for different audiences importing one file leave a section at two live
-    generations (the second could not read the first's id); the draft goes to the oldest,
-    whichever order the ids come in, and the other is retired as any id no draft kept."""
-    drafts = [ImportDraft(f"imp_{i:016x}", None, "text", "a.md", ()) for i in range(40)]
-    owned = {f"{d.id}{suffix}" for d in drafts for suffix in (".3", ".2")}
-    assert [d.id for d in with_live_ids(drafts, owned)] == [f"{d.id}.2" for d in drafts]
-    owned |= {d.id for d in drafts}
-    assert [d.id for d in with_live_ids(drafts, owned)] == [d.id for d in drafts]
