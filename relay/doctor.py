@@ -34,6 +34,8 @@ BUDGET_ALERT_RUNS = 3  # runs out of budget before a search, in 24 h, worth a fi
 EXPIRY_WARNING = timedelta(days=7)
 HOOK_EXIT_MS = 100  # after its deadline, the hook logs its outcome and exits
 AGENT_LABELS = {"claude-code": "Claude Code", "codex": "Codex"}
+# A knob script behind its guard that never reaches relay-hook: nothing tells the user.
+SILENTLY_OFF = "recall is silently off on every prompt (exit status 0, nothing shown)"
 
 
 @dataclass
@@ -111,7 +113,8 @@ class Doctor:
         # The settings the hook runs with: the script's knobs beat the config file.
         script = self._script_reading if self._script_in_use() else None
         ignored: list[str] = []
-        self.cfg = cfg = hook_config.load(knob_script.hook_environ(script, self.environ), ignored)
+        handed = script.handed(self.environ) if script else self.environ
+        self.cfg = cfg = hook_config.load(handed, ignored)
         if script is not None:
             self._check_shadowed_knobs(path, raw, script)
         for what in ignored:
@@ -174,25 +177,24 @@ class Doctor:
         """A knob config.json sets to another value than the knob script, whose value the
         hook takes instead: an edit of config.json that never takes effect."""
         parsers = {name: parse for name, _, parse, _ in hook_config.SETTINGS}
+        supplied = script.supplied()
         for key, value in raw.items():
-            export = script.exports.get(f"RELAY_{key.upper()}")
-            if key not in parsers or export is None or export.value is None:
+            knob = supplied.get(key.upper())
+            if key not in parsers or knob is None:
                 continue
             try:
-                differ = parsers[key](value) != parsers[key](export.value)
+                differ = parsers[key](value) != parsers[key](knob.value)
             except (ValueError, TypeError, OverflowError):
                 continue  # a value the hook ignores: its own finding
             if differ:
-                name = export.source or export.variable
+                shown = self.home(self.paths.script)
                 self.add(
                     "warn",
                     "config",
-                    f"{self.home(path)} sets {key} to {json.dumps(value)}, but "
-                    f"{self.home(self.paths.script)} sets {name}={export.value} (line "
-                    f"{export.line}), which the hook takes instead: the config value is never "
-                    "used",
-                    f"change {name} in {self.home(self.paths.script)}, or remove {key} from "
-                    f"{self.home(path)}",
+                    f"{self.home(path)} sets {key} to {json.dumps(value)}, but {shown} sets "
+                    f"{knob.var}={knob.value} (line {knob.line}), which the hook takes instead:"
+                    " the config value is never used",
+                    f"change {knob.var} in {shown}, or remove {key} from {self.home(path)}",
                 )
 
     def _client(self):  # noqa: ANN202
@@ -347,19 +349,13 @@ class Doctor:
 
     @functools.cached_property
     def _script_reading(self) -> knob_script.Reading | None:
-        """The installed knob script as sh runs it; None when it is missing or unreadable."""
-        try:
-            return knob_script.read(self.paths.script.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
-            return None
+        """The installed knob script as it runs; None when it is missing or unreadable."""
+        return knob_script.read_file(self.paths.script)
 
     def _reading_of(self, script: Path) -> knob_script.Reading:
         if script == self.paths.script:
             return self._script_reading or knob_script.Reading()
-        try:
-            return knob_script.read(script.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
-            return knob_script.Reading()
+        return knob_script.read_file(script) or knob_script.Reading()
 
     def check_hooks(self) -> None:
         any_ok = False
@@ -530,43 +526,30 @@ class Doctor:
         return ok
 
     def _script_parses(self, script: Path) -> bool:
-        """sh can parse the script (else it stops at the error, exit status 2, before it
-        starts the hook), and every line that sets a knob is one doctor can read; each
-        finding once, however many agents run the script."""
+        """sh can parse the script: it stops at a line it cannot, before it starts the hook
+        (behind the guard, with exit status 0 and nothing shown; without it, with 2, which
+        blocks the prompt in Claude Code). Each finding once, however many agents run it."""
         if script in self._scripts_checked:
             return self._scripts_checked[script]
         error = knob_script.syntax_error(script)
         self._scripts_checked[script] = error is None
-        fix = f"run `relay install` to rewrite {self.home(script)} (knobs back to their defaults)"
-        if error:
-            # sh may report where it gave up (an unclosed quote: the end of the file), not
-            # where the mistake is; the first line doctor cannot read is the likelier one.
-            suspect = next(iter(self._reading_of(script).unreadable), None)
-            self.add(
-                "fail",
-                "hooks",
-                f"sh cannot parse {self.home(script)} ({error}"
-                + (f"; look at line {suspect.line}, `{suspect.text}`" if suspect else "")
-                + "): sh exits with status 2 before it starts relay-hook, so no prompt gets "
-                "recall, and Claude Code blocks a prompt whose hook exits with 2",
-                f"fix the line, or {fix}",
-            )
-            return False
-        for bad in self._reading_of(script).unreadable:
+        if error is None:
+            return True
+        if self._reading_of(script).guarded:
+            what = f"the script stops there, before relay-hook: {SILENTLY_OFF}"
+        else:
             what = (
-                f"sh runs {bad.text.split()[0]} as a command (not found), so that knob is "
-                "unset and the hook takes config.json's value or its default"
-                if bad.spaced
-                else "doctor cannot tell what it sets, so the settings shown may not be the hook's"
+                "sh exits with status 2 before it starts relay-hook, so no prompt gets recall, "
+                "and Claude Code blocks a prompt whose hook exits with 2"
             )
-            self.add(
-                "warn",
-                "hooks",
-                f"line {bad.line} of {self.home(script)}, `{bad.text}`, is not a plain "
-                f"NAME=value assignment (no spaces around =): {what}",
-                f"write it as NAME=value, or {fix}",
-            )
-        return True
+        self.add(
+            "fail",
+            "hooks",
+            f"sh cannot parse {self.home(script)} ({error}): {what}",
+            f"fix the line, or run `relay install` to rewrite {self.home(script)} (knobs back"
+            " to their defaults)",
+        )
+        return False
 
     def _program_path(self, word: str) -> Path:
         """A command word as sh finds it: `$HOME/` and `~/` expanded, a bare name on PATH."""
@@ -591,13 +574,26 @@ class Doctor:
             return False
         if not self._script_parses(script):
             return False
-        hook = self._reading_of(script).hook
+        reading = self._reading_of(script)
+        if not reading.closed:
+            self.add(
+                "fail",
+                "hooks",
+                f"{label}: {self.home(script)} has no `{reading.end}` line to end its knobs: the"
+                " script reads the rest of the file, its `exec` of relay-hook included, as "
+                f"knobs, so {SILENTLY_OFF}",
+                f"put the `{reading.end}` line back below the last knob, or run `relay install`"
+                " (knobs back to their defaults)",
+            )
+            return False
+        hook = reading.hook
         if hook is None or not os.access(hook, os.X_OK):
+            what = SILENTLY_OFF if reading.guarded else "the agent shows an error on every prompt"
             self.add(
                 "fail",
                 "hooks",
                 f"{label}: {self.home(script)} runs {hook or 'nothing recognisable'}, which "
-                "does not exist or is not executable: the agent shows an error on every prompt",
+                f"does not exist or is not executable: {what}",
                 "run `relay install` from the Relay you use now",
             )
             return False

@@ -22,7 +22,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -37,29 +36,9 @@ import click
 from relay import agents
 from relay.errors import InvalidRequestError, NotFoundError, RelayError
 from relay.hook import config as hook_config
+from relay.knob_script import SCRIPT_KNOBS, hook_script, knob_value
 
 MANIFEST_VERSION = 1
-# The knobs the hook script owns: set at its top, handed to the hook as RELAY_* variables.
-SCRIPT_KNOBS = (
-    (
-        "THROTTLE_PROMPTS",
-        "throttle_prompts",
-        "No new search within this many prompts of the last one.",
-    ),
-    (
-        "OVERLAP_THRESHOLD",
-        "overlap_threshold",
-        "Search again only when keyword overlap with the last search is below this (0..1).",
-    ),
-    ("MIN_PROMPT_LEN", "min_prompt_len", "Prompts shorter than this many characters never search."),
-    (
-        "DEADLINE_MS",
-        "deadline_ms",
-        "Whole budget per prompt in ms, from process start; then the prompt goes on"
-        f" ({hook_config.DEADLINE_MIN_MS}..{hook_config.DEADLINE_MAX_MS}, else ignored).",
-    ),
-)
-_SCRIPT_VARS = frozenset(var for var, _, _ in SCRIPT_KNOBS)
 # Knobs written into config.json at their defaults (re-running install restores them); the
 # script's own are not: it hands them to the hook in the environment, which beats the file.
 CONFIG_KNOBS = (
@@ -175,101 +154,7 @@ def executables() -> tuple[str, str]:
     return found[0], found[1]
 
 
-# -- file contents ---------------------------------------------------------------------
-# The script's first command, before anything that can fail: whatever goes wrong below it
-# (a typo, a relay-hook that moved), nothing reaches stderr and the exit status is 0, as an
-# agent shows a hook's stderr and Claude Code blocks, and erases, a prompt whose hook exits
-# 2. A syntax error or a failed `exec` runs the EXIT trap in dash; bash (macOS's sh)
-# skips it on a failed `exec` unless `execfail` lets the script go on to its end.
-SCRIPT_GUARD = "exec 2>/dev/null; trap 'exit 0' EXIT; [ -z \"$BASH_VERSION\" ] || shopt -s execfail"
-KNOBS_END = "KNOBS"
-# How the script reads a knob line, which Python mirrors in `knob_line`: `IFS='= <tab>' read`
-# splits `NAME=value`, `NAME = value` and `NAME value` alike, trimmed; one quote is taken
-# off each end, as `DEADLINE_MS="400"` would lose them in shell.
-_KNOB_LINE = re.compile(r"[ \t]*([^=\s]*)(?:(?:[ \t]*=[ \t]*|[ \t]+)(.*?))?[ \t]*")
-
-
-def hook_script(relay_hook: str) -> str:
-    """The installed hook script: knobs read as data, not run as shell, then `exec` of the
-    hook; a typo in it can neither stop a prompt nor print anything (docs/integrations.md)."""
-    import shlex
-
-    names = " | ".join(var for var, _, _ in SCRIPT_KNOBS)
-    lines = [
-        "#!/bin/sh",
-        "# Whatever goes wrong below, the prompt goes on: no output on stderr, exit status 0.",
-        SCRIPT_GUARD,
-        "",
-        "# Relay automatic recall: Claude Code and Codex run this on every prompt (and with",
-        "# `session-start` when a session starts). Written by `relay install`, yours to edit:",
-        "# edits apply from the next prompt, no restart; `relay install` restores the defaults.",
-        "# Delete this file to turn automatic recall off; the agents then skip it silently.",
-        "#",
-        f"# The knobs, down to the {KNOBS_END} line, are NAME=value lines read as data, not run",
-        "# as shell: a value the hook cannot use counts as no line at all (`relay doctor` names",
-        "# it). Each reaches the hook as RELAY_<NAME> and beats ~/.relay/config.json; the same",
-        "# variable in the agent's environment beats it (`RELAY_MIN_PROMPT_LEN=0 claude`).",
-        "while IFS='= \t' read -r knob value; do",
-        "  value=${value#[\\\"\\']}; value=${value%[\\\"\\']}",
-        f"  case $knob in {names})",
-        '    eval "export RELAY_$knob=\\"\\${RELAY_$knob:-\\$value}\\"" ;;',
-        "  esac",
-        f"done <<'{KNOBS_END}'",
-    ]
-    for var, name, help_text in SCRIPT_KNOBS:
-        lines += [f"# {help_text}", f"{var}={_knob_value(hook_config.DEFAULTS[name])}"]
-    lines += [KNOBS_END, f'exec {shlex.quote(relay_hook)} "$@"', ""]
-    return "\n".join(lines)
-
-
-def _knob_value(value: Any) -> str:
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
-
-
-def knob_line(line: str) -> tuple[str, str] | None:
-    """(VAR, value) when `line` sets one of the script's knobs, as the script reads it."""
-    found = _KNOB_LINE.fullmatch(line)
-    if not found or found.group(1) not in _SCRIPT_VARS:
-        return None
-    value = found.group(2) or ""
-    value = value[1:] if value[:1] in ('"', "'") else value
-    value = value[:-1] if value[-1:] in ('"', "'") else value
-    return found.group(1), value
-
-
-def script_environ(script: Path, environ: dict[str, str]) -> dict[str, str]:
-    """`environ` as the installed script hands it to the hook: each knob's `RELAY_<VAR>`
-    from the first line that sets it, unless `environ` already sets it. (A script written
-    before the knobs were read as data set them as shell assignments: read alike.)"""
-    try:
-        text = script.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return dict(environ)
-    out = dict(environ)
-    for line in text.splitlines():
-        knob = knob_line(line)
-        if knob and not out.get(f"RELAY_{knob[0]}"):
-            out[f"RELAY_{knob[0]}"] = knob[1]
-    return out
-
-
-def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
-    """Write `settings`' values of the script's knobs into an installed hook script, whose
-    values beat the config file's (`relay eval replay --apply`): each into the first line
-    that sets it, as the script reads the first. False without a script."""
-    try:
-        text = script.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return False
-    lines = text.splitlines(keepends=True)
-    todo = {var: settings[name] for var, name, _ in SCRIPT_KNOBS if name in settings}
-    for i, line in enumerate(lines):
-        knob = knob_line(line.rstrip("\r\n"))
-        if knob and knob[0] in todo:
-            ending = line[len(line.rstrip("\r\n")) :]
-            lines[i] = f"{knob[0]}={_knob_value(todo.pop(knob[0]))}{ending}"
-    write_atomic(script, "".join(lines).encode(), 0o700)
-    return True
+# -- file contents (the hook script's own: relay/knob_script.py) ---------------------
 
 
 def relay_config(
@@ -291,7 +176,7 @@ def relay_config(
         else:
             notes.append(
                 f"{name} {json.dumps(out[name])} here has no effect: the hook script's {var},"
-                f" which beats it, is {_knob_value(hook_config.DEFAULTS[name])}; set it there"
+                f" which beats it, is {knob_value(hook_config.DEFAULTS[name])}; set it there"
             )
     out["_comment"] = (
         f"Written by relay install. The agents' hooks run ~/.relay/{agents.SCRIPT_NAME}, which "

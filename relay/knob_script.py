@@ -1,13 +1,13 @@
-"""The installed knob script (`~/.relay/relay-autosearch-hook.sh`) read the way sh runs it,
-for `relay doctor`: whether sh can parse it, what it exports to the hook, which lines are
-not plain assignments, and the `relay-hook` it execs.
+"""The knob script, `~/.relay/relay-autosearch-hook.sh`: what `relay install` writes, and
+the one reading of it that doctor, `relay eval replay --apply` and install share.
 
-The script is the user's to edit, and sh reads it, not Relay: a line sh cannot parse
-stops it before it starts the hook, and `NAME = value` (spaces around `=`) is a command
-to sh, not an assignment. So the values are read from what the script really does, the
-`export` line included (`RELAY_X="${RELAY_X:-$X}"` hands the hook `$X` unless the
-environment sets `RELAY_X`), whatever the template `relay install` writes. A line that
-is not a plain assignment is reported, never guessed at.
+The agents run it on every prompt. Its first command is a guard (stderr to /dev/null,
+exit status 0 whatever happens below); then a `while read` loop takes the knobs,
+`NAME=value` lines of a here-document, as data, not as shell, and hands each to the hook
+as `RELAY_<NAME>`; then it execs `relay-hook`. `read` follows that loop line by line, so
+what doctor shows is what the hook gets. A script written before the guard set its knobs
+as shell assignments: its lines are read with the same rule (`knob_line`), wherever they
+are, and `relay install` rewrites it.
 """
 
 from __future__ import annotations
@@ -17,171 +17,214 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-SHELLS = frozenset({"sh", "dash", "bash", "ksh", "mksh", "zsh", "ash", "busybox"})
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# `${RELAY_X:-$X}`, `${RELAY_X:-${X}}`, or without the colon: the environment first.
-_DEFAULTED = re.compile(
-    r"^\$\{(?P<var>[A-Za-z_][A-Za-z0-9_]*):?-\$(?:\{(?P<b>[A-Za-z_]\w*)\}|(?P<s>[A-Za-z_]\w*))\}$"
+from relay.hook import config as hook_config
+
+# The knobs the script owns: (its variable, the hook's setting, the comment above it).
+SCRIPT_KNOBS = (
+    (
+        "THROTTLE_PROMPTS",
+        "throttle_prompts",
+        "No new search within this many prompts of the last one.",
+    ),
+    (
+        "OVERLAP_THRESHOLD",
+        "overlap_threshold",
+        "Search again only when keyword overlap with the last search is below this (0..1).",
+    ),
+    ("MIN_PROMPT_LEN", "min_prompt_len", "Prompts shorter than this many characters never search."),
+    (
+        "DEADLINE_MS",
+        "deadline_ms",
+        "Whole budget per prompt in ms, from process start; then the prompt goes on"
+        f" ({hook_config.DEADLINE_MIN_MS}..{hook_config.DEADLINE_MAX_MS}, else ignored).",
+    ),
 )
+SCRIPT_VARS = tuple(var for var, _, _ in SCRIPT_KNOBS)
+# The script's first command, before anything that can fail: whatever goes wrong below it
+# (a typo, a relay-hook that moved), nothing reaches stderr and the exit status is 0, as an
+# agent shows a hook's stderr and Claude Code blocks, and erases, a prompt whose hook exits
+# 2. A syntax error or a failed `exec` runs the EXIT trap in dash; bash (macOS's sh)
+# skips it on a failed `exec` unless `execfail` lets the script go on to its end.
+SCRIPT_GUARD = "exec 2>/dev/null; trap 'exit 0' EXIT; [ -z \"$BASH_VERSION\" ] || shopt -s execfail"
+KNOBS_END = "KNOBS"
+# How the loop reads a knob line, mirrored in `knob_line`: `IFS='= <tab>' read` splits
+# `NAME=value`, `NAME = value` and `NAME value` alike, trimmed; one quote is taken off each
+# end, as `DEADLINE_MS="400"` would lose them in shell.
+_KNOB_LINE = re.compile(r"[ \t]*([^=\s]*)(?:(?:[ \t]*=[ \t]*|[ \t]+)(.*?))?[ \t]*")
+# The loop's last line, which opens the here-document of knobs: `done <<'KNOBS'`.
+_KNOBS_START = re.compile(r"[ \t]*done[ \t]*<<-?[ \t]*(['\"]?)(\w+)\1[ \t]*")
+SHELLS = frozenset({"sh", "dash", "bash", "ksh", "mksh", "zsh", "ash", "busybox"})
 
 
-@dataclass
-class Export:
-    """One variable the script hands the hook."""
+def hook_script(relay_hook: str) -> str:
+    """The installed hook script: knobs read as data, not run as shell, then `exec` of the
+    hook; a typo in it can neither stop a prompt nor print anything (docs/integrations.md)."""
+    names = " | ".join(SCRIPT_VARS)
+    lines = [
+        "#!/bin/sh",
+        "# Whatever goes wrong below, the prompt goes on: no output on stderr, exit status 0.",
+        SCRIPT_GUARD,
+        "",
+        "# Relay automatic recall: Claude Code and Codex run this on every prompt (and with",
+        "# `session-start` when a session starts). Written by `relay install`, yours to edit:",
+        "# edits apply from the next prompt, no restart; `relay install` restores the defaults.",
+        "# Delete this file to turn automatic recall off; the agents then skip it silently.",
+        "#",
+        f"# The knobs, down to the {KNOBS_END} line, are NAME=value lines read as data, not run",
+        "# as shell: a value the hook cannot use counts as no line at all (`relay doctor` names",
+        "# it). Each reaches the hook as RELAY_<NAME> and beats ~/.relay/config.json; the same",
+        "# variable in the agent's environment beats it (`RELAY_MIN_PROMPT_LEN=0 claude`).",
+        "while IFS='= \t' read -r knob value; do",
+        "  value=${value#[\\\"\\']}; value=${value%[\\\"\\']}",
+        f"  case $knob in {names})",
+        '    eval "export RELAY_$knob=\\"\\${RELAY_$knob:-\\$value}\\"" ;;',
+        "  esac",
+        f"done <<'{KNOBS_END}'",
+    ]
+    for var, name, help_text in SCRIPT_KNOBS:
+        lines += [f"# {help_text}", f"{var}={knob_value(hook_config.DEFAULTS[name])}"]
+    lines += [KNOBS_END, f'exec {shlex.quote(relay_hook)} "$@"', ""]
+    return "\n".join(lines)
 
-    variable: str  # RELAY_DEADLINE_MS
-    value: str | None  # what the hook gets from the script; None: unset, or not plain text
-    source: str | None  # the script's own variable it comes from (DEADLINE_MS), if any
-    line: int  # where that value is set
-    env_first: bool  # a value already in the environment wins (`${RELAY_X:-$X}`)
+
+def knob_value(value: Any) -> str:
+    """A setting's value as the script writes it."""
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-@dataclass
-class Unreadable:
-    """A line doctor cannot read as `NAME=value` that sets, or seems to set, a knob."""
+def _fields(line: str) -> tuple[str, str] | None:
+    """(first field, value) as the loop's `read` splits `line`, one quote off each end."""
+    found = _KNOB_LINE.fullmatch(line)
+    if not found:
+        return None
+    value = found.group(2) or ""
+    value = value[1:] if value[:1] in ('"', "'") else value
+    value = value[:-1] if value[-1:] in ('"', "'") else value
+    return found.group(1), value
 
-    line: int
-    text: str
-    spaced: bool  # `NAME = value`: sh runs NAME as a command and the knob stays unset
+
+def knob_line(line: str) -> tuple[str, str] | None:
+    """(VAR, value) when `line` sets one of the script's knobs, as the script reads it."""
+    fields = _fields(line)
+    return fields if fields and fields[0] in SCRIPT_VARS else None
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A line the script takes a knob from."""
+
+    line: int  # 1-based
+    text: str  # as written
+    var: str  # DEADLINE_MS
+    value: str  # what the script hands the hook from it
 
 
 @dataclass
 class Reading:
-    exports: dict[str, Export] = field(default_factory=dict)
-    unreadable: list[Unreadable] = field(default_factory=list)
-    hook: str | None = None  # the program the script execs
+    """The script as it runs: its knob lines, the program it execs, and its shape."""
 
+    data: bool = False  # knobs in the loop's here-document (else shell, from before the guard)
+    guarded: bool = False  # SCRIPT_GUARD is one of its lines
+    end: str = KNOBS_END  # the line that ends the knobs
+    closed: bool = True  # that line is there (else the rest of the file is read as knobs)
+    knobs: list[Knob] = field(default_factory=list)  # in the order the script reads them
+    hook: str | None = None  # the program it execs
 
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, line) with backslash-newline continuations joined, as sh does."""
-    out: list[tuple[int, str]] = []
-    pending: list[str] = []
-    start = 0
-    for number, line in enumerate(text.splitlines(), 1):
-        if not pending:
-            start = number
-            if line.lstrip().startswith("#"):
-                continue
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            pending.append(line[:-1])
-            continue
-        out.append((start, "".join(pending) + line))
-        pending = []
-    if pending:
-        out.append((start, "".join(pending)))
-    return out
+    def supplied(self) -> dict[str, Knob]:
+        """The line each knob's value comes from: the first with a value, as the loop keeps
+        `${RELAY_X:-$value}` once it is not empty (else the first, empty)."""
+        out: dict[str, Knob] = {}
+        for knob in self.knobs:
+            if knob.var not in out or (not out[knob.var].value and knob.value):
+                out[knob.var] = knob
+        return out
 
-
-def _words(line: str) -> list[str] | None:
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    try:
-        return list(lexer)
-    except ValueError:
-        return None
-
-
-def _commands(words: list[str]) -> list[list[str]]:
-    """The simple commands of a line split on `;`."""
-    out: list[list[str]] = [[]]
-    for word in words:
-        if word == ";":
-            out.append([])
-        else:
-            out[-1].append(word)
-    return out
-
-
-def _readable(command: list[str]) -> bool:
-    """Nothing, `exec PROGRAM ...`, `export NAME[=value] ...` or `NAME=value ...`."""
-    if not command or command[0] == "exec":
-        return True
-    if command[0] == "export":
-        return all("=" in w or _NAME.match(w) for w in command[1:])
-    return all(_assignment(w) for w in command)
-
-
-def _plain(value: str) -> bool:
-    return "$" not in value and "`" not in value
+    def handed(self, environ: dict[str, str]) -> dict[str, str]:
+        """`environ` as the script hands it to the hook: each knob's `RELAY_<VAR>` from the
+        script, unless `environ` already sets it to something."""
+        out = dict(environ)
+        for var, knob in self.supplied().items():
+            if not out.get(f"RELAY_{var}"):
+                out[f"RELAY_{var}"] = knob.value
+        return out
 
 
 def read(text: str) -> Reading:
-    """What the script hands the hook, read statically as sh would run it."""
-    reading = Reading()
-    shell: dict[str, tuple[str | None, int]] = {}  # the script's own variables
-    others: list[tuple[int, str, list[str] | None]] = []
-    execs = False
-    for number, line in _logical_lines(text):
-        words = _words(line)
-        commands = _commands(words) if words is not None else []
-        if words is None or not all(_readable(c) for c in commands):
-            others.append((number, line, words))
+    """The script read as it runs: the knob lines of its here-document (or, in a script
+    from before the guard, every line `knob_line` reads), and what it execs."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _KNOBS_START.fullmatch(line)), None)
+    reading = Reading(data=start is not None)
+    block = range(0)
+    if start is not None:
+        reading.end = _KNOBS_START.fullmatch(lines[start]).group(2)  # type: ignore[union-attr]
+        stop = next((i for i in range(start + 1, len(lines)) if lines[i] == reading.end), None)
+        reading.closed = stop is not None
+        block = range(start + 1, len(lines) if stop is None else stop)
+    for number, line in enumerate(lines, 1):
+        inside = number - 1 in block
+        if line.lstrip().startswith("#"):
             continue
-        for command in filter(None, commands):
-            if command[0] == "exec":
-                reading.hook = command[1] if len(command) > 1 else None
-                execs = True
-                break
-            if command[0] == "export":
-                for word in command[1:]:
-                    _export(reading, shell, word, number)
-            else:
-                for word in command:
-                    name, value = word.split("=", 1)
-                    shell[name] = (value if _plain(value) else None, number)
-        if execs:
-            break  # sh runs nothing after exec
-    knobs = {e.variable for e in reading.exports.values()}
-    knobs |= {e.source for e in reading.exports.values() if e.source}
-    for name, (got, number) in shell.items():
-        if got is None and name in knobs:  # `DEADLINE_MS=$SLOW`: set, but to what?
-            line = text.splitlines()[number - 1]
-            others.append((number, line, _words(line)))
-    for number, line, words in sorted(others, key=lambda other: other[0]):
-        named = _names_in(words) if words is not None else set(re.findall(r"\w+", line))
-        if named & knobs:
-            spaced = bool(words and len(words) > 1 and words[1] == "=" and words[0] in knobs)
-            reading.unreadable.append(Unreadable(number, line.strip(), spaced))
+        if inside or not reading.data:
+            knob = knob_line(line)
+            if knob:
+                reading.knobs.append(Knob(number, line, *knob))
+                continue
+        if inside:
+            continue
+        if line.strip() == SCRIPT_GUARD:
+            reading.guarded = True
+        elif reading.hook is None:
+            reading.hook = _exec_target(line)
     return reading
 
 
-def _assignment(word: str) -> bool:
-    name, eq, _ = word.partition("=")
-    return bool(eq) and bool(_NAME.match(name))
+def _exec_target(line: str) -> str | None:
+    """The program of an `exec PROGRAM ...` line (not `exec 2>/dev/null`, a redirection)."""
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:
+        return None
+    if len(words) > 1 and words[0] == "exec" and not re.match(r"\d*[<>]", words[1]):
+        return words[1]
+    return None
 
 
-def _names_in(words: list[str]) -> set[str]:
-    return {w.partition("=")[0] for w in words}
+def read_file(script: Path) -> Reading | None:
+    """The script at `script` read; None when it is missing or unreadable."""
+    try:
+        return read(script.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
-def _export(
-    reading: Reading, shell: dict[str, tuple[str | None, int]], word: str, number: int
-) -> None:
-    name, eq, value = word.partition("=")
-    if not eq:  # `export NAME`: the script's own value, if it set one
-        if name in shell:
-            got, line = shell[name]
-            reading.exports[name] = Export(name, got, name, line, False)
-        return
-    defaulted = _DEFAULTED.match(value)
-    if defaulted and defaulted["var"] == name:
-        source = defaulted["b"] or defaulted["s"]
-        got, line = shell.get(source, (None, number))
-        reading.exports[name] = Export(name, got, source, line, True)
-    else:
-        reading.exports[name] = Export(name, value if _plain(value) else None, None, number, False)
+def script_environ(script: Path, environ: dict[str, str]) -> dict[str, str]:
+    """`environ` as the installed script hands it to the hook (`environ` itself without one)."""
+    reading = read_file(script)
+    return reading.handed(environ) if reading else dict(environ)
 
 
-def hook_environ(reading: Reading | None, environ: dict[str, str]) -> dict[str, str]:
-    """`environ` as the script hands it to the hook (an unset knob is left out: the hook
-    then takes the config file's value, or its default, as it does for an empty one)."""
-    out = dict(environ)
-    for e in (reading.exports if reading else {}).values():
-        if e.value is None or (e.env_first and out.get(e.variable)):
-            continue
-        out[e.variable] = e.value
-    return out
+def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
+    """Write `settings`' values of the script's knobs into an installed hook script, whose
+    values beat the config file's (`relay eval replay --apply`): each into the first line
+    the script reads it from. False without a script."""
+    from relay.install import write_atomic
+
+    try:
+        text = script.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    lines = text.splitlines(keepends=True)
+    todo = {var: settings[name] for var, name, _ in SCRIPT_KNOBS if name in settings}
+    for knob in read(text).knobs:
+        if knob.var in todo:
+            line = lines[knob.line - 1]
+            ending = line[len(line.rstrip("\r\n")) :]
+            lines[knob.line - 1] = f"{knob.var}={knob_value(todo.pop(knob.var))}{ending}"
+    write_atomic(script, "".join(lines).encode(), 0o700)
+    return True
 
 
 def syntax_error(script: Path) -> str | None:

@@ -148,3 +148,28 @@ def stop_server(server) -> None:
     server.stop()
     if server.process.stdout:
         server.process.stdout.close()
+
+
+def old_script(relay_hook: str) -> str:
+    """The knob script as `relay install` wrote it before its guard, knobs set as shell."""
+    return f"""#!/bin/sh
+# Relay automatic recall: Claude Code and Codex run this on every prompt (and with
+# `session-start` when a session starts). Written by `relay install`, yours to edit:
+# edits apply from the next prompt, no restart; `relay install` restores the defaults.
+# Delete this file to turn automatic recall off; the agents then skip it silently.
+
+# No new search within this many prompts of the last one.
+THROTTLE_PROMPTS=2
+# Search again only when keyword overlap with the last search is below this (0..1).
+OVERLAP_THRESHOLD=0.30
+# Prompts shorter than this many characters never search.
+MIN_PROMPT_LEN=15
+# Whole budget per prompt in ms, from process start; then the prompt goes on.
+DEADLINE_MS=400
+
+export RELAY_THROTTLE_PROMPTS="${{RELAY_THROTTLE_PROMPTS:-$THROTTLE_PROMPTS}}" \\
+  RELAY_OVERLAP_THRESHOLD="${{RELAY_OVERLAP_THRESHOLD:-$OVERLAP_THRESHOLD}}" \\
+  RELAY_MIN_PROMPT_LEN="${{RELAY_MIN_PROMPT_LEN:-$MIN_PROMPT_LEN}}" \\
+  RELAY_DEADLINE_MS="${{RELAY_DEADLINE_MS:-$DEADLINE_MS}}"
+exec {relay_hook} "$@"
+"""

@@ -29,7 +29,7 @@ from relay.eval.replay import extras, figures
 from relay.eval.report import histogram, lines, targets
 from relay.hook import config as hook_config
 from relay.hook_bench import ON_TIME_SLACK_MS
-from relay.install import hook_script, script_environ
+from relay.knob_script import hook_script, script_environ
 
 R_KEYS = {
     "hook_ms",

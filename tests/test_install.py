@@ -19,6 +19,7 @@ import pytest
 from integration_support import (
     BIN,
     mint,
+    old_script,
     registered_command,
     relay,
     remember,
@@ -634,30 +635,6 @@ def test_a_moved_relay_hook_exits_0_silently(tmp_path, server):
     assert (run.returncode, run.stdout, run.stderr) == (0, b"", b"")
 
 
-# The script as relay install wrote it before its knobs were read as data (a user's typo in).
-OLD_SCRIPT = """#!/bin/sh
-# Relay automatic recall: Claude Code and Codex run this on every prompt (and with
-# `session-start` when a session starts). Written by `relay install`, yours to edit:
-# edits apply from the next prompt, no restart; `relay install` restores the defaults.
-# Delete this file to turn automatic recall off; the agents then skip it silently.
-
-# No new search within this many prompts of the last one.
-THROTTLE_PROMPTS=2
-# Search again only when keyword overlap with the last search is below this (0..1).
-OVERLAP_THRESHOLD=0.30
-# Prompts shorter than this many characters never search.
-MIN_PROMPT_LEN=15
-# Whole budget per prompt in ms, from process start; then the prompt goes on.
-DEADLINE_MS="400
-
-export RELAY_THROTTLE_PROMPTS="${RELAY_THROTTLE_PROMPTS:-$THROTTLE_PROMPTS}" \\
-  RELAY_OVERLAP_THRESHOLD="${RELAY_OVERLAP_THRESHOLD:-$OVERLAP_THRESHOLD}" \\
-  RELAY_MIN_PROMPT_LEN="${RELAY_MIN_PROMPT_LEN:-$MIN_PROMPT_LEN}" \\
-  RELAY_DEADLINE_MS="${RELAY_DEADLINE_MS:-$DEADLINE_MS}"
-exec RELAY_HOOK "$@"
-"""
-
-
 def test_re_installing_mends_an_old_script_and_keeps_the_registered_command(tmp_path, server):
     """An install made before the script was guarded is mended by `relay install`: the
     script is rewritten, the agents' commands stay as they were (Codex keeps its trust),
@@ -667,7 +644,8 @@ def test_re_installing_mends_an_old_script_and_keeps_the_registered_command(tmp_
     original = snapshot(home)
     assert install(home, server).returncode == 0
     script = home / ".relay/relay-autosearch-hook.sh"
-    script.write_text(OLD_SCRIPT.replace("RELAY_HOOK", str(BIN / "relay-hook")))
+    typo = old_script(str(BIN / "relay-hook")).replace("DEADLINE_MS=400", 'DEADLINE_MS="400')
+    script.write_text(typo)  # a user's typo in a script from before the guard
     command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
     payload = prompt_payload("how do I create a database migration?")
     run = run_registered(command, home, payload)
@@ -692,7 +670,7 @@ def test_re_installing_mends_an_old_script_and_keeps_the_registered_command(tmp_
 def test_what_doctor_and_eval_read_from_the_script_is_what_it_hands_the_hook(tmp_path):
     """`script_environ` (doctor) and `set_script_knobs` (eval --apply) read knob lines as
     the script does; the script here execs `env`, to show what the hook would get."""
-    from relay.install import hook_script, script_environ, set_script_knobs
+    from relay.knob_script import hook_script, script_environ, set_script_knobs
 
     script = tmp_path / "relay-autosearch-hook.sh"
     text = hook_script("/usr/bin/env")

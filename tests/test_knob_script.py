@@ -1,90 +1,104 @@
-"""The knob script read as sh runs it: what it hands the hook, and lines it cannot read."""
+"""The knob script read as it runs: what it hands the hook, and what it execs."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
+from integration_support import old_script
 
 from relay import knob_script
-from relay.install import hook_script
+from relay.knob_script import hook_script
 
 HOOK = "/opt/relay/.venv/bin/relay-hook"
 TEMPLATE = hook_script(HOOK)
+# bash, macOS's sh, reads a here-document otherwise than dash might: both are checked.
+SHELLS = (["/bin/sh"], ["/bin/bash", "--posix"])
 
 
-def edited(old: str, new: str) -> str:
-    assert old in TEMPLATE
-    return TEMPLATE.replace(old, new)
+def edited(old: str, new: str, text: str = TEMPLATE) -> str:
+    assert old in text
+    return text.replace(old, new)
 
 
 def test_the_installed_template_reads_back_whole():
     reading = knob_script.read(TEMPLATE)
-    assert reading.hook == HOOK and reading.unreadable == []
-    assert {v: e.value for v, e in reading.exports.items()} == {
-        "RELAY_THROTTLE_PROMPTS": "2",
-        "RELAY_OVERLAP_THRESHOLD": "0.30",
-        "RELAY_MIN_PROMPT_LEN": "15",
-        "RELAY_DEADLINE_MS": "400",
+    assert (reading.data, reading.guarded, reading.closed) == (True, True, True)
+    assert reading.hook == HOOK
+    assert {k.var: k.value for k in reading.knobs} == {
+        "THROTTLE_PROMPTS": "2",
+        "OVERLAP_THRESHOLD": "0.30",
+        "MIN_PROMPT_LEN": "15",
+        "DEADLINE_MS": "400",
     }
-    assert all(e.env_first for e in reading.exports.values())
-    environ = knob_script.hook_environ(reading, {"RELAY_DEADLINE_MS": "700", "HOME": "/h"})
+    lines = TEMPLATE.splitlines()
+    assert all(lines[k.line - 1] == k.text for k in reading.knobs)
+    environ = reading.handed({"RELAY_DEADLINE_MS": "700", "HOME": "/h"})
     assert environ["RELAY_DEADLINE_MS"] == "700"  # the environment beats the script
     assert environ["RELAY_MIN_PROMPT_LEN"] == "15" and environ["HOME"] == "/h"
 
 
 @pytest.mark.parametrize(
-    ("line", "value"),
+    ("old", "new"),
     [
-        ("DEADLINE_MS=900  # a slow laptop", "900"),
-        ("DEADLINE_MS='900'", "900"),
-        ('DEADLINE_MS="900"', "900"),
-        ("DEADLINE_MS=900; THROTTLE_PROMPTS=0", "900"),
+        ("DEADLINE_MS=400", 'DEADLINE_MS="450'),
+        ("DEADLINE_MS=400", "  DEADLINE_MS = '450'  "),
+        ("DEADLINE_MS=400", "DEADLINE_MS\t450"),
+        ("DEADLINE_MS=400", "DEADLINE_MS=450  # a slow laptop"),
+        ("DEADLINE_MS=400", "DEADLINE_MS=$(echo 450"),
+        ("DEADLINE_MS=400", "DEADLINE_MS="),
+        ("DEADLINE_MS=400", "DEADLINE_MS=\nDEADLINE_MS=450"),  # an empty value is replaced
+        ("DEADLINE_MS=400", "DEADLINE_MS=450\nDEADLINE_MS=500"),  # else the first one counts
+        ("DEADLINE_MS=400", "DEADLIN_MS=450"),
+        ("DEADLINE_MS=400", "#DEADLINE_MS=450"),
+        ("\nexec ", "\nMIN_PROMPT_LEN=99\nexec "),  # shell below the knobs, not a knob
     ],
 )
-def test_assignments_sh_reads_are_read(line, value):
-    reading = knob_script.read(edited("DEADLINE_MS=400", line))
-    assert reading.exports["RELAY_DEADLINE_MS"].value == value
-    assert reading.unreadable == []
+def test_what_is_read_is_what_the_script_hands_the_hook(tmp_path, old, new):
+    """The script here execs `env`, to show what the hook would get from each shell."""
+    script = tmp_path / "relay-autosearch-hook.sh"
+    script.write_text(edited(old, new, hook_script("/usr/bin/env")))
+    reading = knob_script.read(script.read_text())
+    for environ in ({"PATH": "/usr/bin:/bin"}, {"RELAY_DEADLINE_MS": "700"}):
+        expected = {k: v for k, v in reading.handed(environ).items() if k.startswith("RELAY_")}
+        for shell in SHELLS:
+            run = subprocess.run([*shell, str(script)], capture_output=True, env=environ)
+            got = dict(line.split("=", 1) for line in run.stdout.decode().splitlines())
+            assert {k: v for k, v in got.items() if k.startswith("RELAY_")} == expected, shell
 
 
-@pytest.mark.parametrize(
-    ("line", "spaced"),
-    [
-        ("DEADLINE_MS = 900", True),
-        ("DEADLINE_MS= 900", False),
-        ("DEADLINE_MS=$((300+600))", False),
-        ("DEADLINE_MS=$SLOW", False),
-        ('[ -n "$SLOW" ] && DEADLINE_MS=900', False),
-    ],
-)
-def test_lines_doctor_cannot_read_are_named_not_guessed(line, spaced):
-    reading = knob_script.read(edited("DEADLINE_MS=400", line))
-    (bad,) = reading.unreadable
-    assert bad.text == line and bad.spaced is spaced
-    assert bad.line == TEMPLATE.splitlines().index("DEADLINE_MS=400") + 1
-    assert "RELAY_DEADLINE_MS" not in knob_script.hook_environ(reading, {})
-
-
-def test_what_the_export_line_says_is_what_counts():
-    """Values come from the export line, whatever the template: a literal there beats the
-    environment, a knob the export line leaves out is not handed over."""
-    text = edited(
-        '  RELAY_DEADLINE_MS="${RELAY_DEADLINE_MS:-$DEADLINE_MS}"',
-        "  RELAY_DEADLINE_MS=800 RELAY_MAX_RECORDS=5",
-    ).replace('RELAY_THROTTLE_PROMPTS="${RELAY_THROTTLE_PROMPTS:-$THROTTLE_PROMPTS}" \\\n', "")
+def test_a_script_from_before_the_guard_is_read_as_it_was():
+    """Knobs set as shell assignments, handed over by an `export` line: each line read as
+    a knob line, as the loop would read it."""
+    text = edited("DEADLINE_MS=400", "DEADLINE_MS=900", old_script(HOOK))
     reading = knob_script.read(text)
-    environ = knob_script.hook_environ(reading, {"RELAY_DEADLINE_MS": "700"})
-    assert environ["RELAY_DEADLINE_MS"] == "800" and environ["RELAY_MAX_RECORDS"] == "5"
-    assert "RELAY_THROTTLE_PROMPTS" not in environ
-    assert knob_script.read(TEMPLATE + "DEADLINE_MS = 9\n").unreadable == []  # after exec
+    assert (reading.data, reading.guarded, reading.hook) == (False, False, HOOK)
+    assert reading.handed({})["RELAY_DEADLINE_MS"] == "900"
+    assert [k.line for k in reading.knobs] == [
+        n for n, line in enumerate(text.splitlines(), 1) if knob_script.knob_line(line)
+    ]
+
+
+def test_a_script_whose_knobs_never_end_never_execs_the_hook():
+    reading = knob_script.read(edited("\nKNOBS\n", "\n"))
+    assert (reading.closed, reading.hook) == (False, None)
+    assert reading.handed({})["RELAY_DEADLINE_MS"] == "400"
 
 
 def test_sh_says_where_it_cannot_parse(tmp_path):
     script = tmp_path / "relay-autosearch-hook.sh"
     script.write_text(TEMPLATE)
     assert knob_script.syntax_error(script) is None
-    script.write_text(edited("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=15)"))
-    number = TEMPLATE.splitlines().index("MIN_PROMPT_LEN=15") + 1
+    for typo in (
+        ("DEADLINE_MS=400", 'DEADLINE_MS="400'),
+        ("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=15)"),
+    ):
+        script.write_text(edited(*typo))
+        assert knob_script.syntax_error(script) is None, typo  # data to sh, not shell
+    text = edited("\nexec ", "\nif then\nexec ")
+    script.write_text(text)
+    number = text.splitlines().index("if then") + 1
     error = knob_script.syntax_error(script)
     assert error is not None and error.startswith(f"line {number}: "), error
-    script.write_text(edited("DEADLINE_MS=400", 'DEADLINE_MS="400'))
-    assert knob_script.syntax_error(script) is not None
+    script.write_text(edited("DEADLINE_MS=400", 'DEADLINE_MS="400', old_script(HOOK)))
+    assert knob_script.syntax_error(script) is not None  # shell, before the guard

@@ -428,7 +428,7 @@ def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> li
     knobs of the hook script `relay install` put beside it, whose values beat the config's;
     returns the files written."""
     from relay.agents import SCRIPT_NAME
-    from relay.install import set_script_knobs
+    from relay.knob_script import set_script_knobs
 
     path = Path(hook_config.config_path(os.environ if environ is None else environ))
     existing: dict[str, Any] = {}
