@@ -116,7 +116,13 @@ class Doctor:
         handed = script.handed(self.environ) if script else self.environ
         self.cfg = cfg = hook_config.load(handed, ignored)
         if script is not None:
+            for problem in script.problems(self.home(self.paths.script)):
+                self.add("warn", "config", problem.message, problem.fix)
             self._check_shadowed_knobs(path, raw, script)
+            # A bad value from the script is named above, with its line; load() words the
+            # others `name 'value' in RELAY_NAME (why)`.
+            from_script = [var for var, value in handed.items() if self.environ.get(var) != value]
+            ignored = [w for w in ignored if not any(f" in {v} (" in w for v in from_script)]
         for what in ignored:
             self.add(
                 "warn",

@@ -56,6 +56,7 @@ _KNOB_LINE = re.compile(r"[ \t]*([^=\s]*)(?:(?:[ \t]*=[ \t]*|[ \t]+)(.*?))?[ \t]
 # The loop's last line, which opens the here-document of knobs: `done <<'KNOBS'`.
 _KNOBS_START = re.compile(r"[ \t]*done[ \t]*<<-?[ \t]*(['\"]?)(\w+)\1[ \t]*")
 SHELLS = frozenset({"sh", "dash", "bash", "ksh", "mksh", "zsh", "ash", "busybox"})
+REWRITE = "run `relay install` to rewrite the script (knobs back to their defaults)"
 
 
 def hook_script(relay_hook: str) -> str:
@@ -130,6 +131,8 @@ class Reading:
     end: str = KNOBS_END  # the line that ends the knobs
     closed: bool = True  # that line is there (else the rest of the file is read as knobs)
     knobs: list[Knob] = field(default_factory=list)  # in the order the script reads them
+    # (line, text): in the knobs, a line that is not one; outside them, a knob line, shell
+    strays: list[tuple[int, str]] = field(default_factory=list)
     hook: str | None = None  # the program it execs
 
     def supplied(self) -> dict[str, Knob]:
@@ -150,6 +153,79 @@ class Reading:
                 out[f"RELAY_{var}"] = knob.value
         return out
 
+    def problems(self, shown: str) -> list[Problem]:
+        """The knob lines the script cannot use, each with what happens and its fix, in
+        line order; `shown` names the script."""
+        out: list[Problem] = []
+        supplied = self.supplied()
+        for knob in self.knobs:
+            first = supplied[knob.var]
+            if self.data and knob.line > first.line:
+                out.append(
+                    Problem(
+                        knob.line,
+                        f"line {knob.line} of {shown}, `{knob.text.strip()}`, is not used: line"
+                        f" {first.line} sets {knob.var} first, and the script takes the first",
+                        f"keep one {knob.var} line",
+                    )
+                )
+        parsers = {name: parse for name, _, parse, _ in hook_config.SETTINGS}
+        for var, name, _ in SCRIPT_KNOBS:
+            knob = supplied.get(var)
+            if knob is None:
+                continue
+            try:
+                parsers[name](knob.value)
+            except (ValueError, TypeError, OverflowError) as exc:
+                out.append(
+                    Problem(
+                        knob.line,
+                        f"the hook ignores {name} {knob.value!r} from line {knob.line} of "
+                        f"{shown}, `{knob.text.strip()}` ({exc}), and takes config.json's "
+                        "value or its default",
+                        f"write {var}=VALUE with nothing after the value (a comment goes on a"
+                        f" line of its own), or {REWRITE}",
+                    )
+                )
+        if self.closed:  # else the rest of the file is in the knobs, and that is the problem
+            out += [self._stray(number, text, shown) for number, text in self.strays]
+        return sorted(out, key=lambda problem: problem.line)
+
+    def _stray(self, number: int, text: str, shown: str) -> Problem:
+        where = f"line {number} of {shown}, `{text.strip()}`,"
+        knob = knob_line(text)
+        if knob:  # shell, below or above the knobs: a variable the hook never gets
+            return Problem(
+                number,
+                f"{where} is not among the knobs: it is shell, and the script never hands "
+                f"{knob[0]} to the hook",
+                f"move it among the knobs, above the `{self.end}` line",
+            )
+        import difflib
+
+        name, value = _fields(text) or (text.strip(), "")
+        if name == "export":  # `export DEADLINE_MS=900`, as in shell
+            name, value = _fields(value) or (name, value)
+        setting = name.lower().removeprefix("relay_")
+        meant = difflib.get_close_matches(setting.upper(), SCRIPT_VARS, n=1, cutoff=0.55)
+        if meant:
+            fix = f"write it as {meant[0]}={value}"
+        elif setting in hook_config.DEFAULTS:
+            fix = f"remove it, and set {setting} in config.json"
+        else:
+            fix = "remove it; the hook's other settings go in config.json (docs/hook.md)"
+        knobs = ", ".join(SCRIPT_VARS[:-1]) + f" and {SCRIPT_VARS[-1]}"
+        return Problem(number, f"{where} sets nothing: the script reads only {knobs}", fix)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A knob line the script cannot use."""
+
+    line: int
+    message: str
+    fix: str
+
 
 def read(text: str) -> Reading:
     """The script read as it runs: the knob lines of its here-document (or, in a script
@@ -167,12 +243,12 @@ def read(text: str) -> Reading:
         inside = number - 1 in block
         if line.lstrip().startswith("#"):
             continue
-        if inside or not reading.data:
-            knob = knob_line(line)
-            if knob:
-                reading.knobs.append(Knob(number, line, *knob))
-                continue
-        if inside:
+        knob = knob_line(line)
+        if knob and (inside or not reading.data):
+            reading.knobs.append(Knob(number, line, *knob))
+        elif inside and line.strip() or knob:
+            reading.strays.append((number, line))
+        if inside or knob:
             continue
         if line.strip() == SCRIPT_GUARD:
             reading.guarded = True

@@ -267,12 +267,49 @@ def test_doctor_says_which_knobs_the_hook_ignores(tmp_path, server):
     nothing of it."""
     installed(tmp_path, server.url, server.admin_key)
     script = tmp_path / ".relay/relay-autosearch-hook.sh"
-    script.write_text(script.read_text().replace("DEADLINE_MS=400", "DEADLINE_MS=50"))
+    text = script.read_text().replace("DEADLINE_MS=400", "DEADLINE_MS=50")
+    script.write_text(text)
     config = tmp_path / ".relay/config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "min_score": "high"}))
     warned = [f["message"] for f in findings(tmp_path) if f["level"] == "warn"]
-    assert any(m.startswith("the hook ignores deadline_ms '50'") for m in warned), warned
+    number = text.splitlines().index("DEADLINE_MS=50") + 1
+    assert [m for m in warned if "deadline_ms" in m] == [  # once, where to fix it
+        f"the hook ignores deadline_ms '50' from line {number}"
+        " of ~/.relay/relay-autosearch-hook.sh, `DEADLINE_MS=50` (outside 100..10000), and "
+        "takes config.json's value or its default"
+    ], warned
     assert any(m.startswith("the hook ignores min_score 'high'") for m in warned), warned
+
+
+def test_knob_lines_the_script_cannot_use_are_named(tmp_path, server):
+    """A knob line is data to the script now: a name it does not know sets nothing, and a
+    comment after a value is part of the value, which the hook then ignores."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    text = script.read_text().replace("DEADLINE_MS=400", "DEADLIN_MS=900")
+    text = text.replace("MIN_PROMPT_LEN=15", "MIN_PROMPT_LEN=20  # longer prompts only")
+    script.write_text(text)
+    config = tmp_path / ".relay/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "deadline_ms": 700}))
+    lines = text.splitlines()
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    warned = [f["message"] for f in findings(tmp_path) if f["level"] == "warn"]
+    assert warned[:2] == [
+        f"the hook ignores min_prompt_len '20  # longer prompts only' from line "
+        f"{lines.index('MIN_PROMPT_LEN=20  # longer prompts only') + 1} of "
+        "~/.relay/relay-autosearch-hook.sh, `MIN_PROMPT_LEN=20  # longer prompts only` (not a "
+        "whole number), and takes config.json's value or its default",
+        f"line {lines.index('DEADLIN_MS=900') + 1} of ~/.relay/relay-autosearch-hook.sh, "
+        "`DEADLIN_MS=900`, sets nothing: the script reads only THROTTLE_PROMPTS, "
+        "OVERLAP_THRESHOLD, MIN_PROMPT_LEN and DEADLINE_MS",
+    ], warned
+    assert "fix: write it as DEADLINE_MS=900" in done.stdout
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    log = tmp_path / ".relay/state/outcomes.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(json.dumps({"ts": now, "outcome": "hit", "ms": {"total": 40}}) + "\n")
+    assert "(deadline 700 ms)" in doctor(tmp_path).stdout  # config.json's: no DEADLINE_MS line
 
 
 def test_an_install_without_mcp_is_not_told_to_install_it(tmp_path, server):

@@ -102,3 +102,80 @@ def test_sh_says_where_it_cannot_parse(tmp_path):
     assert error is not None and error.startswith(f"line {number}: "), error
     script.write_text(edited("DEADLINE_MS=400", 'DEADLINE_MS="400', old_script(HOOK)))
     assert knob_script.syntax_error(script) is not None  # shell, before the guard
+
+
+def test_the_template_has_no_problems():
+    assert knob_script.read(TEMPLATE).problems("s.sh") == []
+
+
+@pytest.mark.parametrize(
+    ("new", "message", "fix"),
+    [
+        (
+            "DEADLIN_MS=900",
+            "line {n} of s.sh, `DEADLIN_MS=900`, sets nothing: the script reads only "
+            "THROTTLE_PROMPTS, OVERLAP_THRESHOLD, MIN_PROMPT_LEN and DEADLINE_MS",
+            "write it as DEADLINE_MS=900",
+        ),
+        (
+            "export DEADLINE_MS=900",
+            "line {n} of s.sh, `export DEADLINE_MS=900`, sets nothing: the script reads only "
+            "THROTTLE_PROMPTS, OVERLAP_THRESHOLD, MIN_PROMPT_LEN and DEADLINE_MS",
+            "write it as DEADLINE_MS=900",
+        ),
+        (
+            "RELAY_MAX_RECORDS=5",
+            "line {n} of s.sh, `RELAY_MAX_RECORDS=5`, sets nothing: the script reads only "
+            "THROTTLE_PROMPTS, OVERLAP_THRESHOLD, MIN_PROMPT_LEN and DEADLINE_MS",
+            "remove it, and set max_records in config.json",
+        ),
+        (
+            "DEADLINE_MS=900  # a slow laptop",
+            "the hook ignores deadline_ms '900  # a slow laptop' from line {n} of s.sh, "
+            "`DEADLINE_MS=900  # a slow laptop` (not a whole number), and takes config.json's "
+            "value or its default",
+            "write DEADLINE_MS=VALUE with nothing after the value (a comment goes on a line of "
+            "its own), or run `relay install` to rewrite the script (knobs back to their "
+            "defaults)",
+        ),
+        (
+            "DEADLINE_MS=50",
+            "the hook ignores deadline_ms '50' from line {n} of s.sh, `DEADLINE_MS=50` "
+            "(outside 100..10000), and takes config.json's value or its default",
+            None,
+        ),
+        (
+            "DEADLINE_MS=",
+            "the hook ignores deadline_ms '' from line {n} of s.sh, `DEADLINE_MS=` (not a whole"
+            " number), and takes config.json's value or its default",
+            None,
+        ),
+    ],
+)
+def test_knob_lines_the_script_cannot_use_are_named(new, message, fix):
+    text = edited("DEADLINE_MS=400", new)
+    n = TEMPLATE.splitlines().index("DEADLINE_MS=400") + 1
+    (problem,) = knob_script.read(text).problems("s.sh")
+    assert (problem.line, problem.message) == (n, message.format(n=n))
+    assert fix is None or problem.fix == fix
+
+
+def test_a_knob_the_script_already_took_is_named_as_unused():
+    text = edited("DEADLINE_MS=400", "DEADLINE_MS=\nDEADLINE_MS=500\nDEADLINE_MS=600")
+    n = TEMPLATE.splitlines().index("DEADLINE_MS=400") + 1
+    (problem,) = knob_script.read(text).problems("s.sh")
+    assert problem.message == (
+        f"line {n + 2} of s.sh, `DEADLINE_MS=600`, is not used: line {n + 1} sets DEADLINE_MS "
+        "first, and the script takes the first"
+    )
+
+
+def test_a_knob_line_outside_the_knobs_is_named_as_shell():
+    text = edited("KNOBS\nexec ", "KNOBS\nDEADLINE_MS=900\nexec ")
+    (problem,) = knob_script.read(text).problems("s.sh")
+    assert problem.message == (
+        f"line {text.splitlines().index('DEADLINE_MS=900') + 1} of s.sh, `DEADLINE_MS=900`, is "
+        "not among the knobs: it is shell, and the script never hands DEADLINE_MS to the hook"
+    )
+    assert problem.fix == "move it among the knobs, above the `KNOBS` line"
+    assert knob_script.read(text).handed({})["RELAY_DEADLINE_MS"] == "400"
