@@ -534,28 +534,57 @@ class Doctor:
     def _script_parses(self, script: Path) -> bool:
         """sh can parse the script: it stops at a line it cannot, before it starts the hook
         (behind the guard, with exit status 0 and nothing shown; without it, with 2, which
-        blocks the prompt in Claude Code). Each finding once, however many agents run it."""
+        blocks the prompt in Claude Code); and a script without the guard is named. Each
+        finding once, however many agents run the script."""
         if script in self._scripts_checked:
             return self._scripts_checked[script]
+        reading = self._reading_of(script)
         error = knob_script.syntax_error(script)
         self._scripts_checked[script] = error is None
-        if error is None:
-            return True
-        if self._reading_of(script).guarded:
-            what = f"the script stops there, before relay-hook: {SILENTLY_OFF}"
-        else:
-            what = (
-                "sh exits with status 2 before it starts relay-hook, so no prompt gets recall, "
-                "and Claude Code blocks a prompt whose hook exits with 2"
-            )
-        self.add(
-            "fail",
-            "hooks",
-            f"sh cannot parse {self.home(script)} ({error}): {what}",
-            f"fix the line, or run `relay install` to rewrite {self.home(script)} (knobs back"
-            " to their defaults)",
+        rewrite = (
+            f"run `relay install` to rewrite {self.home(script)} (knobs back to their defaults)"
         )
-        return False
+        if error is not None:
+            suspect = reading.suspect()
+            if suspect:  # sh may say where it gave up (the end of the file), not the line
+                error += f"; look at line {suspect.line}, `{suspect.text.strip()}`"
+            if reading.guarded:
+                what = f"the script stops there, before relay-hook: {SILENTLY_OFF}"
+            else:
+                what = (
+                    "sh exits with status 2 before it starts relay-hook, so no prompt gets "
+                    "recall, and Claude Code blocks a prompt whose hook exits with 2"
+                )
+            self.add(
+                "fail",
+                "hooks",
+                f"sh cannot parse {self.home(script)} ({error}): {what}",
+                f"fix the line, or {rewrite}",
+            )
+            return False
+        shows = (
+            "makes it fail with an error the agent shows, and Claude Code blocks a prompt "
+            "whose hook exits with 2"
+        )
+        if not reading.data:
+            self.add(
+                "warn",
+                "hooks",
+                f"{self.home(script)} is as an older `relay install` wrote it, with its knobs "
+                "set as shell and no guard line: a typo in a knob, or a relay-hook that moves, "
+                f"{shows}",
+                "run `relay install`: it rewrites the script with the guard and its knobs read as"
+                " data (back to their defaults), and leaves the agents' commands as they are",
+            )
+        elif not reading.guarded:
+            self.add(
+                "warn",
+                "hooks",
+                f"{self.home(script)} lacks its guard line (`{knob_script.SCRIPT_GUARD}`): a "
+                f"line sh cannot parse, or a relay-hook that moves, {shows}",
+                f"put the line back below `#!/bin/sh`, or {rewrite}",
+            )
+        return True
 
     def _program_path(self, word: str) -> Path:
         """A command word as sh finds it: `$HOME/` and `~/` expanded, a bare name on PATH."""

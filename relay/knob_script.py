@@ -55,6 +55,7 @@ KNOBS_END = "KNOBS"
 _KNOB_LINE = re.compile(r"[ \t]*([^=\s]*)(?:(?:[ \t]*=[ \t]*|[ \t]+)(.*?))?[ \t]*")
 # The loop's last line, which opens the here-document of knobs: `done <<'KNOBS'`.
 _KNOBS_START = re.compile(r"[ \t]*done[ \t]*<<-?[ \t]*(['\"]?)(\w+)\1[ \t]*")
+_PLAIN_ASSIGNMENT = re.compile(r"[ \t]*[A-Z_]+=[\w.+-]*[ \t]*(?:#.*)?")
 SHELLS = frozenset({"sh", "dash", "bash", "ksh", "mksh", "zsh", "ash", "busybox"})
 REWRITE = "run `relay install` to rewrite the script (knobs back to their defaults)"
 
@@ -152,6 +153,13 @@ class Reading:
             if not out.get(f"RELAY_{var}"):
                 out[f"RELAY_{var}"] = knob.value
         return out
+
+    def suspect(self) -> Knob | None:
+        """In a script whose knobs are shell (from before the guard), the first knob line sh
+        may not take as written: sh reports an unclosed quote at the file's end, not there."""
+        if self.data:
+            return None  # the knobs are data: whatever sh cannot parse is elsewhere
+        return next((k for k in self.knobs if not _PLAIN_ASSIGNMENT.fullmatch(k.text)), None)
 
     def problems(self, shown: str) -> list[Problem]:
         """The knob lines the script cannot use, each with what happens and its fix, in

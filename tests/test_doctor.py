@@ -12,6 +12,7 @@ from hook_support import free_port
 from integration_support import (
     BIN,
     mint,
+    old_script,
     registered_command,
     relay,
     revoke,
@@ -477,6 +478,44 @@ def test_a_knob_script_sh_cannot_parse_fails(tmp_path, server):
     assert " -> ~/.relay/relay-autosearch-hook.sh -> " not in done.stdout  # no `ok` for it
     script.write_text(text)
     assert doctor(tmp_path).returncode == 0  # the quote: data, read as DEADLINE_MS=400
+
+
+def test_a_script_from_before_the_guard_is_read_and_its_upgrade_advised(tmp_path, server):
+    """A knob script written before the guard sets its knobs as shell: doctor reads them
+    as it always did, says what the missing guard costs, and that `relay install` mends
+    it; a typo there still stops sh with exit status 2, which blocks the prompt."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    text = old_script(str(BIN / "relay-hook")).replace("DEADLINE_MS=400", "DEADLINE_MS=900")
+    script.write_text(text)
+    config = tmp_path / ".relay/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "deadline_ms": 500}))
+    number = text.splitlines().index("DEADLINE_MS=900") + 1
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    warned = [f["message"] for f in findings(tmp_path) if f["level"] == "warn"]
+    assert warned == [
+        "~/.relay/config.json sets deadline_ms to 500, but ~/.relay/relay-autosearch-hook.sh "
+        f"sets DEADLINE_MS=900 (line {number}), which the hook takes instead: the config value "
+        "is never used",
+        "~/.relay/relay-autosearch-hook.sh is as an older `relay install` wrote it, with its "
+        "knobs set as shell and no guard line: a typo in a knob, or a relay-hook that moves, "
+        "makes it fail with an error the agent shows, and Claude Code blocks a prompt whose "
+        "hook exits with 2",
+    ], warned
+    assert "fix: run `relay install`: it rewrites the script with the guard" in done.stdout
+
+    script.write_text(text.replace("DEADLINE_MS=900", 'DEADLINE_MS="900'))
+    (failed,) = failures(tmp_path)
+    assert failed.startswith("hooks: sh cannot parse ~/.relay/relay-autosearch-hook.sh (line ")
+    assert failed.endswith(
+        f'; look at line {number}, `DEADLINE_MS="900`): sh exits with status 2 before it '
+        "starts relay-hook, so no prompt gets recall, and Claude Code blocks a prompt whose "
+        "hook exits with 2"
+    ), failed
+
+    installed(tmp_path, server.url, server.admin_key)
+    assert not [f for f in findings(tmp_path) if f["area"] == "hooks" and f["level"] != "ok"]
 
 
 def test_knob_lines_are_read_as_the_script_reads_them(tmp_path, server):

@@ -79,6 +79,16 @@ def test_a_script_from_before_the_guard_is_read_as_it_was():
     ]
 
 
+def test_sh_is_pointed_at_a_knob_line_only_where_knobs_are_shell():
+    """sh reports an unclosed quote at the end of the file: in a script from before the
+    guard the likelier line is the first knob line that is not a plain assignment."""
+    text = edited("DEADLINE_MS=400", 'DEADLINE_MS="400', old_script(HOOK))
+    suspect = knob_script.read(text).suspect()
+    assert suspect and suspect.line == text.splitlines().index('DEADLINE_MS="400') + 1
+    assert knob_script.read(old_script(HOOK) + "DEADLINE_MS=400  # ok\n").suspect() is None
+    assert knob_script.read(edited("DEADLINE_MS=400", 'DEADLINE_MS="400')).suspect() is None
+
+
 def test_a_script_whose_knobs_never_end_never_execs_the_hook():
     reading = knob_script.read(edited("\nKNOBS\n", "\n"))
     assert (reading.closed, reading.hook) == (False, None)
