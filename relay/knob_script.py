@@ -53,6 +53,7 @@ KNOBS_END = "KNOBS"
 # `NAME=value`, `NAME = value` and `NAME value` alike, trimmed; one quote is taken off each
 # end, as `DEADLINE_MS="400"` would lose them in shell.
 _KNOB_LINE = re.compile(r"[ \t]*([^=\s]*)(?:(?:[ \t]*=[ \t]*|[ \t]+)(.*?))?[ \t]*")
+_LONE_SEPARATOR = re.compile(r"([^=\s]*)[ \t]*=")
 # The loop's last line, which opens the here-document of knobs: `done <<'KNOBS'`.
 _KNOBS_START = re.compile(r"[ \t]*done[ \t]*<<-?[ \t]*(['\"]?)(\w+)\1[ \t]*")
 _PLAIN_ASSIGNMENT = re.compile(r"[ \t]*[A-Z_]+=[\w.+-]*[ \t]*(?:#.*)?")
@@ -102,6 +103,9 @@ def _fields(line: str) -> tuple[str, str] | None:
     if not found:
         return None
     value = found.group(2) or ""
+    lone = _LONE_SEPARATOR.fullmatch(value)
+    if lone:  # `450=`: read drops a trailing separator after the one field it leaves
+        value = lone.group(1)
     value = value[1:] if value[:1] in ('"', "'") else value
     value = value[:-1] if value[-1:] in ('"', "'") else value
     return found.group(1), value

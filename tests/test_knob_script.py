@@ -50,6 +50,10 @@ def test_the_installed_template_reads_back_whole():
         ("DEADLINE_MS=400", "DEADLINE_MS=\nDEADLINE_MS=450"),  # an empty value is replaced
         ("DEADLINE_MS=400", "DEADLINE_MS=450\nDEADLINE_MS=500"),  # else the first one counts
         ("DEADLINE_MS=400", "DEADLIN_MS=450"),
+        ("DEADLINE_MS=400", "DEADLINE_MS=450="),  # read drops a lone trailing separator
+        ("DEADLINE_MS=400", "DEADLINE_MS = '450' = "),
+        ("DEADLINE_MS=400", "DEADLINE_MS=4=50="),  # but not one after another
+        ("DEADLINE_MS=400", "DEADLINE_MS==450"),
         ("DEADLINE_MS=400", "#DEADLINE_MS=450"),
         ("\nexec ", "\nMIN_PROMPT_LEN=99\nexec "),  # shell below the knobs, not a knob
     ],
