@@ -42,6 +42,7 @@ SCRIPT_KNOBS = (
     ),
 )
 SCRIPT_VARS = tuple(var for var, _, _ in SCRIPT_KNOBS)
+SETTING_OF = {var: name for var, name, _ in SCRIPT_KNOBS}
 # The script's first command, before anything that can fail: whatever goes wrong below it
 # (a typo, a relay-hook that moved), nothing reaches stderr and the exit status is 0, as an
 # agent shows a hook's stderr and Claude Code blocks, and erases, a prompt whose hook exits
@@ -182,10 +183,8 @@ class Reading:
                     )
                 )
         parsers = {name: parse for name, _, parse, _ in hook_config.SETTINGS}
-        for var, name, _ in SCRIPT_KNOBS:
-            knob = supplied.get(var)
-            if knob is None:
-                continue
+        for knob in supplied.values():
+            var, name = knob.var, SETTING_OF[knob.var]
             try:
                 parsers[name](knob.value)
             except (ValueError, TypeError, OverflowError) as exc:
