@@ -242,26 +242,30 @@ def read(text: str) -> Reading:
     """The script read as it runs: the knob lines of its here-document (or, in a script
     from before the guard, every line `knob_line` reads), and what it execs."""
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if _KNOBS_START.fullmatch(line)), None)
-    reading = Reading(data=start is not None)
+    starts = [(i, m) for i, line in enumerate(lines) if (m := _KNOBS_START.fullmatch(line))]
+    reading = Reading(data=bool(starts))
     block = range(0)
-    if start is not None:
-        reading.end = _KNOBS_START.fullmatch(lines[start]).group(2)  # type: ignore[union-attr]
+    if starts:
+        start, opener = starts[0]
+        reading.end = opener.group(2)
         stop = next((i for i in range(start + 1, len(lines)) if lines[i] == reading.end), None)
         reading.closed = stop is not None
         block = range(start + 1, len(lines) if stop is None else stop)
     for number, line in enumerate(lines, 1):
-        inside = number - 1 in block
         if line.lstrip().startswith("#"):
             continue
         knob = knob_line(line)
-        if knob and (inside or not reading.data):
-            reading.knobs.append(Knob(number, line, *knob))
-        elif inside and line.strip() or knob:
-            reading.strays.append((number, line))
-        if inside or knob:
-            continue
-        if line.strip() == SCRIPT_GUARD:
+        if number - 1 in block:
+            if knob:
+                reading.knobs.append(Knob(number, line, *knob))
+            elif line.strip():
+                reading.strays.append((number, line))
+        elif knob:
+            if reading.data:  # shell outside the knobs: a variable the hook never gets
+                reading.strays.append((number, line))
+            else:
+                reading.knobs.append(Knob(number, line, *knob))
+        elif line.strip() == SCRIPT_GUARD:
             reading.guarded = True
         elif reading.hook is None:
             reading.hook = _exec_target(line)
@@ -282,8 +286,8 @@ def _exec_target(line: str) -> str | None:
 def read_file(script: Path) -> Reading | None:
     """The script at `script` read; None when it is missing or unreadable."""
     try:
-        return read(script.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
+        return read(script.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
         return None
 
 
