@@ -130,6 +130,24 @@ def test_unknown_audience_is_refused(api):
     assert "sales" in assert_error(r, 400, "invalid_request")["message"]
 
 
+def test_an_expired_key_s_role_is_an_unknown_audience(api):
+    """QA: a memory could be written for the role of a key that had expired (201), which
+    no live key can read; a revoked key's role was refused."""
+    from relay.auth import mint_key
+
+    soon = datetime.now(UTC) + timedelta(seconds=1)
+    scopes = frozenset({"memory:read"})
+    mint_key(api.services.store, api.orgs["acme"], "c", scopes, frozenset({"contractors"}), soon)
+    remember(api, "acme_dev", "Contractors badge in at gate B.", audiences=["contractors"])
+    time.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.1)
+    r = api.client.post(
+        "/v1/memories",
+        json={"body": "Contractors park in lot C.", "audiences": ["contractors"]},
+        headers=api.headers("acme_dev"),
+    )
+    assert "contractors" in assert_error(r, 400, "invalid_request")["message"]
+
+
 def test_expired_memory_disappears_even_from_a_warm_cache(api):
     soon = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()
     m = remember(

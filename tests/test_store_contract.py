@@ -168,6 +168,21 @@ def test_orgs_keys_and_cache(store):
     assert store.cached_embeddings("model", ["a", "b"]) == {"a": b"\x01\x02"}
 
 
+def test_an_expired_key_s_roles_are_no_audience(store):
+    """QA: an expired key's roles still counted as known audiences, so a memory could be
+    written for readers no live key has; a revoked key's were refused."""
+    org = store.create_org("acme").id
+    now = datetime.now(UTC)
+    for key_id, role, expires in (
+        ("kold", "contractors", now - timedelta(seconds=1)),
+        ("knew", "dev", now + timedelta(hours=1)),
+        ("kever", "sre", None),
+    ):
+        scopes = frozenset({"memory:read"})
+        store.create_key(org, key_id, "h", "n", scopes, frozenset({role}), expires)
+    assert store.known_audiences(org) == {"dev", "sre"}
+
+
 def test_listing_pages_and_filters(store):
     org = store.create_org("acme").id
     for i in range(5):

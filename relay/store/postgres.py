@@ -662,12 +662,15 @@ class PostgresStore:
         return _key(row)
 
     def known_audiences(self, org_id: str) -> set[str]:
-        """The roles that some live key of the org carries: the audiences a memory may name."""
+        """The roles that some live key of the org carries: the audiences a memory may name.
+        A key is live until it is revoked or expires, by the clock `auth.authorize` reads
+        (this process's, not the database server's)."""
         with self._tx(org_id) as conn:
             rows = conn.execute(
                 "SELECT DISTINCT unnest(roles) FROM api_keys"
-                " WHERE org_id = %s AND revoked_at IS NULL",
-                (org_id,),
+                " WHERE org_id = %s AND revoked_at IS NULL"
+                " AND (expires_at IS NULL OR expires_at > %s)",
+                (org_id, datetime.now(UTC)),
             ).fetchall()
         return {r["unnest"] for r in rows}
 

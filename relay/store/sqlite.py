@@ -359,14 +359,16 @@ class SQLiteStore:
         return _key(row)
 
     def known_audiences(self, org_id: str) -> set[str]:
-        """The roles that some live key of the org carries: the audiences a memory may name."""
+        """The roles that some live key of the org carries: the audiences a memory may name.
+        A key is live until it is revoked or expires, by the clock `auth.authorize` reads."""
         with translate_errors():
             rows = (
                 self._reader()
                 .execute(
                     "SELECT DISTINCT value FROM api_keys, json_each(api_keys.roles)"
-                    " WHERE org_id = ? AND revoked_at IS NULL",
-                    (org_id,),
+                    " WHERE org_id = ? AND revoked_at IS NULL"
+                    " AND (expires_at IS NULL OR expires_at > ?)",
+                    (org_id, time.time()),
                 )
                 .fetchall()
             )
