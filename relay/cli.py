@@ -226,7 +226,8 @@ def org() -> None:
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def org_create(name: str, db: str | None, as_json: bool) -> None:
-    """Create an organisation and its first admin key."""
+    """Create an organisation and its first admin key. NAME may not read as an
+    organisation id (org_ and hex digits): --org takes either, and an id comes first."""
     from relay.auth import mint_key
 
     store = _open_store(db, create=True)

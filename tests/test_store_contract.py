@@ -168,6 +168,25 @@ def test_orgs_keys_and_cache(store):
     assert store.cached_embeddings("model", ["a", "b"]) == {"a": b"\x01\x02"}
 
 
+def test_an_org_name_cannot_read_as_an_org_id(store):
+    """QA: `relay org create <another org's id>` was accepted, and `--org <that id>` then
+    resolved to either org (`WHERE id = ? OR name = ?`, unordered)."""
+    older = store.create_org("globex")
+    org = store.create_org("acme")
+    for name in (org.id, " ORG_0123456789AB ", "org_beef"):
+        with pytest.raises(InvalidRequestError, match="reads as an organisation id"):
+            store.create_org(name)
+    assert {o.id for o in store.list_orgs()} == {older.id, org.id}
+    assert store.create_org("org-platform").name == "org-platform"  # not an id's shape
+    # A name given before the rule, equal to another org's id: the id is the one meant.
+    raw_rows(store, "UPDATE orgs SET name = ? WHERE id = ? RETURNING id", (org.id, older.id))
+    # and the org with that id stored after it (PostgreSQL's scan then meets the impostor first)
+    for name in ("moving", "acme"):
+        raw_rows(store, "UPDATE orgs SET name = ? WHERE id = ? RETURNING id", (name, org.id))
+    assert store.find_org(org.id) == org
+    assert store.find_org(older.id).name == org.id
+
+
 def test_an_expired_key_s_roles_are_no_audience(store):
     """QA: an expired key's roles still counted as known audiences, so a memory could be
     written for readers no live key has; a revoked key's were refused."""

@@ -58,6 +58,25 @@ def batch_item(index: int) -> Iterator[None]:
         raise
 
 
+# An organisation's id as the stores make it: "org_" and 12 hex digits.
+ORG_ID_SHAPE = re.compile(r"org_[0-9a-f]+", re.IGNORECASE)
+
+
+def check_org_name(name: str) -> str:
+    """An organisation's name as stored (stripped), or refused: empty, or shaped like an
+    organisation id. `--org` takes a name or an id, so a name that reads as an id (another
+    org's, or one a later org may draw) would leave which org it means to chance."""
+    name = name.strip()
+    if not name:
+        raise InvalidRequestError("organisation name is empty")
+    if ORG_ID_SHAPE.fullmatch(name):
+        raise InvalidRequestError(
+            f"organisation name {name!r} reads as an organisation id (org_ and hex digits),"
+            " which --org would confuse with the org that has that id; choose another name"
+        )
+    return name
+
+
 def candidate_terms(terms: Sequence[str], df: dict[str, int], n: int) -> list[str]:
     """The query terms that choose lexical candidates: those rare in the org, when any are.
 

@@ -67,7 +67,13 @@ from relay.models import (
     PassageInput,
     Revision,
 )
-from relay.store import SaveMode, batch_item, candidate_terms, connect_deadline
+from relay.store import (
+    SaveMode,
+    batch_item,
+    candidate_terms,
+    check_org_name,
+    connect_deadline,
+)
 from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
 from relay.store.rules import (
     Read,
@@ -560,9 +566,7 @@ class PostgresStore:
 
     # -- organisations and keys ---------------------------------------------------
     def create_org(self, name: str) -> Org:
-        name = name.strip()
-        if not name:
-            raise InvalidRequestError("organisation name is empty")
+        name = check_org_name(name)
         org = Org(id="org_" + secrets.token_hex(6), name=name, created_at=datetime.now(UTC))
         try:
             with self._tx(org.id) as conn:
@@ -584,9 +588,13 @@ class PostgresStore:
         return _org(row)
 
     def find_org(self, name_or_id: str) -> Org | None:
+        """The org with this id, else the one with this name (a name made before names
+        shaped like ids were refused may equal another org's id: the id wins)."""
         with self._tx(directory=True) as conn:
             row = conn.execute(
-                "SELECT * FROM orgs WHERE id = %s OR name = %s", (name_or_id, name_or_id)
+                "SELECT * FROM orgs WHERE id = %(v)s OR name = %(v)s"
+                " ORDER BY id = %(v)s DESC LIMIT 1",
+                {"v": name_or_id},
             ).fetchone()
         return None if row is None else _org(row)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relay.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
+from relay.errors import ConflictError, NotFoundError, StoreError
 from relay.models import (
     EVERYONE,
     WITHHELD_FIELDS,
@@ -36,7 +36,7 @@ from relay.models import (
     PassageInput,
     Revision,
 )
-from relay.store import SaveMode, batch_item, candidate_terms
+from relay.store import SaveMode, batch_item, candidate_terms, check_org_name
 from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.rules import (
     Read,
@@ -254,9 +254,7 @@ class SQLiteStore:
 
     # -- organisations and keys ---------------------------------------------
     def create_org(self, name: str) -> Org:
-        name = name.strip()
-        if not name:
-            raise InvalidRequestError("organisation name is empty")
+        name = check_org_name(name)
         org = Org(id="org_" + secrets.token_hex(6), name=name, created_at=datetime.now(UTC))
         with self._write() as conn:
             if conn.execute("SELECT 1 FROM orgs WHERE name = ?", (name,)).fetchone():
@@ -275,10 +273,15 @@ class SQLiteStore:
         return _org(row)
 
     def find_org(self, name_or_id: str) -> Org | None:
+        """The org with this id, else the one with this name (a name made before names
+        shaped like ids were refused may equal another org's id: the id wins)."""
         with translate_errors():
             row = (
                 self._reader()
-                .execute("SELECT * FROM orgs WHERE id = ? OR name = ?", (name_or_id, name_or_id))
+                .execute(
+                    "SELECT * FROM orgs WHERE id = :v OR name = :v ORDER BY id = :v DESC LIMIT 1",
+                    {"v": name_or_id},
+                )
                 .fetchone()
             )
         return None if row is None else _org(row)
