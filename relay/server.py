@@ -368,7 +368,9 @@ def encode_cursor(last_id: str | None) -> str | None:
 
 def decode_cursor(cursor: str | None) -> str | None:
     """The id a cursor from `encode_cursor` continues after; a blank or absent one starts at
-    the beginning, and anything else is refused (400)."""
+    the beginning, and anything else is refused (400). The check catches accidents, not
+    forgery (it has no secret), so the id it carries must be shaped like a memory id too:
+    a forged cursor holding a NUL reached PostgreSQL, which failed the query (a 500)."""
     if not cursor:
         return None
     text, _, check = cursor.rpartition(".")
@@ -378,7 +380,7 @@ def decode_cursor(cursor: str | None) -> str | None:
         last_id = raw.decode() if valid else None
     except (ValueError, UnicodeError):  # binascii.Error is a ValueError
         last_id = None
-    if last_id is None:
+    if last_id is None or not writes.MEMORY_ID.fullmatch(last_id):
         raise InvalidRequestError(
             "cursor is not one this server handed out: send next_cursor back as it came, "
             "or leave cursor out to list from the beginning",

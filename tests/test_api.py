@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from postgres_support import raw_count, raw_rows
 
+from relay.server import encode_cursor
 from relay.store.sqlite import SQLiteStore
 
 MIGRATIONS = "Database migrations run in a separate backfill job, never inside the web deploy."
@@ -1436,7 +1437,19 @@ def test_a_corrupted_cursor_is_refused_not_a_fresh_start(api):
         remember(api, "acme_dev", f"memory number {i} about the build")
     page = api.client.get("/v1/memories?limit=2", headers=h).json()
     cursor = page["next_cursor"]
-    for bad in ("garbage", cursor[:-1], cursor[1:], "x" + cursor, "mem_0", "a\x00b", "é.é"):
+    # Forged: its check is right (it has no secret), but it holds no memory id (QA: the NUL
+    # reached PostgreSQL, a 500 with the database's words).
+    forged = [encode_cursor(raw) for raw in ("a\x00b", "", " mem_1", "m" * 129)]
+    for bad in (
+        "garbage",
+        cursor[:-1],
+        cursor[1:],
+        "x" + cursor,
+        "mem_0",
+        "a\x00b",
+        "é.é",
+        *forged,
+    ):
         r = api.client.get("/v1/memories", params={"limit": 2, "cursor": bad}, headers=h)
         message = assert_error(r, 400, "invalid_request")["message"]
         assert message.startswith("cursor is not one this server handed out"), message
