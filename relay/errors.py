@@ -15,7 +15,9 @@
 Each class carries its HTTP status, a stable machine-readable code and the CLI
 exit code, so the API's error body and the CLI's one-line error come from the
 same place. Foreign errors (sqlite3, psycopg, sockets) are translated once, at
-the storage or transport edge, with `raise ... from exc`.
+the storage or transport edge, with `raise ... from exc`. A message that quotes
+a database's own words is for the operator (the CLI, the server's log); a client
+of the server is told the error's `public` sentence instead.
 """
 
 from __future__ import annotations
@@ -28,16 +30,23 @@ class RelayError(Exception):
     code = "internal"
     exit_code = 1
     item: int | None = None  # set on a refusal of one item of a batch write: its place
+    # What a client of the server is told in place of `message`, when that quotes another
+    # system (a database's error text names its tables, hosts and ports): None, the message.
+    public: str | None = None
 
     def __init__(self, message: str, **details: object) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
 
+    @property
+    def client_message(self) -> str:
+        return self.public or self.message
+
     def to_dict(self) -> dict[str, object]:
         body: dict[str, object] = {
             "code": self.code,
-            "message": self.message,
+            "message": self.client_message,
             "status": self.status,
         }
         if self.details:
@@ -121,3 +130,4 @@ class StoreError(RelayError):
     status = 500
     code = "store_error"
     exit_code = 7
+    public = "the database failed this request; the server's log has the details"

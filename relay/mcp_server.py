@@ -19,6 +19,7 @@ error that says why; nothing ever falls back to a broader search.
 """
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
@@ -216,32 +217,34 @@ def render_history(memory_id: str, items: list[dict[str, Any]]) -> str:
 
 
 def tool_error_message(exc: errors.RelayError) -> str:
-    """One clear sentence about a refused or failed call, and what it means for the task."""
+    """One clear sentence about a refused or failed call, and what it means for the task
+    (never a database's own words: those go to the server's log, see `call`)."""
     from relay.client import NotConfiguredError
 
+    message = exc.client_message
     if isinstance(exc, errors.ForbiddenError):
         return (
-            f"denied by Relay: {exc.message}. Nothing was changed and nothing else was searched; "
+            f"denied by Relay: {message}. Nothing was changed and nothing else was searched; "
             "ask a Relay admin for a key with that scope if this is needed."
         )
     if isinstance(exc, errors.UnauthorizedError):
         return (
-            f"denied by Relay: {exc.message}. Team memory is unavailable until the key is fixed "
+            f"denied by Relay: {message}. Team memory is unavailable until the key is fixed "
             "(the user can run `relay doctor`); carry on without it."
         )
     if isinstance(exc, errors.UnavailableError):  # the server, or its database, is away
         return (
-            f"{exc.message}. Team memory is unavailable right now; carry on without it and verify "
+            f"{message}. Team memory is unavailable right now; carry on without it and verify "
             "facts against the repository or ask the user."
         )
     if isinstance(exc, NotConfiguredError):
         return (
-            f"Relay is not set up on this machine ({exc.message}). Team memory is unavailable; "
+            f"Relay is not set up on this machine ({message}). Team memory is unavailable; "
             "carry on without it."
         )
     if isinstance(exc, errors.InvalidRequestError):
-        return f"rejected by Relay: {exc.message}. Nothing was stored or changed."
-    return f"Relay error: {exc.message}"
+        return f"rejected by Relay: {message}. Nothing was stored or changed."
+    return f"Relay error: {message}"
 
 
 # -- the server ------------------------------------------------------------------
@@ -262,6 +265,8 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
             backend = backend_for(ctx)
             return await anyio.to_thread.run_sync(lambda: fn(backend))
         except errors.RelayError as exc:
+            if exc.client_message != exc.message:  # the operator's copy of what is withheld
+                logging.getLogger("relay.mcp").warning("%s: %s", exc.code, exc.message)
             raise ToolError(tool_error_message(exc)) from None
 
     async def team_memory_search(

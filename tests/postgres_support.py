@@ -18,6 +18,7 @@ import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ __all__ = [
     "pg_store",
     "raw_count",
     "raw_rows",
+    "renamed_table",
     "recounted_totals",
     "stored_totals",
     "truncate_all",
@@ -109,6 +111,30 @@ def raw_rows(store, query: str, params: tuple = ()) -> list[tuple]:  # noqa: ANN
 
     with psycopg.connect(conninfo) as conn:
         return conn.execute(query.replace("?", "%s"), params).fetchall()
+
+
+@contextmanager
+def renamed_table(store, table: str) -> Iterator[None]:  # noqa: ANN001
+    """`table` under another name for the block, so the store's queries on it fail the way
+    a broken database fails them (a real StoreError, no mock); renamed back after it."""
+    away = f"{table}_away"
+
+    def ddl(statement: str) -> None:
+        conninfo = getattr(store, "conninfo", None)
+        if conninfo is None:
+            with store._write() as conn:
+                conn.execute(statement)
+            return
+        import psycopg
+
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(statement)
+
+    ddl(f"ALTER TABLE {table} RENAME TO {away}")
+    try:
+        yield
+    finally:
+        ddl(f"ALTER TABLE {away} RENAME TO {table}")
 
 
 def stored_totals(store, org: str) -> dict[tuple[str, ...], int]:

@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from postgres_support import raw_count, raw_rows
+from postgres_support import raw_count, raw_rows, renamed_table
 
 from relay.server import encode_cursor
 from relay.store.sqlite import SQLiteStore
@@ -1456,6 +1456,21 @@ def test_a_corrupted_cursor_is_refused_not_a_fresh_start(api):
     rest = api.client.get("/v1/memories", params={"limit": 2, "cursor": cursor}, headers=h)
     assert [m["id"] for m in rest.json()["items"]] != [m["id"] for m in page["items"]]
     assert len(rest.json()["items"]) == 1 and rest.json()["next_cursor"] is None
+
+
+def test_a_failed_query_tells_the_client_nothing_of_the_database(api, caplog):
+    """QA: a 500 store_error carried the database's own words ("PostgreSQL text fields
+    cannot contain NUL (0x00) bytes"), which name its tables and workings; the client
+    gets one general sentence, the server's log the rest."""
+    remember(api, "acme_dev", MIGRATIONS)
+    with renamed_table(api.services.store, "memories"):
+        r = api.client.get("/v1/memories", headers=api.headers("acme_dev"))
+    error = assert_error(r, 500, "store_error")
+    assert "memories" not in r.text, r.text
+    assert error["message"] == "the database failed this request; the server's log has the details"
+    logged = [rec for rec in caplog.records if rec.name == "relay.server"]
+    assert logged and "memories" in logged[-1].getMessage()  # the operator's copy
+    assert api.client.get("/v1/memories", headers=api.headers("acme_dev")).status_code == 200
 
 
 def test_profile_returns_pinned_memories_the_key_may_read(api):

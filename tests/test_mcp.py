@@ -21,6 +21,7 @@ from integration_support import (
 )
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from postgres_support import renamed_table
 
 CLUSTERS = "Staging is the blue cluster; production is the green cluster."
 TOOLS = {"team_memory_search", "team_memory_remember", "team_memory_forget", "team_memory_history"}
@@ -304,3 +305,20 @@ def test_local_tools_answer_an_impossible_id_alike_on_both_stores(api):
     for call in (backend.forget, backend.history):
         with pytest.raises(NotFoundError, match="no memory 'a\\\\x00b'"):
             call("a\x00b")
+
+
+def test_a_local_tool_tells_the_agent_nothing_of_the_database(api):
+    """The in-server tools (/mcp) showed a failed query's own words ("Relay error: database
+    error: ..."), as the API's 500 did: the agent gets the general sentence."""
+    from relay.auth import authorize
+    from relay.errors import StoreError
+    from relay.mcp_server import LocalBackend, tool_error_message
+
+    store = api.services.store
+    principal = authorize(store, api.headers("acme_dev")["Authorization"])
+    with renamed_table(store, "memories"), pytest.raises(StoreError) as failed:
+        LocalBackend(api.services, principal).history("mem_1")
+    assert "memories" in failed.value.message  # the operator's copy: the CLI and the log
+    shown = tool_error_message(failed.value)
+    assert "memories" not in shown, shown
+    assert "the server's log has the details" in shown

@@ -143,12 +143,15 @@ def connection_lost(exc: psycopg.Error) -> bool:
 
 @contextmanager
 def translate_errors() -> Iterator[None]:
-    """psycopg's errors become Relay's, once, here."""
+    """psycopg's errors become Relay's, once, here. Their text (hosts, ports, tables) is for
+    the operator: a client of the server is told the error's `public` sentence."""
     try:
         yield
     except psycopg.Error as exc:
         if connection_lost(exc):
-            raise UnavailableError(f"database unreachable: {exc}") from exc
+            lost = UnavailableError(f"database unreachable: {exc}")
+            lost.public = "database unreachable: the server cannot reach its database right now"
+            raise lost from exc
         raise StoreError(f"database error: {exc}") from exc
 
 
