@@ -117,6 +117,19 @@ def require(principal: Principal, scope: str) -> None:
         raise ForbiddenError(f"this key lacks the {scope!r} scope")
 
 
+def require_edit(principal: Principal) -> None:
+    """An edit (PATCH) is a read-modify-write: it keeps every field it does not name, from
+    the memory as stored, and answers with the whole new revision. So it needs
+    `memory:read` as well as `memory:write`; with write alone, an empty PATCH read any
+    memory the key's roles reach."""
+    require(principal, "memory:write")
+    if "memory:read" not in principal.scopes and "admin" not in principal.scopes:
+        raise ForbiddenError(
+            "this key lacks the 'memory:read' scope, which an edit needs as well as"
+            " 'memory:write' (it reads the memory it changes)"
+        )
+
+
 def management_view(p: Principal) -> frozenset[str] | None:
     """The audiences whose memories a key manages (reads by id, lists, edits, supersedes):
     an admin the whole org (None), any other key what its roles may read."""

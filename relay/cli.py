@@ -509,7 +509,7 @@ def edit(
 ) -> None:
     """Edit a memory: every edit is a new revision. A field not given keeps its value;
     --title "" and --source "" remove them, --no-tags, --no-supersedes and --no-valid-until
-    remove those."""
+    remove those. The key needs memory:read as well as memory:write."""
     fields = _memory_fields(**opts)
     # (field, its --no- flag's value, the option that sets it)
     cleared = (

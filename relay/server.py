@@ -622,7 +622,7 @@ def create_app(services: Services) -> FastAPI:
 
     @app.patch("/v1/memories/{memory_id}", tags=["memories"])
     def edit_memory(memory_id: str, body: MemoryPatch, p: Auth) -> dict[str, Any]:
-        auth.require(p, "memory:write")
+        auth.require_edit(p)
         writes.check_memory_id(memory_id)
         current = store.get_memory(p.org_id, memory_id, auth.management_view(p))
         changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})

@@ -355,6 +355,34 @@ def test_every_edit_is_a_new_revision(api):
     assert (hit["id"], hit["revision"], hit["text"]) == (m["id"], 2, "Use pnpm 9 for the web app.")
 
 
+def test_a_key_that_only_writes_cannot_read_through_an_edit(api):
+    """QA: a key with memory:write alone read any memory its roles reach: `PATCH {}` answered
+    200 with the whole memory (and made no revision). An edit keeps what it does not name,
+    from the memory as stored, so it reads it: it needs memory:read too. Creating,
+    deleting and batch writes (relay import, relay restore) answer with nothing the key did
+    not send, and work with memory:write alone."""
+    from relay.auth import mint_key
+
+    scopes = frozenset({"memory:write"})
+    writer = mint_key(api.services.store, api.orgs["acme"], "w", scopes, frozenset({"dev"}))
+    h = {"Authorization": f"Bearer {writer.secret}"}
+    secret = remember(api, "acme_dev", "The HSM is in rack 12.", audiences=["dev"])
+    for change in ({}, {"title": "x"}, {"expected_revision": 1}):
+        r = api.client.patch(f"/v1/memories/{secret['id']}", json=change, headers=h)
+        assert "'memory:read'" in assert_error(r, 403, "forbidden")["message"]
+        assert "rack 12" not in r.text
+    got = api.client.get(f"/v1/memories/{secret['id']}", headers=api.headers("acme_dev")).json()
+    assert (got["revision"], got["title"]) == (1, None)
+    # What it may do, it still does.
+    r = api.client.post("/v1/memories", json={"body": "Builds run on Fridays too."}, headers=h)
+    assert r.status_code == 201, r.text
+    assert r.json()["body"] == "Builds run on Fridays too."  # what it sent
+    item = {"id": "imp-1", "body": "Imported rule.", "audiences": ["dev"]}
+    r = api.client.post("/v1/memories/batch", json={"items": [item]}, headers=h)
+    assert r.json() == {"written": 1, "unchanged": 0}
+    assert api.client.delete("/v1/memories/imp-1", headers=h).status_code == 204
+
+
 def test_revoked_key_fails_at_once_against_a_warm_cache(api):
     remember(api, "acme_dev", MIGRATIONS)
     q = "backfill job for migrations"

@@ -252,3 +252,23 @@ def test_the_preview_accepts_the_token_budgets_the_hook_does(api) -> None:
     for budget, status in ((floor - 1, 422), (floor, 200)):
         r = c.post("/console/api/preview", json={**prompt, "max_tokens": budget}, headers=csrf)
         assert r.status_code == status, r.text
+
+
+def test_a_key_that_only_writes_cannot_read_through_an_edit(api) -> None:
+    """As on /v1 (QA): the console's edit answered a write-only key's empty PATCH with the
+    whole memory; an edit needs memory:read as well."""
+    from relay.auth import mint_key
+
+    scopes = frozenset({"memory:write"})
+    writer = mint_key(api.services.store, api.orgs["acme"], "w", scopes, frozenset({"dev"}))
+    api.keys["acme_writer"] = writer.secret
+    r = api.client.post(
+        "/console/api/memories",
+        json={"body": "The HSM is in rack 12.", "audiences": ["dev"]},
+        headers=sign_in(api, "acme_dev"),
+    )
+    assert r.status_code == 201, r.text
+    csrf = sign_in(api, "acme_writer")
+    edit = api.client.patch(f"/console/api/memories/{r.json()['id']}", json={}, headers=csrf)
+    assert edit.status_code == 403 and edit.json()["error"]["code"] == "forbidden", edit.text
+    assert "rack 12" not in edit.text

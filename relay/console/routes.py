@@ -324,7 +324,7 @@ def build_routers(
 
     @api.patch("/memories/{memory_id}")
     def edit_memory(memory_id: str, body: MemoryPatch, p: Session) -> dict[str, Any]:
-        auth.require(p, "memory:write")
+        auth.require_edit(p)
         writes.check_memory_id(memory_id)
         view = auth.management_view(p)
         current = store.get_memory(p.org_id, memory_id, view)
