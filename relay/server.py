@@ -624,19 +624,9 @@ def create_app(services: Services) -> FastAPI:
     def edit_memory(memory_id: str, body: MemoryPatch, p: Auth) -> dict[str, Any]:
         auth.require_edit(p)
         writes.check_memory_id(memory_id)
-        current = store.get_memory(p.org_id, memory_id, auth.management_view(p))
         changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})
-        draft = writes.edited_draft(current, changes, store.known_audiences(p.org_id))
-        memory, _ = writes.save(
-            store,
-            services.embedder,
-            p.org_id,
-            memory_id,
-            draft,
-            p.key_id,
-            "edit",
-            body.expected_revision,
-            auth.management_view(p),
+        memory = writes.edit(
+            store, services.embedder, p, memory_id, changes, body.expected_revision
         )
         return memory.to_dict()
 

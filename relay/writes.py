@@ -17,7 +17,7 @@ from typing import Any
 
 from relay import auth, hygiene, late
 from relay.embedding import Embedder
-from relay.errors import InvalidRequestError, NotFoundError, RelayError
+from relay.errors import ConflictError, InvalidRequestError, NotFoundError, RelayError
 from relay.hygiene import MEMORY_ID
 from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal, iso
 from relay.passages import split_passages
@@ -208,6 +208,58 @@ def create(
         audiences=auth.management_view(principal),
     )
     return memory
+
+
+# How many times an edit is rebuilt on a newer revision before it gives up with a 409.
+EDIT_ATTEMPTS = 12
+
+
+def edit(
+    store: Store,
+    embedder: Embedder,
+    principal: Principal,
+    memory_id: str,
+    changes: Mapping[str, Any],
+    expected_revision: int | None = None,
+) -> Memory:
+    """A PATCH (API, console): `changes` applied to the revision it replaces, never to an
+    older one. The whole draft is built from the memory as read, so it is saved only if
+    the memory is still at that revision; when another write landed in between, it is read
+    and built again, so two edits at once each keep what the other changed (a title edit
+    must not put back the audiences a narrowing edit just took away). A client that sent
+    its own `expected_revision` asked to fail instead: it gets the 409. The embedding is
+    made again only when the text it is made from (title and body) changed."""
+    view = auth.management_view(principal)
+    prepared: PreparedWrite | None = None
+    for _ in range(EDIT_ATTEMPTS):
+        current = store.get_memory(principal.org_id, memory_id, view)
+        draft = edited_draft(current, changes, store.known_audiences(principal.org_id))
+        if prepared is None or (prepared.draft.title, prepared.draft.body) != (
+            draft.title,
+            draft.body,
+        ):
+            (prepared,) = prepare(store, embedder, [(memory_id, draft)])
+        try:
+            memory, _ = store.save_memory(
+                principal.org_id,
+                memory_id,
+                draft,
+                principal.key_id,
+                prepared.passages,
+                "edit",
+                current.revision if expected_revision is None else expected_revision,
+                view,
+            )
+        except ConflictError:
+            if expected_revision is not None:
+                raise
+            continue  # moved on (or was deleted) since it was read: read it again
+        return memory
+    raise ConflictError(
+        f"memory {memory_id!r} changed {EDIT_ATTEMPTS} times while this edit was being saved;"
+        " send it again",
+        memory_id=memory_id,
+    )
 
 
 def save(

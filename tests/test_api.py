@@ -383,6 +383,64 @@ def test_a_key_that_only_writes_cannot_read_through_an_edit(api):
     assert api.client.delete("/v1/memories/imp-1", headers=h).status_code == 204
 
 
+def test_edits_at_the_same_time_each_keep_what_the_other_changed(api):
+    """QA: PATCHes at the same time undid each other: each built its whole draft from the
+    revision it had read and saved it over whatever came in between, so a title edit put
+    back `["all"]` and the old body a moment after a narrowing edit (which had answered
+    200), and a title edit and a body edit each reverted the other's field. Real requests
+    on threads: every field each PATCH names stays, in order, and the narrowing holds."""
+    import threading
+
+    from relay.auth import mint_key
+
+    every = frozenset({"memory:read", "memory:write"})
+    store, acme = api.services.store, api.orgs["acme"]
+    security = mint_key(store, acme, "sec", every, frozenset({"security"})).secret
+    m = remember(api, "acme_admin", "The HSM is in the vault.", title="title v0", source="s/0")
+    path = f"/v1/memories/{m['id']}"
+    narrowing = {"audiences": ["security"], "body": "HSM is in rack 12."}
+    runs = {
+        "title": ([{"title": f"title v{n}"} for n in range(1, 16)], security),
+        "source": ([{"source": f"s/{n}"} for n in range(1, 16)], api.keys["acme_admin"]),
+        "narrow": ([narrowing], api.keys["acme_admin"]),
+    }
+    answers: dict[str, list] = {name: [] for name in runs}
+    underway = threading.Event()  # the narrowing goes in while the others are at it
+
+    def edit(name: str) -> None:
+        changes, key = runs[name]
+        if name == "narrow":
+            underway.wait(30)
+        for change in changes:
+            r = api.client.patch(path, json=change, headers={"Authorization": f"Bearer {key}"})
+            answers[name].append((r.status_code, r.text))
+            if len(answers["title"]) == 3:
+                underway.set()
+
+    threads = [threading.Thread(target=edit, args=(name,)) for name in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for name, got in answers.items():
+        assert [status for status, _ in got] == [200] * len(runs[name][0]), (name, got)
+
+    h = api.headers("acme_admin")
+    final = api.client.get(path, headers=h).json()
+    assert (final["title"], final["source"]) == ("title v15", "s/15")
+    assert (final["audiences"], final["body"]) == (["security"], "HSM is in rack 12.")
+    history = api.client.get(f"{path}/revisions", headers=h).json()["items"]
+    assert len(history) == 1 + 15 + 15 + 1  # every PATCH made its own revision
+    titles = [int(r["title"].removeprefix("title v")) for r in history]
+    sources = [int(r["source"].removeprefix("s/")) for r in history]
+    assert titles == sorted(titles) and sources == sorted(sources), (titles, sources)
+    narrowed = [r["audiences"] == ["security"] for r in history]
+    assert narrowed == sorted(narrowed)  # once narrowed, never opened again
+    assert [r["body"] == narrowing["body"] for r in history] == narrowed
+    # A key without the role no longer reads it.
+    assert api.client.get(path, headers=api.headers("acme_dev")).status_code == 404
+
+
 def test_revoked_key_fails_at_once_against_a_warm_cache(api):
     remember(api, "acme_dev", MIGRATIONS)
     q = "backfill job for migrations"

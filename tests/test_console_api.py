@@ -272,3 +272,34 @@ def test_a_key_that_only_writes_cannot_read_through_an_edit(api) -> None:
     edit = api.client.patch(f"/console/api/memories/{r.json()['id']}", json={}, headers=csrf)
     assert edit.status_code == 403 and edit.json()["error"]["code"] == "forbidden", edit.text
     assert "rack 12" not in edit.text
+
+
+def test_edits_at_the_same_time_each_keep_what_the_other_changed(api) -> None:
+    """As on /v1 (QA): the console's edit saved a draft built from the revision it had read
+    over whatever came in between, so two editors reverted each other's fields."""
+    import threading
+
+    csrf = sign_in(api, "acme_admin")
+    r = api.client.post("/console/api/memories", json={"body": "note", "title": "t0"}, headers=csrf)
+    assert r.status_code == 201, r.text
+    path = f"/console/api/memories/{r.json()['id']}"
+    runs = {"title": [{"title": f"t{n}"} for n in range(1, 21)]}
+    runs["source"] = [{"source": f"s/{n}"} for n in range(1, 21)]
+    statuses: list[int] = []
+
+    def edit(name: str) -> None:
+        for change in runs[name]:
+            statuses.append(api.client.patch(path, json=change, headers=csrf).status_code)
+
+    threads = [threading.Thread(target=edit, args=(name,)) for name in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert statuses == [200] * 40
+    history = api.client.get(f"{path}/revisions").json()["items"]
+    titles = [int(r["title"].removeprefix("t")) for r in history]
+    sources = [int((r["source"] or "s/0").removeprefix("s/")) for r in history]
+    assert titles == sorted(titles) and sources == sorted(sources), (titles, sources)
+    final = api.client.get(path).json()
+    assert (final["title"], final["source"], final["revision"]) == ("t20", "s/20", 41)

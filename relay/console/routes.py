@@ -3,8 +3,8 @@
 Every /console/api route authorizes the session's key exactly as the HTTP API
 authorizes a bearer key (`relay.auth.authorize`), on every request, so a revoked
 key is signed out at once on every replica. Writes go through the same functions
-as the API (`relay.writes.draft_from_fields`, `writes.edited_draft`, `writes.save`, the
-store), with the same request models, so they fail with the same error codes and messages.
+as the API (`relay.writes.create`, `writes.edit`, the store), with the same request
+models, so they fail with the same error codes and messages.
 """
 
 from __future__ import annotations
@@ -326,21 +326,8 @@ def build_routers(
     def edit_memory(memory_id: str, body: MemoryPatch, p: Session) -> dict[str, Any]:
         auth.require_edit(p)
         writes.check_memory_id(memory_id)
-        view = auth.management_view(p)
-        current = store.get_memory(p.org_id, memory_id, view)
         changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})
-        draft = writes.edited_draft(current, changes, store.known_audiences(p.org_id))
-        memory, _ = writes.save(
-            store,
-            embedder,
-            p.org_id,
-            memory_id,
-            draft,
-            p.key_id,
-            "edit",
-            body.expected_revision,
-            view,
-        )
+        memory = writes.edit(store, embedder, p, memory_id, changes, body.expected_revision)
         return memory_view(memory, datetime.now(UTC), key_names(p))
 
     @api.delete("/memories/{memory_id}", status_code=204)
