@@ -171,11 +171,24 @@ class Drill:
             self.leak(f"{op} without {scope} by {key.name}: {status}")
         return False
 
-    def known(self, org: str) -> set[str]:
-        """The audiences a write may name: roles of the org's unrevoked keys, and everyone."""
-        return {EVERYONE} | {
-            r for k in self.keys if k.org == org and not k.revoked for r in k.roles
-        }
+    def audiences_known(
+        self, org: str, audiences: frozenset[str], t0: float, t1: float
+    ) -> bool | None:
+        """Whether a write made between t0 and t1 may name `audiences`: everyone, and the
+        roles of the org's live keys (neither revoked nor expired); None when that turns on
+        a key too close to its expiry to tell."""
+        sure, maybe = {EVERYONE}, {EVERYONE}
+        for k in self.keys:
+            if k.org != org:
+                continue
+            states = {k.state(t0), k.state(t1)}
+            if states == {"valid"}:
+                sure |= k.roles
+            if states != {"invalid"}:
+                maybe |= k.roles
+        if audiences <= sure:
+            return True
+        return None if audiences <= maybe else False
 
     def pick_key(self, org: str | None = None) -> KeyModel:
         keys = [k for k in self.keys if org is None or k.org == org]
@@ -227,7 +240,8 @@ class Drill:
             if status != 403:
                 self.leak(f"create without write scope by {key.name}: {status}")
             return
-        if not set(audiences) <= self.known(org):
+        known = self.audiences_known(org, frozenset(audiences), t0, t1)
+        if known is False or (known is None and status == 400):
             if status != 400:
                 self.leak(f"create for audiences {audiences} nobody holds: {status}")
             return
@@ -268,15 +282,17 @@ class Drill:
         self.count("edit")
         if not self.auth_ok(key, status, t0, t1, "edit"):
             return
-        if not key.can("memory:write"):
-            if status != 403:
-                self.leak(f"edit without write scope: {status}")
+        if not (key.can("memory:write") and key.can("memory:read")):
+            if status != 403:  # an edit reads what it keeps: it needs both
+                self.leak(f"edit without write and read scopes by {key.name}: {status}")
             return
         if not m.managed_by(key):
             if status != 404:
                 self.leak(f"edit of {m.org}/{m.id} by {key.name}@{key.org}: {status}")
             return
-        if not new_aud <= self.known(m.org):
+        # The memory's own audiences stay acceptable after their last key is gone.
+        known = self.audiences_known(m.org, new_aud - m.audiences, t0, t1)
+        if known is False or (known is None and status == 400):
             if status != 400:
                 self.leak(f"edit to audiences {sorted(new_aud)} nobody holds: {status}")
             return
