@@ -231,6 +231,7 @@ def edit(
     made again only when the text it is made from (title and body) changed."""
     view = auth.management_view(principal)
     prepared: PreparedWrite | None = None
+    embeddings: NewEmbeddings = {}
     for _ in range(EDIT_ATTEMPTS):
         current = store.get_memory(principal.org_id, memory_id, view)
         draft = edited_draft(current, changes, store.known_audiences(principal.org_id))
@@ -238,7 +239,7 @@ def edit(
             draft.title,
             draft.body,
         ):
-            (prepared,) = prepare(store, embedder, [(memory_id, draft)])
+            (prepared,), embeddings = prepare(store, embedder, [(memory_id, draft)])
         try:
             memory, _ = store.save_memory(
                 principal.org_id,
@@ -254,6 +255,7 @@ def edit(
             if expected_revision is not None:
                 raise
             continue  # moved on (or was deleted) since it was read: read it again
+        cache_new(store, embeddings)
         return memory
     raise ConflictError(
         f"memory {memory_id!r} changed {EDIT_ATTEMPTS} times while this edit was being saved;"
