@@ -459,6 +459,14 @@ def _memory_options(
     return fn
 
 
+def _progress_bar(length: int, label: str) -> Any:
+    """A bar on stderr; without a terminal none (it was one lone label line, even before an
+    error)."""
+    return click.progressbar(
+        length=length, label=label, file=sys.stderr, hidden=not sys.stderr.isatty()
+    )
+
+
 def _memory_path(memory_id: str, rest: str = "") -> str:
     from relay.client import memory_path  # imported when used: the CLI starts light
 
@@ -737,10 +745,7 @@ def import_(
     )
     tally = ImportTally()
     try:
-        # Without a terminal a bar is one 'importing' line, even before an error: none.
-        with click.progressbar(
-            length=len(drafts), label="importing", file=sys.stderr, hidden=not sys.stderr.isatty()
-        ) as bar:
+        with _progress_bar(len(drafts), "importing") as bar:
             import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone, tally)
     except KeyboardInterrupt:
         click.echo(
@@ -864,7 +869,7 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
     except UnicodeDecodeError:
         raise InvalidRequestError(f"{name} is not UTF-8 text") from None
     memories = read_export(text, name)
-    with click.progressbar(length=len(memories), label="restoring", file=sys.stderr) as bar:
+    with _progress_bar(len(memories), "restoring") as bar:
         tally = restore_memories(client, memories, name, bar.update)
     dropped = (
         f", {tally.dropped_links} supersedes link(s) to memories not here dropped"
