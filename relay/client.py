@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from relay import errors
 from relay.hook import config as hook_config
-from relay.hygiene import MEMORY_ID
+from relay.ids import MEMORY_ID
 
 _BY_CODE: dict[str, type[errors.RelayError]] = {
     cls.code: cls

@@ -28,10 +28,6 @@ from datetime import UTC, datetime
 
 from relay.errors import InvalidRequestError, SecretDetectedError, TooLargeError
 
-# Every memory id: made by relay.writes, given to a create (API `id`) or derived by relay
-# import; what a client may put in a URL's one path segment.
-MEMORY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
-
 MAX_BODY_CHARS = 16_000
 MAX_TITLE_CHARS = 200
 MAX_KEY_NAME_CHARS = 200

@@ -18,7 +18,7 @@ from typing import Any
 from relay import auth, hygiene, late
 from relay.embedding import Embedder
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError, RelayError
-from relay.hygiene import MEMORY_ID
+from relay.ids import MEMORY_ID
 from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal, iso
 from relay.passages import split_passages
 from relay.store import SaveMode, Store
