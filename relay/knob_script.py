@@ -291,12 +291,6 @@ def read_file(script: Path) -> Reading | None:
         return None
 
 
-def script_environ(script: Path, environ: dict[str, str]) -> dict[str, str]:
-    """`environ` as the installed script hands it to the hook (`environ` itself without one)."""
-    reading = read_file(script)
-    return reading.handed(environ) if reading else dict(environ)
-
-
 def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
     """Write `settings`' values of the script's knobs into an installed hook script, whose
     values beat the config file's (`relay eval replay --apply`): each into the first line

@@ -29,7 +29,7 @@ from relay.eval.replay import extras, figures
 from relay.eval.report import histogram, lines, targets
 from relay.hook import config as hook_config
 from relay.hook_bench import ON_TIME_SLACK_MS
-from relay.knob_script import hook_script, script_environ
+from relay.knob_script import hook_script, read_file
 
 R_KEYS = {
     "hook_ms",
@@ -657,7 +657,7 @@ def test_apply_also_sets_the_installed_scripts_knobs_which_beat_the_config(tmp_p
     done = subprocess.run(["sh", "-n", str(script)], capture_output=True)
     assert done.returncode == 0, done.stderr  # still a valid script
     # What the hook reads when the agents run it through the script (config.json beneath it).
-    cfg = hook_config.load(script_environ(script, {"RELAY_CONFIG": str(config)}))
+    cfg = hook_config.load(read_file(script).handed({"RELAY_CONFIG": str(config)}))
     assert {k: cfg[k] for k in advised} == advised and cfg.min_score == 0.6
 
 

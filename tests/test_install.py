@@ -668,9 +668,9 @@ def test_re_installing_mends_an_old_script_and_keeps_the_registered_command(tmp_
 
 
 def test_what_doctor_and_eval_read_from_the_script_is_what_it_hands_the_hook(tmp_path):
-    """`script_environ` (doctor) and `set_script_knobs` (eval --apply) read knob lines as
+    """The script's reading (doctor) and `set_script_knobs` (eval --apply) read knob lines as
     the script does; the script here execs `env`, to show what the hook would get."""
-    from relay.knob_script import hook_script, script_environ, set_script_knobs
+    from relay.knob_script import hook_script, read_file, set_script_knobs
 
     script = tmp_path / "relay-autosearch-hook.sh"
     text = hook_script("/usr/bin/env")
@@ -690,7 +690,7 @@ def test_what_doctor_and_eval_read_from_the_script_is_what_it_hands_the_hook(tmp
             run = subprocess.run([*shell, str(script)], capture_output=True, env=environ)
             got = dict(line.split("=", 1) for line in run.stdout.decode().splitlines())
             assert {k: v for k, v in got.items() if k.startswith("RELAY_")} == {
-                k: v for k, v in script_environ(script, environ).items() if k.startswith("RELAY_")
+                k: v for k, v in read_file(script).handed(environ).items() if k.startswith("RELAY_")
             }, shell
         return got
 
