@@ -134,6 +134,11 @@ def _warm(store: Store, embedder: Embedder) -> None:
             log.info("token matrices: backfill complete, %d passages", done)
     except Exception:  # until it succeeds, those queries fall back to rank fusion and cosine
         log.warning("backfilling token matrices failed after %d passages", done, exc_info=True)
+    try:  # after the backfill, which caches the matrices of texts passages hold
+        if gone := store.forget_unheld_embeddings():
+            log.info("embedding cache: %d entries of texts no passage holds dropped", gone)
+    except Exception:
+        log.warning("dropping unheld cached embeddings failed", exc_info=True)
 
 
 def _principal(

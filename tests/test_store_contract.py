@@ -301,6 +301,18 @@ def test_a_removed_texts_embedding_leaves_the_cache_with_it(store):
     assert cached() == set()
 
 
+def test_embeddings_no_passage_holds_are_dropped_at_start_up(store):
+    """A write caches its new embeddings once stored; a delete of the same text landing in
+    between leaves one behind, which the server's start-up drops (relay.server._warm)."""
+    org = store.create_org("acme").id
+    save(store, org, "a", "alpha", "create", seed=1)
+    store.cache_embeddings("model", {"h1": b"v", "raced": b"v"})
+    store.cache_embeddings("model:tokens", {"raced": b"t"})
+    assert store.forget_unheld_embeddings() == 2
+    assert raw_rows(store, "SELECT content_hash FROM embedding_cache") == [("h1",)]
+    assert store.forget_unheld_embeddings() == 0
+
+
 def test_an_older_store_drops_the_embeddings_its_deletes_left_when_it_is_opened(store):
     """Migration 6 drops what deletes left in the cache before it, and only that."""
     org = store.create_org("acme").id
@@ -308,7 +320,10 @@ def test_an_older_store_drops_the_embeddings_its_deletes_left_when_it_is_opened(
     store.cache_embeddings("model", {"h1": b"v", "gone": b"v"})  # "gone": a deleted text's
     undo = ["DROP INDEX passages_content_hash", "DELETE FROM schema_migrations WHERE version = 6"]
     if getattr(store, "conninfo", None) is not None:
-        undo.append("DROP FUNCTION relay_forget_embeddings(text[])")
+        undo += [
+            "DROP FUNCTION relay_forget_embeddings(text[])",
+            "DROP FUNCTION relay_forget_unheld_embeddings()",
+        ]
     _run_as_owner(store, undo)
     upgraded = _reopen(store)
     try:

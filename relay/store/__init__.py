@@ -195,6 +195,10 @@ class Store(Protocol):
     # Embedding cache, keyed by model and content hash
     def cached_embeddings(self, model: str, hashes: Sequence[str]) -> dict[str, bytes]: ...
     def cache_embeddings(self, model: str, items: dict[str, bytes]) -> None: ...
+    def forget_unheld_embeddings(self) -> int:
+        """Drop cached embeddings of texts no passage holds (a write racing a delete of the
+        same text can leave one); returns how many went. Run at start-up."""
+        ...
 
     def warm(self) -> None:
         """Load what the first search of each org would otherwise wait for (seconds at most;

@@ -322,6 +322,15 @@ MIGRATIONS: list[str] = [
           AND NOT EXISTS (SELECT 1 FROM passages p WHERE p.content_hash = c.content_hash)
     $$;
     REVOKE ALL ON FUNCTION relay_forget_embeddings(text[]) FROM PUBLIC;
+    CREATE FUNCTION relay_forget_unheld_embeddings() RETURNS bigint
+    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+        WITH gone AS (
+            DELETE FROM embedding_cache c WHERE NOT EXISTS
+                (SELECT 1 FROM passages p WHERE p.content_hash = c.content_hash)
+            RETURNING 1
+        ) SELECT count(*) FROM gone
+    $$;
+    REVOKE ALL ON FUNCTION relay_forget_unheld_embeddings() FROM PUBLIC;
     """,
 ]
 

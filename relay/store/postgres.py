@@ -355,7 +355,9 @@ def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:
 def _forget_embeddings(conn: psycopg.Connection, hashes: set[str]) -> None:
     """Drop from the embedding cache the texts of `hashes` no passage of any org holds any
     more (vector and token matrix), in the transaction that removed them: a deleted text's
-    embedding must not outlive it (migration 6's function: the app role sees one org)."""
+    embedding must not outlive it (migration 6's function: the app role sees one org). A
+    write of the same text racing the delete may cache it again after: see
+    `forget_unheld_embeddings`, run at start-up."""
     if hashes:
         conn.execute("SELECT relay_forget_embeddings(%s::text[])", (sorted(hashes),))
 
@@ -1331,6 +1333,10 @@ class PostgresStore:
                 " ON CONFLICT DO NOTHING",
                 (model, list(items), list(items.values())),
             )
+
+    def forget_unheld_embeddings(self) -> int:
+        with self._tx() as conn:  # the definer function sees every org's passages
+            return conn.execute("SELECT relay_forget_unheld_embeddings() AS n").fetchone()["n"]
 
 
 # -- helpers -----------------------------------------------------------------------

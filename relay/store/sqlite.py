@@ -987,6 +987,13 @@ class SQLiteStore:
                 [(model, h, blob) for h, blob in items.items()],
             )
 
+    def forget_unheld_embeddings(self) -> int:
+        with self._write() as conn:
+            return conn.execute(
+                "DELETE FROM embedding_cache WHERE NOT EXISTS"
+                " (SELECT 1 FROM passages p WHERE p.content_hash = embedding_cache.content_hash)"
+            ).rowcount
+
 
 # -- helpers -----------------------------------------------------------------
 def _split_script(script: str) -> list[str]:
@@ -1112,7 +1119,8 @@ def _forget_embeddings(conn: sqlite3.Connection, hashes: set[str]) -> None:
     """Drop from the embedding cache the texts of `hashes` no passage holds any more (every
     model's entry: vector and token matrix), in the transaction that removed them: a
     deleted text's embedding must not outlive it. A text another memory, or org, still
-    holds keeps its entry."""
+    holds keeps its entry. (A write of the same text racing the delete may cache it again
+    after; `forget_unheld_embeddings` drops such entries at start-up.)"""
     ordered = sorted(hashes)
     for start in range(0, len(ordered), 500):
         chunk = ordered[start : start + 500]
