@@ -677,7 +677,7 @@ class _Interrupting(http.server.BaseHTTPRequestHandler):
             self.upstream + self.path,
             content=body,
             headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
-            timeout=30,
+            timeout=300,  # a batch embeds its texts: slow on a loaded machine (CI: over 30 s)
         )
         self.send_response(reply.status_code)
         self.send_header("Content-Type", "application/json")
@@ -714,7 +714,7 @@ def test_ctrl_c_says_what_was_written_and_that_running_again_finishes(tmp_path, 
             text=True,
         ) as run:
             _Interrupting.client_pid = run.pid
-            out, err = run.communicate(timeout=120)
+            out, err = run.communicate(timeout=600)
     finally:
         _Interrupting.release.set()
         proxy.shutdown()
