@@ -128,6 +128,12 @@ def check_key_name(name: str) -> None:
     """Raise unless `name` can name a key: one line of plain text, up to MAX_KEY_NAME_CHARS."""
     if not name.strip():
         raise InvalidRequestError("a key needs a name (who or what holds it)", field="name")
+    check_name(name)
+
+
+def check_name(name: str) -> None:
+    """Raise unless `name` can name a key or an organisation: one line of plain text, up to
+    MAX_KEY_NAME_CHARS, no secret (listed wherever what it names is)."""
     if len(name) > MAX_KEY_NAME_CHARS:
         raise TooLargeError(
             f"name is {len(name):,} characters; the limit is {MAX_KEY_NAME_CHARS}",
@@ -139,7 +145,7 @@ def check_key_name(name: str) -> None:
             "name must be one line without control characters, like 'alice laptop'",
             field="name",
         )
-    # Shown by `relay key list`, the console and whoami, beside the key it names.
+    # Shown by `relay key list` and `org list`, the console and whoami, beside what it names.
     _reject_secrets(name, "name", "name")
 
 

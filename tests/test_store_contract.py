@@ -493,3 +493,17 @@ def _reopen(store):  # noqa: ANN001, ANN202
     from relay.store.postgres import PostgresStore
 
     return PostgresStore(store.url, pool_size=2)
+
+
+def test_an_org_name_is_held_to_a_key_names_rule(store):
+    """QA: `relay org create "$(printf 'a\\x01b')"` was taken (shown as "ab"), and so was a
+    name of 5,000 characters; an org's name is listed like a key's, so the same rule holds."""
+    from relay.errors import SecretDetectedError, TooLargeError
+
+    with pytest.raises(InvalidRequestError, match="one line without control characters"):
+        store.create_org("a\x01b")
+    with pytest.raises(TooLargeError, match="the limit is 200"):
+        store.create_org("x" * 5000)
+    with pytest.raises(SecretDetectedError):
+        store.create_org("ops password=Hunter2xQ9!")
+    assert store.create_org("  Acme Platform  ").name == "Acme Platform"

@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import numpy as np
 
+from relay import hygiene
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError, RelayError
 from relay.models import ApiKey, Memory, MemoryDraft, Org, Passage, PassageInput, Revision
 
@@ -69,6 +70,7 @@ def check_org_name(name: str) -> str:
     name = name.strip()
     if not name:
         raise InvalidRequestError("organisation name is empty")
+    hygiene.check_name(name)  # one line, up to 200 characters, no secret: as a key's name
     if ORG_ID_SHAPE.fullmatch(name):
         raise InvalidRequestError(
             f"organisation name {name!r} reads as an organisation id (org_ and hex digits),"
