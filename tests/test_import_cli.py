@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import os
 import signal
 import subprocess
@@ -665,6 +666,16 @@ class _Interrupting(http.server.BaseHTTPRequestHandler):
     release = threading.Event()
 
     def _forward(self) -> None:
+        try:
+            self._relay()
+        except Exception as exc:  # said to the client (and so in the test's failure), not lost
+            said = json.dumps({"error": {"code": "internal", "message": f"proxy: {exc!r}"}})
+            self.send_response(502)
+            self.send_header("Content-Length", str(len(said)))
+            self.end_headers()
+            self.wfile.write(said.encode())
+
+    def _relay(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path == "/v1/memories/batch":
             type(self).batches += 1
@@ -677,7 +688,7 @@ class _Interrupting(http.server.BaseHTTPRequestHandler):
             self.upstream + self.path,
             content=body,
             headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
-            timeout=300,  # a batch embeds its texts: slow on a loaded machine (CI: over 30 s)
+            timeout=120,
         )
         self.send_response(reply.status_code)
         self.send_header("Content-Type", "application/json")
@@ -712,9 +723,12 @@ def test_ctrl_c_says_what_was_written_and_that_running_again_finishes(tmp_path, 
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # A suite started in the background (`... &`) ignores SIGINT, and a child inherits
+            # that: Python then never turns Ctrl-C into KeyboardInterrupt. A terminal does not.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         ) as run:
             _Interrupting.client_pid = run.pid
-            out, err = run.communicate(timeout=600)
+            out, err = run.communicate(timeout=300)
     finally:
         _Interrupting.release.set()
         proxy.shutdown()
