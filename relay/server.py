@@ -569,8 +569,8 @@ def create_app(services: Services) -> FastAPI:
         for i, item in enumerate(body.items):
             if not item.id:
                 raise InvalidRequestError(f"items.{i}.id: a batch item needs an id", item=i)
-            try:  # before any message repeats the id
-                hygiene.check_given_id(item.id)
+            try:  # judged whole first: a secret-shaped id is refused before a message repeats it
+                draft = writes.draft_from_fields(item.model_dump(), known)
             except RelayError as exc:
                 raise _batch_item(exc, i) from None
             if item.id in first:  # the last would win silently, and count as written twice
@@ -580,10 +580,7 @@ def create_app(services: Services) -> FastAPI:
                     item=i,
                 )
             first[item.id] = i
-            try:
-                items.append((item.id, writes.draft_from_fields(item.model_dump(), known)))
-            except RelayError as exc:
-                raise _batch_item(exc, i) from None
+            items.append((item.id, draft))
         try:
             written, unchanged = writes.save_many(
                 store,
