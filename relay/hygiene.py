@@ -128,10 +128,10 @@ def check_key_name(name: str) -> None:
     """Raise unless `name` can name a key: one line of plain text, up to MAX_KEY_NAME_CHARS."""
     if not name.strip():
         raise InvalidRequestError("a key needs a name (who or what holds it)", field="name")
-    check_name(name)
+    check_name(name, "alice laptop")
 
 
-def check_name(name: str) -> None:
+def check_name(name: str, example: str) -> None:
     """Raise unless `name` can name a key or an organisation: one line of plain text, up to
     MAX_KEY_NAME_CHARS, no secret (listed wherever what it names is)."""
     if len(name) > MAX_KEY_NAME_CHARS:
@@ -142,7 +142,7 @@ def check_name(name: str) -> None:
         )
     if _CONTROL_OR_TAB.search(name):
         raise InvalidRequestError(
-            "name must be one line without control characters, like 'alice laptop'",
+            f"name must be one line without control characters, like {example!r}",
             field="name",
         )
     # Shown by `relay key list` and `org list`, the console and whoami, beside what it names.

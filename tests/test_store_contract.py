@@ -502,6 +502,8 @@ def test_an_org_name_is_held_to_a_key_names_rule(store):
 
     with pytest.raises(InvalidRequestError, match="one line without control characters"):
         store.create_org("a\x01b")
+    with pytest.raises(InvalidRequestError, match="like 'acme platform'"):  # not a key's example
+        store.create_org("a\x01b")
     with pytest.raises(TooLargeError, match="the limit is 200"):
         store.create_org("x" * 5000)
     with pytest.raises(SecretDetectedError):

@@ -70,7 +70,7 @@ def check_org_name(name: str) -> str:
     name = name.strip()
     if not name:
         raise InvalidRequestError("organisation name is empty")
-    hygiene.check_name(name)  # one line, up to 200 characters, no secret: as a key's name
+    hygiene.check_name(name, "acme platform")  # as a key's: one line, up to 200, no secret
     if ORG_ID_SHAPE.fullmatch(name):
         raise InvalidRequestError(
             f"organisation name {name!r} reads as an organisation id (org_ and hex digits),"
