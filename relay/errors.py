@@ -22,6 +22,11 @@ of the server is told the error's `public` sentence instead.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from logging import Logger
+
 
 class RelayError(Exception):
     """Root of every Relay error."""
@@ -42,6 +47,17 @@ class RelayError(Exception):
     @property
     def client_message(self) -> str:
         return self.public or self.message
+
+    def log_if_withheld(self, log: Logger) -> None:
+        """The operator's copy of an error a client is told only in general terms (API and
+        MCP alike): a failed query with its traceback, a database that is away (every
+        request says so) in a line."""
+        if self.client_message == self.message:
+            return
+        if self.status >= 500 and self.code != "unavailable":
+            log.error("%s: %s", self.code, self.message, exc_info=self)
+        else:
+            log.warning("%s: %s", self.code, self.message)
 
     def to_dict(self) -> dict[str, object]:
         body: dict[str, object] = {

@@ -265,8 +265,7 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
             backend = backend_for(ctx)
             return await anyio.to_thread.run_sync(lambda: fn(backend))
         except errors.RelayError as exc:
-            if exc.client_message != exc.message:  # the operator's copy of what is withheld
-                logging.getLogger("relay.mcp").warning("%s: %s", exc.code, exc.message)
+            exc.log_if_withheld(logging.getLogger("relay.mcp"))
             raise ToolError(tool_error_message(exc)) from None
 
     async def team_memory_search(

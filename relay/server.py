@@ -42,7 +42,6 @@ from relay.errors import (
     OverloadedError,
     RelayError,
     TooLargeError,
-    UnavailableError,
 )
 from relay.metrics import Metrics
 from relay.models import Principal
@@ -69,8 +68,7 @@ def error_response(exc: Exception) -> JSONResponse:
     the client is not told (a database's own words) is logged here instead."""
     if isinstance(exc, RelayError):
         body, status = exc.to_dict(), exc.status
-        if exc.client_message != exc.message:
-            _log_withheld(exc)
+        exc.log_if_withheld(log)
     elif isinstance(exc, StarletteHTTPException):
         status = exc.status_code
         code = _HTTP_CODES.get(status, "http_error")
@@ -84,15 +82,6 @@ def error_response(exc: Exception) -> JSONResponse:
     if status == 401:  # RFC 9110: a 401 names the scheme it wants
         headers["WWW-Authenticate"] = 'Bearer realm="relay"'
     return JSONResponse(body, status_code=status, headers=headers or None)
-
-
-def _log_withheld(exc: RelayError) -> None:
-    """The operator's copy of an error a client was told only in general terms: a failed
-    query with its traceback, a database that is away (every request says so) in a line."""
-    if exc.status >= 500 and not isinstance(exc, UnavailableError):
-        log.error("%s: %s", exc.code, exc.message, exc_info=exc)
-    else:
-        log.warning("%s: %s", exc.code, exc.message)
 
 
 @dataclass
