@@ -79,6 +79,30 @@ def test_supersession_hides_the_old_memory_until_the_new_one_goes(store):
     assert [p.memory_id for p in store.passages(org, EVERY, now, [r for r, _ in hits])] == ["old"]
 
 
+def test_a_memory_two_others_supersede_stays_hidden_until_neither_does(store):
+    org = store.create_org("acme").id
+    now = datetime.now(UTC)
+    save(store, org, "old", "Deploys go out on Tuesdays", seed=1)
+    save(store, org, "first", "Deploys go out on Thursdays", seed=2, supersedes=("old",))
+    save(store, org, "second", "Deploys go out on Fridays", seed=3, supersedes=("old",))
+    assert store.current_memory(org, "old").superseded_by == "second"
+
+    def recalled() -> list[str]:
+        hits = store.lexical_search(org, EVERY, now, ["deploy"], 10)
+        return sorted(p.memory_id for p in store.passages(org, EVERY, now, [r for r, _ in hits]))
+
+    store.delete_memory(org, "second", "tester", None)
+    assert store.current_memory(org, "old").superseded_by == "first"
+    assert recalled() == ["first"]
+    save(store, org, "third", "Deploys go out on Mondays", seed=4, supersedes=("old",))
+    save(store, org, "third", "Deploys go out on Mondays at nine", "edit", seed=5)
+    assert store.current_memory(org, "old").superseded_by == "first"
+    assert recalled() == ["first", "third"]
+    save(store, org, "first", "Deploys go out on Thursdays", "edit", seed=2)
+    assert store.current_memory(org, "old").superseded_by is None
+    assert recalled() == ["first", "old", "third"]
+
+
 def test_recall_filters_audience_and_expiry(store):
     org = store.create_org("acme").id
     now = datetime.now(UTC)

@@ -352,6 +352,19 @@ def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:
     return max(ef, 40) if ef <= MAX_EF_SEARCH else None
 
 
+def _relink_superseded(conn: psycopg.Connection, org_id: str, memory_id: str) -> None:
+    """Point each memory `memory_id` was marked as superseding (before this edit or delete,
+    already saved) at the latest-written live memory that still supersedes it, or at none:
+    two memories may supersede one, and losing one of them must not bring it back."""
+    conn.execute(
+        "UPDATE memories m SET superseded_by = ("
+        " SELECT s.id FROM memories s WHERE s.org_id = m.org_id AND s.deleted_at IS NULL"
+        " AND m.id = ANY(s.supersedes) ORDER BY s.updated_at DESC, s.id LIMIT 1)"
+        " WHERE m.org_id = %s AND m.superseded_by = %s",
+        (org_id, memory_id),
+    )
+
+
 def _forget_embeddings(conn: psycopg.Connection, hashes: set[str]) -> None:
     """Drop from the embedding cache the texts of `hashes` no passage of any org holds any
     more (vector and token matrix), in the transaction that removed them: a deleted text's
@@ -826,10 +839,7 @@ class PostgresStore:
                 )
         _forget_embeddings(conn, {r["content_hash"] for r in old})
         # Supersession is a relation between live memories: recompute both directions.
-        conn.execute(
-            "UPDATE memories SET superseded_by = NULL WHERE org_id = %s AND superseded_by = %s",
-            (org_id, memory_id),
-        )
+        _relink_superseded(conn, org_id, memory_id)
         if draft.supersedes:
             conn.execute(
                 "UPDATE memories SET superseded_by = %s WHERE org_id = %s AND id = ANY(%s)",
@@ -973,10 +983,7 @@ class PostgresStore:
                 " body = NULL, updated_at = %s WHERE org_id = %s AND id = %s",
                 (now, now, org_id, memory_id),
             )
-            conn.execute(
-                "UPDATE memories SET superseded_by = NULL WHERE org_id = %s AND superseded_by = %s",
-                (org_id, memory_id),
-            )
+            _relink_superseded(conn, org_id, memory_id)
             _bump(conn, org_id)
 
     def get_memory(self, org_id: str, memory_id: str, audiences: frozenset[str] | None) -> Memory:

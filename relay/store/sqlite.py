@@ -536,10 +536,7 @@ class SQLiteStore:
             new_audiences=draft.audiences,
         )
         # Supersession is a relation between live memories: recompute both directions.
-        conn.execute(
-            "UPDATE memories SET superseded_by = NULL WHERE org_id = ? AND superseded_by = ?",
-            (org_id, memory_id),
-        )
+        _relink_superseded(conn, org_id, memory_id)
         conn.executemany(
             "UPDATE memories SET superseded_by = ? WHERE org_id = ? AND id = ?",
             [(memory_id, org_id, target) for target in draft.supersedes],
@@ -633,10 +630,7 @@ class SQLiteStore:
                 " body = NULL, updated_at = ? WHERE org_id = ? AND id = ?",
                 (now, now, org_id, memory_id),
             )
-            conn.execute(
-                "UPDATE memories SET superseded_by = NULL WHERE org_id = ? AND superseded_by = ?",
-                (org_id, memory_id),
-            )
+            _relink_superseded(conn, org_id, memory_id)
             _bump(conn, org_id)
 
     def get_memory(self, org_id: str, memory_id: str, audiences: frozenset[str] | None) -> Memory:
@@ -1053,6 +1047,21 @@ def _readable(
         )
         found.update(r[0] for r in conn.execute(sql, (org_id, *chunk, *reader)))
     return found
+
+
+def _relink_superseded(conn: sqlite3.Connection, org_id: str, memory_id: str) -> None:
+    """Point each memory `memory_id` was marked as superseding (before this edit or delete,
+    already saved) at the latest-written live memory that still supersedes it, or at none:
+    two memories may supersede one, and losing one of them must not bring it back."""
+    conn.execute(
+        "UPDATE memories SET superseded_by = ("
+        " SELECT s.id FROM memories s, json_each(s.supersedes) j"
+        " WHERE s.org_id = memories.org_id AND s.deleted_at IS NULL"
+        " AND s.supersedes != '[]' AND j.value = memories.id"
+        " ORDER BY s.updated_at DESC, s.id LIMIT 1)"
+        " WHERE org_id = ? AND superseded_by = ?",
+        (org_id, memory_id),
+    )
 
 
 def _bump(conn: sqlite3.Connection, org_id: str) -> None:
