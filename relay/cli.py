@@ -872,14 +872,20 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
     memories = read_export(text, name)
     with _progress_bar(len(memories), "restoring") as bar:
         tally = restore_memories(client, memories, name, bar.update)
-    dropped = (
-        f", {tally.dropped_links} supersedes link(s) to memories not here dropped"
-        if tally.dropped_links
-        else ""
+    links = "".join(
+        [
+            f", {tally.dropped_links} supersedes link(s) to memories not here dropped"
+            if tally.dropped_links
+            else "",
+            f", {tally.unseen_links} supersedes link(s) to memories this key cannot read"
+            " left as the server holds them"
+            if tally.unseen_links
+            else "",
+        ]
     )
     click.echo(
         f"restored {tally.restored} memories: {tally.written} new or changed,"
-        f" {tally.unchanged} unchanged, {tally.expired} expired skipped{dropped}"
+        f" {tally.unchanged} unchanged, {tally.expired} expired skipped{links}"
     )
 
 

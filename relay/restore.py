@@ -18,7 +18,8 @@ What a write would refuse, and what a restore must still get right:
   server shows it on that memory: then it is kept, so restoring into the server the file
   came from changes nothing. The server shows a key only the links it may follow, and
   keeps the others whatever a write sends, so a superseded memory never comes back into
-  its readers' recall (and such a link, though counted, is not lost).
+  its readers' recall: where the server says it withholds links on that memory, such a
+  link is counted apart, as left to the server, not as dropped.
 - Every line is read and checked before anything is written: a malformed line stops the
   restore with its file and line. The server may still refuse a batch (an audience the
   organisation has no key for); the batches before it stay written.
@@ -88,6 +89,7 @@ class RestoreTally:
     unchanged: int = 0
     expired: int = 0
     dropped_links: int = 0
+    unseen_links: int = 0  # to memories the key cannot read, on a memory hiding links from it
 
 
 def is_exported_memory(value: object) -> bool:
@@ -257,6 +259,8 @@ def restore_memories(
                 waiting.append(target)  # a cycle: linked once the target is written
             elif links.held_by(memory.id, target):
                 kept.append(target)  # the server keeps a link it holds, readable or not
+            elif links.withholds_links(memory.id):
+                tally.unseen_links += 1  # maybe one of those: it stays if the server has it
             else:
                 tally.dropped_links += 1
         first.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": kept}))
@@ -300,6 +304,12 @@ class _Links:
         keeping it changes nothing (and dropping it would change the memory)."""
         stored = self.memory(memory_id)
         return stored is not None and target in stored.get("supersedes", ())
+
+    def withholds_links(self, memory_id: str) -> bool:
+        """Whether the server's `memory_id` supersedes memories this key cannot read: the
+        server keeps those links whatever a write sends, and does not say which they are."""
+        stored = self.memory(memory_id)
+        return stored is not None and stored.get("supersedes_withheld", 0) > 0
 
 
 def _send(client: RelayClient, batch: list[ExportedMemory], name: str) -> dict:

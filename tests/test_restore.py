@@ -327,6 +327,23 @@ def test_links_to_memories_not_in_the_file(tmp_path, source, target):
     )
     assert get(source, "/v1/memories/ln-new").json()["supersedes"] == ["ln-old-ops"]
 
+    # The admin's export names ln-old-ops on ln-new: restored by the dev key, the link it
+    # cannot read stays on the server, and is not counted as dropped.
+    assert run(source, tmp_path, "export", "-o", "all.jsonl").returncode == 0
+    (tmp_path / "admin-new.jsonl").write_text(
+        "".join(
+            line + "\n"
+            for line in (tmp_path / "all.jsonl").read_text().splitlines()
+            if json.loads(line)["id"] == "ln-new"
+        )
+    )
+    unseen = run(source, tmp_path, "restore", "admin-new.jsonl", key=dev)
+    assert summary(unseen) == (
+        "restored 1 memories: 0 new or changed, 1 unchanged, 0 expired skipped, 1 supersedes"
+        " link(s) to memories this key cannot read left as the server holds them"
+    )
+    assert get(source, "/v1/memories/ln-new").json()["supersedes"] == ["ln-old-ops"]
+
     # ln-newer's link to the deleted ln-gone is the only one that cannot come back.
     (tmp_path / "newer.jsonl").write_text(
         "\n".join(json.dumps(m) for m in exported if m["id"] == "ln-newer") + "\n"
