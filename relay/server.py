@@ -685,9 +685,31 @@ ERROR_SCHEMA = {
 }
 
 
+BEARER_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "A Relay API key (`relay_...`), as `Authorization: Bearer relay_...`",
+}
+
+
+def _bearer_security(operation: dict[str, Any]) -> None:
+    """An operation that reads the `Authorization` header declares the bearer scheme in its
+    place, so clients and generators see how to authenticate, not a free-form header."""
+    parameters = operation.get("parameters", [])
+    kept = [p for p in parameters if not (p.get("in") == "header" and p["name"] == "authorization")]
+    if len(kept) == len(parameters):
+        return
+    operation["security"] = [{"bearerKey": []}]
+    if kept:
+        operation["parameters"] = kept
+    else:
+        operation.pop("parameters", None)
+
+
 def _openapi_with_error_shape(app: FastAPI) -> Callable[[], dict[str, Any]]:
     """The framework's description, with the one error shape every endpoint really answers
-    with in place of the validation-error schema it assumes (which no response carries)."""
+    with in place of the validation-error schema it assumes (which no response carries), and
+    the bearer key scheme in place of a free-form `Authorization` header."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -702,11 +724,14 @@ def _openapi_with_error_shape(app: FastAPI) -> Callable[[], dict[str, Any]]:
             "description": "Error: {'error': {'code', 'message', 'status'}}",
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
         }
+        schemes = spec["components"].setdefault("securitySchemes", {})
+        schemes["bearerKey"] = BEARER_SCHEME
         for operations in spec.get("paths", {}).values():
             for operation in operations.values():
                 responses = operation.setdefault("responses", {})
                 responses.pop("422", None)
                 responses["4XX"] = responses["5XX"] = error
+                _bearer_security(operation)
         return spec
 
     return openapi

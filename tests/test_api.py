@@ -1585,6 +1585,19 @@ def test_health_metrics_and_openapi(api):
     assert search_responses["4XX"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/Error"
     }
+    # QA: the key was described as a free-form header on every operation
+    assert spec["components"]["securitySchemes"]["bearerKey"]["scheme"] == "bearer"
+    secured = {
+        (path, method)
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+        if operation.get("security") == [{"bearerKey": []}]
+    }
+    assert ("/v1/search", "post") in secured and ("/v1/keys", "get") in secured
+    assert ("/healthz", "get") not in secured and ("/metrics", "get") not in secured
+    assert "authorization" not in json.dumps(spec["paths"]).lower()
+    listing = spec["paths"]["/v1/memories"]["get"]["parameters"]
+    assert {"cursor", "limit"} <= {p["name"] for p in listing}
 
 
 def test_editing_an_expired_memory_keeps_its_expiry_unless_changed(api):
