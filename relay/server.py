@@ -649,9 +649,16 @@ def create_app(services: Services) -> FastAPI:
         return {**minted.key.to_dict(), "secret": minted.secret}
 
     @app.get("/v1/keys", tags=["keys"])
-    def list_keys(p: Auth) -> dict[str, Any]:
+    def list_keys(
+        p: Auth, limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: str | None = None
+    ) -> dict[str, Any]:
         auth.require(p, "admin")
-        return {"items": [k.to_dict() for k in store.list_keys(p.org_id)]}
+        keys = store.list_keys(p.org_id, limit + 1, decode_cursor(cursor))
+        more = len(keys) > limit
+        return {
+            "items": [k.to_dict() for k in keys[:limit]],
+            "next_cursor": encode_cursor(keys[limit - 1].id if more else None),
+        }
 
     @app.delete("/v1/keys/{key_id}", tags=["keys"])
     def revoke_key(key_id: str, p: Auth) -> dict[str, Any]:

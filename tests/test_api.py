@@ -1445,6 +1445,33 @@ def test_keys_are_created_listed_and_never_show_their_secret_again(api):
     assert len(api.client.get("/v1/keys", headers=h).json()["items"]) == len(listed)
 
 
+def test_keys_are_listed_a_page_at_a_time_oldest_first(api):
+    h = api.headers("acme_admin")
+    for i in range(5):
+        r = api.client.post(
+            "/v1/keys", json={"name": f"ci {i}", "scopes": ["memory:read"]}, headers=h
+        )
+        assert r.status_code == 201
+    everything = api.client.get("/v1/keys", headers=h).json()
+    assert everything["next_cursor"] is None
+    pages, cursor = [], None
+    while True:
+        params = {"limit": 2} if cursor is None else {"limit": 2, "cursor": cursor}
+        page = api.client.get("/v1/keys", params=params, headers=h).json()
+        pages.append([k["id"] for k in page["items"]])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [k for p in pages for k in p] == [k["id"] for k in everything["items"]]
+    assert all(len(p) == 2 for p in pages[:-1]) and 1 <= len(pages[-1]) <= 2
+    names = [k["name"] for k in everything["items"]]
+    assert names[-5:] == [f"ci {i}" for i in range(5)]
+    too_many = api.client.get("/v1/keys", params={"limit": 501}, headers=h)
+    assert_error(too_many, 422, "invalid_request")
+    forged = api.client.get("/v1/keys", params={"cursor": "bm9wZQ.x"}, headers=h)
+    assert_error(forged, 400, "invalid_request")
+
+
 def test_a_key_s_roles_are_named_and_normalised_like_audiences(api):
     """QA: roles "Platform", "", "Ops Team" and a 3,000-character one were accepted, but a
     memory's audiences are lower-cased and must match [a-z0-9_.-]{1,64}, so no memory could

@@ -166,7 +166,21 @@ def test_tenants_never_see_each_other(store):
     with pytest.raises(NotFoundError):
         store.revoke_key(b, "ka")
     assert store.list_keys(b) == []
+    assert store.list_keys(b, 10, "ka") == []  # another org's key is no place to start from
     assert store.key_for_auth("ka")[0].org_id == a
+
+
+def test_keys_are_paged_in_creation_order(store):
+    org = store.create_org("acme").id
+    for key_id in ("k3", "k1", "k2", "k0"):
+        store.create_key(org, key_id, "h", key_id, frozenset({"admin"}), frozenset(), None)
+    everything = [k.id for k in store.list_keys(org)]
+    assert sorted(everything) == ["k0", "k1", "k2", "k3"]
+    pages, after = [], None
+    while page := [k.id for k in store.list_keys(org, 3, after)]:
+        pages.append(page)
+        after = page[-1]
+    assert pages == [everything[:3], everything[3:]]
 
 
 def test_orgs_keys_and_cache(store):

@@ -664,10 +664,15 @@ class PostgresStore:
             row = conn.execute("SELECT * FROM api_keys WHERE id = %s", (key_id,)).fetchone()
         return None if row is None else (_key(row), row["secret_hash"])
 
-    def list_keys(self, org_id: str) -> list[ApiKey]:
+    def list_keys(
+        self, org_id: str, limit: int | None = None, after: str | None = None
+    ) -> list[ApiKey]:
         with self._tx(org_id) as conn:
             rows = conn.execute(
-                "SELECT * FROM api_keys WHERE org_id = %s ORDER BY created_at", (org_id,)
+                "SELECT * FROM api_keys WHERE org_id = %s AND (%s::text IS NULL"
+                " OR (created_at, id) > (SELECT created_at, id FROM api_keys"
+                " WHERE org_id = %s AND id = %s)) ORDER BY created_at, id LIMIT %s",
+                (org_id, after, org_id, after, limit),
             ).fetchall()
         return [_key(r) for r in rows]
 

@@ -337,11 +337,18 @@ class SQLiteStore:
             )
         return None if row is None else (_key(row), row["secret_hash"])
 
-    def list_keys(self, org_id: str) -> list[ApiKey]:
+    def list_keys(
+        self, org_id: str, limit: int | None = None, after: str | None = None
+    ) -> list[ApiKey]:
         with translate_errors():
             rows = (
                 self._reader()
-                .execute("SELECT * FROM api_keys WHERE org_id = ? ORDER BY created_at", (org_id,))
+                .execute(
+                    "SELECT * FROM api_keys WHERE org_id = ? AND (? IS NULL OR (created_at, id)"
+                    " > (SELECT created_at, id FROM api_keys WHERE org_id = ? AND id = ?))"
+                    " ORDER BY created_at, id LIMIT ?",
+                    (org_id, after, org_id, after, -1 if limit is None else limit),  # -1: all
+                )
                 .fetchall()
             )
         return [_key(r) for r in rows]
