@@ -1,0 +1,85 @@
+"""The `relay` command.
+
+Server-side administration (`serve`, `org`, `key`) works on the database
+directly (`--db` / RELAY_DB); everything about memories talks to a running
+server over HTTP with the user's key (`--url`/`--key`, RELAY_URL/RELAY_API_KEY,
+or ~/.relay/config.json written by `relay install`), so it goes through the
+same authorization as every agent.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from relay import __version__
+from relay.errors import RelayError
+
+
+def main() -> None:
+    """Entry point: Relay errors become one clear line on stderr and their exit code."""
+    try:
+        cli.main(standalone_mode=False, prog_name="relay")
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except RelayError as exc:
+        click.echo(f"relay: error: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="relay")
+def cli() -> None:
+    """Relay: team memory for coding agents."""
+
+
+def _register() -> None:
+    """The commands, each in the module of the concept it serves."""
+    from relay.cli.admin import key, org
+    from relay.cli.bench import bench
+    from relay.cli.memories import edit, forget, history, remember, search
+    from relay.cli.serve import serve
+    from relay.cli.transfer import export, import_, restore
+    from relay.doctor import doctor
+    from relay.drills import drill
+    from relay.eval.commands import eval_group
+    from relay.hook_bench import hook as bench_hook
+    from relay.hook_stats import stats
+    from relay.install import install, uninstall
+    from relay.mcp_server import mcp_command
+    from relay.migrate import migrate
+    from relay.skill import skill
+
+    cli.add_command(stats)
+    cli.add_command(migrate)
+    cli.add_command(eval_group)
+    cli.add_command(drill)
+    bench.add_command(bench_hook)
+    for command in (
+        serve,
+        org,
+        key,
+        remember,
+        edit,
+        forget,
+        history,
+        search,
+        import_,
+        export,
+        restore,
+        bench,
+        install,
+        uninstall,
+        doctor,
+        skill,
+        mcp_command,
+    ):
+        cli.add_command(command)
+
+
+_register()

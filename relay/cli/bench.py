@@ -1,0 +1,203 @@
+"""`relay bench`: benchmarks; results go to BENCHMARKS.md with the command that made them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from relay.cli.common import (
+    echo_json,
+    pin_blas,
+)
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks; results go to BENCHMARKS.md with the command that produced them."""
+    pin_blas()  # here, before any subcommand's imports load numpy
+
+
+def _bench_embedder(provider: str):  # noqa: ANN202
+    from relay.embedding import load_embedder
+
+    return load_embedder(provider, 1)
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@bench.command("recall")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the figures as JSON here.",
+)
+@click.option(
+    "--embedder",
+    default="onnx",
+    show_default=True,
+    type=click.Choice(["onnx", "sentence-transformers"]),
+    help="Embedding provider.",
+)
+@click.option(
+    "--mode",
+    "modes",
+    multiple=True,
+    type=click.Choice(["hybrid", "lexical", "semantic"]),
+    help="Modes to run (default: all three).",
+)
+def bench_recall(
+    folder: Path, json_path: Path | None, embedder: str, modes: tuple[str, ...]
+) -> None:
+    """Recall@k, nDCG, MRR, abstention and search time on a ../shared/bench folder."""
+    from relay import bench_recall as br
+
+    for name in ("memories.jsonl", "queries.jsonl"):
+        if not (folder / name).is_file():
+            raise click.UsageError(f"{folder} has no {name}: is it a ../shared/bench folder?")
+
+    result = br.run(
+        folder,
+        _bench_embedder(embedder),
+        modes=modes or ("hybrid", "lexical", "semantic"),
+        progress=_progress,
+    )
+    result["embedder"] = embedder
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    click.echo(br.render_table(result))
+
+
+@bench.command("search")
+@click.option(
+    "--store",
+    "kind",
+    type=click.Choice(["sqlite", "postgresql"]),
+    default="sqlite",
+    show_default=True,
+    help="Store to measure.",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["one-org", "orgs100"]),
+    help="one-org: all memories in one organisation (SQLite only; the default there). "
+    "orgs100: 100 organisations, one holding 40%, one 1% (the default for postgresql); "
+    "measures both, with recall, HTTP and two-replica throughput.",
+)
+@click.option(
+    "--memories",
+    "n",
+    type=click.IntRange(1),
+    default=100_000,
+    show_default=True,
+    help="Memories in all (one passage each).",
+)
+@click.option(
+    "--sizes",
+    help="orgs100: comma-separated sizes measured in turn as one database grows "
+    "(e.g. 100000,300000); overrides --memories.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the figures as JSON here.",
+)
+@click.option(
+    "--embedder",
+    default="onnx",
+    show_default=True,
+    type=click.Choice(["onnx", "sentence-transformers"]),
+    help="Embedding provider.",
+)
+@click.option(
+    "--db",
+    help="Keep the database here and reuse it (a size already loaded is not ingested "
+    "again; rows from before token matrices get theirs first): a SQLite file, or for "
+    "postgresql a postgresql:// URL or a folder where a local pgserver keeps its data. "
+    "Default: a throwaway one.",
+)
+@click.option(
+    "--bench-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The shared bench folder (default ../shared/bench).",
+)
+@click.option(
+    "--clients",
+    default="4,16,32",
+    show_default=True,
+    help="orgs100: concurrent clients per throughput level (two replicas).",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(0.1),
+    default=15.0,
+    show_default=True,
+    help="orgs100: seconds per throughput level.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="orgs100: passes over the queries in-process.",
+)
+def bench_search(
+    kind: str,
+    layout: str | None,
+    n: int,
+    sizes: str | None,
+    json_path: Path | None,
+    embedder: str,
+    db: str | None,
+    bench_dir: Path | None,
+    clients: str,
+    seconds: float,
+    rounds: int,
+) -> None:
+    """Search latency (in-process and over HTTP) and server memory at scale.
+
+    SQLite by default, one organisation. With --layout orgs100 (always for postgresql)
+    the memories are spread over 100 organisations and each search stage, the small
+    and big orgs' recall against exact search, the HTTP round trip and the throughput
+    of two `relay serve` replicas are measured; the load average is recorded with them.
+    """
+    from relay import bench_search as bs
+
+    layout = layout or ("orgs100" if kind == "postgresql" else "one-org")
+    if layout == "one-org":
+        if kind != "sqlite":
+            raise click.UsageError("--layout one-org is SQLite's; postgresql uses orgs100")
+        if sizes:
+            raise click.UsageError("--sizes needs --layout orgs100; use --memories")
+        result = bs.run(n, _bench_embedder(embedder), bench_dir or bs.BENCH, db, progress=_progress)
+    else:
+        from relay import bench_orgs
+
+        try:
+            sizes_list = [int(s) for s in (sizes or str(n)).split(",")]
+            client_levels = tuple(int(c) for c in clients.split(","))
+        except ValueError as exc:
+            raise click.UsageError(f"--sizes and --clients take integers: {exc}") from exc
+        if min(sizes_list) < bench_orgs.ORGS:
+            raise click.UsageError(f"orgs100 needs at least {bench_orgs.ORGS} memories")
+        result = bench_orgs.run(
+            kind,
+            sizes_list,
+            _bench_embedder(embedder),
+            bench_dir or bs.BENCH,
+            db,
+            progress=_progress,
+            clients=client_levels,
+            seconds=seconds,
+            rounds=rounds,
+        )
+    result["embedder"] = embedder
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    echo_json(result)

@@ -1,0 +1,255 @@
+"""`relay remember`, `edit`, `forget`, `history` and `search`: memories over HTTP, with the
+user's key, through the same authorization as every agent."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from relay.cli.common import (
+    client_options,
+    echo_json,
+)
+from relay.errors import InvalidRequestError
+
+
+def _memory_fields(
+    title, source, audiences, tags, valid_until, supersedes, pinned
+) -> dict[str, Any]:  # noqa: ANN001
+    fields: dict[str, Any] = {}
+    if valid_until is not None and not valid_until.strip():
+        raise click.UsageError(
+            "--valid-until needs an ISO 8601 date or time, like 2027-01-31 or "
+            "2027-01-31T18:00:00Z (relay edit --no-valid-until removes one)"
+        )
+    for name, value in (("title", title), ("source", source), ("valid_until", valid_until)):
+        if value is not None:
+            fields[name] = value
+    for name, value in (("audiences", audiences), ("tags", tags), ("supersedes", supersedes)):
+        if value:
+            fields[name] = list(value)
+    if pinned is not None:
+        fields["pinned"] = pinned
+    return fields
+
+
+def memory_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The fields of a new memory."""
+    return _memory_options(fn, "default all")
+
+
+def edit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The same fields for an edit: each one given replaces the memory's, the rest stay;
+    a --no-FIELD flag, listed after its field, removes a list or the end date."""
+    return _memory_options(fn, "replaces its audiences; kept if not given", clears=True)
+
+
+def _clear_option(field: str, help_text: str) -> Callable[..., Any]:
+    return click.option(
+        f"--no-{field.replace('_', '-')}", f"clear_{field}", is_flag=True, help=help_text
+    )
+
+
+def _memory_options(
+    fn: Callable[..., Any], audience_default: str, clears: bool = False
+) -> Callable[..., Any]:
+    options = [
+        click.option("--title", help="Short title."),
+        click.option("--source", help="Provenance, path-like (e.g. team/infra/clusters)."),
+        click.option(
+            "--audience",
+            "audiences",
+            multiple=True,
+            help=f"Role allowed to see it (repeatable; {audience_default}).",
+        ),
+        click.option(
+            "--tag",
+            "tags",
+            multiple=True,
+            help="Tag (repeatable"
+            + ("; replaces its tags; kept if not given)." if clears else ")."),
+        ),
+        clears and _clear_option("tags", "Remove all its tags."),
+        click.option(
+            "--valid-until",
+            help="ISO 8601 date-time after which recall (search, hook, MCP) never returns it.",
+        ),
+        clears
+        and _clear_option(
+            "valid_until",
+            "Remove its valid_until: it has no end date, and recall returns it again.",
+        ),
+        click.option(
+            "--supersedes", multiple=True, help="Id of a memory this one replaces (repeatable)."
+        ),
+        clears
+        and _clear_option(
+            "supersedes",
+            "Remove its supersedes links (links to memories this key cannot read stay).",
+        ),
+        click.option(
+            "--pinned/--not-pinned",
+            default=None,
+            help="Part of the team profile shown at session start.",
+        ),
+    ]
+    for opt in reversed([o for o in options if o]):
+        fn = opt(fn)
+    return fn
+
+
+def _memory_path(memory_id: str, rest: str = "") -> str:
+    from relay.client import memory_path  # imported when used: the CLI starts light
+
+    return memory_path(memory_id, rest)
+
+
+def _read_body(body: str | None) -> str | None:
+    if body != "-":
+        return body
+    raw = sys.stdin.buffer.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(
+            f"stdin is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})"
+        ) from None
+
+
+@click.command()
+@click.argument("body")
+@memory_options
+@click.option("--json", "as_json", is_flag=True, help="Print the stored memory as JSON.")
+@client_options
+def remember(client, body: str, as_json: bool, **opts: Any) -> None:  # noqa: ANN001
+    """Add a memory (BODY, or - to read it from stdin)."""
+    memory = client.post("/v1/memories", {"body": _read_body(body), **_memory_fields(**opts)})
+    if as_json:
+        echo_json(memory)
+    else:
+        click.echo(f"remembered {memory['id']} (revision {memory['revision']})")
+
+
+@click.command()
+@click.argument("memory_id")
+@click.option("--body", help="New text (or - for stdin).")
+@edit_options
+@click.option("--expected-revision", type=int, help="Fail if the memory moved on meanwhile.")
+@client_options
+def edit(
+    client,  # noqa: ANN001
+    memory_id: str,
+    body: str | None,
+    expected_revision: int | None,
+    clear_valid_until: bool,
+    clear_tags: bool,
+    clear_supersedes: bool,
+    **opts: Any,
+) -> None:
+    """Edit a memory: every edit is a new revision. A field not given keeps its value;
+    --title "" and --source "" remove them, --no-tags, --no-supersedes and --no-valid-until
+    remove those. The key needs memory:read as well as memory:write."""
+    fields = _memory_fields(**opts)
+    # (field, its --no- flag's value, the option that sets it)
+    cleared = (
+        ("valid_until", clear_valid_until, "--valid-until"),
+        ("tags", clear_tags, "--tag"),
+        ("supersedes", clear_supersedes, "--supersedes"),
+    )
+    for name, clear, option in cleared:
+        if not clear:
+            continue
+        if name in fields:
+            raise click.UsageError(f"give {option} or --no-{name.replace('_', '-')}, not both")
+        fields[name] = None  # null clears it (docs/http-api.md, PATCH)
+    if body is not None:
+        fields["body"] = _read_body(body)
+    if expected_revision is not None:
+        fields["expected_revision"] = expected_revision
+    if not fields:
+        raise click.UsageError("nothing to change: pass --body or another field")
+    memory = client.request("PATCH", _memory_path(memory_id), fields)
+    click.echo(f"{memory['id']} is now at revision {memory['revision']}")
+
+
+@click.command()
+@click.argument("memory_id")
+@client_options
+def forget(client, memory_id: str) -> None:  # noqa: ANN001
+    """Delete a memory everywhere at once (its history keeps a tombstone, not the text)."""
+    client.request("DELETE", _memory_path(memory_id))
+    click.echo(f"forgot {memory_id}")
+
+
+@click.command()
+@click.argument("memory_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@client_options
+def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
+    """Show every revision of a memory."""
+    items = client.get(_memory_path(memory_id, "/revisions"))["items"]
+    if as_json:
+        echo_json(items)
+        return
+    before: dict[str, Any] = {}
+    for r in items:
+        if r.get("withheld"):
+            text = "(withheld: written for audiences this key cannot read)"
+        else:
+            text = r["body"] if r["body"] is not None else "(deleted: text removed)"
+        head = f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}  {r['title'] or ''}"
+        click.echo(f"{head}\n    {text}")
+        if r.get("withheld") or r["action"] == "delete":
+            continue
+        # What else this revision changed: an edit of a tag or a date is a revision too.
+        fields = {name: r.get(name) for name in _HISTORY_FIELDS}
+        changed = [
+            f"{name}: {_shown(value)}"
+            for name, value in fields.items()
+            if value != before.get(name, [] if isinstance(value, list) else None)
+        ]
+        if changed:
+            click.echo("    (" + "; ".join(changed) + ")")
+        before = fields
+
+
+_HISTORY_FIELDS = ("source", "audiences", "tags", "valid_until", "supersedes")
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == []:
+        return "none"
+    return ", ".join(value) if isinstance(value, list) else str(value)
+
+
+@click.command()
+@click.argument("query")
+@click.option("-k", "k", default=5, show_default=True, type=click.IntRange(1, 12), help="Results.")
+@click.option(
+    "--mode",
+    type=click.Choice(["hybrid", "lexical", "semantic"]),
+    default="hybrid",
+    show_default=True,
+    help="Ranking signals to use.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw response.")
+@client_options
+def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noqa: ANN001
+    """Search team memory through the server's pipeline, as the recall hook does.
+
+    Lists everything the server returns above its threshold; the hook then injects at
+    most its max_records of these, scoring at least its min_score (docs/hook.md)."""
+    response = client.post(
+        "/v1/search", {"query": query, "k": k, "mode": mode, "deadline_ms": 2000}
+    )
+    if as_json:
+        echo_json(response)
+        return
+    if not response["results"]:
+        click.echo("nothing relevant")
+    for r in response["results"]:
+        head = f"[{r['score']:.2f}] {r['id']} rev {r['revision']}  {r['source'] or ''}"
+        click.echo(f"{head}  {r['title'] or ''}\n    {r['text']}")

@@ -1,0 +1,130 @@
+"""`relay serve`: the server, its listening socket, and the first organisation and key."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from relay import __version__
+from relay.cli.common import (
+    pin_blas,
+)
+from relay.errors import RelayError
+from relay.settings import SERVER_SETTINGS, resolve
+
+
+def _setting_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for s in reversed(SERVER_SETTINGS):
+        fn = click.option(
+            s.flag,
+            s.name,
+            type=s.type if s.type is not str else None,
+            default=None,
+            help=f"{s.help} [env {s.env}"
+            + ("]" if s.default is None else f"; default {s.default}]"),
+        )(fn)
+    return fn
+
+
+@click.command()
+@_setting_options
+@click.option(
+    "--org",
+    "first_org",
+    default="default",
+    show_default=True,
+    help="Name of the organisation created when the database has none.",
+)
+def serve(first_org: str, **given: Any) -> None:
+    """Run the Relay server (creates a first organisation and admin key on an empty database)."""
+    import logging
+
+    import uvicorn
+
+    from relay.server import asgi_app, build_services
+
+    conf = resolve(SERVER_SETTINGS, given)
+    pin_blas()
+    logging.basicConfig(level=conf["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
+    from relay.store import redact_url
+
+    listener = _listen(conf["host"], conf["port"])  # before anything is created or printed
+    services = build_services(conf)
+    store = services.store
+    shown = redact_url(conf["db"])
+    _warn_if_shared(conf["db"])
+    if not store.list_orgs():
+        from relay.auth import mint_key
+
+        org = store.create_org(first_org)
+        minted = mint_key(
+            store, org.id, "admin", frozenset({"admin", "memory:read", "memory:write"}), frozenset()
+        )
+        url = f"http://{conf['host']}:{conf['port']}"
+        relay = _relay_command()
+        click.echo(
+            f"\nCreated organisation {org.name!r} ({org.id}) in {shown}\n"
+            f"Admin API key (shown once, store it now):\n\n    {minted.secret}\n\n"
+            "Next, in another terminal, connect this machine and your agents, then add a memory:\n"
+            f"    {relay} install --url {url} --key {minted.secret}\n"
+            f'    {relay} remember "Staging is the blue cluster" --source team/infra\n'
+            f"    {relay} doctor\n"
+        )
+    click.echo(f"Relay {__version__} serving {shown} on http://{conf['host']}:{conf['port']}")
+    config = uvicorn.Config(
+        asgi_app(services, conf["max_inflight"], conf["max_body_bytes"]),
+        host=conf["host"],
+        port=conf["port"],
+        log_level=conf["log_level"],
+        access_log=False,
+    )
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before the database is touched: a port already
+    taken is one line, not an organisation and key made for a server that never ran."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = (
+            ": is another server running? choose another port with --port or RELAY_PORT"
+            if exc.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise RelayError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    return sock
+
+
+def _relay_command() -> str:
+    """`relay` as the user ran it (`.venv/bin/relay` from a clone), for commands to copy."""
+    ran = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "relay" else "relay"
+    return shlex.quote(ran)
+
+
+def _warn_if_shared(db: str) -> None:
+    """A SQLite file other users may read gives them every audience's memories."""
+    from relay.store import database_kind, sqlite_path
+
+    if database_kind(db) != "sqlite":
+        return
+    path = sqlite_path(db)
+    if not path.is_file():  # ":memory:", or a file still to be made
+        return
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o044:
+        click.echo(
+            f"warning: {path} is readable by other users of this machine (mode {mode:o}), and "
+            f"it holds every audience's memories; make it yours alone: chmod 600 {path}*",
+            err=True,
+        )

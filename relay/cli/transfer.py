@@ -1,0 +1,287 @@
+"""`relay import`, `export` and `restore`: memories in and out in bulk, over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import TextIO
+
+import click
+
+from relay.cli.common import (
+    client_options,
+    progress_bar,
+)
+from relay.errors import InvalidRequestError, RelayError
+
+
+@click.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Make sources relative to this folder instead (no repository name).",
+)
+@click.option(
+    "--source-prefix",
+    metavar="NAME",
+    help="Name that starts every source, in place of the repository's (or of ~ or /"
+    " outside a git work tree; '' for none).",
+)
+@click.option(
+    "--audience",
+    "audiences",
+    multiple=True,
+    help="Audience for every memory written (repeatable; default: a memory imported before"
+    " keeps its own, a new one is for all).",
+)
+@click.option(
+    "--keep-removed",
+    is_flag=True,
+    help="Keep the memories of sections no longer in a file (default: forget them).",
+)
+@client_options
+def import_(
+    client,  # noqa: ANN001
+    paths: tuple[Path, ...],
+    root: Path | None,
+    source_prefix: str | None,
+    audiences: tuple[str, ...],
+    keep_removed: bool,
+) -> None:
+    """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
+    section or rule.
+
+    Any other text file named explicitly (CONVENTIONS.txt, .windsurfrules) is read as
+    Markdown. Structured data (JSON, JSON lines, CSV, TSV, YAML, TOML, XML) is refused
+    and nothing is imported.
+
+    \b
+    Each memory's source names its file the same way from any folder:
+      - in a git work tree: <repository>/<path in the repository>, the repository
+        named by its origin remote (acme/shop-backend/AGENTS.md), else by its folder;
+      - elsewhere: where it sits on this machine, ~/notes/CLAUDE.md under your
+        home folder, else its absolute path (warned about: a teammate's copy
+        sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
+      - with --root: the path relative to that folder.
+    Ids derive from the source and the section, so re-importing is idempotent; a
+    section keeps its memory wherever it moves in the file, and an edit to it is a
+    new revision (a rule rewritten into another is a new memory).
+    Re-importing a file forgets the memories of sections it no longer has, and
+    importing a folder of a git work tree forgets those of its files deleted or renamed
+    since (not with --keep-removed); memories from other files or written by hand are
+    never touched. The file is the source of truth: a relay edit of an imported memory
+    is undone and a section deleted by hand comes back; the summary counts both."""
+    from relay.import_writer import ImportTally, check_drafts, import_files, vanished
+    from relay.importer import (
+        drafts_from_path,
+        folder_prefixes,
+        iter_import_files,
+        named_by_folder,
+        named_by_place,
+        source_for,
+    )
+
+    drafts_by_source, failed = {}, []
+    unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
+    placed: list[str] = []  # sources of files named by where they sit on this machine
+    files_by_source: dict[str, Path] = {}
+    for f in iter_import_files(paths):
+        work_tree = named_by_folder(f, root, source_prefix)
+        if work_tree is not None:
+            unnamed[work_tree] = None
+        try:
+            drafts = drafts_from_path(f, root, source_prefix)
+        except RelayError as exc:  # one unreadable file must not sink the rest
+            failed.append(f)
+            click.echo(f"relay: skipped {f}: {exc.message}", err=True)
+            continue
+        source = source_for(f, root, source_prefix)
+        if source in files_by_source:  # one would overwrite and retire the other's memories
+            raise InvalidRequestError(
+                f"{files_by_source[source]} and {f} would both be recorded as {source}, and"
+                " importing one would overwrite and retire the other's memories; nothing was"
+                " imported: import them apart, each with its own --source-prefix",
+                path=str(f),
+            )
+        files_by_source[source] = f
+        if named_by_place(f, root):
+            placed.append(source)
+        drafts_by_source[source] = drafts
+        if not drafts:
+            click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
+    if not drafts_by_source and not failed:
+        raise click.UsageError("no importable files found")
+    drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]
+    check_drafts(drafts, audiences)
+    for work_tree in unnamed:  # said once everything is checked, just before writing
+        click.echo(
+            f"relay: warning: {work_tree} has no origin remote, so its sources are named by"
+            f" its folder ({work_tree.name}/...): another repository in a folder of that name"
+            " would share them, and importing it would overwrite and retire these; name it"
+            " with --source-prefix",
+            err=True,
+        )
+    if placed:
+        more = f" and {len(placed) - 1} more" if len(placed) > 1 else ""
+        click.echo(
+            "relay: warning: outside any git work tree, a source names where the file sits"
+            f" on this machine ({placed[0]}{more}): a teammate's copy elsewhere becomes"
+            " memories of its own, and a different file at that place on their machine would"
+            " overwrite and retire these; to name a folder the same on every machine, import"
+            " it with --root FOLDER --source-prefix NAME",
+            err=True,
+        )
+    gone = (
+        {}
+        if keep_removed or root
+        else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
+    )
+    tally = ImportTally()
+    try:
+        with progress_bar(len(drafts), "importing") as bar:
+            import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone, tally)
+    except KeyboardInterrupt:
+        click.echo(
+            f"relay: interrupted with {tally.written + tally.unchanged} of {len(drafts)} memories"
+            f" imported ({tally.written} new or changed, {tally.unchanged} unchanged) and"
+            f" {tally.retired} retired; running the same import again finishes it",
+            err=True,
+        )
+        raise click.Abort() from None
+
+    # Not errors (the file is the source of truth), but neither should come as a surprise.
+    for d in tally.overwritten:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: edited since this text was"
+            f" imported; the file's text replaced the edit (relay history {d.id} shows it)",
+            err=True,
+        )
+    for d, was in tally.revived:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: its id {was} is taken (its memory"
+            " was deleted, by relay forget or when it left the file, or is one this key cannot"
+            f" read); imported again as {d.id}",
+            err=True,
+        )
+    also = ""
+    if n := len(tally.overwritten):
+        it = "it was" if n == 1 else "they were"
+        also += f"; {n} edited since {it} imported {'was' if n == 1 else 'were'} overwritten"
+    if n := len(tally.revived):
+        also += (
+            f"; {n} deleted before (or hidden from this key)"
+            f" {'was' if n == 1 else 'were'} imported again"
+        )
+    click.echo(
+        f"imported {len(drafts)} memories: {tally.written} new or changed,"
+        f" {tally.unchanged} unchanged, {tally.retired} retired{also}"
+    )
+    if failed:
+        raise click.ClickException(f"{len(failed)} file(s) could not be imported (see above)")
+
+
+@click.command()
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    default="-",
+    help="File to write (default stdout); replaced only once the whole export is read.",
+)
+@client_options
+def export(client, output: Path) -> None:  # noqa: ANN001
+    """Export every memory the key may read as JSONL (relay restore reads it back).
+
+    Expired and superseded memories are included; deleted ones are not. A file is
+    written beside its final name (readable by you alone) and renamed into place at
+    the end: an export that fails midway leaves an earlier backup as it was."""
+    if str(output) == "-":
+        _export_pages(client, sys.stdout)
+        return
+    import tempfile
+
+    try:
+        fd, partial = tempfile.mkstemp(
+            prefix=f".{output.name}.", suffix=".partial", dir=output.resolve().parent
+        )
+    except OSError as exc:
+        raise RelayError(f"cannot write {output}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            _export_pages(client, fh)
+        os.replace(partial, output)
+    except BaseException:
+        os.unlink(partial)
+        raise
+
+
+def _export_pages(client, out: TextIO) -> None:  # noqa: ANN001
+    cursor = None
+    while True:
+        query = "" if cursor is None else "&cursor=" + urllib.parse.quote(cursor)
+        page = client.get("/v1/memories?limit=500" + query)
+        for item in page["items"]:
+            out.write(json.dumps(item, ensure_ascii=False) + "\n")
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+
+
+@click.command()
+@click.argument(
+    "file", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path)
+)
+@client_options
+def restore(client, file: Path) -> None:  # noqa: ANN001
+    """Restore the memories of a relay export file (FILE, or - for stdin).
+
+    \b
+    Each memory is written back under its id with its title, body, source,
+    audiences, tags, valid_until, supersedes and pinned, through the checks every
+    write passes: the key writes only what it may, and each audience must be a role
+    some key of the organisation carries. Restoring again changes nothing.
+    Not carried: revision history and authorship. A memory new to the organisation
+    starts at revision 1, written by this key, dated now.
+    \b
+    - memories already expired (or expiring within 5 minutes) are skipped and counted;
+    - a memory is written after the memories of the file it supersedes;
+    - a supersedes link to a memory neither in the file nor readable with this key
+      here (deleted since, or outside the exporting key's audiences) is dropped and
+      counted, unless the server shows that link, which is then kept; the server
+      keeps the links it holds to memories this key cannot read without showing them,
+      so where it says a memory has such links, a link of the file it does not show
+      is counted as left to the server instead;
+    - a malformed line stops the restore, naming it, before anything is written;
+    - it also stops at a memory deleted here since (deleted ids are never reused) or
+      held here for audiences this key lacks, and at a batch the server refuses (an
+      unknown audience): the batches before stay written, and running the restore
+      again once fixed finishes it."""
+    from relay.restore import read_export, restore_memories
+
+    name = "<stdin>" if str(file) == "-" else str(file)
+    try:
+        text = sys.stdin.read() if name == "<stdin>" else file.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"{name} is not UTF-8 text") from None
+    memories = read_export(text, name)
+    with progress_bar(len(memories), "restoring") as bar:
+        tally = restore_memories(client, memories, name, bar.update)
+    links = "".join(
+        [
+            f", {tally.dropped_links} supersedes link(s) to memories not here dropped"
+            if tally.dropped_links
+            else "",
+            f", {tally.unseen_links} supersedes link(s) to memories this key cannot read"
+            " left as the server holds them"
+            if tally.unseen_links
+            else "",
+        ]
+    )
+    click.echo(
+        f"restored {tally.restored} memories: {tally.written} new or changed,"
+        f" {tally.unchanged} unchanged, {tally.expired} expired skipped{links}"
+    )
