@@ -259,6 +259,22 @@ def test_invalid_settings_file_is_refused_and_nothing_changes(tmp_path, server, 
     assert snapshot(home) == before
 
 
+def test_null_where_relay_registers_is_nothing_registered(tmp_path, server):
+    """QA: valid JSON with null for hooks or mcpServers crashed install with a traceback."""
+    home = tmp_path
+    write(home / ".claude/settings.json", '{"hooks": null}')
+    write(home / ".claude.json", '{"mcpServers": null, "numStartups": 2}')
+    write(home / ".codex/hooks.json", '{"hooks": {"UserPromptSubmit": null}}')
+    before = snapshot(home)
+    done = install(home, server)
+    assert done.returncode == 0, done.stderr
+    assert relay_entries(home / ".claude/settings.json")["UserPromptSubmit"] == 1
+    assert relay_entries(home / ".codex/hooks.json")["SessionStart"] == 1
+    assert "relay" in json.loads((home / ".claude.json").read_text())["mcpServers"]
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(home) == before
+
+
 def test_settings_whose_hooks_are_the_wrong_shape_are_refused(tmp_path, server):
     write(tmp_path / ".claude/settings.json", '{"hooks": ["not", "an", "object"]}')
     before = snapshot(tmp_path)
