@@ -398,17 +398,34 @@ def write_atomic(path: Path, data: bytes, mode: int, force_mode: bool = False) -
 
 
 def load_manifest(paths: Paths) -> dict[str, Any]:
+    """The install record: "files" (what install changed) and "dirs" (folders Relay made).
+    A key a record lacks means none, so a key added later needs no new MANIFEST_VERSION:
+    a record an older Relay wrote loads as it is."""
     try:
         data = json.loads(paths.manifest.read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) and data.get("version") == MANIFEST_VERSION else {}
+    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+        return {}
+    for key, empty in (("files", {}), ("dirs", [])):
+        data.setdefault(key, empty)
+    return data
+
+
+def new_manifest() -> dict[str, Any]:
+    return {"version": MANIFEST_VERSION, "files": {}, "dirs": []}
+
+
+def save_manifest(paths: Paths, manifest: dict[str, Any]) -> None:
+    ensure_dir(paths.relay_dir, manifest["dirs"])
+    data = (json.dumps(manifest, indent=2) + "\n").encode()
+    write_atomic(paths.manifest, data, 0o600, force_mode=True)
 
 
 def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> list[str]:
     """Back up, write and record every change (and whether the MCP server was registered,
     for `relay doctor`); one report line per file."""
-    manifest = load_manifest(paths) or {"version": MANIFEST_VERSION, "files": {}, "dirs": []}
+    manifest = load_manifest(paths) or new_manifest()
     created_dirs: list[str] = manifest["dirs"]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     lines = []
@@ -442,8 +459,7 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
         lines += [f"  note: {tilde(c.path, paths.home)}: {n}" for n in c.notes]
     manifest["url"] = url
     manifest["mcp"] = mcp
-    ensure_dir(paths.relay_dir, created_dirs)
-    write_atomic(paths.manifest, (json.dumps(manifest, indent=2) + "\n").encode(), 0o600)
+    save_manifest(paths, manifest)
     return lines
 
 
