@@ -309,6 +309,7 @@ class Doctor:
     def _hook_files(self) -> list[tuple[str, Path, bool]]:
         """(agent, hooks file, expected): from the install record, else the usual places."""
         out: list[tuple[str, Path, bool]] = []
+        installed = bool(self.manifest.get("files"))  # not a record of skill install's alone
         recorded = {
             Path(p)
             for p, rec in self.manifest.get("files", {}).items()
@@ -320,7 +321,7 @@ class Doctor:
         ):
             candidates = {path} | {p for p in recorded if _agent_of(p) == agent and p != path}
             for p in sorted(candidates):
-                expected = p in recorded or (not self.manifest and p.parent.exists())
+                expected = p in recorded or (not installed and p.parent.exists())
                 out.append((agent, p, expected))
         return out
 

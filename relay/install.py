@@ -14,6 +14,7 @@ created is deleted. Whatever else the user changed meanwhile is kept. Every file
 it will change is checked first (nothing is touched when one cannot be); then the
 agents' settings go first and Relay's own files, backups and record last, so a
 run stopped part way leaves what a second run needs, and says what is left.
+The files `relay skill install` recorded go too, unless edited since (relay/skill.py).
 """
 
 from __future__ import annotations
@@ -119,6 +120,15 @@ class Paths:
     @property
     def codex_config(self) -> Path:
         return self.codex_dir / "config.toml"
+
+    @property
+    def skills_dir(self) -> Path:
+        """Where `relay skill install` puts the skill's folder unless given --dir."""
+        return (self.project / ".claude" if self.project else self.claude_dir) / "skills"
+
+    @property
+    def skill_zip(self) -> Path:
+        return self.relay_dir / "relay-skill.zip"
 
     def script_in_command(self) -> str:
         """User settings name the script by absolute path; project settings, shared by a
@@ -398,22 +408,22 @@ def write_atomic(path: Path, data: bytes, mode: int, force_mode: bool = False) -
 
 
 def load_manifest(paths: Paths) -> dict[str, Any]:
-    """The install record: "files" (what install changed) and "dirs" (folders Relay made).
-    A key a record lacks means none, so a key added later needs no new MANIFEST_VERSION:
-    a record an older Relay wrote loads as it is."""
+    """The install record: "files" (what install changed), "dirs" (folders Relay made) and,
+    since `relay skill install` records there too, "skills". A key a record lacks means
+    none, so a record an older Relay wrote loads as it is: MANIFEST_VERSION stays 1."""
     try:
         data = json.loads(paths.manifest.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
         return {}
-    for key, empty in (("files", {}), ("dirs", [])):
+    for key, empty in (("files", {}), ("dirs", []), ("skills", {})):
         data.setdefault(key, empty)
     return data
 
 
 def new_manifest() -> dict[str, Any]:
-    return {"version": MANIFEST_VERSION, "files": {}, "dirs": []}
+    return {"version": MANIFEST_VERSION, "files": {}, "dirs": [], "skills": {}}
 
 
 def save_manifest(paths: Paths, manifest: dict[str, Any]) -> None:
@@ -619,7 +629,8 @@ def apply_uninstall(
                 c.path.unlink(missing_ok=True)
                 line = f"  removed    {label}  ({c.what})"
             elif not c.changed:
-                line = f"  unchanged  {label}"
+                why = "; ".join(c.notes)  # a skill file edited since: kept, and why
+                line = f"  kept       {label}  ({why})" if why else f"  unchanged  {label}"
             else:
                 write_atomic(c.path, c.after, 0o644)
                 line = f"  restored   {label}  (without {c.what})"
@@ -634,11 +645,11 @@ def apply_uninstall(
         except OSError as exc:
             done = [tilde(x.path, paths.home) for x in ordered if x.changed]
             raise _stopped(tilde(path, paths.home), exc, done, []) from exc
-    for d in sorted(manifest.get("dirs", []), key=len, reverse=True):
-        try:
+    # The skill's folder goes once empty, even when an older `relay skill install` made it.
+    skill_dirs = [str(c.path.parent) for c in ordered if c.role == "skill" and c.after is None]
+    for d in sorted({*manifest.get("dirs", []), *skill_dirs}, key=len, reverse=True):
+        with contextlib.suppress(OSError):
             Path(d).rmdir()  # only if empty: the hook's state or a database may live there
-        except OSError:
-            pass
 
 
 def _stopped(label: str, exc: OSError, done: list[str], left: list[str]) -> RelayError:
@@ -651,7 +662,10 @@ def _stopped(label: str, exc: OSError, done: list[str], left: list[str]) -> Rela
 
 
 def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
-    """No record of what install did: strip Relay's entries from the usual places only."""
+    """No record of what install did: strip Relay's entries from the usual places only, and
+    remove the skill's files from theirs where they are exactly what this Relay writes."""
+    from relay import skill
+
     records = {
         str(paths.claude_settings): {"role": "hooks-json"},
         str(paths.codex_hooks): {"role": "hooks-json"},
@@ -665,7 +679,7 @@ def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
                 paths.script, "hook-script", read_bytes(paths.script), None, "recall hook script"
             )
         )
-    return changes
+    return changes + skill.plan_unrecorded_removal(paths)
 
 
 # -- verification -----------------------------------------------------------------------------
@@ -833,22 +847,37 @@ def install(
 @click.command("uninstall")
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
 def uninstall(dry_run: bool) -> None:
-    """Remove exactly what `relay install` added; originals come back where nothing else changed."""
+    """Remove exactly what `relay install` and `relay skill install` added; originals come
+    back where nothing else changed, and a skill file you edited stays."""
+    from relay import skill
+
     paths = default_paths()
     manifest = load_manifest(paths)
     warnings: list[str] = []
-    if manifest:
+    if manifest.get("files"):
         changes, warnings = plan_uninstall(paths, manifest)
+        # A skill an older Relay wrote, before skill install kept a record
+        changes += skill.plan_unrecorded_removal(paths)
     else:
-        click.echo("No install record (~/.relay/install.json): removing Relay's entries only.")
+        if manifest:
+            click.echo("No `relay install` recorded: removing Relay's entries only.")
+        else:
+            click.echo("No install record (~/.relay/install.json): removing Relay's entries only.")
         changes = plan_uninstall_without_manifest(paths)
+    recorded = skill.plan_removal(manifest.get("skills", {}))
+    changes = [c for c in changes if c.path not in {r.path for r in recorded}] + recorded
     if dry_run:
-        for c in uninstall_order(changes):
-            state = "remove" if c.after is None else "restore" if c.changed else "keep"
-            click.echo(f"  would {state:<8} {tilde(c.path, paths.home)}")
+        _dry_run(changes, paths)
         return
     for warning in warnings:
         click.echo(f"  warning: {warning}", err=True)
     refuse_blocked("uninstall", blockers(changes, paths, manifest))
     apply_uninstall(changes, paths, manifest, click.echo)
     click.echo("Relay is no longer wired into the agents on this machine.")
+
+
+def _dry_run(changes: list[Change], paths: Paths) -> None:
+    for c in uninstall_order(changes):
+        state = "remove" if c.after is None else "restore" if c.changed else "keep"
+        notes = f"  ({'; '.join(c.notes)})" if c.notes else ""
+        click.echo(f"  would {state:<8} {tilde(c.path, paths.home)}{notes}")

@@ -670,3 +670,13 @@ def test_the_breaker_says_what_it_does_open_and_half_open(tmp_path, server):
         "cool-down is over, and the next prompt's search probes the server; an answer closes "
         "it, a failure opens it again"
     )
+
+
+def test_a_record_of_skill_install_alone_is_not_an_install(tmp_path):
+    """Skill install records its files in install.json; doctor took any record for one
+    that `relay install` wrote, and stopped naming the missing hooks in ~/.claude."""
+    assert relay(tmp_path, "skill", "install").returncode == 0
+    assert (tmp_path / ".relay/install.json").exists()
+    assert (
+        "hooks: Claude Code: no Relay hooks in ~/.claude/settings.json: no automatic recall"
+    ) in failures(tmp_path)

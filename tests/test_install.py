@@ -509,6 +509,45 @@ def test_project_install_uses_home_relative_commands(tmp_path, server):
     assert all(name.startswith(".relay/state/") for name in snapshot(home))  # the hook's own log
 
 
+# -- the install record: skill install's files -----------------------------------------------
+def manifest_of(home: Path) -> dict:
+    return json.loads((home / ".relay/install.json").read_text())
+
+
+def test_skill_install_adds_to_the_record_an_older_install_wrote(tmp_path, server):
+    """Skill install records its files in install.json: beside install's records, in a
+    record an older Relay wrote (no "skills"), and uninstall then takes out both."""
+    home = tmp_path
+    assert install(home, server).returncode == 0
+    manifest = manifest_of(home)
+    older = {k: v for k, v in manifest.items() if k != "skills"}
+    (home / ".relay/install.json").write_text(json.dumps(older, indent=2))
+    assert relay(home, "skill", "install").returncode == 0
+    both = manifest_of(home)
+    assert both["files"] == manifest["files"] and both["version"] == 1
+    assert set(both["skills"]) == {
+        str(home / ".claude/skills/relay/SKILL.md"),
+        str(home / ".relay/relay-skill.zip"),
+    }
+    assert relay(home, "doctor").returncode == 0
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(home) == {}
+    assert list(home.iterdir()) == []
+
+
+def test_uninstall_removes_a_skill_installed_before_skill_install_kept_a_record(tmp_path, server):
+    home = tmp_path
+    assert install(home, server).returncode == 0
+    assert relay(home, "skill", "install").returncode == 0
+    manifest = manifest_of(home)
+    del manifest["skills"]  # as an older Relay left it
+    (home / ".relay/install.json").write_text(json.dumps(manifest))
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert "removed    ~/.claude/skills/relay/SKILL.md" in done.stdout
+    assert snapshot(home) == {}
+
+
 # -- the registered commands, run as the agents run them -------------------------------------
 def prompt_payload(prompt: str, session: str = "sess-1", **extra) -> dict:
     return {
