@@ -15,6 +15,7 @@ it will change is checked first (nothing is touched when one cannot be); then th
 agents' settings go first and Relay's own files, backups and record last, so a
 run stopped part way leaves what a second run needs, and says what is left.
 The files `relay skill install` recorded go too, unless edited since (relay/skill.py).
+`--project DIR` undoes only the records under DIR and rewrites the record without them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import errno
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -618,9 +620,13 @@ def apply_uninstall(
     paths: Paths,
     manifest: dict[str, Any],
     echo: Callable[[str], None],
+    keep: dict[str, Any] | None = None,
+    command: str = "uninstall",
 ) -> None:
-    """Undo each change in `uninstall_order`, echoing a line for each as it is done; an
-    OSError part way becomes a RelayError naming what was not undone."""
+    """Undo each change in `uninstall_order`, echoing a line for each as it is done, then
+    remove the backups `manifest` names and the install record, or, given `keep` (what
+    `relay uninstall --project` leaves), rewrite the record as that. An OSError part way
+    becomes a RelayError naming what was not undone."""
     ordered = uninstall_order(changes)
     for i, c in enumerate(ordered):
         label = tilde(c.path, paths.home)
@@ -637,27 +643,40 @@ def apply_uninstall(
         except OSError as exc:
             done = [tilde(x.path, paths.home) for x in ordered[:i] if x.changed]
             left = [tilde(x.path, paths.home) for x in ordered[i:] if x.changed]
-            raise _stopped(label, exc, done, left) from exc
+            raise _stopped(label, exc, done, left, command) from exc
         echo(line)
     for path in _leftovers(paths, manifest):
+        if path == paths.manifest and keep is not None:
+            continue  # rewritten below, once the folders are gone
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
             done = [tilde(x.path, paths.home) for x in ordered if x.changed]
-            raise _stopped(tilde(path, paths.home), exc, done, []) from exc
+            raise _stopped(tilde(path, paths.home), exc, done, [], command) from exc
     # The skill's folder goes once empty, even when an older `relay skill install` made it.
     skill_dirs = [str(c.path.parent) for c in ordered if c.role == "skill" and c.after is None]
+    removed: set[str] = set()
     for d in sorted({*manifest.get("dirs", []), *skill_dirs}, key=len, reverse=True):
         with contextlib.suppress(OSError):
             Path(d).rmdir()  # only if empty: the hook's state or a database may live there
+            removed.add(d)
+    if keep is not None:
+        keep["dirs"] = [d for d in keep["dirs"] if d not in removed]
+        try:
+            save_manifest(paths, keep)
+        except OSError as exc:
+            done = [tilde(x.path, paths.home) for x in ordered if x.changed]
+            raise _stopped(tilde(paths.manifest, paths.home), exc, done, [], command) from exc
 
 
-def _stopped(label: str, exc: OSError, done: list[str], left: list[str]) -> RelayError:
+def _stopped(
+    label: str, exc: OSError, done: list[str], left: list[str], command: str = "uninstall"
+) -> RelayError:
     return RelayError(
         f"uninstall stopped at {label}: {exc.strerror or exc}. "
         f"Already undone: {', '.join(done) or 'nothing'}. "
         f"Not yet: {', '.join([*left, 'Relay backups and install record'])}. "
-        "Fix that, then run `relay uninstall` again: it goes on from there"
+        f"Fix that, then run `relay {command}` again: it goes on from there"
     )
 
 
@@ -680,6 +699,34 @@ def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
             )
         )
     return changes + skill.plan_unrecorded_removal(paths)
+
+
+def split_project(manifest: dict[str, Any], project: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the records of what install and skill install wrote under `project`, resolved as
+    they resolve it, and the rest of the manifest). Relay's own files serve every
+    project: they are never one project's."""
+    files = {
+        name: record
+        for name, record in manifest.get("files", {}).items()
+        if Path(name).is_relative_to(project) and record.get("role") not in OWN_FILES
+    }
+    skills = {
+        name: record
+        for name, record in manifest.get("skills", {}).items()
+        if Path(name).is_relative_to(project)
+    }
+    part = {
+        "files": files,
+        "skills": skills,
+        "dirs": [d for d in manifest.get("dirs", []) if Path(d).is_relative_to(project)],
+    }
+    rest = {
+        **manifest,
+        "files": {n: r for n, r in manifest.get("files", {}).items() if n not in files},
+        "skills": {n: r for n, r in manifest.get("skills", {}).items() if n not in skills},
+        "dirs": list(manifest.get("dirs", [])),
+    }
+    return part, rest
 
 
 # -- verification -----------------------------------------------------------------------------
@@ -837,22 +884,39 @@ def install(
     click.echo("")
     for line in trust_instructions(paths, agent_names, register_mcp):
         click.echo(line)
+    undo = "`relay uninstall`"
+    if paths.project is not None:
+        only = f"relay uninstall --project {shlex.quote(str(paths.project))}"
+        undo = f"`{only}` (this project only) or {undo} (all)"
     click.echo(
         f"Knobs: {tilde(paths.script, paths.home)} (takes effect on the next prompt). "
-        "Check everything with `relay doctor`; undo with `relay uninstall`. "
+        f"Check everything with `relay doctor`; undo with {undo}. "
         "The Relay skill: `relay skill install`."
     )
 
 
 @click.command("uninstall")
+@click.option(
+    "--project",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Undo only what install and skill install wrote under this project; keep the rest.",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
-def uninstall(dry_run: bool) -> None:
+def uninstall(project: Path | None, dry_run: bool) -> None:
     """Remove exactly what `relay install` and `relay skill install` added; originals come
-    back where nothing else changed, and a skill file you edited stays."""
+    back where nothing else changed, and a skill file you edited stays.
+
+    With --project DIR, only what `relay install --project DIR` and `relay skill install
+    --project DIR` wrote under DIR is undone; your user-level install (key, config, hook
+    script, MCP server) and other projects stay, and so does their install record.
+    """
     from relay import skill
 
     paths = default_paths()
     manifest = load_manifest(paths)
+    if project is not None:
+        _uninstall_project(paths, manifest, project.resolve(), dry_run)
+        return
     warnings: list[str] = []
     if manifest.get("files"):
         changes, warnings = plan_uninstall(paths, manifest)
@@ -874,6 +938,39 @@ def uninstall(dry_run: bool) -> None:
     refuse_blocked("uninstall", blockers(changes, paths, manifest))
     apply_uninstall(changes, paths, manifest, click.echo)
     click.echo("Relay is no longer wired into the agents on this machine.")
+
+
+def _uninstall_project(
+    paths: Paths, manifest: dict[str, Any], project: Path, dry_run: bool
+) -> None:
+    from relay import skill
+
+    where = tilde(project, paths.home)
+    part, rest = split_project(manifest, project)
+    if not part["files"] and not part["skills"]:
+        why = (
+            "~/.relay/install.json names no file that `relay install --project` or"
+            " `relay skill install --project` wrote there"
+            if manifest
+            else "there is no install record (~/.relay/install.json)"
+        )
+        click.echo(f"Nothing recorded for {where}: {why}. Nothing was changed.")
+        return
+    changes, warnings = plan_uninstall(paths, part)
+    changes += skill.plan_removal(part["skills"])
+    if dry_run:
+        _dry_run(changes, paths)
+        click.echo(f"  would rewrite  ~/.relay/install.json  (without {where}'s records)")
+        return
+    for warning in warnings:
+        click.echo(f"  warning: {warning}", err=True)
+    command = f"uninstall --project {shlex.quote(str(project))}"
+    refuse_blocked(command, blockers(changes, paths, part))
+    apply_uninstall(changes, paths, part, click.echo, keep=rest, command=command)
+    click.echo(
+        f"Relay is no longer wired into {where}; the user-level install and other projects"
+        " stay (`relay uninstall` takes out everything)."
+    )
 
 
 def _dry_run(changes: list[Change], paths: Paths) -> None:

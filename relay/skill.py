@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shlex
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -234,6 +235,9 @@ def skill_install(skills_dir: Path | None, project: Path | None, zip_path: Path 
     click.echo(f"  {state:<9}  {zip_path}")
     if record(paths, written, created_dirs):
         undo = "`relay uninstall` removes both files"
+        if paths.project is not None:
+            only = f"relay uninstall --project {shlex.quote(str(paths.project))}"
+            undo += f" (`{only}`: this project's only)"
     else:
         undo = (
             "Not recorded: ~/.relay/install.json is there but is not a record this Relay reads"

@@ -509,7 +509,7 @@ def test_project_install_uses_home_relative_commands(tmp_path, server):
     assert all(name.startswith(".relay/state/") for name in snapshot(home))  # the hook's own log
 
 
-# -- the install record: skill install's files -----------------------------------------------
+# -- the install record: skill install's files, and relay uninstall --project ----------------
 def manifest_of(home: Path) -> dict:
     return json.loads((home / ".relay/install.json").read_text())
 
@@ -546,6 +546,78 @@ def test_uninstall_removes_a_skill_installed_before_skill_install_kept_a_record(
     assert done.returncode == 0, done.stderr
     assert "removed    ~/.claude/skills/relay/SKILL.md" in done.stdout
     assert snapshot(home) == {}
+
+
+def recorded_under(manifest: dict, folder: Path) -> list[str]:
+    return [p for key in ("files", "skills") for p in manifest.get(key, {}) if folder.name in p]
+
+
+def test_project_uninstall_leaves_the_user_install_and_other_projects(tmp_path, server):
+    """`relay uninstall` undid every install at once: a project was taken out only with
+    the user-level wiring and every other project. `--project DIR` undoes DIR's records
+    alone, backups included, and rewrites the record for the rest."""
+    home, mine, other = tmp_path / "home", tmp_path / "mine", tmp_path / "other"
+    for folder in (home, mine, other):
+        folder.mkdir()
+    write(mine / ".claude/settings.json", EXISTING_SETTINGS)
+    write(other / ".claude/settings.json", EXISTING_SETTINGS)
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    mine_before, other_before, home_before = snapshot(mine), snapshot(other), snapshot(home)
+    assert install(home, server).returncode == 0
+    assert install(home, server, "--project", str(other)).returncode == 0
+    done = install(home, server, "--project", str(mine))
+    assert done.returncode == 0, done.stderr
+    assert f"relay uninstall --project {mine}` (this project only)" in done.stdout
+    assert relay(home, "skill", "install", "--project", str(mine)).returncode == 0
+    assert relay(home, "skill", "install").returncode == 0
+    home_installed, other_installed = snapshot(home), snapshot(other)
+    manifest = manifest_of(home)
+    backups = set(os.listdir(home / ".relay/backups"))
+    assert len(backups) == 3  # one settings.json each: user, other, mine
+
+    dry = relay(home, "uninstall", "--project", str(mine), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"would restore  {mine}/.claude/settings.json" in dry.stdout
+    assert f"would remove   {mine}/.claude/skills/relay/SKILL.md" in dry.stdout
+    assert "~/.relay" not in dry.stdout.replace("would rewrite  ~/.relay/install.json", "")
+    assert snapshot(home) == home_installed and manifest_of(home) == manifest
+
+    done = relay(home, "uninstall", "--project", str(mine))
+    assert done.returncode == 0, done.stderr
+    assert snapshot(mine) == mine_before  # the original back, byte for byte; the rest gone
+    assert sorted(p.name for p in mine.rglob("*")) == [".claude", "settings.json"]
+    assert snapshot(other) == other_installed
+    left = snapshot(home)
+    gone = set(home_installed) - set(left)
+    assert len(gone) == 1 and gone.pop().startswith(".relay/backups/")  # mine's backup only
+    assert {k: v for k, v in left.items() if k != ".relay/install.json"} == {
+        k: v for k, v in home_installed.items() if k in left and k != ".relay/install.json"
+    }
+    rewritten = manifest_of(home)
+    assert stat.S_IMODE((home / ".relay/install.json").stat().st_mode) == 0o600
+    assert recorded_under(rewritten, mine) == []
+    assert recorded_under(rewritten, other) == recorded_under(manifest, other) != []
+    for key in ("files", "skills"):
+        kept = {p: r for p, r in manifest[key].items() if not p.startswith(str(mine))}
+        assert rewritten[key] == kept
+    assert rewritten["url"] == manifest["url"]
+
+    again = relay(home, "uninstall", "--project", str(mine))
+    assert again.returncode == 0
+    assert again.stdout.startswith(f"Nothing recorded for {mine}") and "Nothing was changed" in (
+        again.stdout
+    )
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(other) == other_before and snapshot(home) == home_before
+
+
+def test_uninstall_help_names_the_project_and_the_skill():
+    from click.testing import CliRunner
+
+    from relay.cli import cli
+
+    out = CliRunner().invoke(cli, ["uninstall", "--help"], terminal_width=200).output
+    assert "--project" in out and "relay skill install" in out and "other projects" in out
 
 
 # -- the registered commands, run as the agents run them -------------------------------------

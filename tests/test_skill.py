@@ -109,6 +109,30 @@ def test_uninstall_keeps_a_skill_md_the_user_edited_and_says_so(tmp_path):
     assert snapshot(tmp_path) == {".claude/skills/relay/SKILL.md": (edited.encode(), 0o644)}
 
 
+def test_project_uninstall_removes_that_projects_skill_only(tmp_path):
+    home, mine, other = tmp_path / "home", tmp_path / "mine", tmp_path / "other"
+    for folder in (home, mine, other):
+        folder.mkdir()
+    assert relay(home, "skill", "install").returncode == 0
+    assert relay(home, "skill", "install", "--project", str(other)).returncode == 0
+    # A relative DIR, from inside the project, is recorded as the same absolute path.
+    assert relay(home, "skill", "install", "--project", ".", cwd=mine).returncode == 0
+    home_installed, other_installed = snapshot(home), snapshot(other)
+    manifest = manifest_of(home)
+    assert str(mine / ".claude/skills/relay/SKILL.md") in manifest["skills"]
+
+    dry = relay(home, "uninstall", "--project", str(mine), "--dry-run")
+    assert dry.returncode == 0 and f"would remove   {mine}/.claude/skills/relay" in dry.stdout
+    assert snapshot(mine) != {} and manifest_of(home) == manifest
+    done = relay(home, "uninstall", "--project", str(mine))
+    assert done.returncode == 0, done.stderr
+    assert list(mine.iterdir()) == []  # the folders skill install made went too
+    assert snapshot(other) == other_installed
+    assert set(home_installed) == set(snapshot(home))
+    skills = manifest_of(home)["skills"]
+    assert skills == {p: r for p, r in manifest["skills"].items() if not p.startswith(str(mine))}
+
+
 def test_without_a_record_uninstall_removes_only_an_exact_skill_md(tmp_path):
     """No install.json: the skill in its default place goes when it is byte for byte the
     one this Relay writes, and stays, said so, when it is not."""
