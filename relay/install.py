@@ -449,7 +449,9 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
         ensure_dir(c.path.parent, created_dirs)
         record = manifest["files"].get(str(c.path))
         backup = None
-        if c.before is not None:
+        # A key an earlier install wrote is not kept: uninstall restores only the original,
+        # and a secret replaced (say by a key with fewer rights) must not linger on disk.
+        if c.before is not None and not (c.role == "relay-key" and record is not None):
             ensure_dir(paths.backups, created_dirs)
             backup = paths.backups / f"{c.path.name}.{stamp}"
             n = 0
@@ -818,8 +820,16 @@ def trust_instructions(paths: Paths, agent_names: tuple[str, ...], mcp: bool) ->
 
 # -- commands ------------------------------------------------------------------------------------
 @click.command("install")
-@click.option("--url", envvar="RELAY_URL", help="Relay server URL (asked for when not given).")
-@click.option("--key", envvar="RELAY_API_KEY", help="API key (asked for when not given).")
+@click.option(
+    "--url",
+    envvar="RELAY_URL",
+    help="Relay server URL (default: the one installed before; else asked for).",
+)
+@click.option(
+    "--key",
+    envvar="RELAY_API_KEY",
+    help="API key (default: the one installed before; else asked for).",
+)
 @click.option(
     "--key-file",
     type=click.Path(dir_okay=False, exists=True),
@@ -858,6 +868,16 @@ def install(
         if key and source is click.core.ParameterSource.COMMANDLINE:
             raise click.UsageError("give --key or --key-file, not both")
         key = read_key_file(key_file)  # beats RELAY_API_KEY, as a flag beats the environment
+    if not url or not key:  # run again to repair or change one thing: keep the rest
+        from relay.hook import config as hook_config
+
+        installed = hook_config.load()
+        if not url and installed.url:
+            url = installed.url
+            click.echo(f"Server {url}, as installed (--url to change it)")
+        if not key and installed.api_key:
+            key = installed.api_key
+            click.echo("Key: the one installed (--key or --key-file to change it)")
     url = (url or click.prompt("Relay server URL", default="http://127.0.0.1:8765")).strip()
     key = (key or click.prompt("API key", hide_input=True)).strip()
     agent_names = agent_names or AGENTS

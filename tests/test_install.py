@@ -359,6 +359,26 @@ def test_key_file_mistakes_are_one_line_errors(tmp_path, server):
     assert (home / ".relay/key").read_text() == server["key"] + "\n"
 
 
+def test_running_install_again_keeps_the_installed_server_and_key(tmp_path, server):
+    """QA: `relay install --key NEW_KEY`, doctor's fix for a bad key, asked for the server's
+    URL again with a default of port 8765, and `relay install --agent claude-code` for both."""
+    home = tmp_path
+    assert install(home, server).returncode == 0
+    again = relay(home, "install", "--agent", "claude-code", stdin="")
+    assert again.returncode == 0, again.stderr
+    assert f"Server {server['url']}, as installed" in again.stdout
+    assert "Key: the one installed" in again.stdout
+    reader = mint(server["url"], server["admin"], "install-reader", ["memory:read"])["secret"]
+    swapped = relay(home, "install", "--key", reader, stdin="")
+    assert swapped.returncode == 0, swapped.stderr
+    assert (home / ".relay/key").read_text() == reader + "\n"
+    assert json.loads((home / ".relay/config.json").read_text())["url"] == server["url"]
+    # The key it replaced is not kept in a backup: only a key Relay did not write would be.
+    backups = home / ".relay/backups"
+    kept = [p.read_text() for p in backups.iterdir()] if backups.exists() else []
+    assert not any(server["key"] in text or reader in text for text in kept)
+
+
 def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
     home = tmp_path
     write(home / ".claude/settings.json", HOOK_LADEN_SETTINGS)
