@@ -39,16 +39,52 @@ def fraction(text: str) -> float:
     return value
 
 
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A whole number from `low` up to `high` (None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise ValueError(
+                f"{text} is not in {low}..{high}" if high is not None else f"{text} is below {low}"
+            )
+        return value
+
+    return parse
+
+
+def one_of(*names: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in names:
+            raise ValueError(f"{text!r} is not one of {', '.join(names)}")
+        return value
+
+    return parse
+
+
 SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("db", None, "SQLite file path, or a postgresql:// URL (default ~/.relay/relay.db)"),
     Setting("host", "127.0.0.1", "address to listen on"),
-    Setting("port", 8765, "port to listen on", int),
-    Setting("embedder", "onnx", "embedding provider: onnx (no torch) or sentence-transformers"),
-    Setting("embed_threads", 1, "threads the embedding model may use per call", int),
-    Setting("cache_entries", 10_000, "search results kept in the in-process cache (0: off)", int),
-    Setting("max_body_bytes", 262_144, "largest request body accepted", int),
-    Setting("max_inflight", 64, "requests served at once before shedding load with 503", int),
-    Setting("log_level", "info", "log level: debug, info, warning or error"),
+    Setting("port", 8765, "port to listen on (1 to 65535)", whole(1, 65535)),
+    Setting(
+        "embedder",
+        "onnx",
+        "embedding provider: onnx (no torch) or sentence-transformers",
+        one_of("onnx", "sentence-transformers"),
+    ),
+    Setting("embed_threads", 1, "threads the embedding model may use per call", whole(1, 64)),
+    Setting(
+        "cache_entries", 10_000, "search results kept in the in-process cache (0: off)", whole(0)
+    ),
+    Setting("max_body_bytes", 262_144, "largest request body accepted (1024 or more)", whole(1024)),
+    Setting("max_inflight", 64, "requests served at once before shedding load with 503", whole(1)),
+    Setting(
+        "log_level",
+        "info",
+        "log level: debug, info, warning or error",
+        one_of("debug", "info", "warning", "error"),
+    ),
     Setting(
         "threshold",
         None,
@@ -72,7 +108,7 @@ def resolve(
             try:
                 value = s.type(env[s.env])
             except ValueError as exc:
-                message = f"{s.env}={env[s.env]!r} is not a valid {s.name}"
+                message = f"{s.env}={env[s.env]!r} is not a valid {s.name}: {exc}"
                 raise InvalidRequestError(message) from exc
         out[s.name] = s.default if value is None else value
     if out.get("db") is None and any(s.name == "db" for s in settings):

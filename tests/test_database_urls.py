@@ -147,6 +147,34 @@ def test_serve_on_a_port_in_use_is_one_line_and_creates_nothing(tmp_path: Path):
     assert done.stdout == "" and not list(tmp_path.glob("r.db*"))
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [
+        ("--port", "99999", "99999 is not in 1..65535"),
+        ("--log-level", "loud", "'loud' is not one of debug, info, warning, error"),
+        ("--max-inflight", "0", "0 is below 1"),
+        ("--max-body-bytes", "-1", "-1 is below 1024"),
+        ("--cache-entries", "-5", "-5 is below 0"),
+        ("--embed-threads", "0", "0 is not in 1..64"),
+        ("--embedder", "torch", "'torch' is not one of onnx, sentence-transformers"),
+    ],
+)
+def test_serve_refuses_a_setting_out_of_range_before_anything(tmp_path: Path, flag, value, why):
+    """QA: --port 99999 and --log-level loud ended in tracebacks; --max-inflight 0 started a
+    server that answered every request 503, --max-body-bytes -1 one that took nothing."""
+    db = tmp_path / "r.db"
+    done = relay(tmp_path, "serve", "--db", str(db), flag, value)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"Error: Invalid value for '{flag}': {why}"
+    variable = "RELAY_" + flag[2:].upper().replace("-", "_")
+    done = relay(tmp_path, "serve", "--db", str(db), **{variable: value})
+    name = flag[2:].replace("-", "_")
+    assert one_line_error(done) == (
+        f"relay: error: {variable}={value!r} is not a valid {name}: {why}"
+    )
+    assert not list(tmp_path.glob("r.db*"))
+
+
 def test_serve_names_the_next_steps_of_the_readme(tmp_path: Path):
     """The first start's next step was to export RELAY_URL and RELAY_API_KEY, which `relay
     doctor` then warns about; it is the README's: install, remember, doctor, with the
