@@ -271,18 +271,31 @@ class HookChecks:
         return ok
 
     def _script_parses(self, script: Path) -> bool:
-        """sh can parse the script: it stops at a line it cannot, before it starts the hook
-        (behind the guard, with exit status 0 and nothing shown; without it, with 2, which
-        blocks the prompt in Claude Code); and a script without the guard is named. Each
-        finding once, however many agents run the script."""
+        """The kernel can start the script (its `#!` line names a program that runs: else
+        the agent's sh fails with 127 and shows the error on every prompt, the guard
+        inside never reached); sh can parse the script: it stops at a line it cannot,
+        before it starts the hook (behind the guard, with exit status 0 and nothing shown;
+        without it, with 2, which blocks the prompt in Claude Code); and a script without
+        the guard is named. Each finding once, however many agents run the script."""
         if script in self._scripts_checked:
             return self._scripts_checked[script]
-        reading = self._reading_of(script)
-        error = knob_script.syntax_error(script)
-        self._scripts_checked[script] = error is None
         rewrite = (
             f"run `relay install` to rewrite {self.home(script)} (knobs back to their defaults)"
         )
+        unstartable = knob_script.shebang_problem(script)
+        if unstartable is not None:
+            self._scripts_checked[script] = False
+            self.add(
+                "fail",
+                "hooks",
+                f"{self.home(script)} cannot be started: {unstartable}; the agent's sh fails "
+                "with exit status 127 and shows the error on every prompt, with no recall",
+                rewrite,
+            )
+            return False
+        reading = self._reading_of(script)
+        error = knob_script.syntax_error(script)
+        self._scripts_checked[script] = error is None
         if error is not None:
             suspect = reading.suspect()
             if suspect:  # sh may say where it gave up (the end of the file), not the line

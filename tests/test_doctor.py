@@ -670,3 +670,43 @@ def test_the_breaker_says_what_it_does_open_and_half_open(tmp_path, server):
         "cool-down is over, and the next prompt's search probes the server; an answer closes "
         "it, a failure opens it again"
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "cause"),
+    [
+        (
+            lambda text: text.replace("#!/bin/sh\n", "#!/bin/shh\n", 1),
+            "its first line, `#!/bin/shh`, names /bin/shh, which does not exist or is not "
+            "executable",
+        ),
+        (
+            lambda text: text.replace("\n", "\r\n"),
+            "its first line, `#!/bin/sh`, ends in a carriage return (\\r): the file has Windows "
+            "(CRLF) line endings, so the kernel looks for a program named '/bin/sh\\r', which "
+            "does not exist",
+        ),
+    ],
+    ids=["misspelt", "crlf"],
+)
+def test_a_knob_script_the_kernel_cannot_start_fails(tmp_path, server, edit, cause):
+    """QA: with `#!/bin/shh`, or the script saved with CRLF endings (`#!/bin/sh\\r`), the
+    registered command exits 127 with an error the agent shows on every prompt; doctor said
+    "Recall is wired up", or (CRLF) that the script stops behind its guard with status 0."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    script.write_bytes(edit(script.read_text()).encode())
+    command = registered_command(tmp_path / ".claude/settings.json", "UserPromptSubmit")
+    run = run_registered(command, tmp_path, {"session_id": "s", "prompt": "how do we deploy?"})
+    assert run.returncode == 127 and run.stderr, run
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "Recall is wired up" not in done.stdout
+    (failed,) = failures(tmp_path)  # once, though both agents run the script
+    assert failed == (
+        f"hooks: ~/.relay/relay-autosearch-hook.sh cannot be started: {cause}; the agent's sh "
+        "fails with exit status 127 and shows the error on every prompt, with no recall"
+    )
+    assert "fix: run `relay install` to rewrite ~/.relay/relay-autosearch-hook.sh" in done.stdout
+    installed(tmp_path, server.url, server.admin_key)
+    assert doctor(tmp_path).returncode == 0

@@ -193,3 +193,32 @@ def test_a_knob_line_outside_the_knobs_is_named_as_shell():
     )
     assert problem.fix == "move it among the knobs, above the `KNOBS` line"
     assert knob_script.read(text).handed({})["RELAY_DEADLINE_MS"] == "400"
+
+
+@pytest.mark.parametrize(
+    ("first", "problem"),
+    [
+        ("#!/bin/sh", None),
+        ("#! /bin/sh  ", None),  # spaces around the program are no part of it
+        ("#!/usr/bin/env sh", None),
+        ("# no shebang: sh runs the file itself", None),
+        ("#!/bin/shh", "names /bin/shh, which does not exist or is not executable"),
+        ("#!/bin/sh\r", "ends in a carriage return"),
+        ("#!", "names no program to run it"),
+        ("#!sh", "names sh, not an absolute path"),
+    ],
+)
+def test_the_shebang_is_read_as_the_kernel_reads_it(tmp_path, first, problem):
+    script = tmp_path / "hook.sh"
+    script.write_bytes(f"{first}\nexit 0\n".encode())
+    found = knob_script.shebang_problem(script)
+    assert found == problem if problem is None else problem in (found or ""), found
+
+
+def test_sh_that_cannot_be_run_is_not_taken_for_parsing(tmp_path):
+    script = tmp_path / "hook.sh"
+    script.write_text("#!/nowhere/bash\nexit 0\n")
+    assert (
+        knob_script.syntax_error(script)
+        == "/nowhere/bash cannot be run (No such file or directory)"
+    )
