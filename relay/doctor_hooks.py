@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -185,12 +186,21 @@ class HookChecks:
                 runs = False
             problem = _timeout_problem(agent, h.handler.get("timeout"), deadline)
             if problem:
-                self.add(
-                    "fail",
-                    "hooks",
-                    f"{where}: {problem}",
-                    f"remove the timeout or set it to {agents.HOOK_TIMEOUT_S} (seconds), or {fix}",
-                )
+                needed = math.ceil((deadline + HOOK_EXIT_MS) / 1000)
+                if needed <= agents.HOOK_TIMEOUT_S:
+                    remedy = (
+                        f"remove the timeout or set it to {agents.HOOK_TIMEOUT_S} (seconds), or "
+                        f"{fix}"
+                    )
+                else:  # what install writes is too short for this deadline too
+                    remedy = f"raise the timeout to at least {needed} (seconds), or remove it"
+                    allowed = _deadline_within(h.handler.get("timeout"))
+                    if allowed is not None:
+                        remedy += (
+                            f", or lower the hook's deadline to at most {allowed} ms (DEADLINE_MS"
+                            f" in {self.home(self.paths.script)})"
+                        )
+                self.add("fail", "hooks", f"{where}: {problem}", remedy)
                 runs = False
             if runs:
                 sound.append(h)
@@ -415,6 +425,19 @@ class HookChecks:
                 "Codex: the hooks run only once trusted; if recall never shows in Codex, type "
                 "/hooks in codex and trust the two Relay hooks",
             )
+
+
+def _deadline_within(timeout: object) -> int | None:
+    """The longest deadline (ms) a timeout of `timeout` seconds lets the hook finish in, if
+    any the hook takes (a number of seconds only)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return None
+    allowed = math.floor(timeout * 1000) - HOOK_EXIT_MS
+    return (
+        min(allowed, hook_config.DEADLINE_MAX_MS)
+        if allowed >= hook_config.DEADLINE_MIN_MS
+        else None
+    )
 
 
 def _timeout_problem(agent: str, timeout: object, deadline_ms: int) -> str | None:

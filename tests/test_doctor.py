@@ -710,3 +710,16 @@ def test_a_knob_script_the_kernel_cannot_start_fails(tmp_path, server, edit, cau
     assert "fix: run `relay install` to rewrite ~/.relay/relay-autosearch-hook.sh" in done.stdout
     installed(tmp_path, server.url, server.admin_key)
     assert doctor(tmp_path).returncode == 0
+
+
+def test_a_deadline_past_the_entries_timeout_gets_a_fix_that_works(tmp_path, server):
+    """QA: with DEADLINE_MS=4950 (the script takes up to 10000) the entries' timeout of 5 s
+    is too short, and the fix said to set it to 5 (seconds), which it already was."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace("DEADLINE_MS=400", "DEADLINE_MS=4950"))
+    fixes = {f["fix"] for f in findings(tmp_path) if f["level"] == "fail"}
+    assert fixes == {
+        "raise the timeout to at least 6 (seconds), or remove it, or lower the hook's deadline "
+        "to at most 4900 ms (DEADLINE_MS in ~/.relay/relay-autosearch-hook.sh)"
+    }, fixes
