@@ -106,6 +106,15 @@ class Doctor(HookChecks):
                     "fix the file or run `relay install` again",
                 )
                 return False
+        for name in raw:  # keys the hook skips unread: a typo that silently does nothing
+            why = hook_config.not_a_setting(name)
+            if why:
+                self.add(
+                    "warn",
+                    "config",
+                    f"the hook ignores {name} in {self.home(path)} ({why})",
+                    f"correct or remove {name} in {self.home(path)}",
+                )
         # The settings the hook runs with: the script's knobs beat the config file.
         script = self._script_reading if self._script_in_use() else None
         ignored: list[str] = []

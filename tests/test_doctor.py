@@ -723,3 +723,25 @@ def test_a_deadline_past_the_entries_timeout_gets_a_fix_that_works(tmp_path, ser
         "raise the timeout to at least 6 (seconds), or remove it, or lower the hook's deadline "
         "to at most 4900 ms (DEADLINE_MS in ~/.relay/relay-autosearch-hook.sh)"
     }, fixes
+
+
+def test_misspelt_keys_in_the_config_file_are_named(tmp_path, server):
+    """QA: max_record, profil and api_key_fil in ~/.relay/config.json, which the hook skips
+    unread, and doctor said nothing; `relay eval replay --config` names them, as this does."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    typos = {"max_record": 5, "profil": False, "api_key_fil": "~/.relay/key"}
+    config.write_text(json.dumps({**json.loads(config.read_text()), **typos}))
+    warned = [f for f in findings(tmp_path) if f["level"] == "warn"]
+    assert [(f["message"], f["fix"]) for f in warned] == [
+        (
+            f"the hook ignores {typo} in ~/.relay/config.json (not a setting; did you mean "
+            f"{meant}?)",
+            f"correct or remove {typo} in ~/.relay/config.json",
+        )
+        for typo, meant in [
+            ("max_record", "max_records"),
+            ("profil", "profile"),
+            ("api_key_fil", "api_key_file"),
+        ]
+    ], warned  # and not the _comment install writes
