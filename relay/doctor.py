@@ -149,13 +149,7 @@ class Doctor(HookChecks):
             self.add("fail", "config", "no server URL configured", "run `relay install`")
             return False
         if not cfg.api_key:
-            key_file = cfg.api_key_file
-            why = (
-                f"the key file {key_file} is missing, unreadable or empty"
-                if key_file
-                else "no API key configured"
-            )
-            self.add("fail", "config", why, "run `relay install` with a valid key")
+            self.add("fail", "config", *self._why_no_key(path, raw, handed))
             return False
         source = (
             f"key from {self.home(os.path.expanduser(cfg.api_key_file))}"
@@ -181,6 +175,38 @@ class Doctor(HookChecks):
                 "remove the setting to turn recall back on",
             )
         return True
+
+    def _why_no_key(
+        self, path: Path, raw: dict[str, Any], environ: dict[str, str]
+    ) -> tuple[str, str]:
+        """Why the hook has no key, read as it reads one (`hook_config.load`): RELAY_API_KEY,
+        else `api_key` in the config file, else the first line of the key file, which must
+        be printable ASCII, as it goes into an HTTP header; and the fix."""
+        reinstall = "run `relay install --key KEY`: it writes the key file afresh"
+        given, where = environ.get("RELAY_API_KEY"), "RELAY_API_KEY"
+        if given is None:
+            given, where = raw.get("api_key"), f"api_key in {self.home(path)}"
+        off = "the hook sends no key, and no prompt gets recall"
+        if isinstance(given, str) and given.strip():
+            return f"the API key in {where} {_key_problem(given.strip())}: {off}", f"fix {where}"
+        key_file = self.cfg.api_key_file if self.cfg else ""
+        if not key_file:
+            return "no API key configured", "run `relay install` with a valid key"
+        shown = self.home(os.path.expanduser(key_file))
+        try:
+            with open(os.path.expanduser(key_file), "rb") as fh:
+                lines = fh.read(4096).decode("utf-8", "replace").strip().splitlines()
+        except FileNotFoundError:
+            return f"the key file {shown} does not exist", reinstall
+        except OSError as exc:
+            return f"the key file {shown} cannot be read ({exc.strerror})", reinstall
+        if not lines:
+            return f"the key file {shown} is empty", reinstall
+        problem = _key_problem(lines[0].strip())
+        what = f"the key file {shown} {problem}: {off}"
+        if problem.startswith("starts with a byte-order mark"):
+            return what, f"save {shown} without the mark (as plain ASCII), or {reinstall}"
+        return what, reinstall
 
     def _check_shadowed_knobs(
         self, path: Path, raw: dict[str, Any], script: knob_script.Reading
@@ -546,6 +572,21 @@ def _read_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"not valid TOML ({exc})"
     except OSError as exc:
         return None, f"unreadable ({exc.strerror})"
+
+
+def _key_problem(key: str) -> str:
+    """What in `key` the hook will not send (it sends printable ASCII only)."""
+    if key.startswith("\ufeff"):
+        return (
+            "starts with a byte-order mark (the bytes EF BB BF, which some editors put at the"
+            " start of a UTF-8 file)"
+        )
+    at, bad = next((i, ch) for i, ch in enumerate(key + "\n") if not "!" <= ch <= "~")
+    if at == len(key):
+        return "is empty"
+    if bad == "\ufffd":
+        return f"holds bytes that are not UTF-8 text (character {at + 1})"
+    return f"holds {bad!r} (character {at + 1}), not printable ASCII"
 
 
 def _searches(n: int) -> str:

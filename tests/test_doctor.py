@@ -745,3 +745,25 @@ def test_misspelt_keys_in_the_config_file_are_named(tmp_path, server):
             ("api_key_fil", "api_key_file"),
         ]
     ], warned  # and not the _comment install writes
+
+
+def test_a_key_file_with_a_byte_order_mark_is_named_for_it(tmp_path, server):
+    """QA: a key file saved with a UTF-8 byte-order mark (printf '\\xef\\xbb\\xbf%s\\n' "$KEY")
+    was "missing, unreadable or empty". The hook takes no key from it (it sends printable
+    ASCII only), so doctor fails, and says why."""
+    installed(tmp_path, server.url, server.admin_key)
+    key_file = tmp_path / ".relay/key"
+    key_file.write_bytes(b"\xef\xbb\xbf" + server.admin_key.encode() + b"\n")
+    prompt(tmp_path)
+    log = json.loads((tmp_path / ".relay/state/outcomes.jsonl").read_text().splitlines()[-1])
+    assert (log["outcome"], log["reason"]) == ("disabled", "not_configured"), log  # no key
+    (failed,) = [f for f in findings(tmp_path) if f["level"] == "fail"]
+    assert failed["message"] == (
+        "the key file ~/.relay/key starts with a byte-order mark (the bytes EF BB BF, which "
+        "some editors put at the start of a UTF-8 file): the hook sends no key, and no prompt "
+        "gets recall"
+    )
+    assert failed["fix"].startswith("save ~/.relay/key without the mark (as plain ASCII), or ")
+    key_file.write_bytes(b"")
+    (failed,) = [f["message"] for f in findings(tmp_path) if f["level"] == "fail"]
+    assert failed == "the key file ~/.relay/key is empty"
