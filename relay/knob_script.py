@@ -195,8 +195,7 @@ class Reading:
                         f"the hook ignores {name} {knob.value!r} from line {knob.line} of "
                         f"{shown}, `{knob.text.strip()}` ({exc}), and takes config.json's "
                         "value or its default",
-                        f"write {var}=VALUE with nothing after the value (a comment goes on a"
-                        f" line of its own), or {REWRITE}",
+                        _value_fix(var, knob.value, str(exc)),
                     )
                 )
         if self.closed:  # else the rest of the file is in the knobs, and that is the problem
@@ -228,6 +227,18 @@ class Reading:
             fix = "remove it; the hook's other settings go in config.json (docs/hook.md)"
         knobs = ", ".join(SCRIPT_VARS[:-1]) + f" and {SCRIPT_VARS[-1]}"
         return Problem(number, f"{where} sets nothing: the script reads only {knobs}", fix)
+
+
+def _value_fix(var: str, value: str, why: str) -> str:
+    """The fix for a knob value the hook cannot use, after `why` it cannot."""
+    if why.startswith("outside "):
+        return f"set {var} to a value in {why.removeprefix('outside ')}, or {REWRITE}"
+    if re.search(r"[\s#]", value):
+        return (
+            f"write {var}=VALUE with nothing after the value (a comment goes on a line of its"
+            f" own), or {REWRITE}"
+        )
+    return f"give {var} a value the hook takes (this one is {why}), or {REWRITE}"
 
 
 @dataclass(frozen=True)

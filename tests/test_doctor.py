@@ -280,6 +280,11 @@ def test_doctor_says_which_knobs_the_hook_ignores(tmp_path, server):
         "takes config.json's value or its default"
     ], warned
     assert any(m.startswith("the hook ignores min_score 'high'") for m in warned), warned
+    fixes = [f["fix"] for f in findings(tmp_path) if "deadline_ms '50'" in f["message"]]
+    assert fixes == [  # QA: it was the fix for a comment after the value
+        "set DEADLINE_MS to a value in 100..10000, or run `relay install` to rewrite the script "
+        "(knobs back to their defaults)"
+    ]
 
 
 def test_knob_lines_the_script_cannot_use_are_named(tmp_path, server):

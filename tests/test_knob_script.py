@@ -156,13 +156,16 @@ def test_the_template_has_no_problems():
             "DEADLINE_MS=50",
             "the hook ignores deadline_ms '50' from line {n} of s.sh, `DEADLINE_MS=50` "
             "(outside 100..10000), and takes config.json's value or its default",
-            None,
+            # QA: it got the fix of a comment after the value
+            "set DEADLINE_MS to a value in 100..10000, or run `relay install` to rewrite the "
+            "script (knobs back to their defaults)",
         ),
         (
             "DEADLINE_MS=",
             "the hook ignores deadline_ms '' from line {n} of s.sh, `DEADLINE_MS=` (not a whole"
             " number), and takes config.json's value or its default",
-            None,
+            "give DEADLINE_MS a value the hook takes (this one is not a whole number), or run "
+            "`relay install` to rewrite the script (knobs back to their defaults)",
         ),
     ],
 )
@@ -171,7 +174,7 @@ def test_knob_lines_the_script_cannot_use_are_named(new, message, fix):
     n = TEMPLATE.splitlines().index("DEADLINE_MS=400") + 1
     (problem,) = knob_script.read(text).problems("s.sh")
     assert (problem.line, problem.message) == (n, message.format(n=n))
-    assert fix is None or problem.fix == fix
+    assert problem.fix == fix
 
 
 def test_a_knob_the_script_already_took_is_named_as_unused():
