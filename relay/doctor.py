@@ -495,7 +495,9 @@ class Doctor(HookChecks):
                     if self.key_ok is not True
                     else "; the key works now, so the next prompt should too"
                 ),
-                "install a valid key: `relay install --key NEW_KEY`",
+                "install a valid key: `relay install --key NEW_KEY`"
+                if self.key_ok is not True
+                else "",
             )
         down = summary["unavailable_streak"]
         if down["length"] >= hook_stats.UNAVAILABLE_STREAK_ALERT:

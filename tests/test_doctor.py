@@ -96,6 +96,21 @@ def test_revoked_key(tmp_path, server):
     assert any(f.startswith("log: the last 2 searches were rejected (401/403)") for f in failed)
 
 
+def test_rejections_before_a_new_key_get_no_fix(tmp_path, server):
+    """QA: after a good key was installed, the warning of rejected searches said the key
+    works now, and still gave the fix `install a valid key`."""
+    key = mint(server.url, server.admin_key, "doctor-replaced", ["memory:read"])
+    installed(tmp_path, server.url, key["secret"])
+    revoke(server.url, server.admin_key, key["id"])
+    prompt(tmp_path)
+    installed(tmp_path, server.url, server.admin_key)
+    (log,) = [f for f in findings(tmp_path) if "rejected (401/403)" in f["message"]]
+    assert log["level"] == "warn" and log["message"].endswith(
+        "; the key works now, so the next prompt should too"
+    ), log
+    assert log["fix"] == ""
+
+
 def test_stopped_server(tmp_path, tmp_path_factory):
     own = start_module_server(tmp_path_factory, "doctor-stopped")
     installed(tmp_path, own.url, own.admin_key)
