@@ -51,6 +51,7 @@ class Doctor(HookChecks):
         self.manifest = load_manifest(self.paths)
         self.findings: list[Finding] = []
         self.cfg: hook_config.Config | None = None
+        self.url_source = "url"  # where cfg.url comes from: the config file, or RELAY_URL
         self._scripts_checked: dict[Path, bool] = {}
         self._tomls: dict[Path, tuple[dict[str, Any] | None, str | None]] = {}
         self.key_ok: bool | None = None
@@ -156,7 +157,21 @@ class Doctor(HookChecks):
             if (cfg.api_key_file and not self.environ.get("RELAY_API_KEY"))
             else "key from the environment or config"
         )
-        self.add("ok", "config", f"{self.home(path)}: server {cfg.url}, {source}")
+        server = f"server {cfg.url}"
+        if self.environ.get("RELAY_URL") is not None:  # the hook's layer above the file
+            self.url_source = "RELAY_URL"
+            if raw.get("url") != cfg.url:
+                own = raw.get("url")
+                server += (
+                    " from RELAY_URL ("
+                    + (
+                        f"not this file's url, {own}"
+                        if isinstance(own, str)
+                        else "this file has none"
+                    )
+                    + ")"
+                )
+        self.add("ok", "config", f"{self.home(path)}: {server}, {source}")
         if cfg.api_key_file and not self.environ.get("RELAY_API_KEY"):
             key_path = Path(os.path.expanduser(cfg.api_key_file))
             mode = stat.S_IMODE(key_path.stat().st_mode)
@@ -248,7 +263,7 @@ class Doctor(HookChecks):
                 start = time.perf_counter()
                 client.get("/healthz")
                 times.append((time.perf_counter() - start) * 1000)
-        except RelayError as exc:
+        except (RelayError, ValueError) as exc:  # ValueError: a 2xx whose body is not JSON
             self.add("fail", "server", *self._server_failure(exc))
             return False
         best = min(times)
@@ -263,12 +278,17 @@ class Doctor(HookChecks):
         )
         return True
 
-    def _server_failure(self, exc: RelayError) -> tuple[str, str]:
+    def _server_failure(self, exc: RelayError | ValueError) -> tuple[str, str]:
         """What a failed /healthz means, and its fix: the server is away, or it answered
-        that its own database is (a restart of the server would not help then)."""
+        that its own database is (a restart of the server would not help then), or what
+        answers is not a Relay server (install's check)."""
         from relay.client import ConnectionFailedError
 
         assert self.cfg is not None
+        if self.url_source == "RELAY_URL":
+            where = "RELAY_URL (set in this shell; unset, the config file's url applies)"
+        else:
+            where = f"`url` in {self.home(hook_config.config_path(self.environ))}"
         if isinstance(exc, UnavailableError | StoreError) and not isinstance(
             exc, ConnectionFailedError
         ):
@@ -278,11 +298,47 @@ class Doctor(HookChecks):
                 "check the server's database: is PostgreSQL up, and reachable from the server"
                 " with its RELAY_DB?",
             )
+        if isinstance(exc, ConnectionFailedError):
+            return (
+                f"{exc.message}: every prompt goes without team memory",
+                f"start the server, or fix {where}"
+                + ("" if self.url_source == "RELAY_URL" else " (`relay install --url ...`)"),
+            )
+        not_relay = self._not_relay()
+        if not_relay:
+            return (
+                f"{not_relay}: every prompt goes without team memory",
+                f"fix {where}"
+                + ("" if self.url_source == "RELAY_URL" else " (`relay install --url ROOT`)"),
+            )
+        why = exc.message if isinstance(exc, RelayError) else f"an answer that is not JSON ({exc})"
         return (
-            f"{exc.message}: every prompt goes without team memory",
-            f"start the server, or fix `url` in {self.home(self.paths.config)} "
-            "(`relay install --url ...`)",
+            f"{self.cfg.url}/healthz failed: {why}: every prompt goes without team memory",
+            f"check the server's log, or fix {where}",
         )
+
+    def _not_relay(self) -> str | None:
+        """install's check that the URL is a Relay server's root (`relay install` says "not
+        a Relay server root"): GET /v1/whoami answers as Relay does. None when it does."""
+        from relay.errors import NotFoundError
+        from relay.install import _not_relay_root
+
+        assert self.cfg is not None
+        try:
+            who = self._client().get("/v1/whoami")
+        except NotFoundError:
+            answer = "404 Not Found"
+        except ValueError:
+            answer = "an answer that is not JSON"
+        except RelayError as exc:
+            if type(exc) is not RelayError:  # a Relay error body, coded: Relay answered
+                return None
+            answer = exc.message.removesuffix(" from the server")  # `HTTP 404`, not Relay's
+        else:
+            if isinstance(who, dict) and isinstance(who.get("key"), dict):
+                return None
+            answer = "an answer that is not Relay's"
+        return _not_relay_root(self.cfg.url, answer).message
 
     def check_key(self) -> None:
         client = self._client()

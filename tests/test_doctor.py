@@ -4,7 +4,9 @@ database is down and a missing hook."""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import start_server
@@ -787,3 +789,62 @@ def test_a_key_file_with_a_byte_order_mark_is_named_for_it(tmp_path, server):
     key_file.write_bytes(b"")
     (failed,) = [f["message"] for f in findings(tmp_path) if f["level"] == "fail"]
     assert failed == "the key file ~/.relay/key is empty"
+
+
+class _NotRelay(BaseHTTPRequestHandler):
+    """Some other web server: 404, as HTML, for every path."""
+
+    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+        body = b"<html><body>Not Found</body></html>"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def not_relay():
+    web = ThreadingHTTPServer(("127.0.0.1", 0), _NotRelay)
+    thread = threading.Thread(target=web.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{web.server_address[1]}"
+    web.shutdown()
+    web.server_close()
+    thread.join()
+
+
+def test_a_url_from_relay_url_is_named_as_such_and_so_is_a_server_not_relay(
+    tmp_path, server, not_relay
+):
+    """QA: with RELAY_URL set to another URL, doctor said `ok config ~/.relay/config.json:
+    server URL`, a URL that is not in that file; and a 404 from a web server that is not
+    Relay got the fix "fix `url` in ~/.relay/config.json", where the URL did not come from."""
+    installed(tmp_path, server.url, server.admin_key)
+    done = doctor(tmp_path, RELAY_URL=not_relay)
+    assert done.returncode == 1, done.stdout
+    found = json.loads(relay(tmp_path, "doctor", "--json", RELAY_URL=not_relay).stdout)
+    (ok,) = [f["message"] for f in found if f["area"] == "config" and f["level"] == "ok"]
+    assert ok == (
+        f"~/.relay/config.json: server {not_relay} from RELAY_URL (not this file's url, "
+        f"{server.url}), key from ~/.relay/key"
+    )
+    (failed,) = [f for f in found if f["level"] == "fail"]
+    assert failed["message"] == (
+        f"{not_relay} is not a Relay server root: GET {not_relay}/v1/whoami got HTTP 404; give "
+        "the root URL `relay serve` prints (the one /healthz and /v1/... are under): every "
+        "prompt goes without team memory"
+    )
+    assert failed["fix"] == (
+        "fix RELAY_URL (set in this shell; unset, the config file's url applies)"
+    )
+    config = tmp_path / ".relay/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "url": not_relay}))
+    (failed,) = failures(tmp_path)
+    assert failed.startswith(f"server: {not_relay} is not a Relay server root"), failed
+    assert "fix: fix `url` in ~/.relay/config.json (`relay install --url ROOT`)" in (
+        doctor(tmp_path).stdout
+    )
