@@ -11,6 +11,7 @@ exit code is 1 when anything fails.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -394,11 +395,49 @@ class Doctor(HookChecks):
 
     def _recorded_or_usual(self, role: str, usual: Path) -> list[Path]:
         """The files of `role` install recorded writing (CLAUDE_CONFIG_DIR or CODEX_HOME
-        set then, maybe not now), then where this environment says they are."""
+        set then, maybe not now), then where this environment says they are; not a
+        recorded one gone along with its folder (`_note_gone`)."""
+        gone = self._gone_records
         recorded = [
-            Path(p) for p, rec in self.manifest.get("files", {}).items() if rec.get("role") == role
+            Path(p)
+            for p, rec in self.manifest.get("files", {}).items()
+            if rec.get("role") == role and Path(p) not in gone
         ]
         return list(dict.fromkeys([*recorded, usual]))
+
+    @functools.cached_property
+    def _gone_records(self) -> dict[Path, str]:
+        """Agents' files install recorded writing, gone now along with their folder (a
+        CLAUDE_CONFIG_DIR or CODEX_HOME of the time, since deleted), other than where this
+        environment looks: nothing to check, and `relay install` writes elsewhere, so a
+        finding about them could never clear. Each with the role install recorded."""
+        usual = {
+            self.paths.claude_settings,
+            self.paths.codex_hooks,
+            self.paths.claude_json,
+            self.paths.codex_config,
+        }
+        return {
+            Path(p): rec.get("role")
+            for p, rec in self.manifest.get("files", {}).items()
+            if rec.get("role") in ("hooks-json", "claude-mcp", "codex-config")
+            and Path(p) not in usual
+            and not Path(p).parent.exists()
+        }
+
+    def _note_gone(self, area: str, roles: tuple[str, ...]) -> None:
+        """A note for each recorded file of `roles` gone with its folder, and how to drop
+        its record (no command does)."""
+        manifest = self.home(self.paths.manifest)
+        for path, role in self._gone_records.items():
+            if role in roles:
+                self.add(
+                    "ok",
+                    area,
+                    f"note: {manifest} records {self.home(path)}, which an earlier `relay "
+                    "install` wrote, but its folder is gone: nothing there to check (to drop "
+                    f'the record, delete its "{path}" entry under "files" in {manifest})',
+                )
 
     def _codex_config(self, area: str, path: Path) -> dict[str, Any] | None:
         """A Codex config.toml parsed ({} when absent); None when Codex cannot read it
@@ -425,6 +464,7 @@ class Doctor(HookChecks):
 
     # -- MCP ---------------------------------------------------------------------
     def check_mcp(self) -> None:
+        self._note_gone("mcp", ("claude-mcp",))
         for claude in self._recorded_or_usual("claude-mcp", self.paths.claude_json):
             try:
                 doc = json.loads(claude.read_text(encoding="utf-8")) if claude.exists() else {}

@@ -45,6 +45,9 @@ class HookChecks:
         def home(self, path: Path | str) -> str: ...
         def _recorded_or_usual(self, role: str, usual: Path) -> list[Path]: ...
         def _codex_config(self, area: str, path: Path) -> dict[str, Any] | None: ...
+        def _note_gone(self, area: str, roles: tuple[str, ...]) -> None: ...
+        @property
+        def _gone_records(self) -> dict[Path, str]: ...
 
     def _hook_files(self) -> list[tuple[str, Path, bool]]:
         """(agent, hooks file, expected): from the install record, else the usual places."""
@@ -52,15 +55,23 @@ class HookChecks:
         recorded = {
             Path(p)
             for p, rec in self.manifest.get("files", {}).items()
-            if rec.get("role") == "hooks-json"
+            if rec.get("role") == "hooks-json" and Path(p) not in self._gone_records
         }
         for agent, path in (
             ("claude-code", self.paths.claude_settings),
             ("codex", self.paths.codex_hooks),
         ):
             candidates = {path} | {p for p in recorded if _agent_of(p) == agent and p != path}
+            # As if never installed, for an agent whose every recorded file is gone
+            unrecorded = not self.manifest or (
+                not any(_agent_of(p) == agent for p in recorded)
+                and any(
+                    _agent_of(p) == agent and role == "hooks-json"
+                    for p, role in self._gone_records.items()
+                )
+            )
             for p in sorted(candidates):
-                expected = p in recorded or (not self.manifest and p.parent.exists())
+                expected = p in recorded or (unrecorded and p.parent.exists())
                 out.append((agent, p, expected))
         return out
 
@@ -146,6 +157,7 @@ class HookChecks:
                 "no agent has Relay's hooks: no automatic recall anywhere",
                 "run `relay install`",
             )
+        self._note_gone("hooks", ("hooks-json", "codex-config"))
 
     def _check_duplicates(
         self, label: str, path: Path, handlers: list[agents.RelayHandler]

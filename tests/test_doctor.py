@@ -848,3 +848,47 @@ def test_a_url_from_relay_url_is_named_as_such_and_so_is_a_server_not_relay(
     assert "fix: fix `url` in ~/.relay/config.json (`relay install --url ROOT`)" in (
         doctor(tmp_path).stdout
     )
+
+
+def test_a_recorded_file_gone_with_its_folder_is_a_note_not_a_failure(tmp_path, server):
+    """QA: installed with CLAUDE_CONFIG_DIR set to a folder since deleted, doctor failed
+    for ever with "no Relay hooks in .../settings.json", and its fix, `relay install --agent
+    claude-code`, writes elsewhere and cannot clear it."""
+    import shutil
+
+    claude_dir = tmp_path / "claude-config"
+    done = relay(
+        tmp_path,
+        *("install", "--url", server.url, "--key", server.admin_key),
+        CLAUDE_CONFIG_DIR=str(claude_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    shutil.rmtree(claude_dir)
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    notes = [
+        (f["area"], f["message"])
+        for f in findings(tmp_path)
+        if "its folder is gone" in f["message"]
+    ]
+    assert notes == [
+        (
+            area,
+            f"note: ~/.relay/install.json records ~/claude-config/{name}, which an earlier "
+            "`relay install` wrote, but its folder is gone: nothing there to check (to drop the "
+            f'record, delete its "{claude_dir / name}" entry under "files" in '
+            "~/.relay/install.json)",
+        )
+        for area, name in [("hooks", "settings.json"), ("mcp", ".claude.json")]
+    ], notes
+    # Claude Code now reads ~/.claude: as if never installed there, its hooks are expected
+    (tmp_path / ".claude").mkdir()
+    assert failures(tmp_path) == [
+        "hooks: Claude Code: no Relay hooks in ~/.claude/settings.json: no automatic recall"
+    ]
+    installed_claude = relay(
+        tmp_path,
+        *("install", "--url", server.url, "--key", server.admin_key, "--agent", "claude-code"),
+    )
+    assert installed_claude.returncode == 0, installed_claude.stderr
+    assert failures(tmp_path) == []  # the fix it gave clears it
