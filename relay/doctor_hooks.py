@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,12 @@ if TYPE_CHECKING:
     from relay.doctor import Finding
     from relay.install import Paths
 
+# Claude Code's managed settings, deployed by an organisation: they beat every other file.
+MANAGED_SETTINGS = Path(
+    "/Library/Application Support/ClaudeCode/managed-settings.json"
+    if sys.platform == "darwin"
+    else "/etc/claude-code/managed-settings.json"
+)
 HOOK_EXIT_MS = 100  # after its deadline, the hook logs its outcome and exits
 AGENT_LABELS = {"claude-code": "Claude Code", "codex": "Codex"}
 # A knob script behind its guard that never reaches relay-hook: nothing tells the user.
@@ -150,6 +157,11 @@ class HookChecks:
                 any_ok = True
             if agent == "codex":
                 self._check_codex_flag(path)
+        if any(
+            agent == "claude-code" and isinstance(doc, dict) and agents.relay_handlers(doc)
+            for agent, _, _, doc in self._hook_docs
+        ):
+            self._check_claude_hooks_switch()
         if not any_ok and not any(f.area == "hooks" for f in self.findings):
             self.add(
                 "fail",
@@ -158,6 +170,46 @@ class HookChecks:
                 "run `relay install`",
             )
         self._note_gone("hooks", ("hooks-json", "codex-config"))
+
+    def _check_claude_hooks_switch(self) -> None:
+        """`"disableAllHooks": true` in Claude Code's settings: it runs no hooks at all. In
+        managed settings it beats everything; else the setting of the highest of a project's
+        settings.local.json, its settings.json and the user's settings.json applies."""
+        managed = _setting(MANAGED_SETTINGS, "disableAllHooks")
+        if managed is True:
+            self.add(
+                "fail",
+                "hooks",
+                f'Claude Code: the managed settings {MANAGED_SETTINGS} set "disableAllHooks": '
+                "true: Claude Code runs no hooks at all, Relay's included: no automatic recall",
+                "ask whoever manages Claude Code on this machine: no setting of yours beats it",
+            )
+            return
+        project = self.paths.project
+        layers = (
+            [project / ".claude" / "settings.local.json", project / ".claude" / "settings.json"]
+            if project
+            else []
+        )
+        users = [self.paths.claude_dir / "settings.json"] + [
+            path
+            for agent, path, _, _ in self._hook_docs
+            if agent == "claude-code" and not (project and path.is_relative_to(project))
+        ]
+        off: dict[Path, None] = {}  # the files whose `true` applies, in order
+        for user in users:
+            values = [(layer, _setting(layer, "disableAllHooks")) for layer in [*layers, user]]
+            decided = next(((lay, v) for lay, v in values if isinstance(v, bool)), None)
+            if decided and decided[1] is True:
+                off[decided[0]] = None
+        for path in off:
+            self.add(
+                "fail",
+                "hooks",
+                f'Claude Code: {self.home(path)} sets "disableAllHooks": true: Claude Code runs'
+                " no hooks, Relay's included: no automatic recall",
+                f'remove "disableAllHooks" from {self.home(path)}, or set it to false',
+            )
 
     def _check_duplicates(
         self, label: str, path: Path, handlers: list[agents.RelayHandler]
@@ -437,6 +489,16 @@ class HookChecks:
                 "Codex: the hooks run only once trusted; if recall never shows in Codex, type "
                 "/hooks in codex and trust the two Relay hooks",
             )
+
+
+def _setting(path: Path, key: str) -> Any:
+    """`key` of a JSON settings file; None when it or the file is missing or unreadable
+    (an unreadable hooks file has its own finding)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc.get(key) if isinstance(doc, dict) else None
 
 
 def _deadline_within(timeout: object) -> int | None:

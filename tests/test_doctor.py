@@ -892,3 +892,69 @@ def test_a_recorded_file_gone_with_its_folder_is_a_note_not_a_failure(tmp_path, 
     )
     assert installed_claude.returncode == 0, installed_claude.stderr
     assert failures(tmp_path) == []  # the fix it gave clears it
+
+
+def set_key(path, **settings) -> None:
+    """Set top-level keys of a JSON settings file, as a user would."""
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**doc, **settings}))
+
+
+def test_claude_code_hooks_switched_off_fail(tmp_path, server):
+    """QA: `"disableAllHooks": true` in Claude Code's settings, and doctor said recall was
+    wired up, though Claude Code then runs no hooks. A project's settings.local.json beats
+    its settings.json, which beats the user's (CLAUDE_CONFIG_DIR when set)."""
+    installed(tmp_path, server.url, server.admin_key)
+    user = tmp_path / ".claude/settings.json"
+    set_key(user, disableAllHooks=True)
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert failures(tmp_path) == [
+        'hooks: Claude Code: ~/.claude/settings.json sets "disableAllHooks": true: Claude Code '
+        "runs no hooks, Relay's included: no automatic recall"
+    ]
+    assert 'fix: remove "disableAllHooks" from ~/.claude/settings.json, or set it to false' in (
+        done.stdout
+    )
+
+    project = tmp_path / "repo"
+    project.mkdir()
+    done = relay(
+        tmp_path,
+        "install",
+        "--url",
+        server.url,
+        "--key",
+        server.admin_key,
+        "--project",
+        str(project),
+    )
+    assert done.returncode == 0, done.stderr
+
+    def project_failures() -> list[str]:
+        found = json.loads(relay(tmp_path, "doctor", "--json", "--project", str(project)).stdout)
+        return [f["message"] for f in found if "disableAllHooks" in f["message"]]
+
+    set_key(project / ".claude/settings.json", disableAllHooks=False)
+    assert project_failures() == []  # the project's false beats the user's true
+    set_key(project / ".claude/settings.local.json", disableAllHooks=True)
+    assert project_failures() == [
+        'Claude Code: ~/repo/.claude/settings.local.json sets "disableAllHooks": true: Claude '
+        "Code runs no hooks, Relay's included: no automatic recall"
+    ]
+
+    elsewhere = tmp_path / "claude-config"
+    done = relay(
+        tmp_path,
+        *("install", "--url", server.url, "--key", server.admin_key),
+        CLAUDE_CONFIG_DIR=str(elsewhere),
+    )
+    assert done.returncode == 0, done.stderr
+    set_key(user, disableAllHooks=False)
+    set_key(elsewhere / "settings.json", disableAllHooks=True)
+    found = json.loads(relay(tmp_path, "doctor", "--json").stdout)
+    assert [f["message"] for f in found if "disableAllHooks" in f["message"]] == [
+        'Claude Code: ~/claude-config/settings.json sets "disableAllHooks": true: Claude Code '
+        "runs no hooks, Relay's included: no automatic recall"
+    ]
