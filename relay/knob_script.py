@@ -355,6 +355,12 @@ def shebang_problem(script: Path) -> str | None:
             f" (CRLF) line endings, so the kernel looks for a program named {program!r},"
             " which does not exist"
         )
+    argument = first[2:].split(program, 1)[1].rstrip("\n").strip(" \t")
+    if "\r" in argument:  # `#!/usr/bin/env sh\r`: the program runs, but is handed `sh\r`
+        return (
+            f"its first line, `{line}`, ends in a carriage return (\\r): the file has Windows"
+            f" (CRLF) line endings, so {program} is handed {argument!r}"
+        )
     path = Path(program)
     if not path.is_absolute():
         return f"its first line, `{line}`, names {program}, not an absolute path"

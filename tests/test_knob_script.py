@@ -207,6 +207,7 @@ def test_a_knob_line_outside_the_knobs_is_named_as_shell():
         ("# no shebang: sh runs the file itself", None),
         ("#!/bin/shh", "names /bin/shh, which does not exist or is not executable"),
         ("#!/bin/sh\r", "ends in a carriage return"),
+        ("#!/usr/bin/env sh\r", "so /usr/bin/env is handed 'sh\\r'"),
         ("#!", "names no program to run it"),
         ("#!sh", "names sh, not an absolute path"),
     ],
