@@ -158,20 +158,12 @@ class Doctor(HookChecks):
             if (cfg.api_key_file and not self.environ.get("RELAY_API_KEY"))
             else "key from the environment or config"
         )
-        server = f"server {cfg.url}"
+        server, own = f"server {cfg.url}", raw.get("url")
         if self.environ.get("RELAY_URL") is not None:  # the hook's layer above the file
             self.url_source = "RELAY_URL"
-            if raw.get("url") != cfg.url:
-                own = raw.get("url")
-                server += (
-                    " from RELAY_URL ("
-                    + (
-                        f"not this file's url, {own}"
-                        if isinstance(own, str)
-                        else "this file has none"
-                    )
-                    + ")"
-                )
+            if own != cfg.url:
+                theirs = f"not this file's url, {own}" if isinstance(own, str) else "none here"
+                server += f" from RELAY_URL ({theirs})"
         self.add("ok", "config", f"{self.home(path)}: {server}, {source}")
         if cfg.api_key_file and not self.environ.get("RELAY_API_KEY"):
             key_path = Path(os.path.expanduser(cfg.api_key_file))
