@@ -167,14 +167,18 @@ def strip_hooks(doc: dict[str, Any], where: str = "settings") -> dict[str, Any]:
 def add_hooks(doc: dict[str, Any], script: str, where: str = "settings") -> dict[str, Any]:
     """`doc` with exactly one Relay entry per event (no matcher: every prompt, every source)."""
     out = strip_hooks(doc, where)
-    hooks = out.setdefault("hooks", {})
+    if out.get("hooks") is None:  # absent, or JSON null: none registered yet
+        out["hooks"] = {}
+    hooks = out["hooks"]
     for event in EVENTS:
         handler = {
             "type": "command",
             "command": hook_command(script, event),
             "timeout": HOOK_TIMEOUT_S,
         }
-        hooks.setdefault(event, []).append({"hooks": [handler]})
+        if hooks.get(event) is None:
+            hooks[event] = []
+        hooks[event].append({"hooks": [handler]})
     return out
 
 
@@ -242,14 +246,15 @@ def relay_hook_commands(doc: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def normalise_hooks(doc: dict[str, Any]) -> dict[str, Any]:
-    """For comparing contents: empty event lists and an empty `hooks` mean nothing."""
+    """For comparing contents: empty or null event lists and an empty or null `hooks` mean
+    nothing."""
     out = copy.deepcopy(doc)
     hooks = out.get("hooks")
     if isinstance(hooks, dict):
-        for event in [e for e, groups in hooks.items() if groups == []]:
+        for event in [e for e, groups in hooks.items() if groups in ([], None)]:
             del hooks[event]
-        if not hooks:
-            del out["hooks"]
+    if "hooks" in out and not out["hooks"]:
+        del out["hooks"]
     return out
 
 
@@ -278,7 +283,8 @@ def add_mcp_server(doc: dict[str, Any], relay_bin: str, where: str) -> tuple[dic
     servers = out.get("mcpServers")
     if servers is not None and not isinstance(servers, dict):
         raise SettingsFileError(f"{where}: 'mcpServers' is not an object; fix it by hand first")
-    servers = out.setdefault("mcpServers", {})
+    if servers is None:  # absent, or JSON null: none registered yet
+        servers = out["mcpServers"] = {}
     current = servers.get(SERVER_NAME)
     if current is not None and not is_relay_server(current):
         return doc, f"left mcpServers.{SERVER_NAME} as it was: it does not run `relay mcp`"
@@ -297,8 +303,11 @@ def strip_mcp_server(doc: dict[str, Any], original: dict[str, Any] | None) -> di
         servers[SERVER_NAME] = before[SERVER_NAME]
     else:
         del servers[SERVER_NAME]
-        if not servers and not (isinstance(before, dict)):
-            del out["mcpServers"]
+        if not servers and not isinstance(before, dict):
+            if original and "mcpServers" in original:
+                out["mcpServers"] = before  # null, as it was
+            else:
+                del out["mcpServers"]
     return out
 
 

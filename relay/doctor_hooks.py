@@ -59,6 +59,7 @@ class HookChecks:
     def _hook_files(self) -> list[tuple[str, Path, bool]]:
         """(agent, hooks file, expected): from the install record, else the usual places."""
         out: list[tuple[str, Path, bool]] = []
+        installed = bool(self.manifest.get("files"))  # not a record of skill install's alone
         recorded = {
             Path(p)
             for p, rec in self.manifest.get("files", {}).items()
@@ -70,7 +71,7 @@ class HookChecks:
         ):
             candidates = {path} | {p for p in recorded if _agent_of(p) == agent and p != path}
             # As if never installed, for an agent whose every recorded file is gone
-            unrecorded = not self.manifest or (
+            unrecorded = not installed or (
                 not any(_agent_of(p) == agent for p in recorded)
                 and any(
                     _agent_of(p) == agent and role == "hooks-json"

@@ -14,6 +14,8 @@ created is deleted. Whatever else the user changed meanwhile is kept. Every file
 it will change is checked first (nothing is touched when one cannot be); then the
 agents' settings go first and Relay's own files, backups and record last, so a
 run stopped part way leaves what a second run needs, and says what is left.
+The files `relay skill install` recorded go too, unless edited since (relay/skill.py).
+`--project DIR` undoes only the records under DIR and rewrites the record without them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import errno
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -119,6 +122,15 @@ class Paths:
     @property
     def codex_config(self) -> Path:
         return self.codex_dir / "config.toml"
+
+    @property
+    def skills_dir(self) -> Path:
+        """Where `relay skill install` puts the skill's folder unless given --dir."""
+        return (self.project / ".claude" if self.project else self.claude_dir) / "skills"
+
+    @property
+    def skill_zip(self) -> Path:
+        return self.relay_dir / "relay-skill.zip"
 
     def script_in_command(self) -> str:
         """User settings name the script by absolute path; project settings, shared by a
@@ -398,17 +410,34 @@ def write_atomic(path: Path, data: bytes, mode: int, force_mode: bool = False) -
 
 
 def load_manifest(paths: Paths) -> dict[str, Any]:
+    """The install record: "files" (what install changed), "dirs" (folders Relay made) and,
+    since `relay skill install` records there too, "skills". A key a record lacks means
+    none, so a record an older Relay wrote loads as it is: MANIFEST_VERSION stays 1."""
     try:
         data = json.loads(paths.manifest.read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) and data.get("version") == MANIFEST_VERSION else {}
+    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+        return {}
+    for key, empty in (("files", {}), ("dirs", []), ("skills", {})):
+        data.setdefault(key, empty)
+    return data
+
+
+def new_manifest() -> dict[str, Any]:
+    return {"version": MANIFEST_VERSION, "files": {}, "dirs": [], "skills": {}}
+
+
+def save_manifest(paths: Paths, manifest: dict[str, Any]) -> None:
+    ensure_dir(paths.relay_dir, manifest["dirs"])
+    data = (json.dumps(manifest, indent=2) + "\n").encode()
+    write_atomic(paths.manifest, data, 0o600, force_mode=True)
 
 
 def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> list[str]:
     """Back up, write and record every change (and whether the MCP server was registered,
     for `relay doctor`); one report line per file."""
-    manifest = load_manifest(paths) or {"version": MANIFEST_VERSION, "files": {}, "dirs": []}
+    manifest = load_manifest(paths) or new_manifest()
     created_dirs: list[str] = manifest["dirs"]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     lines = []
@@ -420,7 +449,9 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
         ensure_dir(c.path.parent, created_dirs)
         record = manifest["files"].get(str(c.path))
         backup = None
-        if c.before is not None:
+        # A key an earlier install wrote is not kept: uninstall restores only the original,
+        # and a secret replaced (say by a key with fewer rights) must not linger on disk.
+        if c.before is not None and not (c.role == "relay-key" and record is not None):
             ensure_dir(paths.backups, created_dirs)
             backup = paths.backups / f"{c.path.name}.{stamp}"
             n = 0
@@ -442,8 +473,7 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
         lines += [f"  note: {tilde(c.path, paths.home)}: {n}" for n in c.notes]
     manifest["url"] = url
     manifest["mcp"] = mcp
-    ensure_dir(paths.relay_dir, created_dirs)
-    write_atomic(paths.manifest, (json.dumps(manifest, indent=2) + "\n").encode(), 0o600)
+    save_manifest(paths, manifest)
     return lines
 
 
@@ -592,9 +622,13 @@ def apply_uninstall(
     paths: Paths,
     manifest: dict[str, Any],
     echo: Callable[[str], None],
+    keep: dict[str, Any] | None = None,
+    command: str = "uninstall",
 ) -> None:
-    """Undo each change in `uninstall_order`, echoing a line for each as it is done; an
-    OSError part way becomes a RelayError naming what was not undone."""
+    """Undo each change in `uninstall_order`, echoing a line for each as it is done, then
+    remove the backups `manifest` names and the install record, or, given `keep` (what
+    `relay uninstall --project` leaves), rewrite the record as that. An OSError part way
+    becomes a RelayError naming what was not undone."""
     ordered = uninstall_order(changes)
     for i, c in enumerate(ordered):
         label = tilde(c.path, paths.home)
@@ -603,39 +637,56 @@ def apply_uninstall(
                 c.path.unlink(missing_ok=True)
                 line = f"  removed    {label}  ({c.what})"
             elif not c.changed:
-                line = f"  unchanged  {label}"
+                why = "; ".join(c.notes)  # a skill file edited since: kept, and why
+                line = f"  kept       {label}  ({why})" if why else f"  unchanged  {label}"
             else:
                 write_atomic(c.path, c.after, 0o644)
                 line = f"  restored   {label}  (without {c.what})"
         except OSError as exc:
             done = [tilde(x.path, paths.home) for x in ordered[:i] if x.changed]
             left = [tilde(x.path, paths.home) for x in ordered[i:] if x.changed]
-            raise _stopped(label, exc, done, left) from exc
+            raise _stopped(label, exc, done, left, command) from exc
         echo(line)
     for path in _leftovers(paths, manifest):
+        if path == paths.manifest and keep is not None:
+            continue  # rewritten below, once the folders are gone
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
             done = [tilde(x.path, paths.home) for x in ordered if x.changed]
-            raise _stopped(tilde(path, paths.home), exc, done, []) from exc
-    for d in sorted(manifest.get("dirs", []), key=len, reverse=True):
-        try:
+            raise _stopped(tilde(path, paths.home), exc, done, [], command) from exc
+    # The skill's folder goes once empty, even when an older `relay skill install` made it.
+    skill_dirs = [str(c.path.parent) for c in ordered if c.role == "skill" and c.after is None]
+    removed: set[str] = set()
+    for d in sorted({*manifest.get("dirs", []), *skill_dirs}, key=len, reverse=True):
+        with contextlib.suppress(OSError):
             Path(d).rmdir()  # only if empty: the hook's state or a database may live there
-        except OSError:
-            pass
+            removed.add(d)
+    if keep is not None:
+        keep["dirs"] = [d for d in keep["dirs"] if d not in removed]
+        try:
+            save_manifest(paths, keep)
+        except OSError as exc:
+            done = [tilde(x.path, paths.home) for x in ordered if x.changed]
+            raise _stopped(tilde(paths.manifest, paths.home), exc, done, [], command) from exc
 
 
-def _stopped(label: str, exc: OSError, done: list[str], left: list[str]) -> RelayError:
+def _stopped(
+    label: str, exc: OSError, done: list[str], left: list[str], command: str = "uninstall"
+) -> RelayError:
     return RelayError(
         f"uninstall stopped at {label}: {exc.strerror or exc}. "
         f"Already undone: {', '.join(done) or 'nothing'}. "
         f"Not yet: {', '.join([*left, 'Relay backups and install record'])}. "
-        "Fix that, then run `relay uninstall` again: it goes on from there"
+        f"Fix that, then run `relay {command}` again: it goes on from there"
     )
 
 
 def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
-    """No record of what install did: strip Relay's entries from the usual places only."""
+    """No record of what install did: strip Relay's entries from the usual places only, and
+    remove the skill's files from theirs where they are exactly what this Relay writes."""
+    from relay import skill
+
     records = {
         str(paths.claude_settings): {"role": "hooks-json"},
         str(paths.codex_hooks): {"role": "hooks-json"},
@@ -649,7 +700,35 @@ def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
                 paths.script, "hook-script", read_bytes(paths.script), None, "recall hook script"
             )
         )
-    return changes
+    return changes + skill.plan_unrecorded_removal(paths)
+
+
+def split_project(manifest: dict[str, Any], project: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the records of what install and skill install wrote under `project`, resolved as
+    they resolve it, and the rest of the manifest). Relay's own files serve every
+    project: they are never one project's."""
+    files = {
+        name: record
+        for name, record in manifest.get("files", {}).items()
+        if Path(name).is_relative_to(project) and record.get("role") not in OWN_FILES
+    }
+    skills = {
+        name: record
+        for name, record in manifest.get("skills", {}).items()
+        if Path(name).is_relative_to(project)
+    }
+    part = {
+        "files": files,
+        "skills": skills,
+        "dirs": [d for d in manifest.get("dirs", []) if Path(d).is_relative_to(project)],
+    }
+    rest = {
+        **manifest,
+        "files": {n: r for n, r in manifest.get("files", {}).items() if n not in files},
+        "skills": {n: r for n, r in manifest.get("skills", {}).items() if n not in skills},
+        "dirs": list(manifest.get("dirs", [])),
+    }
+    return part, rest
 
 
 # -- verification -----------------------------------------------------------------------------
@@ -741,8 +820,16 @@ def trust_instructions(paths: Paths, agent_names: tuple[str, ...], mcp: bool) ->
 
 # -- commands ------------------------------------------------------------------------------------
 @click.command("install")
-@click.option("--url", envvar="RELAY_URL", help="Relay server URL (asked for when not given).")
-@click.option("--key", envvar="RELAY_API_KEY", help="API key (asked for when not given).")
+@click.option(
+    "--url",
+    envvar="RELAY_URL",
+    help="Relay server URL (default: the one installed before; else asked for).",
+)
+@click.option(
+    "--key",
+    envvar="RELAY_API_KEY",
+    help="API key (default: the one installed before; else asked for).",
+)
 @click.option(
     "--key-file",
     type=click.Path(dir_okay=False, exists=True),
@@ -781,6 +868,16 @@ def install(
         if key and source is click.core.ParameterSource.COMMANDLINE:
             raise click.UsageError("give --key or --key-file, not both")
         key = read_key_file(key_file)  # beats RELAY_API_KEY, as a flag beats the environment
+    if not url or not key:  # run again to repair or change one thing: keep the rest
+        from relay.hook import config as hook_config
+
+        installed = hook_config.load()
+        if not url and installed.url:
+            url = installed.url
+            click.echo(f"Server {url}, as installed (--url to change it)")
+        if not key and installed.api_key:
+            key = installed.api_key
+            click.echo("Key: the one installed (--key or --key-file to change it)")
     url = (url or click.prompt("Relay server URL", default="http://127.0.0.1:8765")).strip()
     key = (key or click.prompt("API key", hide_input=True)).strip()
     agent_names = agent_names or AGENTS
@@ -807,32 +904,97 @@ def install(
     click.echo("")
     for line in trust_instructions(paths, agent_names, register_mcp):
         click.echo(line)
+    undo = "`relay uninstall`"
+    if paths.project is not None:
+        only = f"relay uninstall --project {shlex.quote(str(paths.project))}"
+        undo = f"`{only}` (this project only) or {undo} (all)"
     click.echo(
         f"Knobs: {tilde(paths.script, paths.home)} (takes effect on the next prompt). "
-        "Check everything with `relay doctor`; undo with `relay uninstall`. "
+        f"Check everything with `relay doctor`; undo with {undo}. "
         "The Relay skill: `relay skill install`."
     )
 
 
 @click.command("uninstall")
+@click.option(
+    "--project",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Undo only what install and skill install wrote under this project; keep the rest.",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
-def uninstall(dry_run: bool) -> None:
-    """Remove exactly what `relay install` added; originals come back where nothing else changed."""
+def uninstall(project: Path | None, dry_run: bool) -> None:
+    """Remove exactly what `relay install` and `relay skill install` added; originals come
+    back where nothing else changed, and a skill file you edited stays.
+
+    With --project DIR, only what `relay install --project DIR` and `relay skill install
+    --project DIR` wrote under DIR is undone; your user-level install (key, config, hook
+    script, MCP server) and other projects stay, and so does their install record.
+    """
+    from relay import skill
+
     paths = default_paths()
     manifest = load_manifest(paths)
+    if project is not None:
+        _uninstall_project(paths, manifest, project.resolve(), dry_run)
+        return
     warnings: list[str] = []
-    if manifest:
+    if manifest.get("files"):
         changes, warnings = plan_uninstall(paths, manifest)
+        # A skill an older Relay wrote, before skill install kept a record
+        changes += skill.plan_unrecorded_removal(paths)
     else:
-        click.echo("No install record (~/.relay/install.json): removing Relay's entries only.")
+        if manifest:
+            click.echo("No `relay install` recorded: removing Relay's entries only.")
+        else:
+            click.echo("No install record (~/.relay/install.json): removing Relay's entries only.")
         changes = plan_uninstall_without_manifest(paths)
+    recorded = skill.plan_removal(manifest.get("skills", {}))
+    changes = [c for c in changes if c.path not in {r.path for r in recorded}] + recorded
     if dry_run:
-        for c in uninstall_order(changes):
-            state = "remove" if c.after is None else "restore" if c.changed else "keep"
-            click.echo(f"  would {state:<8} {tilde(c.path, paths.home)}")
+        _dry_run(changes, paths)
         return
     for warning in warnings:
         click.echo(f"  warning: {warning}", err=True)
     refuse_blocked("uninstall", blockers(changes, paths, manifest))
     apply_uninstall(changes, paths, manifest, click.echo)
     click.echo("Relay is no longer wired into the agents on this machine.")
+
+
+def _uninstall_project(
+    paths: Paths, manifest: dict[str, Any], project: Path, dry_run: bool
+) -> None:
+    from relay import skill
+
+    where = tilde(project, paths.home)
+    part, rest = split_project(manifest, project)
+    if not part["files"] and not part["skills"]:
+        why = (
+            "~/.relay/install.json names no file that `relay install --project` or"
+            " `relay skill install --project` wrote there"
+            if manifest
+            else "there is no install record (~/.relay/install.json)"
+        )
+        click.echo(f"Nothing recorded for {where}: {why}. Nothing was changed.")
+        return
+    changes, warnings = plan_uninstall(paths, part)
+    changes += skill.plan_removal(part["skills"])
+    if dry_run:
+        _dry_run(changes, paths)
+        click.echo(f"  would rewrite  ~/.relay/install.json  (without {where}'s records)")
+        return
+    for warning in warnings:
+        click.echo(f"  warning: {warning}", err=True)
+    command = f"uninstall --project {shlex.quote(str(project))}"
+    refuse_blocked(command, blockers(changes, paths, part))
+    apply_uninstall(changes, paths, part, click.echo, keep=rest, command=command)
+    click.echo(
+        f"Relay is no longer wired into {where}; the user-level install and other projects"
+        " stay (`relay uninstall` takes out everything)."
+    )
+
+
+def _dry_run(changes: list[Change], paths: Paths) -> None:
+    for c in uninstall_order(changes):
+        state = "remove" if c.after is None else "restore" if c.changed else "keep"
+        notes = f"  ({'; '.join(c.notes)})" if c.notes else ""
+        click.echo(f"  would {state:<8} {tilde(c.path, paths.home)}{notes}")

@@ -5,16 +5,26 @@ back (recorded data with provenance, not instructions; DESIGN.md "Recall is
 optional context") and how to write a memory worth keeping. Its description is
 what the agents list to decide when to load it, so it stays within the Agent
 Skills limit of 1,024 characters (Claude Code lists up to 1,536).
+
+Install records each file it writes, with a hash of what it wrote, under "skills" in
+`~/.relay/install.json`; `relay uninstall` removes a file still as written and keeps
+one the user edited since.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import shlex
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from relay.install import Change, Paths
 
 NAME = "relay"
 DESCRIPTION_LIMIT = 1024  # Agent Skills spec; Claude Code's listing allows 1,536
@@ -110,15 +120,78 @@ def skill_zip() -> bytes:
     return buf.getvalue()
 
 
-def _write(path: Path, data: bytes) -> str:
-    before = path.read_bytes() if path.exists() else None
+# What each recorded file is, by its role in the install record.
+ROLES = {"skill": "Relay skill", "skill-zip": "Relay skill zip for Claude.ai"}
+EDITED = "changed since `relay skill install` wrote it; left as it is"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(path: Path, data: bytes, created_dirs: list[str]) -> str:
+    from relay.install import ensure_dir, read_bytes, write_atomic
+
+    before = read_bytes(path)
     if before == data:
         return "unchanged"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    ensure_dir(path.parent, created_dirs)
+    write_atomic(path, data, 0o644)
     return "created" if before is None else "updated"
+
+
+def record(paths: Paths, written: dict[Path, tuple[str, bytes]], created_dirs: list[str]) -> bool:
+    """Add the files skill install wrote (path -> role, bytes) to the install record,
+    making one when there is none; install's own records stay as they are. False, and
+    nothing written, when a record is there that this Relay cannot read (another version)."""
+    from relay.install import load_manifest, new_manifest, save_manifest
+
+    manifest = load_manifest(paths)
+    if not manifest and paths.manifest.exists():
+        return False
+    manifest = manifest or new_manifest()
+    manifest["dirs"] += [d for d in created_dirs if d not in manifest["dirs"]]
+    for path, (role, data) in written.items():
+        manifest["skills"][str(path)] = {"role": role, "sha256": _digest(data)}
+    save_manifest(paths, manifest)
+    return True
+
+
+def plan_removal(records: dict[str, dict[str, Any]]) -> list[Change]:
+    """Each recorded file still as skill install wrote it, to remove; one edited since (its
+    hash differs), kept with a note. A file already gone needs nothing."""
+    from relay.install import Change, read_bytes
+
+    out = []
+    for name, rec in records.items():
+        path, role = Path(name), rec.get("role", "skill")
+        current = read_bytes(path)
+        if current is None:
+            continue
+        if _digest(current) == rec.get("sha256"):
+            out.append(Change(path, role, current, None, ROLES.get(role, "Relay skill file")))
+        else:
+            out.append(Change(path, role, current, current, ROLES.get(role, ""), notes=[EDITED]))
+    return out
+
+
+def plan_unrecorded_removal(paths: Paths) -> list[Change]:
+    """No record: the skill's files in their default places, if byte for byte what this
+    Relay writes; anything else there stays, with a note."""
+    from relay.install import Change, read_bytes
+
+    out = []
+    for path, role, data in (
+        (paths.skills_dir / NAME / "SKILL.md", "skill", skill_markdown().encode()),
+        (paths.skill_zip, "skill-zip", skill_zip()),
+    ):
+        current = read_bytes(path)
+        if current == data:
+            out.append(Change(path, role, current, None, ROLES[role]))
+        elif current is not None:
+            note = "not the skill this Relay writes, and no record says Relay wrote it; left"
+            out.append(Change(path, role, current, current, ROLES[role], notes=[note]))
+    return out
 
 
 @click.group("skill")
@@ -146,20 +219,36 @@ def skill() -> None:
 )
 def skill_install(skills_dir: Path | None, project: Path | None, zip_path: Path | None) -> None:
     """Write SKILL.md for Claude Code and a zip ready to upload to Claude.ai."""
-    home = Path(os.path.expanduser("~"))
-    if skills_dir is None:
-        if project is not None:
-            skills_dir = project / ".claude" / "skills"
-        else:
-            base = os.environ.get("CLAUDE_CONFIG_DIR")
-            skills_dir = (Path(os.path.expanduser(base)) if base else home / ".claude") / "skills"
-    skill_md = skills_dir / NAME / "SKILL.md"
-    zip_path = zip_path or home / ".relay" / "relay-skill.zip"
-    state = _write(skill_md, skill_markdown().encode())
+    from relay.install import default_paths
+
+    paths = default_paths(project)
+    # Recorded absolute and with the folders' links resolved, as install records a
+    # project's files, so `relay uninstall --project DIR` finds them whatever DIR was.
+    skills_dir = (_resolved(skills_dir) if skills_dir else paths.skills_dir) / NAME
+    skill_md = skills_dir / "SKILL.md"
+    zip_path = _resolved(zip_path.parent) / zip_path.name if zip_path else paths.skill_zip
+    written = {skill_md: ("skill", skill_markdown().encode()), zip_path: ("skill-zip", skill_zip())}
+    created_dirs: list[str] = []
+    state = _write(skill_md, written[skill_md][1], created_dirs)
     click.echo(f"  {state:<9}  {skill_md}  (Claude Code loads it in new sessions)")
-    state = _write(zip_path, skill_zip())
+    state = _write(zip_path, written[zip_path][1], created_dirs)
     click.echo(f"  {state:<9}  {zip_path}")
+    if record(paths, written, created_dirs):
+        undo = "`relay uninstall` removes both files"
+        if paths.project is not None:
+            only = f"relay uninstall --project {shlex.quote(str(paths.project))}"
+            undo += f" (`{only}`: this project's only)"
+    else:
+        undo = (
+            "Not recorded: ~/.relay/install.json is there but is not a record this Relay reads"
+            " (left as it is), so `relay uninstall` will not know these files"
+        )
     click.echo(
         "Claude.ai: Settings > Capabilities > Skills > Upload skill, and choose the zip above. "
-        "There the skill can search only if a Relay MCP connector is set up (the server's /mcp)."
+        "There the skill can search only if a Relay MCP connector is set up (the server's /mcp). "
+        f"{undo}."
     )
+
+
+def _resolved(path: Path) -> Path:
+    return Path(os.path.expanduser(path)).resolve()

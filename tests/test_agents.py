@@ -58,6 +58,25 @@ def test_malformed_hooks_are_refused(bad):
         agents.add_hooks(bad, SCRIPT, "settings.json")
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"hooks": None},
+        {"hooks": {"UserPromptSubmit": None, "SessionStart": [{"hooks": None}]}},
+    ],
+)
+def test_null_where_hooks_go_is_none_registered(doc):
+    """QA: valid JSON with null there crashed relay install with a traceback."""
+    added = agents.add_hooks(doc, SCRIPT, "settings.json")
+    assert {h.event for h in agents.relay_handlers(added)} == set(agents.EVENTS)
+    assert len(agents.relay_handlers(agents.add_hooks(added, SCRIPT, "settings.json"))) == 2
+
+
+def test_null_mcp_servers_is_none_registered():
+    added, note = agents.add_mcp_server({"mcpServers": None}, RELAY, "~/.claude.json")
+    assert note == "" and added["mcpServers"]["relay"]["command"] == RELAY
+
+
 def test_mcp_server_entry_added_replaced_and_removed():
     doc = {"mcpServers": {"docs": {"command": "d"}}, "numStartups": 3}
     added, note = agents.add_mcp_server(doc, RELAY, "~/.claude.json")

@@ -958,3 +958,13 @@ def test_claude_code_hooks_switched_off_fail(tmp_path, server):
         'Claude Code: ~/claude-config/settings.json sets "disableAllHooks": true: Claude Code '
         "runs no hooks, Relay's included: no automatic recall"
     ]
+
+
+def test_a_record_of_skill_install_alone_is_not_an_install(tmp_path):
+    """Skill install records its files in install.json; doctor took any record for one
+    that `relay install` wrote, and stopped naming the missing hooks in ~/.claude."""
+    assert relay(tmp_path, "skill", "install").returncode == 0
+    assert (tmp_path / ".relay/install.json").exists()
+    assert (
+        "hooks: Claude Code: no Relay hooks in ~/.claude/settings.json: no automatic recall"
+    ) in failures(tmp_path)

@@ -259,6 +259,22 @@ def test_invalid_settings_file_is_refused_and_nothing_changes(tmp_path, server, 
     assert snapshot(home) == before
 
 
+def test_null_where_relay_registers_is_nothing_registered(tmp_path, server):
+    """QA: valid JSON with null for hooks or mcpServers crashed install with a traceback."""
+    home = tmp_path
+    write(home / ".claude/settings.json", '{"hooks": null}')
+    write(home / ".claude.json", '{"mcpServers": null, "numStartups": 2}')
+    write(home / ".codex/hooks.json", '{"hooks": {"UserPromptSubmit": null}}')
+    before = snapshot(home)
+    done = install(home, server)
+    assert done.returncode == 0, done.stderr
+    assert relay_entries(home / ".claude/settings.json")["UserPromptSubmit"] == 1
+    assert relay_entries(home / ".codex/hooks.json")["SessionStart"] == 1
+    assert "relay" in json.loads((home / ".claude.json").read_text())["mcpServers"]
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(home) == before
+
+
 def test_settings_whose_hooks_are_the_wrong_shape_are_refused(tmp_path, server):
     write(tmp_path / ".claude/settings.json", '{"hooks": ["not", "an", "object"]}')
     before = snapshot(tmp_path)
@@ -341,6 +357,26 @@ def test_key_file_mistakes_are_one_line_errors(tmp_path, server):
     )
     assert done.returncode == 0, done.stderr
     assert (home / ".relay/key").read_text() == server["key"] + "\n"
+
+
+def test_running_install_again_keeps_the_installed_server_and_key(tmp_path, server):
+    """QA: `relay install --key NEW_KEY`, doctor's fix for a bad key, asked for the server's
+    URL again with a default of port 8765, and `relay install --agent claude-code` for both."""
+    home = tmp_path
+    assert install(home, server).returncode == 0
+    again = relay(home, "install", "--agent", "claude-code", stdin="")
+    assert again.returncode == 0, again.stderr
+    assert f"Server {server['url']}, as installed" in again.stdout
+    assert "Key: the one installed" in again.stdout
+    reader = mint(server["url"], server["admin"], "install-reader", ["memory:read"])["secret"]
+    swapped = relay(home, "install", "--key", reader, stdin="")
+    assert swapped.returncode == 0, swapped.stderr
+    assert (home / ".relay/key").read_text() == reader + "\n"
+    assert json.loads((home / ".relay/config.json").read_text())["url"] == server["url"]
+    # The key it replaced is not kept in a backup: only a key Relay did not write would be.
+    backups = home / ".relay/backups"
+    kept = [p.read_text() for p in backups.iterdir()] if backups.exists() else []
+    assert not any(server["key"] in text or reader in text for text in kept)
 
 
 def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
@@ -491,6 +527,117 @@ def test_project_install_uses_home_relative_commands(tmp_path, server):
     assert relay(home, "uninstall").returncode == 0
     assert snapshot(project) == {}
     assert all(name.startswith(".relay/state/") for name in snapshot(home))  # the hook's own log
+
+
+# -- the install record: skill install's files, and relay uninstall --project ----------------
+def manifest_of(home: Path) -> dict:
+    return json.loads((home / ".relay/install.json").read_text())
+
+
+def test_skill_install_adds_to_the_record_an_older_install_wrote(tmp_path, server):
+    """Skill install records its files in install.json: beside install's records, in a
+    record an older Relay wrote (no "skills"), and uninstall then takes out both."""
+    home = tmp_path
+    assert install(home, server).returncode == 0
+    manifest = manifest_of(home)
+    older = {k: v for k, v in manifest.items() if k != "skills"}
+    (home / ".relay/install.json").write_text(json.dumps(older, indent=2))
+    assert relay(home, "skill", "install").returncode == 0
+    both = manifest_of(home)
+    assert both["files"] == manifest["files"] and both["version"] == 1
+    assert set(both["skills"]) == {
+        str(home / ".claude/skills/relay/SKILL.md"),
+        str(home / ".relay/relay-skill.zip"),
+    }
+    assert relay(home, "doctor").returncode == 0
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(home) == {}
+    assert list(home.iterdir()) == []
+
+
+def test_uninstall_removes_a_skill_installed_before_skill_install_kept_a_record(tmp_path, server):
+    home = tmp_path
+    assert install(home, server).returncode == 0
+    assert relay(home, "skill", "install").returncode == 0
+    manifest = manifest_of(home)
+    del manifest["skills"]  # as an older Relay left it
+    (home / ".relay/install.json").write_text(json.dumps(manifest))
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert "removed    ~/.claude/skills/relay/SKILL.md" in done.stdout
+    assert snapshot(home) == {}
+
+
+def recorded_under(manifest: dict, folder: Path) -> list[str]:
+    return [p for key in ("files", "skills") for p in manifest.get(key, {}) if folder.name in p]
+
+
+def test_project_uninstall_leaves_the_user_install_and_other_projects(tmp_path, server):
+    """`relay uninstall` undid every install at once: a project was taken out only with
+    the user-level wiring and every other project. `--project DIR` undoes DIR's records
+    alone, backups included, and rewrites the record for the rest."""
+    home, mine, other = tmp_path / "home", tmp_path / "mine", tmp_path / "other"
+    for folder in (home, mine, other):
+        folder.mkdir()
+    write(mine / ".claude/settings.json", EXISTING_SETTINGS)
+    write(other / ".claude/settings.json", EXISTING_SETTINGS)
+    write(home / ".claude/settings.json", EXISTING_SETTINGS)
+    mine_before, other_before, home_before = snapshot(mine), snapshot(other), snapshot(home)
+    assert install(home, server).returncode == 0
+    assert install(home, server, "--project", str(other)).returncode == 0
+    done = install(home, server, "--project", str(mine))
+    assert done.returncode == 0, done.stderr
+    assert f"relay uninstall --project {mine}` (this project only)" in done.stdout
+    assert relay(home, "skill", "install", "--project", str(mine)).returncode == 0
+    assert relay(home, "skill", "install").returncode == 0
+    home_installed, other_installed = snapshot(home), snapshot(other)
+    manifest = manifest_of(home)
+    backups = set(os.listdir(home / ".relay/backups"))
+    assert len(backups) == 3  # one settings.json each: user, other, mine
+
+    dry = relay(home, "uninstall", "--project", str(mine), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"would restore  {mine}/.claude/settings.json" in dry.stdout
+    assert f"would remove   {mine}/.claude/skills/relay/SKILL.md" in dry.stdout
+    assert "~/.relay" not in dry.stdout.replace("would rewrite  ~/.relay/install.json", "")
+    assert snapshot(home) == home_installed and manifest_of(home) == manifest
+
+    done = relay(home, "uninstall", "--project", str(mine))
+    assert done.returncode == 0, done.stderr
+    assert snapshot(mine) == mine_before  # the original back, byte for byte; the rest gone
+    assert sorted(p.name for p in mine.rglob("*")) == [".claude", "settings.json"]
+    assert snapshot(other) == other_installed
+    left = snapshot(home)
+    gone = set(home_installed) - set(left)
+    assert len(gone) == 1 and gone.pop().startswith(".relay/backups/")  # mine's backup only
+    assert {k: v for k, v in left.items() if k != ".relay/install.json"} == {
+        k: v for k, v in home_installed.items() if k in left and k != ".relay/install.json"
+    }
+    rewritten = manifest_of(home)
+    assert stat.S_IMODE((home / ".relay/install.json").stat().st_mode) == 0o600
+    assert recorded_under(rewritten, mine) == []
+    assert recorded_under(rewritten, other) == recorded_under(manifest, other) != []
+    for key in ("files", "skills"):
+        kept = {p: r for p, r in manifest[key].items() if not p.startswith(str(mine))}
+        assert rewritten[key] == kept
+    assert rewritten["url"] == manifest["url"]
+
+    again = relay(home, "uninstall", "--project", str(mine))
+    assert again.returncode == 0
+    assert again.stdout.startswith(f"Nothing recorded for {mine}") and "Nothing was changed" in (
+        again.stdout
+    )
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(other) == other_before and snapshot(home) == home_before
+
+
+def test_uninstall_help_names_the_project_and_the_skill():
+    from click.testing import CliRunner
+
+    from relay.cli import cli
+
+    out = CliRunner().invoke(cli, ["uninstall", "--help"], terminal_width=200).output
+    assert "--project" in out and "relay skill install" in out and "other projects" in out
 
 
 # -- the registered commands, run as the agents run them -------------------------------------

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import zipfile
+from pathlib import Path
 
-from integration_support import relay
+from integration_support import relay, snapshot
 
 from relay.skill import DESCRIPTION, skill_markdown
 
@@ -59,3 +61,94 @@ def test_skill_install_writes_skill_md_and_an_upload_zip(tmp_path):
         assert zf.read("relay/SKILL.md").decode() == skill_markdown()
     again = relay(tmp_path, "skill", "install")
     assert again.stdout.count("unchanged") == 2
+
+
+# -- relay uninstall takes the skill out again --------------------------------------------------
+def manifest_of(home: Path) -> dict:
+    return json.loads((home / ".relay/install.json").read_text())
+
+
+def test_uninstall_removes_the_skill_files_it_recorded(tmp_path):
+    """`relay uninstall` left SKILL.md and the zip behind: skill install recorded nothing.
+    It records them now, and uninstall takes them out, folders it made included."""
+    home, elsewhere = tmp_path / "home", tmp_path / "skills"
+    home.mkdir()
+    assert relay(home, "skill", "install").returncode == 0
+    assert relay(home, "skill", "install", "--dir", str(elsewhere)).returncode == 0
+    assert set(manifest_of(home)["skills"]) == {
+        str(home / ".claude/skills/relay/SKILL.md"),
+        str(home / ".relay/relay-skill.zip"),
+        str(elsewhere / "relay/SKILL.md"),
+    }
+    assert stat.S_IMODE((home / ".relay/install.json").stat().st_mode) == 0o600
+    installed = snapshot(home)
+    dry = relay(home, "uninstall", "--dry-run")
+    assert dry.returncode == 0 and "would remove   ~/.claude/skills/relay/SKILL.md" in dry.stdout
+    assert snapshot(home) == installed
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert "removed    ~/.claude/skills/relay/SKILL.md  (Relay skill)" in done.stdout
+    assert "removed    ~/.relay/relay-skill.zip" in done.stdout
+    assert list(home.iterdir()) == [] and not elsewhere.exists()
+
+
+def test_uninstall_keeps_a_skill_md_the_user_edited_and_says_so(tmp_path):
+    assert relay(tmp_path, "skill", "install").returncode == 0
+    skill_md = tmp_path / ".claude/skills/relay/SKILL.md"
+    edited = skill_markdown() + "\n## Our own notes\n\nAsk Dana before a deploy.\n"
+    skill_md.write_text(edited)
+    dry = relay(tmp_path, "uninstall", "--dry-run")
+    assert "would keep     ~/.claude/skills/relay/SKILL.md  (changed since" in dry.stdout
+    done = relay(tmp_path, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "kept       ~/.claude/skills/relay/SKILL.md  (changed since `relay skill install` "
+        "wrote it; left as it is)" in done.stdout
+    )
+    assert skill_md.read_text() == edited
+    assert snapshot(tmp_path) == {".claude/skills/relay/SKILL.md": (edited.encode(), 0o644)}
+
+
+def test_project_uninstall_removes_that_projects_skill_only(tmp_path):
+    home, mine, other = tmp_path / "home", tmp_path / "mine", tmp_path / "other"
+    for folder in (home, mine, other):
+        folder.mkdir()
+    assert relay(home, "skill", "install").returncode == 0
+    assert relay(home, "skill", "install", "--project", str(other)).returncode == 0
+    # A relative DIR, from inside the project, is recorded as the same absolute path.
+    assert relay(home, "skill", "install", "--project", ".", cwd=mine).returncode == 0
+    home_installed, other_installed = snapshot(home), snapshot(other)
+    manifest = manifest_of(home)
+    assert str(mine / ".claude/skills/relay/SKILL.md") in manifest["skills"]
+
+    dry = relay(home, "uninstall", "--project", str(mine), "--dry-run")
+    assert dry.returncode == 0 and f"would remove   {mine}/.claude/skills/relay" in dry.stdout
+    assert snapshot(mine) != {} and manifest_of(home) == manifest
+    done = relay(home, "uninstall", "--project", str(mine))
+    assert done.returncode == 0, done.stderr
+    assert list(mine.iterdir()) == []  # the folders skill install made went too
+    assert snapshot(other) == other_installed
+    assert set(home_installed) == set(snapshot(home))
+    skills = manifest_of(home)["skills"]
+    assert skills == {p: r for p, r in manifest["skills"].items() if not p.startswith(str(mine))}
+
+
+def test_without_a_record_uninstall_removes_only_an_exact_skill_md(tmp_path):
+    """No install.json: the skill in its default place goes when it is byte for byte the
+    one this Relay writes, and stays, said so, when it is not."""
+    home = tmp_path
+    assert relay(home, "skill", "install").returncode == 0
+    (home / ".relay/install.json").unlink()
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert "No install record" in done.stdout and "removed    ~/.claude/skills/relay" in done.stdout
+    assert not (home / ".claude/skills/relay").exists() and snapshot(home) == {}
+
+    assert relay(home, "skill", "install").returncode == 0
+    (home / ".relay/install.json").unlink()
+    skill_md = home / ".claude/skills/relay/SKILL.md"
+    skill_md.write_text(skill_markdown().replace("Relay team memory", "Our team memory"))
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert "kept       ~/.claude/skills/relay/SKILL.md" in done.stdout
+    assert skill_md.exists() and not (home / ".relay/relay-skill.zip").exists()
