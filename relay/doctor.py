@@ -26,16 +26,13 @@ from typing import Any
 import click
 
 from relay import agents, knob_script
+from relay.doctor_hooks import HookChecks
 from relay.errors import RelayError, StoreError, UnavailableError
 from relay.hook import config as hook_config
 
 SLOW_SERVER_MS = 150
 BUDGET_ALERT_RUNS = 3  # runs out of budget before a search, in 24 h, worth a finding
 EXPIRY_WARNING = timedelta(days=7)
-HOOK_EXIT_MS = 100  # after its deadline, the hook logs its outcome and exits
-AGENT_LABELS = {"claude-code": "Claude Code", "codex": "Codex"}
-# A knob script behind its guard that never reaches relay-hook: nothing tells the user.
-SILENTLY_OFF = "recall is silently off on every prompt (exit status 0, nothing shown)"
 
 
 @dataclass
@@ -46,7 +43,7 @@ class Finding:
     fix: str = ""
 
 
-class Doctor:
+class Doctor(HookChecks):
     def __init__(self, project: Path | None = None, environ: dict[str, str] | None = None) -> None:
         from relay.install import default_paths, load_manifest
 
@@ -55,6 +52,7 @@ class Doctor:
         self.manifest = load_manifest(self.paths)
         self.findings: list[Finding] = []
         self.cfg: hook_config.Config | None = None
+        self.url_source = "url"  # where cfg.url comes from: the config file, or RELAY_URL
         self._scripts_checked: dict[Path, bool] = {}
         self._tomls: dict[Path, tuple[dict[str, Any] | None, str | None]] = {}
         self.key_ok: bool | None = None
@@ -110,6 +108,15 @@ class Doctor:
                     "fix the file or run `relay install` again",
                 )
                 return False
+        for name in raw:  # keys the hook skips unread: a typo that silently does nothing
+            why = hook_config.not_a_setting(name)
+            if why:
+                self.add(
+                    "warn",
+                    "config",
+                    f"the hook ignores {name} in {self.home(path)} ({why})",
+                    f"correct or remove {name} in {self.home(path)}",
+                )
         # The settings the hook runs with: the script's knobs beat the config file.
         script = self._script_reading if self._script_in_use() else None
         ignored: list[str] = []
@@ -144,20 +151,20 @@ class Doctor:
             self.add("fail", "config", "no server URL configured", "run `relay install`")
             return False
         if not cfg.api_key:
-            key_file = cfg.api_key_file
-            why = (
-                f"the key file {key_file} is missing, unreadable or empty"
-                if key_file
-                else "no API key configured"
-            )
-            self.add("fail", "config", why, "run `relay install` with a valid key")
+            self.add("fail", "config", *self._why_no_key(path, raw, handed))
             return False
         source = (
             f"key from {self.home(os.path.expanduser(cfg.api_key_file))}"
             if (cfg.api_key_file and not self.environ.get("RELAY_API_KEY"))
             else "key from the environment or config"
         )
-        self.add("ok", "config", f"{self.home(path)}: server {cfg.url}, {source}")
+        server, own = f"server {cfg.url}", raw.get("url")
+        if self.environ.get("RELAY_URL") is not None:  # the hook's layer above the file
+            self.url_source = "RELAY_URL"
+            if own != cfg.url:
+                theirs = f"not this file's url, {own}" if isinstance(own, str) else "none here"
+                server += f" from RELAY_URL ({theirs})"
+        self.add("ok", "config", f"{self.home(path)}: {server}, {source}")
         if cfg.api_key_file and not self.environ.get("RELAY_API_KEY"):
             key_path = Path(os.path.expanduser(cfg.api_key_file))
             mode = stat.S_IMODE(key_path.stat().st_mode)
@@ -176,6 +183,38 @@ class Doctor:
                 "remove the setting to turn recall back on",
             )
         return True
+
+    def _why_no_key(
+        self, path: Path, raw: dict[str, Any], environ: dict[str, str]
+    ) -> tuple[str, str]:
+        """Why the hook has no key, read as it reads one (`hook_config.load`): RELAY_API_KEY,
+        else `api_key` in the config file, else the first line of the key file, which must
+        be printable ASCII, as it goes into an HTTP header; and the fix."""
+        reinstall = "run `relay install --key KEY`: it writes the key file afresh"
+        given, where = environ.get("RELAY_API_KEY"), "RELAY_API_KEY"
+        if given is None:
+            given, where = raw.get("api_key"), f"api_key in {self.home(path)}"
+        off = "the hook sends no key, and no prompt gets recall"
+        if isinstance(given, str) and given.strip():
+            return f"the API key in {where} {_key_problem(given.strip())}: {off}", f"fix {where}"
+        key_file = self.cfg.api_key_file if self.cfg else ""
+        if not key_file:
+            return "no API key configured", "run `relay install` with a valid key"
+        shown = self.home(os.path.expanduser(key_file))
+        try:
+            with open(os.path.expanduser(key_file), "rb") as fh:
+                lines = fh.read(4096).decode("utf-8", "replace").strip().splitlines()
+        except FileNotFoundError:
+            return f"the key file {shown} does not exist", reinstall
+        except OSError as exc:
+            return f"the key file {shown} cannot be read ({exc.strerror})", reinstall
+        if not lines:
+            return f"the key file {shown} is empty", reinstall
+        problem = _key_problem(lines[0].strip())
+        what = f"the key file {shown} {problem}: {off}"
+        if problem.startswith("starts with a byte-order mark"):
+            return what, f"save {shown} without the mark (as plain ASCII), or {reinstall}"
+        return what, reinstall
 
     def _check_shadowed_knobs(
         self, path: Path, raw: dict[str, Any], script: knob_script.Reading
@@ -217,7 +256,7 @@ class Doctor:
                 start = time.perf_counter()
                 client.get("/healthz")
                 times.append((time.perf_counter() - start) * 1000)
-        except RelayError as exc:
+        except (RelayError, ValueError) as exc:  # ValueError: a 2xx whose body is not JSON
             self.add("fail", "server", *self._server_failure(exc))
             return False
         best = min(times)
@@ -232,12 +271,17 @@ class Doctor:
         )
         return True
 
-    def _server_failure(self, exc: RelayError) -> tuple[str, str]:
+    def _server_failure(self, exc: RelayError | ValueError) -> tuple[str, str]:
         """What a failed /healthz means, and its fix: the server is away, or it answered
-        that its own database is (a restart of the server would not help then)."""
+        that its own database is (a restart of the server would not help then), or what
+        answers is not a Relay server (install's check)."""
         from relay.client import ConnectionFailedError
 
         assert self.cfg is not None
+        if self.url_source == "RELAY_URL":
+            where = "RELAY_URL (set in this shell; unset, the config file's url applies)"
+        else:
+            where = f"`url` in {self.home(hook_config.config_path(self.environ))}"
         if isinstance(exc, UnavailableError | StoreError) and not isinstance(
             exc, ConnectionFailedError
         ):
@@ -247,11 +291,47 @@ class Doctor:
                 "check the server's database: is PostgreSQL up, and reachable from the server"
                 " with its RELAY_DB?",
             )
+        if isinstance(exc, ConnectionFailedError):
+            return (
+                f"{exc.message}: every prompt goes without team memory",
+                f"start the server, or fix {where}"
+                + ("" if self.url_source == "RELAY_URL" else " (`relay install --url ...`)"),
+            )
+        not_relay = self._not_relay()
+        if not_relay:
+            return (
+                f"{not_relay}: every prompt goes without team memory",
+                f"fix {where}"
+                + ("" if self.url_source == "RELAY_URL" else " (`relay install --url ROOT`)"),
+            )
+        why = exc.message if isinstance(exc, RelayError) else f"an answer that is not JSON ({exc})"
         return (
-            f"{exc.message}: every prompt goes without team memory",
-            f"start the server, or fix `url` in {self.home(self.paths.config)} "
-            "(`relay install --url ...`)",
+            f"{self.cfg.url}/healthz failed: {why}: every prompt goes without team memory",
+            f"check the server's log, or fix {where}",
         )
+
+    def _not_relay(self) -> str | None:
+        """install's check that the URL is a Relay server's root (`relay install` says "not
+        a Relay server root"): GET /v1/whoami answers as Relay does. None when it does."""
+        from relay.errors import NotFoundError
+        from relay.install import _not_relay_root
+
+        assert self.cfg is not None
+        try:
+            who = self._client().get("/v1/whoami")
+        except NotFoundError:
+            answer = "404 Not Found"
+        except ValueError:
+            answer = "an answer that is not JSON"
+        except RelayError as exc:
+            if type(exc) is not RelayError:  # a Relay error body, coded: Relay answered
+                return None
+            answer = exc.message.removesuffix(" from the server")  # `HTTP 404`, not Relay's
+        else:
+            if isinstance(who, dict) and isinstance(who.get("key"), dict):
+                return None
+            answer = "an answer that is not Relay's"
+        return _not_relay_root(self.cfg.url, answer).message
 
     def check_key(self) -> None:
         client = self._client()
@@ -305,349 +385,51 @@ class Doctor:
                     "get a new key and run `relay install --key NEW_KEY` before then",
                 )
 
-    # -- hooks -------------------------------------------------------------------
-    def _hook_files(self) -> list[tuple[str, Path, bool]]:
-        """(agent, hooks file, expected): from the install record, else the usual places."""
-        out: list[tuple[str, Path, bool]] = []
-        installed = bool(self.manifest.get("files"))  # not a record of skill install's alone
-        recorded = {
-            Path(p)
-            for p, rec in self.manifest.get("files", {}).items()
-            if rec.get("role") == "hooks-json"
-        }
-        for agent, path in (
-            ("claude-code", self.paths.claude_settings),
-            ("codex", self.paths.codex_hooks),
-        ):
-            candidates = {path} | {p for p in recorded if _agent_of(p) == agent and p != path}
-            for p in sorted(candidates):
-                expected = p in recorded or (not installed and p.parent.exists())
-                out.append((agent, p, expected))
-        return out
-
-    @functools.cached_property
-    def _hook_docs(self) -> list[tuple[str, Path, bool, dict[str, Any] | Exception]]:
-        """Each hooks file parsed once (or why it cannot be): (agent, path, expected, doc)."""
-        out: list[tuple[str, Path, bool, dict[str, Any] | Exception]] = []
-        for agent, path, expected in self._hook_files():
-            try:
-                doc = agents.parse_json(path.read_text(), str(path)) if path.exists() else {}
-            except (OSError, RelayError) as exc:
-                out.append((agent, path, expected, exc))
-            else:
-                out.append((agent, path, expected, doc))
-        return out
-
-    def _relay_entries(self) -> list[agents.RelayHandler]:
-        """Every Relay entry registered in the hooks files doctor reads."""
-        return [
-            h
-            for _, _, _, doc in self._hook_docs
-            if isinstance(doc, dict)
-            for h in agents.relay_handlers(doc)
-        ]
-
-    def _script_in_use(self) -> bool:
-        """Whether the hook runs through the knob script: a registered Relay entry starts it,
-        or none is registered to say otherwise (`relay-hook` registered by hand skips it)."""
-        started = [agents.started_in_command(h.command) for h in self._relay_entries()]
-        programs = [s[0].rsplit("/", 1)[-1] for s in started if s]
-        return not programs or agents.SCRIPT_NAME in programs
-
-    @functools.cached_property
-    def _script_reading(self) -> knob_script.Reading | None:
-        """The installed knob script as it runs; None when it is missing or unreadable."""
-        return knob_script.read_file(self.paths.script)
-
-    def _reading_of(self, script: Path) -> knob_script.Reading:
-        if script == self.paths.script:
-            return self._script_reading or knob_script.Reading()
-        return knob_script.read_file(script) or knob_script.Reading()
-
-    def check_hooks(self) -> None:
-        any_ok = False
-        for agent, path, expected, doc in self._hook_docs:
-            label = AGENT_LABELS[agent]
-            if not isinstance(doc, dict):
-                self.add(
-                    "fail",
-                    "hooks",
-                    f"{label}: {self.home(path)} is unreadable ({doc}); the agent ignores it",
-                    "fix the file, then `relay install`",
-                )
-                continue
-            handlers = agents.relay_handlers(doc)
-            missing = [e for e in agents.EVENTS if e not in {h.event for h in handlers}]
-            if missing == list(agents.EVENTS):
-                if expected:
-                    self.add(
-                        "fail",
-                        "hooks",
-                        f"{label}: no Relay hooks in {self.home(path)}: no automatic recall",
-                        f"run `relay install --agent {agent}`",
-                    )
-                continue
-            if missing:
-                self.add(
-                    "fail",
-                    "hooks",
-                    f"{label}: {self.home(path)} lacks the {' and '.join(missing)} hook",
-                    f"run `relay install --agent {agent}`",
-                )
-            self._check_duplicates(label, path, handlers)
-            sound = self._check_entries(agent, path, handlers)
-            if self._check_targets(label, path, handlers, sound) and len(sound) == len(handlers):
-                any_ok = True
-            if agent == "codex":
-                self._check_codex_flag(path)
-        if not any_ok and not any(f.area == "hooks" for f in self.findings):
-            self.add(
-                "fail",
-                "hooks",
-                "no agent has Relay's hooks: no automatic recall anywhere",
-                "run `relay install`",
-            )
-
-    def _check_duplicates(
-        self, label: str, path: Path, handlers: list[agents.RelayHandler]
-    ) -> None:
-        for event in agents.EVENTS:
-            count = sum(h.event == event for h in handlers)
-            if count > 1:
-                self.add(
-                    "warn",
-                    "hooks",
-                    f"{label}: {self.home(path)} registers Relay's {event} hook {count} times:"
-                    " each one runs the hook again",
-                    "run `relay install`: it keeps one entry per event",
-                )
-
-    def _check_entries(
-        self, agent: str, path: Path, handlers: list[agents.RelayHandler]
-    ) -> list[agents.RelayHandler]:
-        """What the agent reads before it runs a Relay entry's command: its `type`, its
-        `timeout` (seconds, in both agents) and, for SessionStart, its group's matcher.
-        Returns the entries the agent runs (a matcher only narrows when)."""
-        label = AGENT_LABELS[agent]
-        deadline = (self.cfg or hook_config.load(self.environ)).deadline_ms
-        fix = "run `relay install` to rewrite the entry"
-        sound = []
-        for h in handlers:
-            where = f"{label}: the Relay {h.event} entry in {self.home(path)}"
-            runs = True
-            kind = h.handler.get("type")
-            if kind != "command":
-                what = f'"type": {json.dumps(kind)}' if "type" in h.handler else "no type"
-                self.add(
-                    "fail",
-                    "hooks",
-                    f'{where} has {what}, not "command": {label} never runs its command',
-                    f'set "type": "command", or {fix}',
-                )
-                runs = False
-            problem = _timeout_problem(agent, h.handler.get("timeout"), deadline)
-            if problem:
-                self.add(
-                    "fail",
-                    "hooks",
-                    f"{where}: {problem}",
-                    f"remove the timeout or set it to {agents.HOOK_TIMEOUT_S} (seconds), or {fix}",
-                )
-                runs = False
-            if runs:
-                sound.append(h)
-            if h.event != "SessionStart":
-                continue  # both agents ignore a UserPromptSubmit matcher
-            sources = agents.SESSION_SOURCES[agent]
-            missed = [s for s in sources if not agents.matcher_matches(h.matcher, s)]
-            if missed:
-                kept = " or ".join(s for s in sources if s not in missed)
-                self.add(
-                    "warn",
-                    "hooks",
-                    f"{where} has the matcher {json.dumps(h.matcher)}: it runs "
-                    + (f"only for sessions whose source is {kept}" if kept else "never")
-                    + f", not {' or '.join(missed)}: those start without the team profile",
-                    f"remove the matcher (Relay's entry has none), or {fix}",
-                )
-        return sound
-
-    def _check_targets(
-        self,
-        label: str,
-        path: Path,
-        handlers: list[agents.RelayHandler],
-        sound: list[agents.RelayHandler],
-    ) -> bool:
-        """What each Relay entry starts, and with which argument: the knob script (present,
-        executable, exec'ing a `relay-hook` that is) or `relay-hook` itself. The `ok` line
-        names the events of the `sound` entries only: the others never run."""
-        targets: dict[Path, list[str]] = {}
-        ok = True
-        for h in handlers:
-            started = agents.started_in_command(h.command)
-            if started is None:
-                self.add(
-                    "warn",
-                    "hooks",
-                    f"{label}: unexpected Relay hook command in {self.home(path)}: {h.command}",
-                    "run `relay install` to rewrite it",
-                )
-                continue
-            word, args = started
-            events = targets.setdefault(self._program_path(word), [])
-            # Without the argument the hook still knows a session start by the agent's
-            # hook_event_name; with it, it takes every prompt for one.
-            if args[:1] == ["session-start"] and h.event != "SessionStart":
-                self.add(
-                    "fail",
-                    "hooks",
-                    f"{label}: the {h.event} entry in {self.home(path)} runs {word} with the "
-                    "`session-start` argument: the hook takes every prompt for a session start, "
-                    "so no prompt searches",
-                    "run `relay install` to rewrite the entry",
-                )
-                ok = False
-            elif any(h is other for other in sound):
-                events.append(h.event)
-        for program, events in sorted(targets.items()):
-            on = " and ".join(e for e in agents.EVENTS if e in events)
-            if program.name == agents.SCRIPT_NAME:
-                ok = self._check_script(label, path, program, on) and ok
-            elif not os.access(program, os.X_OK):
-                self.add(
-                    "fail",
-                    "hooks",
-                    f"{label}: {self.home(path)} runs {program}, which does not exist or is not "
-                    "executable: the agent shows an error on every prompt",
-                    "run `relay install` (it registers the hook through its knob script)",
-                )
-                ok = False
-            elif on:
-                self.add(
-                    "ok",
-                    "hooks",
-                    f"{label}: {on} in {self.home(path)} -> {program} (started directly, without"
-                    " the knob script: its settings come from the environment and config.json)",
-                )
-        return ok
-
-    def _script_parses(self, script: Path) -> bool:
-        """sh can parse the script: it stops at a line it cannot, before it starts the hook
-        (behind the guard, with exit status 0 and nothing shown; without it, with 2, which
-        blocks the prompt in Claude Code); and a script without the guard is named. Each
-        finding once, however many agents run the script."""
-        if script in self._scripts_checked:
-            return self._scripts_checked[script]
-        reading = self._reading_of(script)
-        error = knob_script.syntax_error(script)
-        self._scripts_checked[script] = error is None
-        rewrite = (
-            f"run `relay install` to rewrite {self.home(script)} (knobs back to their defaults)"
-        )
-        if error is not None:
-            suspect = reading.suspect()
-            if suspect:  # sh may say where it gave up (the end of the file), not the line
-                error += f"; look at line {suspect.line}, `{suspect.text.strip()}`"
-            if reading.guarded:
-                what = f"the script stops there, before relay-hook: {SILENTLY_OFF}"
-            else:
-                what = (
-                    "sh exits with status 2 before it starts relay-hook, so no prompt gets "
-                    "recall, and Claude Code blocks a prompt whose hook exits with 2"
-                )
-            self.add(
-                "fail",
-                "hooks",
-                f"sh cannot parse {self.home(script)} ({error}): {what}",
-                f"fix the line, or {rewrite}",
-            )
-            return False
-        shows = (
-            "makes it fail with an error the agent shows, and Claude Code blocks a prompt "
-            "whose hook exits with 2"
-        )
-        if not reading.data:
-            self.add(
-                "warn",
-                "hooks",
-                f"{self.home(script)} is as an older `relay install` wrote it, with its knobs "
-                "set as shell and no guard line: a typo in a knob, or a relay-hook that moves, "
-                f"{shows}",
-                "run `relay install`: it rewrites the script with the guard and its knobs read as"
-                " data (back to their defaults), and leaves the agents' commands as they are",
-            )
-        elif not reading.guarded:
-            self.add(
-                "warn",
-                "hooks",
-                f"{self.home(script)} lacks its guard line (`{knob_script.SCRIPT_GUARD}`): a "
-                f"line sh cannot parse, or a relay-hook that moves, {shows}",
-                f"put the line back below `#!/bin/sh`, or {rewrite}",
-            )
-        return True
-
-    def _program_path(self, word: str) -> Path:
-        """A command word as sh finds it: `$HOME/` and `~/` expanded, a bare name on PATH."""
-        for prefix in ("$HOME/", "${HOME}/", "~/"):
-            if word.startswith(prefix):
-                return self.paths.home / word[len(prefix) :]
-        if "/" not in word:
-            import shutil
-
-            return Path(shutil.which(word, path=self.environ.get("PATH")) or word)
-        return Path(word)
-
-    def _check_script(self, label: str, path: Path, script: Path, on: str) -> bool:
-        if not os.access(script, os.X_OK):
-            self.add(
-                "warn",
-                "hooks",
-                f"{label}: hooks registered, but {self.home(script)} is missing or not "
-                "executable: automatic recall is off (the agent skips it silently)",
-                "run `relay install` to restore it, if that was not on purpose",
-            )
-            return False
-        if not self._script_parses(script):
-            return False
-        reading = self._reading_of(script)
-        if not reading.closed:
-            self.add(
-                "fail",
-                "hooks",
-                f"{label}: {self.home(script)} has no `{reading.end}` line to end its knobs: the"
-                " script reads the rest of the file, its `exec` of relay-hook included, as "
-                f"knobs, so {SILENTLY_OFF}",
-                f"put the `{reading.end}` line back below the last knob, or run `relay install`"
-                " (knobs back to their defaults)",
-            )
-            return False
-        hook = reading.hook
-        if hook is None or not os.access(hook, os.X_OK):
-            what = SILENTLY_OFF if reading.guarded else "the agent shows an error on every prompt"
-            self.add(
-                "fail",
-                "hooks",
-                f"{label}: {self.home(script)} runs {hook or 'nothing recognisable'}, which "
-                f"does not exist or is not executable: {what}",
-                "run `relay install` from the Relay you use now",
-            )
-            return False
-        if on:  # the events whose entries the agent runs
-            self.add(
-                "ok",
-                "hooks",
-                f"{label}: {on} in {self.home(path)} -> {self.home(script)} -> {hook}",
-            )
-        return True
-
     def _recorded_or_usual(self, role: str, usual: Path) -> list[Path]:
         """The files of `role` install recorded writing (CLAUDE_CONFIG_DIR or CODEX_HOME
-        set then, maybe not now), then where this environment says they are."""
+        set then, maybe not now), then where this environment says they are; not a
+        recorded one gone along with its folder (`_note_gone`)."""
+        gone = self._gone_records
         recorded = [
-            Path(p) for p, rec in self.manifest.get("files", {}).items() if rec.get("role") == role
+            Path(p)
+            for p, rec in self.manifest.get("files", {}).items()
+            if rec.get("role") == role and Path(p) not in gone
         ]
         return list(dict.fromkeys([*recorded, usual]))
+
+    @functools.cached_property
+    def _gone_records(self) -> dict[Path, str]:
+        """Agents' files install recorded writing, gone now along with their folder (a
+        CLAUDE_CONFIG_DIR or CODEX_HOME of the time, since deleted), other than where this
+        environment looks: nothing to check, and `relay install` writes elsewhere, so a
+        finding about them could never clear. Each with the role install recorded."""
+        usual = {
+            self.paths.claude_settings,
+            self.paths.codex_hooks,
+            self.paths.claude_json,
+            self.paths.codex_config,
+        }
+        return {
+            Path(p): rec.get("role")
+            for p, rec in self.manifest.get("files", {}).items()
+            if rec.get("role") in ("hooks-json", "claude-mcp", "codex-config")
+            and Path(p) not in usual
+            and not Path(p).parent.exists()
+        }
+
+    def _note_gone(self, area: str, roles: tuple[str, ...]) -> None:
+        """A note for each recorded file of `roles` gone with its folder, and how to drop
+        its record (no command does)."""
+        manifest = self.home(self.paths.manifest)
+        for path, role in self._gone_records.items():
+            if role in roles:
+                self.add(
+                    "ok",
+                    area,
+                    f"note: {manifest} records {self.home(path)}, which an earlier `relay "
+                    "install` wrote, but its folder is gone: nothing there to check (to drop "
+                    f'the record, delete its "{path}" entry under "files" in {manifest})',
+                )
 
     def _codex_config(self, area: str, path: Path) -> dict[str, Any] | None:
         """A Codex config.toml parsed ({} when absent); None when Codex cannot read it
@@ -672,32 +454,9 @@ class Doctor:
         if not any(f.message == message for f in self.findings):  # two checks read one file
             self.add("fail", area, message, fix)
 
-    def _check_codex_flag(self, hooks: Path) -> None:
-        """The hooks flag in the config.toml beside `hooks` (a Codex home), else in the one
-        install wrote (a project's hooks.json)."""
-        configs = self._recorded_or_usual("codex-config", self.paths.codex_config)
-        beside = hooks.parent / "config.toml"
-        path = beside if beside in configs else configs[0]
-        data = self._codex_config("hooks", path)
-        if data is None:
-            return
-        if agents.codex_hooks_enabled(data) is False:
-            self.add(
-                "fail",
-                "hooks",
-                f"Codex: hooks are turned off in {self.home(path)} ([features] hooks = false)",
-                "set `hooks = true` under [features]",
-            )
-        else:
-            self.add(
-                "ok",
-                "hooks",
-                "Codex: the hooks run only once trusted; if recall never shows in Codex, type "
-                "/hooks in codex and trust the two Relay hooks",
-            )
-
     # -- MCP ---------------------------------------------------------------------
     def check_mcp(self) -> None:
+        self._note_gone("mcp", ("claude-mcp",))
         for claude in self._recorded_or_usual("claude-mcp", self.paths.claude_json):
             try:
                 doc = json.loads(claude.read_text(encoding="utf-8")) if claude.exists() else {}
@@ -824,7 +583,9 @@ class Doctor:
                     if self.key_ok is not True
                     else "; the key works now, so the next prompt should too"
                 ),
-                "install a valid key: `relay install --key NEW_KEY`",
+                "install a valid key: `relay install --key NEW_KEY`"
+                if self.key_ok is not True
+                else "",
             )
         down = summary["unavailable_streak"]
         if down["length"] >= hook_stats.UNAVAILABLE_STREAK_ALERT:
@@ -903,37 +664,23 @@ def _read_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"unreadable ({exc.strerror})"
 
 
-def _timeout_problem(agent: str, timeout: object, deadline_ms: int) -> str | None:
-    """What is wrong with a Relay entry's `timeout`, in seconds for both agents (Claude Code
-    takes any number, Codex a whole one and at least 1): it must outlast the hook, which
-    gives up at its deadline and then needs a moment to exit."""
-    if timeout is None:
-        return None  # the agent's default: minutes
-    label = AGENT_LABELS[agent]
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        return f"its timeout {json.dumps(timeout)} is not a number of seconds"
-    if agent == "codex":
-        if not isinstance(timeout, int) or timeout < 0:
-            return (
-                f"its timeout {json.dumps(timeout)} is not whole seconds: Codex cannot read "
-                "the file, and runs none of its hooks"
-            )
-        timeout = max(timeout, 1)
-    if timeout * 1000 < deadline_ms + HOOK_EXIT_MS:
+def _key_problem(key: str) -> str:
+    """What in `key` the hook will not send (it sends printable ASCII only)."""
+    if key.startswith("\ufeff"):
         return (
-            f"its timeout is {timeout:g} s (seconds), shorter than the hook may take (its "
-            f"{deadline_ms} ms deadline and {HOOK_EXIT_MS} ms to exit): {label} kills it "
-            "mid-search and shows an error"
+            "starts with a byte-order mark (the bytes EF BB BF, which some editors put at the"
+            " start of a UTF-8 file)"
         )
-    return None
+    at, bad = next((i, ch) for i, ch in enumerate(key + "\n") if not "!" <= ch <= "~")
+    if at == len(key):
+        return "is empty"
+    if bad == "\ufffd":
+        return f"holds bytes that are not UTF-8 text (character {at + 1})"
+    return f"holds {bad!r} (character {at + 1}), not printable ASCII"
 
 
 def _searches(n: int) -> str:
     return "search was" if n == 1 else f"{n} searches were"
-
-
-def _agent_of(path: Path) -> str:
-    return "codex" if ".codex" in path.parts or path.name == "hooks.json" else "claude-code"
 
 
 def render(findings: list[Finding]) -> str:

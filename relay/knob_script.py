@@ -12,6 +12,7 @@ are, and `relay install` rewrites it.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -194,8 +195,7 @@ class Reading:
                         f"the hook ignores {name} {knob.value!r} from line {knob.line} of "
                         f"{shown}, `{knob.text.strip()}` ({exc}), and takes config.json's "
                         "value or its default",
-                        f"write {var}=VALUE with nothing after the value (a comment goes on a"
-                        f" line of its own), or {REWRITE}",
+                        _value_fix(var, knob.value, str(exc)),
                     )
                 )
         if self.closed:  # else the rest of the file is in the knobs, and that is the problem
@@ -227,6 +227,18 @@ class Reading:
             fix = "remove it; the hook's other settings go in config.json (docs/hook.md)"
         knobs = ", ".join(SCRIPT_VARS[:-1]) + f" and {SCRIPT_VARS[-1]}"
         return Problem(number, f"{where} sets nothing: the script reads only {knobs}", fix)
+
+
+def _value_fix(var: str, value: str, why: str) -> str:
+    """The fix for a knob value the hook cannot use, after `why` it cannot."""
+    if why.startswith("outside "):
+        return f"set {var} to a value in {why.removeprefix('outside ')}, or {REWRITE}"
+    if re.search(r"[\s#]", value):
+        return (
+            f"write {var}=VALUE with nothing after the value (a comment goes on a line of its"
+            f" own), or {REWRITE}"
+        )
+    return f"give {var} a value the hook takes (this one is {why}), or {REWRITE}"
 
 
 @dataclass(frozen=True)
@@ -312,23 +324,74 @@ def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
     return True
 
 
+def interpreter(first_line: str) -> str | None:
+    """The program a `#!` line has the kernel run, read as Linux and macOS read it: after
+    `#!` and any spaces or tabs, up to the next space or tab (a `\\r` is part of the name);
+    None without a `#!` line, as sh then runs the file itself."""
+    if not first_line.startswith("#!"):
+        return None
+    found = re.match(r"[ \t]*([^ \t\n]*)", first_line[2:])
+    return found.group(1) if found else ""
+
+
+def shebang_problem(script: Path) -> str | None:
+    """Why the kernel cannot start the script through its `#!` line, else None: the program
+    it names must be an executable file. The agent's sh then fails with status 127 ("not
+    found") and shows that error on every prompt; the guard inside never runs."""
+    try:
+        with script.open("rb") as fh:
+            first = fh.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    program = interpreter(first)
+    if program is None:
+        return None
+    line = first.rstrip("\r\n")
+    if not program:
+        return f"its first line, `{line}`, names no program to run it"
+    if "\r" in program:
+        return (
+            f"its first line, `{line}`, ends in a carriage return (\\r): the file has Windows"
+            f" (CRLF) line endings, so the kernel looks for a program named {program!r},"
+            " which does not exist"
+        )
+    argument = first[2:].split(program, 1)[1].rstrip("\n").strip(" \t")
+    if "\r" in argument:  # `#!/usr/bin/env sh\r`: the program runs, but is handed `sh\r`
+        return (
+            f"its first line, `{line}`, ends in a carriage return (\\r): the file has Windows"
+            f" (CRLF) line endings, so {program} is handed {argument!r}"
+        )
+    path = Path(program)
+    if not path.is_absolute():
+        return f"its first line, `{line}`, names {program}, not an absolute path"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return (
+            f"its first line, `{line}`, names {program}, which does not exist or is not executable"
+        )
+    return None
+
+
 def syntax_error(script: Path) -> str | None:
-    """What the script's shell says when it cannot parse the script (`sh -n`), else None."""
+    """What the script's shell says when it cannot parse the script (`sh -n`), else None;
+    the shell is the one its `#!` line names when that is a shell, else /bin/sh."""
     try:
         first = script.read_text(encoding="utf-8", errors="replace").split("\n", 1)[0]
     except OSError:
         return None
-    interpreter = ["/bin/sh"]
-    if first.startswith("#!"):
-        words = first[2:].split()
-        if words and words[-1].rsplit("/", 1)[-1] in SHELLS and Path(words[0]).is_absolute():
-            interpreter = words
+    argv = ["/bin/sh"]
+    program = interpreter(first)
+    if program:
+        words = [program, *first[2:].split(program, 1)[1].split()]
+        if words[-1].rsplit("/", 1)[-1] in SHELLS and Path(program).is_absolute():
+            argv = words
     try:
         done = subprocess.run(
-            [*interpreter, "-n", str(script)], capture_output=True, text=True, timeout=10
+            [*argv, "-n", str(script)], capture_output=True, text=True, timeout=10
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except subprocess.TimeoutExpired:
         return None
+    except OSError as exc:  # not "parses": nothing could read it (shebang_problem says why)
+        return f"{argv[0]} cannot be run ({exc.strerror})"
     if done.returncode == 0:
         return None
     said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[0]

@@ -4,7 +4,9 @@ database is down and a missing hook."""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import start_server
@@ -94,6 +96,21 @@ def test_revoked_key(tmp_path, server):
     failed = failures(tmp_path)
     assert any(f.startswith("key: the server rejects the key") for f in failed)
     assert any(f.startswith("log: the last 2 searches were rejected (401/403)") for f in failed)
+
+
+def test_rejections_before_a_new_key_get_no_fix(tmp_path, server):
+    """QA: after a good key was installed, the warning of rejected searches said the key
+    works now, and still gave the fix `install a valid key`."""
+    key = mint(server.url, server.admin_key, "doctor-replaced", ["memory:read"])
+    installed(tmp_path, server.url, key["secret"])
+    revoke(server.url, server.admin_key, key["id"])
+    prompt(tmp_path)
+    installed(tmp_path, server.url, server.admin_key)
+    (log,) = [f for f in findings(tmp_path) if "rejected (401/403)" in f["message"]]
+    assert log["level"] == "warn" and log["message"].endswith(
+        "; the key works now, so the next prompt should too"
+    ), log
+    assert log["fix"] == ""
 
 
 def test_stopped_server(tmp_path, tmp_path_factory):
@@ -280,6 +297,11 @@ def test_doctor_says_which_knobs_the_hook_ignores(tmp_path, server):
         "takes config.json's value or its default"
     ], warned
     assert any(m.startswith("the hook ignores min_score 'high'") for m in warned), warned
+    fixes = [f["fix"] for f in findings(tmp_path) if "deadline_ms '50'" in f["message"]]
+    assert fixes == [  # QA: it was the fix for a comment after the value
+        "set DEADLINE_MS to a value in 100..10000, or run `relay install` to rewrite the script "
+        "(knobs back to their defaults)"
+    ]
 
 
 def test_knob_lines_the_script_cannot_use_are_named(tmp_path, server):
@@ -670,6 +692,272 @@ def test_the_breaker_says_what_it_does_open_and_half_open(tmp_path, server):
         "cool-down is over, and the next prompt's search probes the server; an answer closes "
         "it, a failure opens it again"
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "cause"),
+    [
+        (
+            lambda text: text.replace("#!/bin/sh\n", "#!/bin/shh\n", 1),
+            "its first line, `#!/bin/shh`, names /bin/shh, which does not exist or is not "
+            "executable",
+        ),
+        (
+            lambda text: text.replace("\n", "\r\n"),
+            "its first line, `#!/bin/sh`, ends in a carriage return (\\r): the file has Windows "
+            "(CRLF) line endings, so the kernel looks for a program named '/bin/sh\\r', which "
+            "does not exist",
+        ),
+    ],
+    ids=["misspelt", "crlf"],
+)
+def test_a_knob_script_the_kernel_cannot_start_fails(tmp_path, server, edit, cause):
+    """QA: with `#!/bin/shh`, or the script saved with CRLF endings (`#!/bin/sh\\r`), the
+    registered command exits 127 with an error the agent shows on every prompt; doctor said
+    "Recall is wired up", or (CRLF) that the script stops behind its guard with status 0."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    script.write_bytes(edit(script.read_text()).encode())
+    command = registered_command(tmp_path / ".claude/settings.json", "UserPromptSubmit")
+    run = run_registered(command, tmp_path, {"session_id": "s", "prompt": "how do we deploy?"})
+    assert run.returncode == 127 and run.stderr, run
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "Recall is wired up" not in done.stdout
+    (failed,) = failures(tmp_path)  # once, though both agents run the script
+    assert failed == (
+        f"hooks: ~/.relay/relay-autosearch-hook.sh cannot be started: {cause}; the agent's sh "
+        "fails with exit status 127 and shows the error on every prompt, with no recall"
+    )
+    assert "fix: run `relay install` to rewrite ~/.relay/relay-autosearch-hook.sh" in done.stdout
+    installed(tmp_path, server.url, server.admin_key)
+    assert doctor(tmp_path).returncode == 0
+
+
+def test_a_deadline_past_the_entries_timeout_gets_a_fix_that_works(tmp_path, server):
+    """QA: with DEADLINE_MS=4950 (the script takes up to 10000) the entries' timeout of 5 s
+    is too short, and the fix said to set it to 5 (seconds), which it already was."""
+    installed(tmp_path, server.url, server.admin_key)
+    script = tmp_path / ".relay/relay-autosearch-hook.sh"
+    script.write_text(script.read_text().replace("DEADLINE_MS=400", "DEADLINE_MS=4950"))
+    fixes = {f["fix"] for f in findings(tmp_path) if f["level"] == "fail"}
+    assert fixes == {
+        "raise the timeout to at least 6 (seconds), or remove it, or lower the hook's deadline "
+        "to at most 4900 ms (DEADLINE_MS in ~/.relay/relay-autosearch-hook.sh)"
+    }, fixes
+
+
+def test_misspelt_keys_in_the_config_file_are_named(tmp_path, server):
+    """QA: max_record, profil and api_key_fil in ~/.relay/config.json, which the hook skips
+    unread, and doctor said nothing; `relay eval replay --config` names them, as this does."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    typos = {"max_record": 5, "profil": False, "api_key_fil": "~/.relay/key"}
+    config.write_text(json.dumps({**json.loads(config.read_text()), **typos}))
+    warned = [f for f in findings(tmp_path) if f["level"] == "warn"]
+    assert [(f["message"], f["fix"]) for f in warned] == [
+        (
+            f"the hook ignores {typo} in ~/.relay/config.json (not a setting; did you mean "
+            f"{meant}?)",
+            f"correct or remove {typo} in ~/.relay/config.json",
+        )
+        for typo, meant in [
+            ("max_record", "max_records"),
+            ("profil", "profile"),
+            ("api_key_fil", "api_key_file"),
+        ]
+    ], warned  # and not the _comment install writes
+
+
+def test_a_key_file_with_a_byte_order_mark_is_named_for_it(tmp_path, server):
+    """QA: a key file saved with a UTF-8 byte-order mark (printf '\\xef\\xbb\\xbf%s\\n' "$KEY")
+    was "missing, unreadable or empty". The hook takes no key from it (it sends printable
+    ASCII only), so doctor fails, and says why."""
+    installed(tmp_path, server.url, server.admin_key)
+    key_file = tmp_path / ".relay/key"
+    key_file.write_bytes(b"\xef\xbb\xbf" + server.admin_key.encode() + b"\n")
+    prompt(tmp_path)
+    log = json.loads((tmp_path / ".relay/state/outcomes.jsonl").read_text().splitlines()[-1])
+    assert (log["outcome"], log["reason"]) == ("disabled", "not_configured"), log  # no key
+    (failed,) = [f for f in findings(tmp_path) if f["level"] == "fail"]
+    assert failed["message"] == (
+        "the key file ~/.relay/key starts with a byte-order mark (the bytes EF BB BF, which "
+        "some editors put at the start of a UTF-8 file): the hook sends no key, and no prompt "
+        "gets recall"
+    )
+    assert failed["fix"].startswith("save ~/.relay/key without the mark (as plain ASCII), or ")
+    key_file.write_bytes(b"")
+    (failed,) = [f["message"] for f in findings(tmp_path) if f["level"] == "fail"]
+    assert failed == "the key file ~/.relay/key is empty"
+
+
+class _NotRelay(BaseHTTPRequestHandler):
+    """Some other web server: 404, as HTML, for every path."""
+
+    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+        body = b"<html><body>Not Found</body></html>"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def not_relay():
+    web = ThreadingHTTPServer(("127.0.0.1", 0), _NotRelay)
+    thread = threading.Thread(target=web.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{web.server_address[1]}"
+    web.shutdown()
+    web.server_close()
+    thread.join()
+
+
+def test_a_url_from_relay_url_is_named_as_such_and_so_is_a_server_not_relay(
+    tmp_path, server, not_relay
+):
+    """QA: with RELAY_URL set to another URL, doctor said `ok config ~/.relay/config.json:
+    server URL`, a URL that is not in that file; and a 404 from a web server that is not
+    Relay got the fix "fix `url` in ~/.relay/config.json", where the URL did not come from."""
+    installed(tmp_path, server.url, server.admin_key)
+    done = doctor(tmp_path, RELAY_URL=not_relay)
+    assert done.returncode == 1, done.stdout
+    found = json.loads(relay(tmp_path, "doctor", "--json", RELAY_URL=not_relay).stdout)
+    (ok,) = [f["message"] for f in found if f["area"] == "config" and f["level"] == "ok"]
+    assert ok == (
+        f"~/.relay/config.json: server {not_relay} from RELAY_URL (not this file's url, "
+        f"{server.url}), key from ~/.relay/key"
+    )
+    (failed,) = [f for f in found if f["level"] == "fail"]
+    assert failed["message"] == (
+        f"{not_relay} is not a Relay server root: GET {not_relay}/v1/whoami got HTTP 404; give "
+        "the root URL `relay serve` prints (the one /healthz and /v1/... are under): every "
+        "prompt goes without team memory"
+    )
+    assert failed["fix"] == (
+        "fix RELAY_URL (set in this shell; unset, the config file's url applies)"
+    )
+    config = tmp_path / ".relay/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "url": not_relay}))
+    (failed,) = failures(tmp_path)
+    assert failed.startswith(f"server: {not_relay} is not a Relay server root"), failed
+    assert "fix: fix `url` in ~/.relay/config.json (`relay install --url ROOT`)" in (
+        doctor(tmp_path).stdout
+    )
+
+
+def test_a_recorded_file_gone_with_its_folder_is_a_note_not_a_failure(tmp_path, server):
+    """QA: installed with CLAUDE_CONFIG_DIR set to a folder since deleted, doctor failed
+    for ever with "no Relay hooks in .../settings.json", and its fix, `relay install --agent
+    claude-code`, writes elsewhere and cannot clear it."""
+    import shutil
+
+    claude_dir = tmp_path / "claude-config"
+    done = relay(
+        tmp_path,
+        *("install", "--url", server.url, "--key", server.admin_key),
+        CLAUDE_CONFIG_DIR=str(claude_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    shutil.rmtree(claude_dir)
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    notes = [
+        (f["area"], f["message"])
+        for f in findings(tmp_path)
+        if "its folder is gone" in f["message"]
+    ]
+    assert notes == [
+        (
+            area,
+            f"note: ~/.relay/install.json records ~/claude-config/{name}, which an earlier "
+            "`relay install` wrote, but its folder is gone: nothing there to check (to drop the "
+            f'record, delete its "{claude_dir / name}" entry under "files" in '
+            "~/.relay/install.json)",
+        )
+        for area, name in [("hooks", "settings.json"), ("mcp", ".claude.json")]
+    ], notes
+    # Claude Code now reads ~/.claude: as if never installed there, its hooks are expected
+    (tmp_path / ".claude").mkdir()
+    assert failures(tmp_path) == [
+        "hooks: Claude Code: no Relay hooks in ~/.claude/settings.json: no automatic recall"
+    ]
+    installed_claude = relay(
+        tmp_path,
+        *("install", "--url", server.url, "--key", server.admin_key, "--agent", "claude-code"),
+    )
+    assert installed_claude.returncode == 0, installed_claude.stderr
+    assert failures(tmp_path) == []  # the fix it gave clears it
+
+
+def set_key(path, **settings) -> None:
+    """Set top-level keys of a JSON settings file, as a user would."""
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**doc, **settings}))
+
+
+def test_claude_code_hooks_switched_off_fail(tmp_path, server):
+    """QA: `"disableAllHooks": true` in Claude Code's settings, and doctor said recall was
+    wired up, though Claude Code then runs no hooks. A project's settings.local.json beats
+    its settings.json, which beats the user's (CLAUDE_CONFIG_DIR when set)."""
+    installed(tmp_path, server.url, server.admin_key)
+    user = tmp_path / ".claude/settings.json"
+    set_key(user, disableAllHooks=True)
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert failures(tmp_path) == [
+        'hooks: Claude Code: ~/.claude/settings.json sets "disableAllHooks": true: Claude Code '
+        "runs no hooks, Relay's included: no automatic recall"
+    ]
+    assert 'fix: remove "disableAllHooks" from ~/.claude/settings.json, or set it to false' in (
+        done.stdout
+    )
+
+    project = tmp_path / "repo"
+    project.mkdir()
+    done = relay(
+        tmp_path,
+        "install",
+        "--url",
+        server.url,
+        "--key",
+        server.admin_key,
+        "--project",
+        str(project),
+    )
+    assert done.returncode == 0, done.stderr
+
+    def project_failures() -> list[str]:
+        found = json.loads(relay(tmp_path, "doctor", "--json", "--project", str(project)).stdout)
+        return [f["message"] for f in found if "disableAllHooks" in f["message"]]
+
+    set_key(project / ".claude/settings.json", disableAllHooks=False)
+    assert project_failures() == []  # the project's false beats the user's true
+    set_key(project / ".claude/settings.local.json", disableAllHooks=True)
+    assert project_failures() == [
+        'Claude Code: ~/repo/.claude/settings.local.json sets "disableAllHooks": true: Claude '
+        "Code runs no hooks, Relay's included: no automatic recall"
+    ]
+
+    elsewhere = tmp_path / "claude-config"
+    done = relay(
+        tmp_path,
+        *("install", "--url", server.url, "--key", server.admin_key),
+        CLAUDE_CONFIG_DIR=str(elsewhere),
+    )
+    assert done.returncode == 0, done.stderr
+    set_key(user, disableAllHooks=False)
+    set_key(elsewhere / "settings.json", disableAllHooks=True)
+    found = json.loads(relay(tmp_path, "doctor", "--json").stdout)
+    assert [f["message"] for f in found if "disableAllHooks" in f["message"]] == [
+        'Claude Code: ~/claude-config/settings.json sets "disableAllHooks": true: Claude Code '
+        "runs no hooks, Relay's included: no automatic recall"
+    ]
 
 
 def test_a_record_of_skill_install_alone_is_not_an_install(tmp_path):

@@ -156,13 +156,16 @@ def test_the_template_has_no_problems():
             "DEADLINE_MS=50",
             "the hook ignores deadline_ms '50' from line {n} of s.sh, `DEADLINE_MS=50` "
             "(outside 100..10000), and takes config.json's value or its default",
-            None,
+            # QA: it got the fix of a comment after the value
+            "set DEADLINE_MS to a value in 100..10000, or run `relay install` to rewrite the "
+            "script (knobs back to their defaults)",
         ),
         (
             "DEADLINE_MS=",
             "the hook ignores deadline_ms '' from line {n} of s.sh, `DEADLINE_MS=` (not a whole"
             " number), and takes config.json's value or its default",
-            None,
+            "give DEADLINE_MS a value the hook takes (this one is not a whole number), or run "
+            "`relay install` to rewrite the script (knobs back to their defaults)",
         ),
     ],
 )
@@ -171,7 +174,7 @@ def test_knob_lines_the_script_cannot_use_are_named(new, message, fix):
     n = TEMPLATE.splitlines().index("DEADLINE_MS=400") + 1
     (problem,) = knob_script.read(text).problems("s.sh")
     assert (problem.line, problem.message) == (n, message.format(n=n))
-    assert fix is None or problem.fix == fix
+    assert problem.fix == fix
 
 
 def test_a_knob_the_script_already_took_is_named_as_unused():
@@ -193,3 +196,33 @@ def test_a_knob_line_outside_the_knobs_is_named_as_shell():
     )
     assert problem.fix == "move it among the knobs, above the `KNOBS` line"
     assert knob_script.read(text).handed({})["RELAY_DEADLINE_MS"] == "400"
+
+
+@pytest.mark.parametrize(
+    ("first", "problem"),
+    [
+        ("#!/bin/sh", None),
+        ("#! /bin/sh  ", None),  # spaces around the program are no part of it
+        ("#!/usr/bin/env sh", None),
+        ("# no shebang: sh runs the file itself", None),
+        ("#!/bin/shh", "names /bin/shh, which does not exist or is not executable"),
+        ("#!/bin/sh\r", "ends in a carriage return"),
+        ("#!/usr/bin/env sh\r", "so /usr/bin/env is handed 'sh\\r'"),
+        ("#!", "names no program to run it"),
+        ("#!sh", "names sh, not an absolute path"),
+    ],
+)
+def test_the_shebang_is_read_as_the_kernel_reads_it(tmp_path, first, problem):
+    script = tmp_path / "hook.sh"
+    script.write_bytes(f"{first}\nexit 0\n".encode())
+    found = knob_script.shebang_problem(script)
+    assert found == problem if problem is None else problem in (found or ""), found
+
+
+def test_sh_that_cannot_be_run_is_not_taken_for_parsing(tmp_path):
+    script = tmp_path / "hook.sh"
+    script.write_text("#!/nowhere/bash\nexit 0\n")
+    assert (
+        knob_script.syntax_error(script)
+        == "/nowhere/bash cannot be run (No such file or directory)"
+    )

@@ -84,14 +84,9 @@ def _check_config(path: Path) -> None:
     if not isinstance(data, dict):
         raise InvalidRequestError(f"--config {path}: not a JSON object")
     for name in data:  # the hook's own table of settings: it skips any other key unread
-        if name not in hook_config.DEFAULTS:
-            import difflib
-
-            near = difflib.get_close_matches(name, hook_config.DEFAULTS, n=1)
-            raise InvalidRequestError(
-                f"--config {path}: the hook would ignore {name} (not a setting"
-                + (f"; did you mean {near[0]}?)" if near else "; docs/hook.md lists them)")
-            )
+        why = hook_config.not_a_setting(name)
+        if why:
+            raise InvalidRequestError(f"--config {path}: the hook would ignore {name} ({why})")
     ignored: list[str] = []
     hook_config.load({"RELAY_CONFIG": str(path)}, ignored)
     if ignored:

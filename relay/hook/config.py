@@ -190,6 +190,18 @@ class Config(dict):
             raise AttributeError(name) from None
 
 
+def not_a_setting(name: str) -> str | None:
+    """Why the hook skips key `name` of a config file unread (`not a setting; did you mean
+    max_records?`), for `relay doctor` and `relay eval replay --config`; None for a setting,
+    or a key starting with `_`, a comment (`relay install` writes `_comment`)."""
+    if name in DEFAULTS or name.startswith("_"):
+        return None
+    import difflib
+
+    near = difflib.get_close_matches(name, DEFAULTS, n=1)
+    return "not a setting" + (f"; did you mean {near[0]}?" if near else "; docs/hook.md lists them")
+
+
 def config_path(environ: Mapping[str, str]) -> str:
     """Where the config file lives: $RELAY_CONFIG, else ~/.relay/config.json."""
     return os.path.expanduser(environ.get("RELAY_CONFIG") or "~/.relay/config.json")
