@@ -205,3 +205,4 @@ class Passage:
     updated_at: datetime
     supersedes: tuple[str, ...] = field(default=())
     embedding: bytes | None = None  # float32 vector, for scoring candidates the vector stage missed
+    passage_count: int = 1  # how many passages its memory's revision has (`seq` is one of them)

@@ -278,6 +278,7 @@ class Hit:
     score: float
     updated_at: datetime
     passage: int
+    passages: int = 1  # how many its memory has: `passage` is one part of a longer memory
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -289,6 +290,7 @@ class Hit:
             "score": round(self.score, 4),
             "updated_at": iso(self.updated_at),
             "passage": self.passage,
+            "passages": self.passages,
         }
 
 
@@ -774,7 +776,15 @@ def answer(scored: list[tuple[Passage, float]], s: SearchSettings, k: int) -> li
             continue
         if p.memory_id not in best or best[p.memory_id].score < score:
             best[p.memory_id] = Hit(
-                p.memory_id, p.revision, p.title, p.source, p.text, score, p.updated_at, p.seq
+                p.memory_id,
+                p.revision,
+                p.title,
+                p.source,
+                p.text,
+                score,
+                p.updated_at,
+                p.seq,
+                p.passage_count,
             )
     return sorted(best.values(), key=lambda h: h.score, reverse=True)[:k]
 

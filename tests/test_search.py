@@ -13,6 +13,7 @@ import pytest
 
 from relay.auth import mint_key
 from relay.models import MemoryDraft, PassageInput, Principal
+from relay.passages import split_passages
 from relay.search import SEEN_CAP, QueryReading, Searcher, SearchSettings, seen
 from relay.writes import save, save_many
 
@@ -118,6 +119,9 @@ def test_long_memory_returns_its_matching_passage(store, embedder):
     assert [h.id for h in res.results] == ["long"]
     assert "failover drill" in res.results[0].text and len(res.results[0].text) < len(body)
     assert res.results[0].passage > 0
+    # ... and says it is one part of several, so a reader can tell it from the whole memory
+    assert res.results[0].passages == len(split_passages(body)) > res.results[0].passage
+    assert res.results[0].to_dict()["passages"] == res.results[0].passages
 
 
 def test_a_question_about_the_wrong_person_finds_nothing(store, embedder):

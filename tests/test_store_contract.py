@@ -34,6 +34,42 @@ def save(store, org, mid, body, mode="upsert", seed=0, **fields):  # noqa: ANN00
     return store.save_memory(org, mid, draft, "tester", passages(body, seed), mode)
 
 
+def test_passages_say_how_many_their_memory_has(store):
+    """A search hit carries its memory's passage count (`Hit.passages`), of the revision read."""
+    org = store.create_org("acme").id
+    texts = ["Deploys go through the release train.", "Hotfixes skip it.", "Tag every release."]
+
+    def parts(texts: list[str], seed: int) -> list[PassageInput]:
+        return [
+            PassageInput(i, t, " ".join(lexical_terms(t)), f"h{seed}-{i}", vec(seed + i).tobytes())
+            for i, t in enumerate(texts)
+        ]
+
+    store.save_memory(
+        org, "long", MemoryDraft(body=" ".join(texts)), "t", parts(texts, 0), "create"
+    )
+    save(store, org, "short", "Staging is the blue cluster", "create", seed=9)
+    now = datetime.now(UTC)
+    words = lexical_terms("train hotfixes tag staging")
+    hits = store.lexical_search(org, EVERY, now, words, 10)
+    got = store.passages(org, EVERY, now, [r for r, _ in hits])
+    assert sorted((p.memory_id, p.seq, p.passage_count) for p in got) == [
+        ("long", 0, 3),
+        ("long", 1, 3),
+        ("long", 2, 3),
+        ("short", 0, 1),
+    ]
+    edited = texts[:2]
+    store.save_memory(
+        org, "long", MemoryDraft(body=" ".join(edited)), "t", parts(edited, 5), "edit"
+    )
+    hits = store.lexical_search(org, EVERY, now, words, 10)
+    got = store.passages(org, EVERY, now, [r for r, _ in hits])
+    assert {(p.memory_id, p.revision, p.passage_count) for p in got if p.memory_id == "long"} == {
+        ("long", 2, 2)
+    }
+
+
 def test_revisions_and_tombstones(store):
     org = store.create_org("acme").id
     m, changed = save(store, org, "m1", "Staging is the blue cluster", "create")

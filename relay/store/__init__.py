@@ -92,6 +92,15 @@ def candidate_terms(terms: Sequence[str], df: dict[str, int], n: int) -> list[st
     return rare or list(terms)
 
 
+# How many passages the memory of passage `p` has: a search hit says so (`passages`), so a
+# reader can tell one part of a long memory from the whole. The passages table holds only a
+# memory's current revision; the revision is matched anyway. One lookup on passages_memory.
+PASSAGE_COUNT_SQL = (
+    "SELECT count(*) FROM passages q"
+    " WHERE q.org_id = p.org_id AND q.memory_id = p.memory_id AND q.revision = p.revision"
+)
+
+
 class Store(Protocol):
     """What the server needs from a database."""
 

@@ -68,6 +68,7 @@ from relay.models import (
     Revision,
 )
 from relay.store import (
+    PASSAGE_COUNT_SQL,
     SaveMode,
     batch_item,
     candidate_terms,
@@ -1190,7 +1191,8 @@ class PostgresStore:
         with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
             rows = cur.execute(
                 "SELECT p.id, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
-                " m.source, m.updated_at, m.supersedes, p.embedding FROM passages p"
+                " m.source, m.updated_at, m.supersedes, p.embedding,"
+                f" ({PASSAGE_COUNT_SQL}) AS passage_count FROM passages p"
                 " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
                 f" WHERE p.id = ANY(%(ids)s) AND p.org_id = %(org)s AND {visible_sql(True)}",
                 params,
@@ -1208,6 +1210,7 @@ class PostgresStore:
                 updated_at=r["updated_at"],
                 supersedes=tuple(r["supersedes"]),
                 embedding=r["embedding"],
+                passage_count=r["passage_count"],
             )
             for r in rows
         ]

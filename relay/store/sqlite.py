@@ -36,7 +36,13 @@ from relay.models import (
     PassageInput,
     Revision,
 )
-from relay.store import SaveMode, batch_item, candidate_terms, check_org_name
+from relay.store import (
+    PASSAGE_COUNT_SQL,
+    SaveMode,
+    batch_item,
+    candidate_terms,
+    check_org_name,
+)
 from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.rules import (
     Read,
@@ -855,7 +861,8 @@ class SQLiteStore:
                 self._reader()
                 .execute(
                     "SELECT p.rowid, p.memory_id, p.revision, p.seq, p.text, p.lexical, m.title,"
-                    " m.source, m.updated_at, m.supersedes, p.embedding"
+                    " m.source, m.updated_at, m.supersedes, p.embedding,"
+                    f" ({PASSAGE_COUNT_SQL}) AS passage_count"
                     " FROM passages p NOT INDEXED"
                     " JOIN memories m ON m.org_id = p.org_id AND m.id = p.memory_id"
                     f" WHERE p.rowid IN ({ids}) AND p.org_id = :org AND {visible_sql(count)}",
@@ -876,6 +883,7 @@ class SQLiteStore:
                 updated_at=_dt(r["updated_at"]),  # type: ignore[arg-type]
                 supersedes=tuple(json.loads(r["supersedes"])),
                 embedding=r["embedding"],
+                passage_count=r["passage_count"],
             )
             for r in rows
         ]
