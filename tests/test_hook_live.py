@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 from hook_support import Hook, assert_hit_contract, assert_silent
@@ -156,3 +158,42 @@ def test_every_token_budget_the_config_accepts_can_inject(tmp_path, org, budget)
         hook.prompt("how do I create and apply a new database migration?")
     )
     assert "team/db/migrations" in context and hook.last()["outcome"] == "hit", hook.last()
+
+
+def test_two_parts_of_one_long_memory_are_both_recalled_each_once(tmp_path, org):
+    """QA: once one passage of a long memory was injected, every other passage of that
+    revision was dropped as a duplicate, though the model never saw its text."""
+    release = " ".join(
+        f"Release step {n}: the release manager tags the build and announces the train in the"
+        f" release channel, then waits for the canary dashboards to settle."
+        for n in range(8)
+    )
+    failover = (
+        "Failover drills: the on-call engineer must page the database team before any"
+        " failover drill, and restore the primary replica within thirty minutes."
+    )
+    made = org["client"].post(
+        "/v1/memories",
+        json={"body": release + "\n\n" + failover, "title": "Operations handbook"},
+    )
+    assert made.status_code == 201, made.text
+    mid = made.json()["id"]
+    hook = Hook(
+        tmp_path,
+        org["url"],
+        RELAY_API_KEY=org["admin"],
+        RELAY_THROTTLE_PROMPTS="0",
+        RELAY_OVERLAP_THRESHOLD="1.5",
+        RELAY_MIN_SCORE="0",
+    )
+    first = assert_hit_contract(hook.prompt("how does the release manager announce the train?"))
+    label = re.compile(f'id="{mid}" revision="1" part="([0-9]+) of ([0-9]+)"')
+    assert label.search(first) and "release channel" in first
+    second = assert_hit_contract(hook.prompt("who must be paged before a database failover drill?"))
+    assert label.search(second) and "page the database team" in second
+    assert label.search(first)[1] != label.search(second)[1]
+    assert label.search(first)[2] == label.search(second)[2] != "1"
+    assert hook.last()["duplicates"] == 0
+    # each part again: already in the conversation
+    assert_silent(hook.prompt("who must be paged before a database failover drill?"))
+    assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] >= 1

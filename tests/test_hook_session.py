@@ -171,6 +171,77 @@ def test_newer_revision_is_injected_again_same_revision_never(tmp_path):
         assert_silent(hook.prompt("how do we write a migration?"))
 
 
+def test_each_passage_of_a_revision_is_shown_once_and_a_newer_revision_supersedes_them(tmp_path):
+    """QA: the ledger held (id, revision), so once passage 0 of a long memory was shown, passage
+    21 of the same revision (a text the model never saw) was dropped as a duplicate."""
+    answer: dict = {}
+
+    def handler(conn, request):
+        reply(200, results(record("mem_long", **answer)))(conn, request)
+
+    def ask(**fields):
+        answer.clear()
+        answer.update(fields)
+        return hook.prompt("what does the operations handbook say about failover drills?")
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        context = assert_hit_contract(ask(revision=1, passage=0, passages=22, text="first part"))
+        assert '<relay-memory id="mem_long" revision="1" part="1 of 22" source=' in context
+        context = assert_hit_contract(ask(revision=1, passage=21, passages=22, text="last part"))
+        assert 'revision="1" part="22 of 22"' in context and "last part" in context
+        assert hook.last()["duplicates"] == 0
+        for seq in (0, 21):  # each shown once: never again in this conversation
+            assert_silent(ask(revision=1, passage=seq, passages=22))
+            assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] == 1
+        assert hook.session_state()["ledger"] == {"mem_long": [1, [0, 21]]}
+        # a newer revision comes in again, and supersedes every passage of the older one
+        assert 'revision="2" part="4 of 9"' in assert_hit_contract(
+            ask(revision=2, passage=3, passages=9)
+        )
+        assert_silent(ask(revision=1, passage=5, passages=22))
+        assert hook.last()["duplicates"] == 1
+        assert hook.session_state()["ledger"] == {"mem_long": [2, [3]]}
+        # a memory of one passage is labelled as before; a server that does not count
+        # passages still numbers them
+        assert 'revision="3" source=' in assert_hit_contract(ask(revision=3, passage=0, passages=1))
+        assert 'revision="4" part="2" source=' in assert_hit_contract(ask(revision=4, passage=1))
+
+
+def test_a_ledger_written_before_passages_keeps_its_dedupe(tmp_path):
+    """A state file whose ledger holds bare revisions (one passage shown, which one unknown)
+    still drops every passage of that revision, and takes a newer one."""
+    answer: dict = {}
+
+    def handler(conn, request):
+        reply(200, results(record("mem_long", **answer)))(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        folder = hook.state_dir / "sessions"
+        folder.mkdir(parents=True, mode=0o700)
+        old = {
+            "v": 1,
+            "session": "sess-1",
+            "count": 4,
+            "last_search": 3,
+            "keywords": [],
+            "ledger": {"mem_long": 2, "mem_other": 1},
+            "told_unauthorized": False,
+            "last_prompt_id": "p-old",
+            "start": None,
+        }
+        (folder / "sess-1.json").write_text(json.dumps(old))
+        answer.update(revision=2, passage=21, passages=22)
+        assert_silent(hook.prompt("what does the operations handbook say about failover?"))
+        assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] == 1
+        answer.update(revision=3, passage=21, passages=22)
+        assert 'revision="3" part="22 of 22"' in assert_hit_contract(
+            hook.prompt("what does the operations handbook say about failover drills?")
+        )
+        assert hook.session_state()["ledger"] == {"mem_other": 1, "mem_long": [3, [21]]}
+
+
 def test_session_start_injects_profile_and_records_it_in_the_ledger(tmp_path):
     pinned = results(record("mem_style", 2), record("mem_oncall", 1))
     search = results(record("mem_style", 2), record("mem_new", 1))

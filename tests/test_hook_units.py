@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 
 from relay.hook import codec, config, gate, outcome_log, state
 from relay.hook.client import HookFailure, parse_url
-from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
+from relay.hook.pack import (
+    PROFILE_INTRO,
+    PROMPT_INTRO,
+    PROMPT_REMINDER,
+    ledger_add,
+    pack,
+    tokens,
+    validate,
+)
 
 json_values = st.recursive(
     st.none()
@@ -149,6 +157,28 @@ def test_pack_drops_ledger_duplicates_and_keeps_newer_revisions():
     assert [(r["id"], r["revision"]) for r in injected] == [("b", 2), ("c", 1)]
     assert dupes == 1  # "a"; the second passage of "c" is not a conversation duplicate
     assert "second passage" not in context
+
+
+def test_the_ledger_tells_passages_of_a_revision_apart():
+    def part(rid, rev, seq, text="fact"):
+        return {**rec(rid, rev, text), "passage": seq, "passages": 30}
+
+    ledger = {"a": [1, [0]], "b": 2, "c": [3, [4, 7]]}
+    records = [part("a", 1, 0), part("a", 1, 21, "unseen"), part("b", 2, 5), part("c", 2, 9)]
+    context, injected, dupes = pack(records, ledger, 3, 600, PROMPT_INTRO)
+    # a's passage 0 was shown; b's whole revision 2 (an old-format entry); c's revision 3
+    assert [(r["id"], r["passage"]) for r in injected] == [("a", 21)] and dupes == 3
+    assert 'id="a" revision="1" part="22 of 30"' in context and "unseen" in context
+    for record in injected:
+        ledger_add(ledger, record)
+    ledger_add(ledger, part("c", 3, 4))  # already held: stays as it is, moved last
+    ledger_add(ledger, part("b", 2, 1))  # within a whole revision held: still the whole of it
+    ledger_add(ledger, part("d", 1, 2))
+    ledger_add(ledger, {**rec("e", 5), "passage": None})  # a server that numbers no passages
+    assert ledger == {"a": [1, [0, 21]], "c": [3, [4, 7]], "b": 2, "d": [1, [2]], "e": 5}
+    ledger_add(ledger, part("a", 2, 3))  # a newer revision supersedes the older's passages
+    ledger_add(ledger, part("a", 1, 5))  # an older one, shown beside it as a conflict
+    assert ledger["a"] == [2, [3]]
 
 
 def test_pack_labels_each_record_with_provenance():
@@ -313,6 +343,18 @@ def test_session_files_are_private_bounded_and_cleaned(tmp_path):
     with state.Session(str(tmp_path), "s1", time.monotonic() + 1) as session:
         assert len(session.data["ledger"]) == state.LEDGER_MAX
         assert "m0" not in session.data["ledger"]
+        # the bound counts passages, a whole revision as one; malformed entries are dropped
+        session.data["ledger"] = {
+            "many": [1, list(range(30))],
+            **{f"n{i}": [2, [i]] for i in range(state.LEDGER_MAX - 30)},
+            "whole": 3,
+            "bad": [1, ["x"]],
+        }
+        session.save()
+    with state.Session(str(tmp_path), "s1", time.monotonic() + 1) as session:
+        ledger = session.data["ledger"]
+        assert "many" not in ledger and "bad" not in ledger
+        assert len(ledger) == state.LEDGER_MAX - 29 and ledger["whole"] == 3
     path = tmp_path / "sessions" / "s1.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "sessions").stat().st_mode) == 0o700

@@ -83,6 +83,11 @@ def validate(payload: object) -> list[dict]:
         for key in ("title", "source", "updated_at"):
             _opt(item, key, (str,))
         _opt(item, "score", (int, float))
+        passage, passages = item.get("passage"), item.get("passages")
+        if passage is not None and (type(passage) is not int or passage < 0):
+            raise _bad("results[].passage is not a passage number")
+        if passages is not None and (type(passages) is not int or passages < 1):
+            raise _bad("results[].passages is not a positive integer")
         conflicts = item.get("conflicts_with")
         if conflicts is None:
             conflicts = []
@@ -98,6 +103,10 @@ def validate(payload: object) -> list[dict]:
                 "updated_at": item.get("updated_at") or "",
                 "conflicts_with": conflicts,
                 "score": item.get("score"),
+                # Which part of the memory `text` is, and of how many: both optional (a server
+                # older than `passages`, or than `passage`, leaves them out).
+                "passage": passage,
+                "passages": passages,
             }
         )
     return records
@@ -134,11 +143,25 @@ def _body(record: dict) -> str:
     return label_text(text)
 
 
+def _part(record: dict) -> str | None:
+    """`2 of 5` for the second of a memory's five passages (counted from 1, where the API's
+    `passage` counts from 0); `2` when the server does not say how many; None for a memory
+    of one passage, or when the server does not say which part this is."""
+    seq, total = record.get("passage"), record.get("passages")
+    if seq is None:
+        return None
+    if total is not None and total > 1:
+        return f"{seq + 1} of {total}"
+    return str(seq + 1) if seq > 0 and total is None else None
+
+
 def _render(record: dict, body: str) -> str:
     date = record["updated_at"][:10] if record["updated_at"] else "unknown"
+    part = _part(record)
     attrs = (
         f'id="{label_attribute(record["id"])}" revision="{record["revision"]}" '
-        f'source="{label_attribute(record["source"])}" updated="{label_attribute(date)}"'
+        + (f'part="{part}" ' if part else "")
+        + f'source="{label_attribute(record["source"])}" updated="{label_attribute(date)}"'
     )
     if record["conflicts_with"]:
         attrs += f' conflicts_with="{label_attribute(",".join(record["conflicts_with"]))}"'
@@ -183,6 +206,52 @@ def _groups(records: list[dict]) -> list[list[dict]]:
     return list(groups.values())
 
 
+# The conversation ledger, `{id: entry}`, oldest first: what this conversation was shown
+# since it started or was last compacted or cleared. An entry is `[revision, [passage, ...]]`,
+# the passages (their `passage` numbers) of that revision shown; or a bare `revision` for the
+# whole of it: the team profile (which injects whole memories), a record from a server that
+# numbers no passages, and state files written before passages were told apart (one passage
+# of that revision shown, which one unknown: all of it keeps that file's dedupe).
+
+
+def ledger_entry(entry: int | list) -> tuple[int, list[int] | None]:
+    """(revision, passages shown, or None for all of it) of one ledger entry."""
+    if isinstance(entry, int):
+        return entry, None
+    return entry[0], entry[1]
+
+
+def ledger_holds(ledger: dict, record: dict) -> bool:
+    """Whether the conversation holds this record: this passage of its revision, or a newer
+    revision of its memory, which supersedes every passage of the older ones."""
+    entry = ledger.get(record["id"])
+    if entry is None:
+        return False
+    revision, shown = ledger_entry(entry)
+    if revision != record["revision"]:
+        return revision > record["revision"]
+    seq = record.get("passage")
+    return shown is None or seq is None or seq in shown
+
+
+def ledger_add(ledger: dict, record: dict) -> None:
+    """Record `record` as shown; its entry moves last (the ledger drops the oldest first)."""
+    rid, revision, seq = record["id"], record["revision"], record.get("passage")
+    entry = ledger.pop(rid, None)
+    if entry is not None:
+        known, shown = ledger_entry(entry)
+        if known > revision:  # an older side of a conflict, shown beside the newer one
+            ledger[rid] = entry
+            return
+        if known == revision:
+            if shown is None or seq is None:
+                ledger[rid] = revision
+            else:
+                ledger[rid] = [revision, sorted({*shown, seq})]
+            return
+    ledger[rid] = revision if seq is None else [revision, [seq]]
+
+
 def pack(
     records: list[dict],
     ledger: dict,
@@ -196,15 +265,17 @@ def pack(
     The context opens with `intro`, or with `later_intro` when given and the ledger already
     holds something: the session was shown a full preamble with it.
 
-    Only the best-ranked passage of each (id, revision) is kept; later passages of
-    the same revision are not counted as duplicates of the conversation.
+    A record is a duplicate when the ledger holds its passage of its revision, or a newer
+    revision (see `ledger_holds`). Of one answer, only the best-ranked passage of each
+    (id, revision) is kept (the server sends one a memory); a later passage of the same
+    revision in it is not counted as a duplicate of the conversation.
     """
     seen: set[tuple[str, int]] = set()
     fresh = []
     dupes = 0
     for record in records:
         pair = (record["id"], record["revision"])
-        if ledger.get(record["id"], 0) >= record["revision"]:
+        if ledger_holds(ledger, record):
             dupes += 1
         elif pair not in seen:
             seen.add(pair)

@@ -16,7 +16,15 @@ import time
 from relay.hook import breaker, codec, config, gate, state
 from relay.hook.client import HookFailure, parse_url, request
 from relay.hook.outcome_log import append, sha256_hex, timestamp
-from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
+from relay.hook.pack import (
+    PROFILE_INTRO,
+    PROMPT_INTRO,
+    PROMPT_REMINDER,
+    ledger_add,
+    pack,
+    tokens,
+    validate,
+)
 
 STDIN_MAX = 4 * 1024 * 1024
 RESPONSE_MAX = 256 * 1024
@@ -277,6 +285,8 @@ def _session_start(inv: Invocation, payload: dict, session_id: str | None) -> No
     records = _fetch(inv, "GET", "/v1/profile", None, probe)
     if records is None:
         return _maybe_tell_unauthorized(inv, session_id)
+    for record in records:  # the profile carries whole memories: every passage of each
+        record["passage"] = record["passages"] = None
     _inject(
         inv,
         session_id,
@@ -372,10 +382,8 @@ def _inject(inv, session_id, records, max_records, max_tokens, intros, event_nam
             inv.log["records"] = len(injected)
             inv.log["tokens"] = tokens(context)
             inv.log["injected"] = [[r["id"], r["revision"]] for r in injected]
-            ledger = data["ledger"]
             for record in injected:
-                known = ledger.pop(record["id"], 0)  # re-inserted: the newest entries sit last
-                ledger[record["id"]] = max(known, record["revision"])
+                ledger_add(data["ledger"], record)
         session.save()
 
 

@@ -18,7 +18,7 @@ import time
 from relay.hook import codec
 from relay.hook.files import Lock, private_dir, read_bytes, read_owned_object, write_atomic
 
-LEDGER_MAX = 400
+LEDGER_MAX = 400  # passages remembered, a whole revision counting as one
 KEYWORDS_MAX = 64
 STATE_MAX_BYTES = 256 * 1024
 SESSION_TTL_S = 7 * 24 * 3600
@@ -83,9 +83,13 @@ class Session:
         if not self.lock.held:
             return
         ledger = self.data["ledger"]
-        if len(ledger) > LEDGER_MAX:
-            for key in list(ledger)[: len(ledger) - LEDGER_MAX]:
-                del ledger[key]
+        # At most LEDGER_MAX passages (a whole revision counts as one), the oldest dropped.
+        held = sum(1 if type(entry) is int else max(1, len(entry[1])) for entry in ledger.values())
+        for key in list(ledger):
+            if held <= LEDGER_MAX:
+                break
+            entry = ledger.pop(key)
+            held -= 1 if type(entry) is int else max(1, len(entry[1]))
         self.data["keywords"] = self.data["keywords"][:KEYWORDS_MAX]
         self.data["updated"] = int(time.time())
         write_atomic(self.path, codec.dumps(self.data).encode())
@@ -105,7 +109,7 @@ def _load(path: str, session_id: str) -> dict:
         state["keywords"] = words
     ledger = stored.get("ledger")
     if isinstance(ledger, dict):
-        state["ledger"] = {k: v for k, v in ledger.items() if type(v) is int}
+        state["ledger"] = {k: v for k, v in ledger.items() if _ledger_entry(v)}
     state["told_unauthorized"] = stored.get("told_unauthorized") is True
     if isinstance(stored.get("last_prompt_id"), str):
         state["last_prompt_id"] = stored["last_prompt_id"]
@@ -118,6 +122,21 @@ def _load(path: str, session_id: str) -> dict:
     ):
         state["start"] = {key: start[key] for key in ("source", "at", "count")}
     return state
+
+
+def _ledger_entry(value: object) -> bool:
+    """A well-formed ledger entry (relay.hook.pack): a revision (a file written before
+    passages were told apart holds only these), or [revision, [passage, ...]]."""
+    if type(value) is int:
+        return value >= 1
+    return (
+        type(value) is list
+        and len(value) == 2
+        and type(value[0]) is int
+        and value[0] >= 1
+        and type(value[1]) is list
+        and all(type(seq) is int and seq >= 0 for seq in value[1])
+    )
 
 
 def cleanup(state_dir: str, until: float | None = None, now: float | None = None) -> int:
