@@ -21,11 +21,13 @@ from relay.eval.commands import eval_group
 from relay.eval.conversations import (
     CLASSES,
     MEMORY_CLASSES,
+    Turn,
     build_conversations,
     load_conversations,
 )
 from relay.eval.faults import KINDS
-from relay.eval.replay import extras, figures
+from relay.eval.harness import Run
+from relay.eval.replay import _Context, extras, figures, injected_records
 from relay.eval.report import histogram, lines, targets
 from relay.hook import config as hook_config
 from relay.hook_bench import ON_TIME_SLACK_MS
@@ -577,6 +579,35 @@ def test_built_conversations_are_reproducible_and_mix_every_class():
                 assert any(gold <= earlier for earlier in asked)
             else:
                 assert not gold
+
+
+def test_replay_counts_a_passage_shown_again_as_a_duplicate_and_another_passage_as_new(tmp_path):
+    """What the model saw, read from the real hook's stdout: a long memory's passage 21 after
+    its passage 0 is new text, not a duplicate; passage 0 again, with no compaction between
+    (the ungated mode's fresh ledger lets it through), is one."""
+    answer: dict = {}
+
+    def handler(conn, request):
+        reply(200, results(record("mem_long", **answer)))(conn, request)
+
+    prompt = "what does the operations handbook say about failover drills?"
+    context, rows, outs = _Context(), [], []
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        for no, seq in enumerate((0, 21), 1):
+            answer.update(revision=1, passage=seq, passages=22)
+            run = hook.prompt(prompt)
+            outs.append(run.out)
+            turn = Turn("c", no, prompt, "needs_memory", ("mem_long",))
+            rows.append(context.account(turn, "on", Run(run.rc, run.out, run.ms, hook.last()), 3))
+    assert [r["injected"] for r in rows] == [[["mem_long", 1, 0]], [["mem_long", 1, 21]]]
+    assert [r["duplicates"] for r in rows] == [0, 0]
+    turn = Turn("c", 3, prompt, "needs_memory", ("mem_long",))
+    again = context.account(turn, "ungated", Run(0, outs[0], 1.0, {"outcome": "hit"}), 3)
+    assert again["duplicates"] == 1
+    assert figures([*rows, again], conversations=1)["duplicate_rate"] == 0.3333
+    # a label with no part (a memory of one passage, the team profile) is passage 0
+    assert injected_records('<relay-memory id="a" revision="2" source="s">') == [("a", 2, 0)]
 
 
 def test_figures_count_duplicates_and_tokens_kept_in_history():

@@ -33,7 +33,7 @@ from relay.eval.conversations import (
 )
 from relay.hook import config as hook_config
 from relay.hook import gate, state
-from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, pack, tokens, validate
+from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, ledger_add, pack, tokens, validate
 from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import SEARCHED
 
@@ -167,7 +167,7 @@ def simulate(
                 )
                 data["keywords"] = words
                 for record in injected:
-                    data["ledger"][record["id"]] = record["revision"]
+                    ledger_add(data["ledger"], record)
                     held.add(record["id"])
                 if context:
                     cumulative += kept_in_history(tokens(context), turn.no, length)

@@ -344,7 +344,7 @@ def deletion_drill(
             break
         hook = Hook(home / store, server.url, keys[store].read["on"], deadline_ms, **DRILL_ENV)
         first = hook.prompt(prompt, f"del-{n}-a", "1")
-        victims = [rid for rid, _ in injected_records(first.context) if rid not in deleted]
+        victims = [rid for rid, _, _ in injected_records(first.context) if rid not in deleted]
         if not victims:
             continue
         hook.prompt(prompt, f"del-{n}-b", "1")  # the same answer again, now from the cache
@@ -359,7 +359,7 @@ def deletion_drill(
             continue
         deleted.add(victim)
         run = hook.prompt(prompt, f"del-{n}-c", "1")
-        stale = victim in {rid for rid, _ in injected_records(run.context)}
+        stale = victim in {rid for rid, _, _ in injected_records(run.context)}
         drill.count(run, _healthy_ok(run), stale, f"after deleting {victim}")
     drill.notes.update(deleted=len(deleted), warm_cache_hits=warm)
     return drill
@@ -416,8 +416,8 @@ def compaction_drill(
     """Half a conversation, a compaction, the first half's memory-needing prompts again (what
     they brought left the context with the compaction), then the second half."""
     drill = Drill("compaction", deadline_ms)
-    needed: set[tuple[str, str, int]] = set()  # (conversation, id, revision)
-    returned: set[tuple[str, str, int]] = set()
+    needed: set[tuple[str, str, int, int]] = set()  # (conversation, id, revision, passage)
+    returned: set[tuple[str, str, int, int]] = set()
     dupes = 0
     for conv in conversations:
         hook = Hook(
@@ -427,10 +427,11 @@ def compaction_drill(
         half = len(conv.turns) // 2
         first, second = list(conv.turns[:half]), list(conv.turns[half:])
         again = [t for t in first if t.kind in MEMORY_CLASSES]
-        held: set[tuple[str, int]] = set()  # in context: since the start, then since compaction
+        # in context, as (id, revision, passage): since the start, then since compaction
+        held: set[tuple[str, int, int]] = set()
         for i, turn in enumerate([*first, *again, *second]):
             if i == half:
-                needed |= {(conv.id, *pair) for pair in held}
+                needed |= {(conv.id, *shown) for shown in held}
                 start = hook.session_start(sid, "compact")
                 logged = start.log.get("ledger_reset") is True and (
                     start.outcome in HEALTHY or start.log.get("reason") == "profile_off"
@@ -439,11 +440,11 @@ def compaction_drill(
                 held = set(injected_records(start.context))
             run = hook.prompt(turn.prompt, sid, f"{i}")
             records = injected_records(run.context)
-            twice = sum(pair in held for pair in records)
+            twice = sum(shown in held for shown in records)
             dupes += twice
             held.update(records)
             if i >= half:
-                returned |= {(conv.id, *pair) for pair in records} & needed
+                returned |= {(conv.id, *shown) for shown in records} & needed
             drill.count(run, _healthy_ok(run), twice > 0, f"{conv.id} turn {i + 1}")
     drill.notes.update(
         needed_after_compaction=len(needed),

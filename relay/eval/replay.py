@@ -10,8 +10,9 @@ The three runs of a turn are interleaved so load on the machine hits them alike,
 and each mode reads with its own key, so no mode is served another's cached answers.
 
 What the model saw is read from the hook's stdout; the outcome from its log line.
-A duplicate is a record revision injected into a conversation that already holds
-it (no compaction happens in a replay). Cumulative tokens count what stays in
+A duplicate is a passage of a record revision injected into a conversation that already
+holds that passage of that revision (no compaction happens in a replay); another passage
+of a long memory, which the model has not seen, is not one. Cumulative tokens count what stays in
 history: a record injected at turn t of T is paid again on each of turns t..T.
 """
 
@@ -47,12 +48,16 @@ MODE_ENV = {
         "RELAY_OVERLAP_THRESHOLD": "1.5",
     },
 }
-_RECORD = re.compile(r'<relay-memory id="([^"]*)" revision="(\d+)"')
+_RECORD = re.compile(r'<relay-memory id="([^"]*)" revision="(\d+)"(?: part="(\d+)[^"]*")?')
 
 
-def injected_records(context: str | None) -> list[tuple[str, int]]:
-    """(id, revision) of every record in an injected context, in order."""
-    return [(m[1], int(m[2])) for m in _RECORD.finditer(context or "")]
+def injected_records(context: str | None) -> list[tuple[str, int, int]]:
+    """(id, revision, passage) of every record in an injected context, in order. The passage
+    is the API's number (the label's `part` counts from 1); 0 for a record whose label names
+    no part: a memory of one passage, or a whole one (the team profile)."""
+    return [
+        (m[1], int(m[2]), int(m[3]) - 1 if m[3] else 0) for m in _RECORD.finditer(context or "")
+    ]
 
 
 def _normal(text: str) -> str:
@@ -110,16 +115,16 @@ class _Context:
     """What one conversation's context holds so far, in one mode."""
 
     def __init__(self) -> None:
-        self.pairs: set[tuple[str, int]] = set()
+        self.passages: set[tuple[str, int, int]] = set()
         self.ids: set[str] = set()
         self.text = ""
 
     def account(self, turn: Turn, mode: str, run: Run, length: int) -> dict[str, Any]:
         context = run.context
         records = injected_records(context)
-        dupes = sum(pair in self.pairs for pair in records)
-        self.pairs.update(records)
-        self.ids.update(rid for rid, _ in records)
+        dupes = sum(shown in self.passages for shown in records)
+        self.passages.update(records)
+        self.ids.update(rid for rid, _, _ in records)
         if context:
             self.text += " " + _normal(context)
         spent = tokens(context) if context else 0
@@ -143,7 +148,7 @@ class _Context:
             "injected": [list(p) for p in records],
             "duplicates": dupes,
             "useful": any(g in self.ids for g in turn.relevant) if turn.relevant else None,
-            "gold_injected": any(rid in turn.relevant for rid, _ in records),
+            "gold_injected": any(rid in turn.relevant for rid, _, _ in records),
             "answered": _normal(turn.answer) in self.text if turn.answer else None,
             "quiet": context is None,
             "logged_hit": run.outcome == "hit",
