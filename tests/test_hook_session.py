@@ -243,8 +243,10 @@ def test_a_ledger_written_before_passages_keeps_its_dedupe(tmp_path):
 
 
 def test_session_start_injects_profile_and_records_it_in_the_ledger(tmp_path):
-    pinned = results(record("mem_style", 2), record("mem_oncall", 1))
-    search = results(record("mem_style", 2), record("mem_new", 1))
+    # the profile carries whole memories (passage 0, as the server sends it): a search's
+    # passage 3 of the same revision is already in the conversation
+    pinned = results(record("mem_style", 2, passage=0), record("mem_oncall", 1, passage=0))
+    search = results(record("mem_style", 2, passage=3, passages=5), record("mem_new", 1))
 
     def handler(conn, request):
         reply(200, pinned if request.path == "/v1/profile" else search)(conn, request)
