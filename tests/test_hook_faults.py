@@ -357,3 +357,63 @@ def test_kill_switch_and_missing_configuration_are_silent(tmp_path):
         assert_silent(hook.prompt(PROMPT))
         assert hook.last()["reason"] == "bad_url"
         assert server.requests == []
+
+
+def _closed_fds_run(hook: Hook, redirects: str, stdin: bytes) -> subprocess.CompletedProcess:
+    """The real hook started by a shell with some of its standard fds closed (`>&-`)."""
+    return subprocess.run(
+        ["sh", "-c", f'exec "$0" {redirects}', str(HOOK)],
+        input=stdin,
+        capture_output=True,
+        env=hook.env,
+        timeout=30,
+    )
+
+
+def test_a_closed_stdout_is_a_logged_failure_and_nothing_lands_in_a_file(tmp_path):
+    """QA: with stdout closed the session lock took fd 1, the hook wrote its answer into the
+    lock file, logged a hit and put the records in the ledger."""
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url)
+        done = _closed_fds_run(hook, ">&-", hook.payload(PROMPT, prompt_id="p1"))
+        assert done.returncode == 0 and done.stderr == b""
+        entry = hook.last()
+        assert (entry["outcome"], entry["reason"]) == ("skipped", "stdout_closed"), entry
+        assert "injected" not in entry and server.requests == []
+        for path in (hook.state_dir / "sessions").glob("*"):
+            assert b"hookSpecificOutput" not in path.read_bytes(), path
+        assert not (hook.state_dir / "sessions" / "sess-1.json").exists()  # nothing counted
+        # the prompt's other run, with its stdout, answers it: nothing was recorded as shown
+        assert "mem_a" in assert_hit_contract(hook.prompt(PROMPT, prompt_id="p1"))
+        # a closed stderr (or stdin) changes nothing else
+        done = _closed_fds_run(hook, "2>&-", hook.payload(PROMPT + " again", session="s2"))
+        assert json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
+        assert hook.last()["outcome"] == "hit"
+        done = _closed_fds_run(hook, "<&-", b"")
+        assert done.stdout == b"" and hook.last()["reason"] == "bad_input"
+
+
+def test_a_reader_that_goes_away_is_a_named_failure_and_leaves_the_ledger_alone(tmp_path):
+    """QA: with a broken pipe the log said `skipped` with no reason."""
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0")
+        proc = subprocess.Popen(
+            [str(HOOK)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=hook.env,
+        )
+        proc.stdout.close()  # the reader goes away before the answer is written
+        proc.stdin.write(hook.payload(PROMPT, prompt_id="p1"))
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+        assert proc.stderr.read() == b""
+        proc.stderr.close()
+        entry = hook.last()
+        assert (entry["outcome"], entry["reason"]) == ("skipped", "stdout_broken_pipe"), entry
+        assert "injected" not in entry and len(server.requests) == 1
+        assert hook.session_state()["ledger"] == {}
+        # not shown, so not a duplicate: the next prompt that finds it injects it
+        run = hook.prompt("which migration convention applies to the invoices table?")
+        assert "mem_a" in assert_hit_contract(run)

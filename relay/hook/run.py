@@ -94,21 +94,52 @@ def _read_stdin(until: float) -> tuple[bytes | None, str | None]:
         chunks.append(chunk)
 
 
-def _emit(inv: Invocation, obj: dict) -> bool:
-    """Print the hook's one JSON object, unless the deadline has passed: late output is dropped."""
+def claim_stdio() -> bool:
+    """Occupy any of fds 0-2 that is closed with /dev/null, so no file the hook opens takes
+    its number: with stdout closed (`relay-hook >&-`) the session lock became fd 1 and the
+    hook's answer went into it. Return whether stdout was closed: the answer has nowhere to go."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    for fd in closed:  # ascending, so each open takes the lowest free number: this one
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            break  # nothing to hold it with; a closed stdout still ends the run unanswered
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    return 1 in closed
+
+
+def _emit(inv: Invocation, obj: dict) -> str | None:
+    """Print the hook's one JSON object: None once it went out, else why not: `late` (the
+    deadline passed, and late output is dropped), `stdout_closed` (closed when the process
+    started), `stdout_broken_pipe` (the reader went away), `stdout_unwritable`."""
+    if inv.stdout_closed:
+        return "stdout_closed"
     if time.monotonic() > inv.until:
-        return False
+        return "late"
     view = memoryview(codec.dumps(obj).encode())
-    while view:
-        view = view[os.write(1, view) :]
-    return True
+    try:
+        while view:
+            view = view[os.write(1, view) :]
+    except BrokenPipeError:
+        return "stdout_broken_pipe"
+    except OSError:
+        return "stdout_unwritable"
+    return None
 
 
 class Invocation:
     """What one hook process knows and will log about itself."""
 
-    def __init__(self, argv: list[str], t_main: float, environ) -> None:
+    def __init__(self, argv: list[str], t_main: float, environ, stdout_closed=False) -> None:
         self.environ = environ
+        self.stdout_closed = stdout_closed
         self.start = process_start(t_main)
         self.event = "session_start" if argv[1:2] == ["session-start"] else "prompt"
         self.cfg = config.load(environ)
@@ -131,7 +162,8 @@ class Invocation:
 
 def run(argv: list[str], t_main: float, environ=None) -> None:
     """Run one hook invocation to the end: output (if any) on stdout, one line in the log."""
-    inv = Invocation(argv, t_main, os.environ if environ is None else environ)
+    stdout_closed = claim_stdio()  # before the hook opens any file
+    inv = Invocation(argv, t_main, os.environ if environ is None else environ, stdout_closed)
     try:
         _dispatch(inv)
     finally:
@@ -176,6 +208,10 @@ def _dispatch(inv: Invocation) -> None:
         parse_url(cfg.url)
     except ValueError:
         return inv.finish("disabled", "bad_url")
+    if inv.stdout_closed:
+        # Nothing could be shown: search nothing, and leave the session's state (its count,
+        # its ledger, a compaction's reset) to a run of the hook that can answer.
+        return inv.finish("skipped", "stdout_closed")
     if inv.event == "session_start":
         return _session_start(inv, payload, session_id)
     return _prompt(inv, payload, session_id)
@@ -353,7 +389,7 @@ def _maybe_tell_unauthorized(inv: Invocation, session_id: str | None) -> None:
     with _session(inv, session_id) as session:
         if session.held and not session.data["told_unauthorized"]:
             status = inv.log.get("http_status", 401)
-            if _emit(inv, {"systemMessage": UNAUTHORIZED_MESSAGE.format(status=status)}):
+            if _emit(inv, {"systemMessage": UNAUTHORIZED_MESSAGE.format(status=status)}) is None:
                 session.data["told_unauthorized"] = True
                 session.save()
 
@@ -376,8 +412,12 @@ def _inject(inv, session_id, records, max_records, max_tokens, intros, event_nam
             inv.finish("no_match")
         else:
             output = {"hookEventName": event_name, "additionalContext": context}
-            if not _emit(inv, {"hookSpecificOutput": output}):
-                return inv.finish("timeout", "late")  # nothing shown, so nothing enters the ledger
+            # Nothing shown, so nothing enters the ledger.
+            failed = _emit(inv, {"hookSpecificOutput": output})
+            if failed == "late":
+                return inv.finish("timeout", failed)
+            if failed:
+                return inv.finish("skipped", failed)
             inv.finish("hit")
             inv.log["records"] = len(injected)
             inv.log["tokens"] = tokens(context)
