@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from hook_support import (
     FakeRelay,
@@ -328,6 +329,34 @@ def test_a_prompt_that_reaches_the_hook_twice_counts_once(tmp_path):
         # the next prompt is a prompt like any other
         hook.prompt("which logging conventions does the worker follow?", prompt_id="p2")
         assert hook.session_state()["count"] == 2
+
+
+def test_a_prompt_without_an_id_that_reaches_the_hook_twice_counts_once(tmp_path):
+    """QA: with no `prompt_id` in the payload, both runs of a hook registered twice counted
+    the prompt, so the throttle let through half the prompts it should. The same text again,
+    with no prompt between and within the deadline and a second, is the same prompt."""
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="400")
+        text = "how do we write a database migration?"
+        twice = hook.payload(text, prompt_id=None)
+        done = run_together(hook, [twice, twice])
+        assert sum(bool(out) for _, out in done) == 1
+        assert sorted(str(e.get("reason")) for e in hook.outcomes()) == ["None", "repeat_prompt"]
+        assert hook.session_state()["count"] == 1
+        # in turn, as an agent that runs its hooks one after the other
+        other = "which logging conventions does the worker follow?"
+        hook.prompt(other, prompt_id=None)
+        hook.prompt(other, prompt_id=None)
+        assert hook.last()["reason"] == "repeat_prompt" and hook.session_state()["count"] == 2
+        # the same text after another prompt, or once the time is past, is a new prompt
+        hook.prompt(text, prompt_id=None)
+        assert hook.last().get("reason") != "repeat_prompt"
+        assert hook.session_state()["count"] == 3
+        time.sleep(0.4 + 1.0 + 0.1)
+        hook.prompt(text, prompt_id=None)
+        assert hook.last().get("reason") != "repeat_prompt"
+        assert hook.session_state()["count"] == 4
+        assert len(server.requests) <= 2  # the throttle saw each prompt once
 
 
 def test_a_session_start_that_reaches_the_hook_twice_injects_the_profile_once(tmp_path):

@@ -33,9 +33,9 @@ EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
 SERVER_MAX_K = 12  # the most results one search returns (relay.search.MAX_K: not importable here)
 EXIT_RESERVE_S = 0.025  # kept back from the network: breaker, log and exit, slower under load
 SOURCES = ("startup", "resume", "clear", "compact")
-# Two runs of one session start begin together, or the second right after the first ended
-# (an agent running its hooks in turn): within the deadline and this much more.
-REPEAT_START_SLACK_S = 1.0
+# Two runs of one session start, or of one prompt, begin together, or the second right after
+# the first ended (an agent running its hooks in turn): within the deadline and this much more.
+REPEAT_SLACK_S = 1.0
 
 
 def results_wanted(max_records: int) -> int:
@@ -236,11 +236,23 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
             return inv.finish("skipped", "state_busy")
         data = session.data
         # One prompt reaching the hook twice (registered both for the user and in a committed
-        # project's settings, the two commands differ, so the agent runs both) counts once.
-        if prompt_id and data["last_prompt_id"] == prompt_id:
+        # project's settings, the two commands differ, so the agent runs both) counts once:
+        # known by its id, or, when the agent sends none, by its text arriving again with no
+        # prompt between, as soon as two runs of one prompt would (see REPEAT_SLACK_S).
+        last, now = data["last_prompt"], time.time()
+        if prompt_id:
+            if data["last_prompt_id"] == prompt_id:
+                return inv.finish("skipped", "repeat_prompt")
+        elif (
+            last is not None
+            and last["sha"] == inv.log["prompt_sha256"]
+            and last["count"] == data["count"]  # no prompt since
+            and 0 <= now - last["at"] < cfg.deadline_ms / 1000 + REPEAT_SLACK_S
+        ):
             return inv.finish("skipped", "repeat_prompt")
         data["last_prompt_id"] = prompt_id
         data["count"] += 1
+        data["last_prompt"] = {"sha": inv.log["prompt_sha256"], "at": now, "count": data["count"]}
         inv.log["prompt_no"] = data["count"]
         reason = gate.skip_reason(prompt, words, data, cfg)
         if reason is None:
@@ -303,7 +315,7 @@ def _session_start(inv: Invocation, payload: dict, session_id: str | None) -> No
                 last is not None
                 and last["source"] == source
                 and last["count"] == session.data["count"]  # no prompt since
-                and 0 <= now - last["at"] < cfg.deadline_ms / 1000 + REPEAT_START_SLACK_S
+                and 0 <= now - last["at"] < cfg.deadline_ms / 1000 + REPEAT_SLACK_S
             ):
                 return inv.finish("skipped", "repeat_start")
             if source in ("clear", "compact"):

@@ -1,5 +1,5 @@
 """Per-session state: prompt counter, last search keywords, the conversation ledger, the
-last session start.
+last prompt counted and the last session start.
 
 One JSON file per session under `<state_dir>/sessions/`, replaced atomically and
 changed only under that session's flock, so two hooks of one session (a prompt
@@ -42,6 +42,7 @@ def fresh(session_id: str) -> dict:
         "ledger": {},
         "told_unauthorized": False,
         "last_prompt_id": None,
+        "last_prompt": None,  # {"sha", "at", "count"} of the last prompt counted
         "start": None,
     }
 
@@ -113,6 +114,14 @@ def _load(path: str, session_id: str) -> dict:
     state["told_unauthorized"] = stored.get("told_unauthorized") is True
     if isinstance(stored.get("last_prompt_id"), str):
         state["last_prompt_id"] = stored["last_prompt_id"]
+    last = stored.get("last_prompt")
+    if (
+        isinstance(last, dict)
+        and isinstance(last.get("sha"), str)
+        and type(last.get("at")) in (int, float)
+        and type(last.get("count")) is int
+    ):
+        state["last_prompt"] = {key: last[key] for key in ("sha", "at", "count")}
     start = stored.get("start")
     if (
         isinstance(start, dict)
