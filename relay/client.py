@@ -7,6 +7,7 @@ callers handle a remote failure exactly like a local one.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -92,7 +93,12 @@ class RelayClient:
     def from_config(cls, url: str | None = None, api_key: str | None = None) -> RelayClient:
         """Flags first, then RELAY_URL / RELAY_API_KEY(_FILE), then ~/.relay/config.json."""
         cfg = hook_config.load()
-        return cls(url or cfg.url, api_key or cfg.api_key)
+        url, api_key = url or cfg.url, api_key or cfg.api_key
+        if cfg.bad_file and not (url and api_key):  # what is missing may be in the broken file
+            problem = hook_config.file_problem(hook_config.config_path(os.environ))
+            if problem:
+                raise NotConfiguredError(problem)
+        return cls(url, api_key)
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()

@@ -199,6 +199,25 @@ def test_no_install_at_all(tmp_path):
     )
 
 
+def test_a_relay_config_that_is_not_json_is_named_as_such(tmp_path, server):
+    """QA: for a broken ~/.relay/config.json the CLI said 'no server URL ... run relay
+    install' (the hook's side: test_hook_faults, `bad_config`)."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    config.write_text(config.read_text().replace('",', '"', 1))  # a comma lost in an edit
+    done = relay(tmp_path, "search", "how do we deploy?")
+    assert done.returncode != 0 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"relay: error: {config} is not valid JSON (line "), line
+    assert "column" in line and line.endswith("fix the file") and "install" not in line
+    assert any("config.json cannot be read as JSON" in f for f in failures(tmp_path))
+    # with the server and key given, the broken file is not in the way
+    done = relay(tmp_path, "search", "how do we deploy?", RELAY_URL=server.url)
+    assert "not valid JSON" in done.stderr  # the key was in the file
+    key = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+    assert relay(tmp_path, "search", "how do we deploy?", **key).returncode == 0
+
+
 def test_a_codex_config_that_is_not_toml_fails(tmp_path, server):
     """QA: with a broken ~/.codex/config.toml doctor said `ok` for the Codex hooks, warned
     that the MCP server was gone and advised `relay install`, which then refused the file;

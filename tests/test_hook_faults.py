@@ -353,6 +353,14 @@ def test_kill_switch_and_missing_configuration_are_silent(tmp_path):
         assert_silent(hook.prompt(PROMPT))
         assert hook.last() | {"ts": 0, "ms": 0} == {**hook.last(), "ts": 0, "ms": 0}
         assert hook.last()["outcome"] == "disabled" and hook.last()["reason"] == "not_configured"
+        # a config file there but unusable is not the same as none
+        for text in ('{"url": "http://relay:8765" "api_key": "relay_x_y"}', "[]", "\ufeff{}"):
+            broken = tmp_path / "broken.json"
+            broken.write_text(text)
+            hook = Hook(tmp_path / "d", None, RELAY_CONFIG=str(broken))
+            assert_silent(hook.prompt(PROMPT))
+            assert hook.last()["outcome"] == "disabled", text
+            assert hook.last()["reason"] == "bad_config", text
         hook = Hook(tmp_path / "c", "ftp://relay", RELAY_API_KEY="relay_x_y")
         assert_silent(hook.prompt(PROMPT))
         assert hook.last()["reason"] == "bad_url"

@@ -162,6 +162,10 @@ DEFAULTS: dict[str, object] = {name: default for name, default, _, _ in SETTINGS
 class Config(dict):
     """Resolved settings; attribute access for readability at call sites."""
 
+    # The config file is there but unusable (not a JSON object, unreadable): its settings
+    # are lost, which is not the same as a machine never configured (`bad_config`).
+    bad_file: bool = False
+
     url: str
     api_key: str
     api_key_file: str
@@ -207,14 +211,54 @@ def config_path(environ: Mapping[str, str]) -> str:
     return os.path.expanduser(environ.get("RELAY_CONFIG") or "~/.relay/config.json")
 
 
-def _read_file(path: str) -> dict:
+FILE_MAX_BYTES = 65_536
+
+
+def _read_file(path: str) -> tuple[dict, bool]:
+    """(the file's settings, whether it is there but unusable); a missing file is no error."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read(65_536)
+            data = fh.read(FILE_MAX_BYTES)
+    except FileNotFoundError:
+        return {}, False
+    except OSError:
+        return {}, True
+    try:
         parsed = codec.loads(data)
-    except (OSError, ValueError):
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+    except ValueError:
+        return {}, True
+    return (parsed, False) if isinstance(parsed, dict) else ({}, True)
+
+
+def file_problem(path: str) -> str | None:
+    """Why the config file at `path` cannot be used, in words for a person, with the JSON
+    parser's line and column; None when it is missing or fine. For `relay` commands: it
+    imports `json`, which the hook does not."""
+    import json
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(FILE_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc}): fix its permissions"
+    if len(data) > FILE_MAX_BYTES:
+        return f"{path} is over {FILE_MAX_BYTES // 1024} KiB, so it is not read: fix the file"
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        parsed = json.loads(data.decode("utf-8"), parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}: {exc.msg}"
+        return f"{path} is not valid JSON ({where}): fix the file"
+    except ValueError as exc:  # not UTF-8, or NaN/Infinity, which the hook refuses
+        return f"{path} is not valid JSON ({exc}): fix the file"
+    if not isinstance(parsed, dict):
+        return f"{path} is JSON but not an object of settings: fix the file"
+    return None
 
 
 def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = None) -> Config:
@@ -222,8 +266,9 @@ def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = N
     below, and is described in `ignored` when given (`relay doctor` shows them)."""
     environ = os.environ if environ is None else environ
     path = config_path(environ)
-    from_file = _read_file(path)
+    from_file, bad_file = _read_file(path)
     resolved = Config()
+    resolved.bad_file = bad_file
     for name, default, parse, _ in SETTINGS:
         value = default
         variable = "RELAY_" + name.upper()

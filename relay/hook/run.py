@@ -203,7 +203,8 @@ def _dispatch(inv: Invocation) -> None:
     if cfg.memory_off:
         return inv.finish("disabled", "memory_off")
     if not cfg.url or not cfg.api_key:
-        return inv.finish("disabled", "not_configured")
+        # A config file that cannot be read is a broken install, not a machine never set up.
+        return inv.finish("disabled", "bad_config" if cfg.bad_file else "not_configured")
     try:
         parse_url(cfg.url)
     except ValueError:
