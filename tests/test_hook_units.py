@@ -349,11 +349,12 @@ def test_session_files_are_private_bounded_and_cleaned(tmp_path):
             **{f"n{i}": [2, [i]] for i in range(state.LEDGER_MAX - 30)},
             "whole": 3,
             "bad": [1, ["x"]],
+            "empty": [1, []],
         }
         session.save()
     with state.Session(str(tmp_path), "s1", time.monotonic() + 1) as session:
         ledger = session.data["ledger"]
-        assert "many" not in ledger and "bad" not in ledger
+        assert "many" not in ledger and "bad" not in ledger and "empty" not in ledger
         assert len(ledger) == state.LEDGER_MAX - 29 and ledger["whole"] == 3
     path = tmp_path / "sessions" / "s1.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -137,7 +137,9 @@ def _emit(inv: Invocation, obj: dict) -> str | None:
 class Invocation:
     """What one hook process knows and will log about itself."""
 
-    def __init__(self, argv: list[str], t_main: float, environ, stdout_closed=False) -> None:
+    def __init__(
+        self, argv: list[str], t_main: float, environ, stdout_closed: bool = False
+    ) -> None:
         self.environ = environ
         self.stdout_closed = stdout_closed
         self.start = process_start(t_main)

@@ -144,6 +144,7 @@ def _ledger_entry(value: object) -> bool:
         and type(value[0]) is int
         and value[0] >= 1
         and type(value[1]) is list
+        and len(value[1]) > 0
         and all(type(seq) is int and seq >= 0 for seq in value[1])
     )
 
