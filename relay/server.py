@@ -33,6 +33,7 @@ from pydantic import (
 )
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__, auth, hygiene, writes
@@ -476,9 +477,8 @@ def create_app(services: Services) -> FastAPI:
     ) -> Response:
         start = time.perf_counter()
         response = await call_next(request)
-        route = request.scope.get("route")
         metrics.observe_request(
-            getattr(route, "path", "unmatched"),
+            _route_label(app, request.scope),
             request.method,
             response.status_code,
             time.perf_counter() - start,
@@ -711,6 +711,16 @@ def _bearer_security(operation: dict[str, Any]) -> None:
         operation["parameters"] = kept
     else:
         operation.pop("parameters", None)
+
+
+def _route_label(app: FastAPI, scope: Scope) -> str:
+    """The route's path template for metrics labels: API routes record themselves in the
+    scope; the framework's own pages (/openapi.json, /docs) do not, so they are matched
+    here. Anything else (a 404) is `unmatched`: one label, whatever the path."""
+    route = scope.get("route")
+    if route is None:
+        route = next((r for r in app.router.routes if r.matches(scope)[0] == Match.FULL), None)
+    return getattr(route, "path", "unmatched")
 
 
 def _openapi_with_error_shape(app: FastAPI) -> Callable[[], dict[str, Any]]:
