@@ -106,7 +106,7 @@ def check_body(body: str) -> str:
         raise InvalidRequestError("body must be a string", field="body")
     _check_unicode(body, "body")
     body = normalize_text(body)
-    if not body.strip():
+    if not _as_read(body).strip():  # blank to a reader: whitespace, zero-width characters
         raise InvalidRequestError("body is empty; a memory needs some text", field="body")
     if len(body) > MAX_BODY_CHARS:
         raise TooLargeError(
@@ -167,7 +167,7 @@ def check_title(title: str | None) -> str | None:
     if _CONTROL.search(title):
         raise InvalidRequestError("title contains control characters", field="title")
     title = " ".join(title.split())
-    if not title:
+    if not _as_read(title).strip():
         return None
     if len(title) > MAX_TITLE_CHARS:
         raise TooLargeError(

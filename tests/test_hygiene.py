@@ -58,7 +58,11 @@ def test_body_is_normalised():
     )
 
 
-@pytest.mark.parametrize("body", ["", " ", "\n\n\t\n", "\r\n   \r\n"])
+@pytest.mark.parametrize(
+    "body",
+    # QA: zero-width characters alone passed as text (U+200B, U+2060, U+FEFF, a bidi mark)
+    ["", " ", "\n\n\t\n", "\r\n   \r\n", "\u200b\u200b", "\u2060 \ufeff\n\u200e", "\u3000"],
+)
 def test_empty_body_is_rejected(body):
     with pytest.raises(InvalidRequestError, match="empty") as exc:
         check_body(body)
@@ -517,6 +521,8 @@ def test_no_false_positives_on_real_rule_texts(folder, count, expected):
         ("   ", None),
         ("  Testing ›  Fixtures ", "Testing › Fixtures"),
         ("two\nlines", "two lines"),
+        ("\u200b\u200b", None),
+        ("\u200bkept", "\u200bkept"),
     ],
 )
 def test_title_is_normalised(title, expected):
