@@ -1031,7 +1031,7 @@ def test_an_uninstall_stopped_part_way_says_what_it_did_and_what_is_left(
     what was undone and what was not; a second run finishes the job."""
     from click.testing import CliRunner
 
-    from relay import install as installer
+    from relay import uninstall as uninstaller
     from relay.errors import RelayError
 
     home = tmp_path
@@ -1039,16 +1039,16 @@ def test_an_uninstall_stopped_part_way_says_what_it_did_and_what_is_left(
     write(home / ".codex/config.toml", EXISTING_CODEX_CONFIG)
     original = snapshot(home)
     assert install(home, server).returncode == 0
-    real_write = installer.write_atomic
+    real_write = uninstaller.write_atomic
 
     def failing_write(path: Path, data: bytes, mode: int, force_mode: bool = False) -> None:
         if path.name == "config.toml":
             raise OSError(errno.EIO, "Input/output error")
         real_write(path, data, mode, force_mode)
 
-    monkeypatch.setattr(installer, "write_atomic", failing_write)
+    monkeypatch.setattr(uninstaller, "write_atomic", failing_write)
     env = {"HOME": str(home), "RELAY_CONFIG": None, "CLAUDE_CONFIG_DIR": None, "CODEX_HOME": None}
-    stopped = CliRunner().invoke(installer.uninstall, [], env=env)
+    stopped = CliRunner().invoke(uninstaller.uninstall, [], env=env)
     assert isinstance(stopped.exception, RelayError)
     message = stopped.exception.message
     assert message.startswith("uninstall stopped at ~/.codex/config.toml: Input/output error")

@@ -50,10 +50,11 @@ def _register() -> None:
     from relay.eval.commands import eval_group
     from relay.hook_bench import hook as bench_hook
     from relay.hook_stats import stats
-    from relay.install import install, uninstall
+    from relay.install import install
     from relay.mcp_server import mcp_command
     from relay.migrate import migrate
     from relay.skill import skill
+    from relay.uninstall import uninstall
 
     cli.add_command(stats)
     cli.add_command(migrate)

@@ -1,0 +1,331 @@
+"""`relay uninstall`: take out exactly what `relay install` and `relay skill install` put in.
+
+For each recorded file (`~/.relay/install.json`, written by relay/install.py), remove
+Relay's entries; when what remains means the same as the original, the original bytes go
+back, and a file install created is deleted. Whatever else the user changed meanwhile is
+kept. Every file it will change is checked first (nothing is touched when one cannot be);
+then the agents' settings go first and Relay's own files, backups and record last, so a
+run stopped part way leaves what a second run needs, and says what is left. The files
+`relay skill install` recorded go too, unless edited since (relay/skill.py).
+`--project DIR` undoes only the records under DIR and rewrites the record without them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relay import agents
+from relay.errors import RelayError
+from relay.install import (
+    OWN_FILES,
+    Change,
+    Paths,
+    blockers,
+    default_paths,
+    dump_json_like,
+    file_text,
+    load_manifest,
+    read_bytes,
+    refuse_blocked,
+    save_manifest,
+    tilde,
+    write_atomic,
+)
+
+
+def _same_json(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return agents.normalise_hooks(a) == agents.normalise_hooks(b)
+
+
+def plan_uninstall(paths: Paths, manifest: dict[str, Any]) -> tuple[list[Change], list[str]]:
+    """The reverse edit of every recorded file; (changes, warnings)."""
+    changes, warnings = [], []
+    for name, record in manifest.get("files", {}).items():
+        path = Path(name)
+        current = read_bytes(path)
+        if current is None:
+            continue
+        original = None
+        if record.get("original"):
+            original = read_bytes(Path(record["original"]))
+            if original is None:
+                warnings.append(
+                    f"{path}: its backup {record['original']} is gone; Relay's entries removed only"
+                )
+        created = bool(record.get("created"))
+        role = record.get("role")
+        try:
+            after = _reverse(role, path, current, original, created)
+        except agents.SettingsFileError as exc:
+            warnings.append(f"{exc.message}; left as it is")
+            continue
+        changes.append(Change(path, role or "", current, after, _reverse_what(role)))
+    return changes, warnings
+
+
+def _reverse(
+    role: str | None, path: Path, current: bytes, original: bytes | None, created: bool
+) -> bytes | None:
+    if role in ("relay-key", "relay-config", "hook-script"):
+        return None if created else original if original is not None else current
+    text = file_text(current, path)
+    orig_text = file_text(original, path) if original is not None else ""
+    if role == "codex-config":
+        stripped = agents.strip_codex_config(text)
+        if created and not stripped.strip():
+            return None
+        if original is not None and agents.parse_toml(stripped, str(path)) == agents.parse_toml(
+            orig_text, str(path)
+        ):
+            return original
+        return stripped.encode()
+    doc = agents.parse_json(text, str(path))
+    orig_doc = agents.parse_json(orig_text, str(path)) if original is not None else {}
+    if role == "claude-mcp":
+        stripped_doc = agents.strip_mcp_server(doc, orig_doc)
+    else:
+        stripped_doc = agents.strip_hooks(doc, str(path))
+    if created and not agents.normalise_hooks(stripped_doc):
+        return None
+    # The original may hold Relay's hook registered by hand (relay-hook itself), which
+    # install replaced with its own: what is left once Relay's entries go is then the
+    # original without them, and the original comes back whole, that entry included.
+    unchanged = orig_doc if role == "claude-mcp" else agents.strip_hooks(orig_doc, str(path))
+    if original is not None and _same_json(stripped_doc, unchanged):
+        return original
+    if stripped_doc == doc:
+        return current
+    return dump_json_like(stripped_doc, text)
+
+
+def _reverse_what(role: str | None) -> str:
+    return {
+        "relay-key": "API key",
+        "relay-config": "Relay config",
+        "hook-script": "recall hook script",
+        "hooks-json": "Relay hooks",
+        "claude-mcp": "MCP server `relay`",
+        "codex-config": "Relay's [features] line and [mcp_servers.relay]",
+    }.get(role or "", "Relay's entries")
+
+
+def uninstall_order(changes: list[Change]) -> list[Change]:
+    """The agents' settings first, Relay's own files last: stopped part way, the key, the
+    config and the script are still there for the hooks left behind, and for a second run."""
+    return sorted(changes, key=lambda c: c.role in OWN_FILES)
+
+
+def _leftovers(paths: Paths, manifest: dict[str, Any]) -> list[Path]:
+    """Relay's backups and its install record: removed once every file is undone."""
+    out = [
+        Path(backup)
+        for record in manifest.get("files", {}).values()
+        for backup in record.get("backups", []) + [record.get("original")]
+        if backup
+    ]
+    return [*dict.fromkeys(out), paths.manifest]
+
+
+def apply_uninstall(
+    changes: list[Change],
+    paths: Paths,
+    manifest: dict[str, Any],
+    echo: Callable[[str], None],
+    keep: dict[str, Any] | None = None,
+    command: str = "uninstall",
+) -> None:
+    """Undo each change in `uninstall_order`, echoing a line for each as it is done, then
+    remove the backups `manifest` names and the install record, or, given `keep` (what
+    `relay uninstall --project` leaves), rewrite the record as that. An OSError part way
+    becomes a RelayError naming what was not undone."""
+    ordered = uninstall_order(changes)
+    for i, c in enumerate(ordered):
+        label = tilde(c.path, paths.home)
+        try:
+            if c.after is None:
+                c.path.unlink(missing_ok=True)
+                line = f"  removed    {label}  ({c.what})"
+            elif not c.changed:
+                why = "; ".join(c.notes)  # a skill file edited since: kept, and why
+                line = f"  kept       {label}  ({why})" if why else f"  unchanged  {label}"
+            else:
+                write_atomic(c.path, c.after, 0o644)
+                line = f"  restored   {label}  (without {c.what})"
+        except OSError as exc:
+            done = [tilde(x.path, paths.home) for x in ordered[:i] if x.changed]
+            left = [tilde(x.path, paths.home) for x in ordered[i:] if x.changed]
+            raise _stopped(label, exc, done, left, command) from exc
+        echo(line)
+    for path in _leftovers(paths, manifest):
+        if path == paths.manifest and keep is not None:
+            continue  # rewritten below, once the folders are gone
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            done = [tilde(x.path, paths.home) for x in ordered if x.changed]
+            raise _stopped(tilde(path, paths.home), exc, done, [], command) from exc
+    # The skill's folder goes once empty, even when an older `relay skill install` made it.
+    skill_dirs = [str(c.path.parent) for c in ordered if c.role == "skill" and c.after is None]
+    removed: set[str] = set()
+    for d in sorted({*manifest.get("dirs", []), *skill_dirs}, key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            Path(d).rmdir()  # only if empty: the hook's state or a database may live there
+            removed.add(d)
+    if keep is not None:
+        keep["dirs"] = [d for d in keep["dirs"] if d not in removed]
+        try:
+            save_manifest(paths, keep)
+        except OSError as exc:
+            done = [tilde(x.path, paths.home) for x in ordered if x.changed]
+            raise _stopped(tilde(paths.manifest, paths.home), exc, done, [], command) from exc
+
+
+def _stopped(
+    label: str, exc: OSError, done: list[str], left: list[str], command: str = "uninstall"
+) -> RelayError:
+    return RelayError(
+        f"uninstall stopped at {label}: {exc.strerror or exc}. "
+        f"Already undone: {', '.join(done) or 'nothing'}. "
+        f"Not yet: {', '.join([*left, 'Relay backups and install record'])}. "
+        f"Fix that, then run `relay {command}` again: it goes on from there"
+    )
+
+
+def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
+    """No record of what install did: strip Relay's entries from the usual places only, and
+    remove the skill's files from theirs where they are exactly what this Relay writes."""
+    from relay import skill
+
+    records = {
+        str(paths.claude_settings): {"role": "hooks-json"},
+        str(paths.codex_hooks): {"role": "hooks-json"},
+        str(paths.claude_json): {"role": "claude-mcp"},
+        str(paths.codex_config): {"role": "codex-config"},
+    }
+    changes, _ = plan_uninstall(paths, {"files": records})
+    if paths.script.exists():
+        changes.append(
+            Change(
+                paths.script, "hook-script", read_bytes(paths.script), None, "recall hook script"
+            )
+        )
+    return changes + skill.plan_unrecorded_removal(paths)
+
+
+def split_project(manifest: dict[str, Any], project: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the records of what install and skill install wrote under `project`, resolved as
+    they resolve it, and the rest of the manifest). Relay's own files serve every
+    project: they are never one project's."""
+    files = {
+        name: record
+        for name, record in manifest.get("files", {}).items()
+        if Path(name).is_relative_to(project) and record.get("role") not in OWN_FILES
+    }
+    skills = {
+        name: record
+        for name, record in manifest.get("skills", {}).items()
+        if Path(name).is_relative_to(project)
+    }
+    part = {
+        "files": files,
+        "skills": skills,
+        "dirs": [d for d in manifest.get("dirs", []) if Path(d).is_relative_to(project)],
+    }
+    rest = {
+        **manifest,
+        "files": {n: r for n, r in manifest.get("files", {}).items() if n not in files},
+        "skills": {n: r for n, r in manifest.get("skills", {}).items() if n not in skills},
+        "dirs": list(manifest.get("dirs", [])),
+    }
+    return part, rest
+
+
+@click.command("uninstall")
+@click.option(
+    "--project",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Undo only what install and skill install wrote under this project; keep the rest.",
+)
+@click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+def uninstall(project: Path | None, dry_run: bool) -> None:
+    """Remove exactly what `relay install` and `relay skill install` added; originals come
+    back where nothing else changed, and a skill file you edited stays.
+
+    With --project DIR, only what `relay install --project DIR` and `relay skill install
+    --project DIR` wrote under DIR is undone; your user-level install (key, config, hook
+    script, MCP server) and other projects stay, and so does their install record.
+    """
+    from relay import skill
+
+    paths = default_paths()
+    manifest = load_manifest(paths)
+    if project is not None:
+        _uninstall_project(paths, manifest, project.resolve(), dry_run)
+        return
+    warnings: list[str] = []
+    if manifest.get("files"):
+        changes, warnings = plan_uninstall(paths, manifest)
+        # A skill an older Relay wrote, before skill install kept a record
+        changes += skill.plan_unrecorded_removal(paths)
+    else:
+        if manifest:
+            click.echo("No `relay install` recorded: removing Relay's entries only.")
+        else:
+            click.echo("No install record (~/.relay/install.json): removing Relay's entries only.")
+        changes = plan_uninstall_without_manifest(paths)
+    recorded = skill.plan_removal(manifest.get("skills", {}))
+    changes = [c for c in changes if c.path not in {r.path for r in recorded}] + recorded
+    if dry_run:
+        _dry_run(changes, paths)
+        return
+    for warning in warnings:
+        click.echo(f"  warning: {warning}", err=True)
+    refuse_blocked("uninstall", blockers(changes, paths, _leftovers(paths, manifest)))
+    apply_uninstall(changes, paths, manifest, click.echo)
+    click.echo("Relay is no longer wired into the agents on this machine.")
+
+
+def _uninstall_project(
+    paths: Paths, manifest: dict[str, Any], project: Path, dry_run: bool
+) -> None:
+    from relay import skill
+
+    where = tilde(project, paths.home)
+    part, rest = split_project(manifest, project)
+    if not part["files"] and not part["skills"]:
+        why = (
+            "~/.relay/install.json names no file that `relay install --project` or"
+            " `relay skill install --project` wrote there"
+            if manifest
+            else "there is no install record (~/.relay/install.json)"
+        )
+        click.echo(f"Nothing recorded for {where}: {why}. Nothing was changed.")
+        return
+    changes, warnings = plan_uninstall(paths, part)
+    changes += skill.plan_removal(part["skills"])
+    if dry_run:
+        _dry_run(changes, paths)
+        click.echo(f"  would rewrite  ~/.relay/install.json  (without {where}'s records)")
+        return
+    for warning in warnings:
+        click.echo(f"  warning: {warning}", err=True)
+    command = f"uninstall --project {shlex.quote(str(project))}"
+    refuse_blocked(command, blockers(changes, paths, _leftovers(paths, part)))
+    apply_uninstall(changes, paths, part, click.echo, keep=rest, command=command)
+    click.echo(
+        f"Relay is no longer wired into {where}; the user-level install and other projects"
+        " stay (`relay uninstall` takes out everything)."
+    )
+
+
+def _dry_run(changes: list[Change], paths: Paths) -> None:
+    for c in uninstall_order(changes):
+        state = "remove" if c.after is None else "restore" if c.changed else "keep"
+        notes = f"  ({'; '.join(c.notes)})" if c.notes else ""
+        click.echo(f"  would {state:<8} {tilde(c.path, paths.home)}{notes}")
