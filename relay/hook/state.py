@@ -114,23 +114,24 @@ def _load(path: str, session_id: str) -> dict:
     state["told_unauthorized"] = stored.get("told_unauthorized") is True
     if isinstance(stored.get("last_prompt_id"), str):
         state["last_prompt_id"] = stored["last_prompt_id"]
-    last = stored.get("last_prompt")
-    if (
-        isinstance(last, dict)
-        and isinstance(last.get("sha"), str)
-        and type(last.get("at")) in (int, float)
-        and type(last.get("count")) is int
-    ):
-        state["last_prompt"] = {key: last[key] for key in ("sha", "at", "count")}
-    start = stored.get("start")
-    if (
-        isinstance(start, dict)
-        and isinstance(start.get("source"), str)
-        and type(start.get("at")) in (int, float)
-        and type(start.get("count")) is int
-    ):
-        state["start"] = {key: start[key] for key in ("source", "at", "count")}
+    for name, key in (("last_prompt", "sha"), ("start", "source")):
+        mark = _repeat_mark(stored.get(name), key)
+        if mark is not None:
+            state[name] = mark
     return state
+
+
+def _repeat_mark(value: object, key: str) -> dict | None:
+    """A stored mark the repeat checks compare with (the last prompt's hash, the last
+    start's source: `key`, with its time and prompt count), or None if malformed."""
+    if (
+        isinstance(value, dict)
+        and isinstance(value.get(key), str)
+        and type(value.get("at")) in (int, float)
+        and type(value.get("count")) is int
+    ):
+        return {k: value[k] for k in (key, "at", "count")}
+    return None
 
 
 def _ledger_entry(value: object) -> bool:
