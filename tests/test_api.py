@@ -612,6 +612,34 @@ def test_supersedes_cannot_reach_past_the_writers_audiences(api):
     assert wider["id"] in found and lunch["id"] not in found
 
 
+def test_a_supersedes_cycle_is_refused_on_edit_and_batch(api):
+    """QA: X; Y supersedes X; `relay edit X --supersedes Y` was taken, and then recall showed
+    neither (each superseded by the other). A POST makes a new memory, which nothing can
+    supersede yet, so only an edit or a batch can close a cycle."""
+    q = "which day do deploys go out?"
+    x = remember(api, "acme_dev", "Deploys go out on Tuesdays.")
+    y = remember(api, "acme_dev", "Deploys go out on Thursdays.", supersedes=[x["id"]])
+    h = api.headers("acme_dev")
+    r = api.client.patch(f"/v1/memories/{x['id']}", json={"supersedes": [y["id"]]}, headers=h)
+    error = assert_error(r, 400, "invalid_request")
+    assert error["message"] == (
+        f"supersedes names {y['id']!r}, which would close a cycle of supersedes links"
+        f" ({x['id']!r} -> {y['id']!r} -> {x['id']!r}), and recall shows no memory in a cycle:"
+        " drop one of its links"
+    )
+    assert ids(search(api, "acme_dev", q)) == [y["id"]]
+    items = [
+        {"id": "cy-z", "body": "Deploys go out on Fridays.", "supersedes": [y["id"]]},
+        {"id": x["id"], "body": x["body"], "supersedes": ["cy-z"]},
+    ]
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    error = assert_error(r, 400, "invalid_request")
+    assert error["message"].startswith("items.1: supersedes names 'cy-z', which would close")
+    assert error["details"]["item"] == 1
+    assert api.client.get("/v1/memories/cy-z", headers=h).status_code == 404  # all or nothing
+    assert ids(search(api, "acme_dev", q)) == [y["id"]]
+
+
 def test_an_edit_keeps_what_the_memory_supersedes_without_judging_it_again(api):
     """QA (session 7): once a superseded memory was deleted, every edit of the memory that
     superseded it failed, a title change too; and so did any edit by a key that cannot read

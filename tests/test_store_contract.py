@@ -139,6 +139,104 @@ def test_a_memory_two_others_supersede_stays_hidden_until_neither_does(store):
     assert recalled() == ["first", "old", "third"]
 
 
+def _recalled(store, org, words, audiences=EVERY) -> list[str]:  # noqa: ANN001
+    now = datetime.now(UTC)
+    hits = store.lexical_search(org, audiences, now, words, 10)
+    return sorted(p.memory_id for p in store.passages(org, audiences, now, [r for r, _ in hits]))
+
+
+def test_a_supersedes_link_that_would_close_a_cycle_is_refused(store):
+    """QA: X; Y supersedes X; X edited to supersede Y was taken, and then each was
+    superseded by the other and recall showed neither; a 3-cycle the same."""
+    org = store.create_org("acme").id
+    save(store, org, "x", "Deploys go out on Tuesdays", seed=1)
+    save(store, org, "y", "Deploys go out on Thursdays", seed=2, supersedes=("x",))
+    with pytest.raises(InvalidRequestError) as refused:
+        save(store, org, "x", "Deploys go out on Tuesdays", "edit", seed=1, supersedes=("y",))
+    assert refused.value.message == (
+        "supersedes names 'y', which would close a cycle of supersedes links ('x' -> 'y' ->"
+        " 'x'), and recall shows no memory in a cycle: drop one of its links"
+    )
+    assert store.current_memory(org, "x").supersedes == ()
+    assert _recalled(store, org, ["deploy"]) == ["y"]
+
+    save(store, org, "z", "Deploys go out on Fridays", seed=3, supersedes=("y",))
+    with pytest.raises(InvalidRequestError, match=r"\('x' -> 'z' -> 'y' -> 'x'\)"):
+        save(store, org, "x", "Deploys go out on Tuesdays", "edit", seed=1, supersedes=("z",))
+    # A batch is judged whole: item 1 closes the cycle its item 0 opened.
+    items = [
+        ("w", MemoryDraft(body="Deploys go out on Mondays", supersedes=("z",)), passages("w", 4)),
+        ("x", MemoryDraft(body="Deploys go out on Tuesdays", supersedes=("w",)), passages("x")),
+    ]
+    with pytest.raises(InvalidRequestError, match="'x' -> 'w' -> 'z' -> 'y' -> 'x'") as refused:
+        store.save_memories(org, items, "t", "upsert")
+    assert refused.value.item == 1
+    assert store.current_memory(org, "w") is None
+    assert _recalled(store, org, ["deploy"]) == ["z"]
+    # Deleted memories link nothing: with y gone, x may supersede z.
+    store.delete_memory(org, "y", "t", None)
+    save(store, org, "x", "Deploys go out on Tuesdays", "edit", seed=1, supersedes=("z",))
+    assert _recalled(store, org, ["deploy"]) == ["x"]
+
+
+def test_a_cycle_through_memories_the_writer_cannot_read_is_refused_unnamed(store, monkeypatch):
+    """The check follows every link, those the writer may not read too, and does not name
+    them: neither the memory in between nor its links show in the answer."""
+    import relay.store.rules
+
+    org = store.create_org("acme").id
+    both = ("dev", "ops")
+    save(store, org, "a", "Builds run on the old runners", seed=1, audiences=both)
+    with monkeypatch.context() as older:  # a pair written before audiences were judged
+        older.setattr(relay.store.rules, "judge_supersedes", lambda *args: None)
+        save(
+            store,
+            org,
+            "h",
+            "Builds run on ops runners",
+            seed=2,
+            audiences=("ops",),
+            supersedes=("a",),
+        )
+    save(store, org, "b", "Builds run on new runners", seed=3, audiences=both, supersedes=("h",))
+    draft = MemoryDraft(body="Builds run on the old runners", audiences=both, supersedes=("b",))
+    with pytest.raises(InvalidRequestError) as refused:
+        store.save_memory(
+            org, "a", draft, "t", passages("a", 1), "edit", audiences=frozenset({"dev"})
+        )
+    assert refused.value.message == (
+        "supersedes names 'b', which would close a cycle of supersedes links through memories"
+        " this key cannot read, and recall shows no memory in a cycle"
+    )
+    with pytest.raises(InvalidRequestError, match=r"\('a' -> 'b' -> 'h' -> 'a'\)"):
+        store.save_memory(org, "a", draft, "t", passages("a", 1), "edit")  # an admin reads all
+    assert store.current_memory(org, "a").supersedes == ()
+
+
+def test_a_cycle_written_before_cycles_were_refused_is_broken_by_the_next_edit(store, monkeypatch):
+    """Memories already in a cycle stay hidden, but every edit of them still lands, and one
+    that drops a link of the cycle brings recall back."""
+    import relay.store.postgres
+    import relay.store.sqlite
+
+    org = store.create_org("acme").id
+    save(store, org, "x", "Deploys go out on Tuesdays", seed=1)
+    save(store, org, "y", "Deploys go out on Thursdays", seed=2, supersedes=("x",))
+    with monkeypatch.context() as older:  # the code that took such links
+        for module in (relay.store.sqlite, relay.store.postgres):
+            older.setattr(module, "judge_cycle", lambda *args: None)
+        save(store, org, "x", "Deploys go out on Tuesdays", "edit", seed=1, supersedes=("y",))
+    assert _recalled(store, org, ["deploy"]) == []
+    y, changed = save(
+        store, org, "y", "Deploys go out on Thursdays at nine", "edit", seed=2, supersedes=("x",)
+    )
+    assert changed and y.supersedes == ("x",)
+    assert _recalled(store, org, ["deploy"]) == []
+    save(store, org, "x", "Deploys go out on Tuesdays", "edit", seed=1)
+    assert store.current_memory(org, "y").superseded_by is None
+    assert _recalled(store, org, ["deploy"]) == ["y"]
+
+
 def test_recall_filters_audience_and_expiry(store):
     org = store.create_org("acme").id
     now = datetime.now(UTC)

@@ -79,6 +79,7 @@ from relay.store.migrations_postgres import APP_ROLE, GRANTS, MIGRATIONS
 from relay.store.rules import (
     Read,
     as_read,
+    judge_cycle,
     judge_replacement,
     judge_write,
     linked_ids,
@@ -1525,7 +1526,28 @@ def _check_supersedes(
         else []
     )
     stored = {r["id"]: (r["audiences"], r["live"]) for r in rows}
-    return settle_supersedes(memory_id, draft, stored, writer, kept)
+    draft = settle_supersedes(memory_id, draft, stored, writer, kept)
+    new = [t for t in draft.supersedes if t not in kept]
+    if new:
+        judge_cycle(memory_id, new, kept, _reached(conn, org_id, memory_id, new), writer)
+    return draft
+
+
+def _reached(
+    conn: psycopg.Connection, org_id: str, memory_id: str, targets: Sequence[str]
+) -> dict[str, tuple[list[str], list[str]]]:
+    """The org's live memories `targets` reach by following `supersedes` (every link,
+    whoever may read it), not past `memory_id`: each one's (supersedes, audiences)."""
+    rows = conn.execute(
+        "WITH RECURSIVE reach(id) AS (SELECT unnest(%(targets)s::text[])"
+        " UNION SELECT s.id FROM reach JOIN memories m ON m.org_id = %(org)s"
+        " AND m.id = reach.id AND m.deleted_at IS NULL, unnest(m.supersedes) AS s(id)"
+        " WHERE reach.id <> %(me)s)"
+        " SELECT m.id, m.supersedes, m.audiences FROM reach JOIN memories m"
+        " ON m.org_id = %(org)s AND m.id = reach.id AND m.deleted_at IS NULL",
+        {"targets": list(targets), "org": org_id, "me": memory_id},
+    ).fetchall()
+    return {r["id"]: (r["supersedes"], r["audiences"]) for r in rows}
 
 
 def _as_read(

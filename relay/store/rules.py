@@ -153,6 +153,60 @@ def settle_supersedes(
     return draft if links == draft.supersedes else dataclasses.replace(draft, supersedes=links)
 
 
+def judge_cycle(
+    memory_id: str,
+    links: Sequence[str],
+    kept: Collection[str],
+    reached: Mapping[str, tuple[Sequence[str], Sequence[str]]],
+    writer: frozenset[str] | None,
+) -> None:
+    """Raise when a new link of the memory (one of `links` not in `kept`) would close a cycle:
+    its target already reaches `memory_id` by following `supersedes`. `reached` maps the org's
+    live memories the new targets reach that way, stopping at `memory_id`, to (supersedes,
+    audiences), every link counted, those the writer cannot read too; `writer` as for
+    `judge_supersedes`.
+
+    Every memory in a cycle is superseded by another, so recall would show none of them. A
+    kept link is not judged: a cycle written before this rule stays until an edit drops one
+    of its links, and any edit of its memories must be able to. A path through memories
+    the writer may not read is not named."""
+    for target in links:
+        if target in kept:
+            continue
+        path = _path(target, memory_id, reached)
+        if path is None:
+            continue
+        if all(_reads(writer, reached[m][1]) for m in path[1:-1]):
+            chain = " -> ".join(repr(m) for m in [memory_id, *path])
+            raise InvalidRequestError(
+                f"supersedes names {target!r}, which would close a cycle of supersedes links"
+                f" ({chain}), and recall shows no memory in a cycle: drop one of its links"
+            )
+        raise InvalidRequestError(
+            f"supersedes names {target!r}, which would close a cycle of supersedes links"
+            " through memories this key cannot read, and recall shows no memory in a cycle"
+        )
+
+
+def _path(
+    start: str, goal: str, reached: Mapping[str, tuple[Sequence[str], Sequence[str]]]
+) -> list[str] | None:
+    """A shortest chain of `supersedes` links from `start` to `goal` in `reached`, or None."""
+    came: dict[str, str | None] = {start: None}
+    queue = [start]
+    for node in queue:
+        if node == goal:
+            path = [node]
+            while (prev := came[path[-1]]) is not None:
+                path.append(prev)
+            return path[::-1]
+        for nxt in reached.get(node, ((), ()))[0]:
+            if nxt not in came:
+                came[nxt] = node
+                queue.append(nxt)
+    return None
+
+
 def judge_replacement(
     memory_id: str,
     before: Sequence[str],

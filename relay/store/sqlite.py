@@ -47,6 +47,7 @@ from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.rules import (
     Read,
     as_read,
+    judge_cycle,
     judge_replacement,
     judge_write,
     linked_ids,
@@ -584,7 +585,11 @@ class SQLiteStore:
             else []
         )
         stored = {r["id"]: (json.loads(r["audiences"]), bool(r["live"])) for r in rows}
-        return settle_supersedes(memory_id, draft, stored, writer, kept)
+        draft = settle_supersedes(memory_id, draft, stored, writer, kept)
+        new = [t for t in draft.supersedes if t not in kept]
+        if new:
+            judge_cycle(memory_id, new, kept, _reached(conn, org_id, memory_id, new), writer)
+        return draft
 
     def current_memory(self, org_id: str, memory_id: str) -> Memory | None:
         with translate_errors():
@@ -1062,6 +1067,22 @@ def _readable(
         )
         found.update(r[0] for r in conn.execute(sql, (org_id, *chunk, *reader)))
     return found
+
+
+def _reached(
+    conn: sqlite3.Connection, org_id: str, memory_id: str, targets: Sequence[str]
+) -> dict[str, tuple[list[str], list[str]]]:
+    """The org's live memories `targets` reach by following `supersedes` (every link,
+    whoever may read it), not past `memory_id`: each one's (supersedes, audiences)."""
+    rows = conn.execute(
+        "WITH RECURSIVE reach(id) AS (SELECT value FROM json_each(:targets)"
+        " UNION SELECT j.value FROM reach JOIN memories m ON m.org_id = :org AND m.id = reach.id"
+        " AND m.deleted_at IS NULL, json_each(m.supersedes) j WHERE reach.id != :me)"
+        " SELECT m.id, m.supersedes, m.audiences FROM reach JOIN memories m"
+        " ON m.org_id = :org AND m.id = reach.id AND m.deleted_at IS NULL",
+        {"targets": json.dumps(list(targets)), "org": org_id, "me": memory_id},
+    ).fetchall()
+    return {r["id"]: (json.loads(r["supersedes"]), json.loads(r["audiences"])) for r in rows}
 
 
 def _relink_superseded(conn: sqlite3.Connection, org_id: str, memory_id: str) -> None:
