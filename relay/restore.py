@@ -12,14 +12,20 @@ What a write would refuse, and what a restore must still get right:
 - A memory already expired (or about to, before its batch lands) cannot be written:
   it is skipped and counted, never fatal.
 - `supersedes` may name only memories that exist, so a memory is written after those
-  it supersedes (`write_order`). A cycle, which edits can make, is written in two steps.
-  A link to a memory neither in the file nor readable by the key on the server (deleted
-  since, or outside the exporting key's audiences) is dropped and counted, unless the
-  server shows it on that memory: then it is kept, so restoring into the server the file
-  came from changes nothing. The server shows a key only the links it may follow, and
-  keeps the others whatever a write sends, so a superseded memory never comes back into
-  its readers' recall: where the server says it withholds links on that memory, such a
-  link is counted apart, as left to the server, not as dropped.
+  it supersedes (`write_order`). A link to a memory neither in the file nor readable by
+  the key on the server (deleted since, or outside the exporting key's audiences) is
+  dropped and counted, unless the server shows it on that memory: then it is kept, so
+  restoring into the server the file came from changes nothing. The server shows a key
+  only the links it may follow, and keeps the others whatever a write sends, so a
+  superseded memory never comes back into its readers' recall: where the server says it
+  withholds links on that memory, such a link is counted apart, as left to the server,
+  not as dropped.
+- A cycle of `supersedes` links is refused (older servers took them, and recall showed
+  none of the memories in one): a link that would close one is dropped and counted,
+  never fatal. In the file, that is the link of the cycle's earliest line to a memory
+  written after it and not yet on the server; any other the server names when it
+  refuses the batch (`closes_cycle`), and the batch is sent again without it, so where
+  the server already holds one of a cycle's links, that one is kept.
 - Every line is read and checked before anything is written: a malformed line stops the
   restore with its file and line. The server may still refuse a batch (an audience the
   organisation has no key for); the batches before it stay written.
@@ -89,6 +95,7 @@ class RestoreTally:
     unchanged: int = 0
     expired: int = 0
     dropped_links: int = 0
+    cycle_links: int = 0  # dropped: each would close a cycle of supersedes links
     unseen_links: int = 0  # to memories the key cannot read, on a memory hiding links from it
 
 
@@ -182,7 +189,8 @@ def write_order(
     memories: Sequence[ExportedMemory],
 ) -> tuple[list[ExportedMemory], set[tuple[str, str]]]:
     """The memories in file order, except that each comes after those among them it
-    supersedes; and the links that had to wait: a cycle is broken at its earliest line."""
+    supersedes; and the links that had to wait: those closing a cycle, each broken at its
+    earliest line (the links of that line to memories that lead back to it)."""
     index = {m.id: i for i, m in enumerate(memories)}
     waiting = {m.id: {t for t in m.supersedes if t in index and t != m.id} for m in memories}
     dependents: dict[str, list[str]] = {}
@@ -197,9 +205,12 @@ def write_order(
     while len(order) < len(memories):
         if not ready:  # all that is left waits on a cycle: its earliest line goes first
             mid = _earliest_in_cycle(waiting, placed, index)
-            deferred |= {(mid, target) for target in waiting[mid]}
-            waiting[mid] = set()
-            heapq.heappush(ready, index[mid])
+            back = {t for t in waiting[mid] if _leads_to(t, mid, waiting)}
+            deferred |= {(mid, target) for target in back}
+            waiting[mid] -= back
+            if not waiting[mid]:
+                heapq.heappush(ready, index[mid])
+            continue
         memory = memories[heapq.heappop(ready)]
         if memory.id in placed:
             continue
@@ -211,6 +222,18 @@ def write_order(
                 if not waiting[dependent]:
                     heapq.heappush(ready, index[dependent])
     return order, deferred
+
+
+def _leads_to(start: str, goal: str, waiting: dict[str, set[str]]) -> bool:
+    """Whether `start` waits on `goal`, directly or through others."""
+    seen, queue = {start}, [start]
+    for node in queue:
+        if node == goal:
+            return True
+        for target in waiting[node] - seen:
+            seen.add(target)
+            queue.append(target)
+    return False
 
 
 def _earliest_in_cycle(
@@ -246,34 +269,28 @@ def restore_memories(
     tally = RestoreTally(restored=len(live), expired=expired)
     on_batch(expired)
     links = _Links(client)
-    first: list[ExportedMemory] = []
-    second: list[ExportedMemory] = []
+    writes: list[ExportedMemory] = []
     for memory in order:
-        kept, waiting = [], []
+        kept = []
         for target in memory.supersedes:
             if target in in_file and (memory.id, target) not in deferred:
                 kept.append(target)
             elif links.readable(target):
-                kept.append(target)
+                kept.append(target)  # the server says whether it closes a cycle (`_send`)
             elif target in in_file:
-                waiting.append(target)  # a cycle: linked once the target is written
+                tally.cycle_links += 1  # written after it, and leading back to it
             elif links.held_by(memory.id, target):
                 kept.append(target)  # the server keeps a link it holds, readable or not
             elif links.withholds_links(memory.id):
                 tally.unseen_links += 1  # maybe one of those: it stays if the server has it
             else:
                 tally.dropped_links += 1
-        first.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": kept}))
-        if waiting:  # the links in the file's order: a reordered list would be a change
-            linked = [t for t in memory.supersedes if t in kept or t in waiting]
-            second.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": linked}))
-    for batch in batches(first, lambda m: m.fields):
-        result = _send(client, batch, name)
+        writes.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": kept}))
+    for batch in batches(writes, lambda m: m.fields):
+        result = _send(client, batch, name, tally)
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]
         on_batch(len(batch))
-    for batch in batches(second, lambda m: m.fields):
-        _send(client, batch, name)
     return tally
 
 
@@ -312,11 +329,25 @@ class _Links:
         return stored is not None and stored.get("supersedes_withheld", 0) > 0
 
 
-def _send(client: RelayClient, batch: list[ExportedMemory], name: str) -> dict:
-    try:
-        return client.post("/v1/memories/batch", {"items": [m.fields for m in batch]})
-    except RelayError as exc:
-        raise _located(exc, batch, name) from None
+def _send(client: RelayClient, batch: list[ExportedMemory], name: str, tally: RestoreTally) -> dict:
+    """Write `batch`; a link the server refuses as closing a cycle is dropped, counted,
+    and the batch (all or nothing, so none of it was written) sent again without it."""
+    while True:
+        try:
+            return client.post("/v1/memories/batch", {"items": [m.fields for m in batch]})
+        except RelayError as exc:
+            item, target = exc.details.get("item"), exc.details.get("closes_cycle")
+            if not (
+                isinstance(exc, InvalidRequestError)
+                and isinstance(item, int)
+                and 0 <= item < len(batch)
+                and target in batch[item].supersedes
+            ):
+                raise _located(exc, batch, name) from None
+        memory = batch[item]
+        links = [t for t in memory.supersedes if t != target]
+        batch[item] = ExportedMemory(memory.line, {**memory.fields, "supersedes": links})
+        tally.cycle_links += 1
 
 
 def _located(exc: RelayError, batch: list[ExportedMemory], name: str) -> RelayError:

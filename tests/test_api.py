@@ -627,6 +627,7 @@ def test_a_supersedes_cycle_is_refused_on_edit_and_batch(api):
         f" ({x['id']!r} -> {y['id']!r} -> {x['id']!r}), and recall shows no memory in a cycle:"
         " drop one of its links"
     )
+    assert error["details"] == {"closes_cycle": y["id"]}
     assert ids(search(api, "acme_dev", q)) == [y["id"]]
     items = [
         {"id": "cy-z", "body": "Deploys go out on Fridays.", "supersedes": [y["id"]]},
@@ -635,7 +636,7 @@ def test_a_supersedes_cycle_is_refused_on_edit_and_batch(api):
     r = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
     error = assert_error(r, 400, "invalid_request")
     assert error["message"].startswith("items.1: supersedes names 'cy-z', which would close")
-    assert error["details"]["item"] == 1
+    assert error["details"] == {"item": 1, "closes_cycle": "cy-z"}
     assert api.client.get("/v1/memories/cy-z", headers=h).status_code == 404  # all or nothing
     assert ids(search(api, "acme_dev", q)) == [y["id"]]
 

@@ -100,6 +100,16 @@ def test_write_order_breaks_a_cycle_at_its_earliest_line():
     assert deferred == {("a", "b")}
 
 
+def test_write_order_defers_only_the_links_that_lead_back():
+    """A line in a cycle may also supersede memories outside it: those links need not wait
+    (with cycles refused, a link that waits is dropped)."""
+    order, deferred = write_order(
+        memories(("a", ["b", "c"]), ("b", ["a"]), ("c", ["d"]), ("d", ["c"]))
+    )
+    assert deferred == {("a", "b"), ("c", "d")}
+    assert [m.id for m in order] == ["c", "a", "b", "d"]
+
+
 # --- round trips against real servers ------------------------------------------------------
 
 
@@ -274,7 +284,12 @@ def test_a_malformed_line_stops_the_restore_before_anything_is_written(tmp_path,
     assert listed(target, "bad-") == {}
 
 
-def test_a_supersedes_cycle_is_restored_and_restoring_again_changes_nothing(tmp_path, target):
+def test_a_supersedes_cycle_loses_the_link_that_closes_it_and_restoring_again_changes_nothing(
+    tmp_path, target
+):
+    """An export from before cycles were refused may hold one: the restore drops the link
+    that would close it and counts it, instead of failing (or writing a cycle that recall
+    would show nothing of)."""
     text = "\n".join(
         [
             exported_line("cyc-0"),
@@ -284,13 +299,53 @@ def test_a_supersedes_cycle_is_restored_and_restoring_again_changes_nothing(tmp_
     )
     (tmp_path / "cycle.jsonl").write_text(text + "\n")
     done = run(target, tmp_path, "restore", "cycle.jsonl")
-    assert summary(done) == "restored 3 memories: 3 new or changed, 0 unchanged, 0 expired skipped"
+    dropped = ", 1 supersedes link(s) that would close a cycle dropped"
+    assert summary(done) == (
+        f"restored 3 memories: 3 new or changed, 0 unchanged, 0 expired skipped{dropped}"
+    )
     back = listed(target, "cyc-")
-    assert [back[m]["supersedes"] for m in ("cyc-a", "cyc-b")] == [["cyc-b", "cyc-0"], ["cyc-a"]]
+    assert [back[m]["supersedes"] for m in ("cyc-a", "cyc-b")] == [["cyc-0"], ["cyc-a"]]
+    assert back["cyc-b"]["superseded_by"] is None  # recall shows it
     revisions = {mid: m["revision"] for mid, m in back.items()}
     again = run(target, tmp_path, "restore", "cycle.jsonl")
-    assert summary(again) == "restored 3 memories: 0 new or changed, 3 unchanged, 0 expired skipped"
+    assert summary(again) == (
+        f"restored 3 memories: 0 new or changed, 3 unchanged, 0 expired skipped{dropped}"
+    )
     assert {mid: m["revision"] for mid, m in listed(target, "cyc-").items()} == revisions
+
+
+def test_a_cycle_the_server_holds_a_link_of_keeps_that_link(tmp_path, target):
+    """Where the server already holds one link of the file's cycle, it refuses the other
+    (naming it in `closes_cycle`): that one is dropped and the batch sent again, so
+    restoring changes nothing."""
+    a = target.admin_key
+    same = {"source": "bulk/rules"}  # as `exported_line` writes them
+    x = remember(target.url, a, id="cyc2-x", body="Rule cyc2-x of the long list.", **same)
+    y = remember(
+        target.url,
+        a,
+        id="cyc2-y",
+        body="Rule cyc2-y of the long list.",
+        supersedes=["cyc2-x"],
+        **same,
+    )
+    text = "\n".join(
+        [
+            exported_line("cyc2-x", supersedes=["cyc2-y"]),
+            exported_line("cyc2-y", supersedes=["cyc2-x"]),
+        ]
+    )
+    (tmp_path / "cycle2.jsonl").write_text(text + "\n")
+    done = run(target, tmp_path, "restore", "cycle2.jsonl")
+    assert summary(done) == (
+        "restored 2 memories: 0 new or changed, 2 unchanged, 0 expired skipped,"
+        " 1 supersedes link(s) that would close a cycle dropped"
+    )
+    back = listed(target, "cyc2-")
+    assert [(back[m]["revision"], back[m]["supersedes"]) for m in ("cyc2-x", "cyc2-y")] == [
+        (x["revision"], []),
+        (y["revision"], ["cyc2-x"]),
+    ]
 
 
 def test_links_to_memories_not_in_the_file(tmp_path, source, target):

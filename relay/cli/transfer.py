@@ -279,6 +279,9 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
             " left as the server holds them"
             if tally.unseen_links
             else "",
+            f", {tally.cycle_links} supersedes link(s) that would close a cycle dropped"
+            if tally.cycle_links
+            else "",
         ]
     )
     click.echo(

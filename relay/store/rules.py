@@ -169,7 +169,8 @@ def judge_cycle(
     Every memory in a cycle is superseded by another, so recall would show none of them. A
     kept link is not judged: a cycle written before this rule stays until an edit drops one
     of its links, and any edit of its memories must be able to. A path through memories
-    the writer may not read is not named."""
+    the writer may not read is not named. The refusal names the link in `closes_cycle` too,
+    for a client (`relay restore`) to drop it without reading the message."""
     for target in links:
         if target in kept:
             continue
@@ -180,11 +181,13 @@ def judge_cycle(
             chain = " -> ".join(repr(m) for m in [memory_id, *path])
             raise InvalidRequestError(
                 f"supersedes names {target!r}, which would close a cycle of supersedes links"
-                f" ({chain}), and recall shows no memory in a cycle: drop one of its links"
+                f" ({chain}), and recall shows no memory in a cycle: drop one of its links",
+                closes_cycle=target,
             )
         raise InvalidRequestError(
             f"supersedes names {target!r}, which would close a cycle of supersedes links"
-            " through memories this key cannot read, and recall shows no memory in a cycle"
+            " through memories this key cannot read, and recall shows no memory in a cycle",
+            closes_cycle=target,
         )
 
 
