@@ -2,10 +2,11 @@
 
 Copies, per organisation: the org, its keys (hashes only; secrets were never
 stored), every memory with its full revision history (tombstones included),
-audiences, passages with their embeddings and token matrices, and the org's
-term statistics (each audience set's passage total is counted again on the
-target); then the shared embedding cache. Nothing is re-embedded (a passage the
-source holds no token matrix for gets one from the server's backfill).
+audiences, passages with their embeddings and token matrices; then the org's
+totals (passages, tokens, each term's and each audience set's passages) are
+counted on the target from what it holds; then the shared embedding cache.
+Nothing is re-embedded (a passage the source holds no token matrix for gets one
+from the server's backfill).
 
 Resumable: each batch is written in one transaction together with its progress
 row (`migration_progress`: org, source, step, last id copied), so an
@@ -570,27 +571,18 @@ class Migration:
             insert_passages(cur, rows, [p["tokens"] for p in passages])
 
     def finish_org(self, conn: Any, org: str, o: sqlite3.Row) -> None:
-        """Term statistics and counters, copied whole, and each audience set's passages,
-        counted on the target; the generation moves past the source's."""
-        conn.execute("DELETE FROM org_terms WHERE org_id = %s", (org,))
-        terms = self.src.execute(
-            "SELECT term, df FROM org_terms WHERE org_id = ? AND df > 0", (org,)
-        ).fetchall()
-        if terms:
-            conn.execute(
-                "INSERT INTO org_terms (org_id, term, df)"
-                " SELECT %s, t, d FROM unnest(%s::text[], %s::int[]) AS c(t, d)",
-                (org, [t["term"] for t in terms], [t["df"] for t in terms]),
-            )
-        conn.execute(
-            "UPDATE orgs SET passage_count = %s, generation = greatest(generation, %s) + 1,"
-            " token_count = (SELECT coalesce(sum(token_count), 0) FROM passages"
-            " WHERE org_id = %s) WHERE id = %s",
-            (o["passage_count"], o["generation"], org, org),
-        )
-        from relay.store.postgres import recount_audience_totals
+        """The org's totals (its passages and tokens, each term's and each audience set's
+        passages) counted on the target from what it holds, the source's copies and what
+        the target took itself since an earlier run alike: copied from the source, they
+        would leave out the latter. The generation moves past the source's."""
+        from relay.store.postgres import recount_passage_totals
 
-        recount_audience_totals(conn, org)
+        conn.execute("SELECT 1 FROM orgs WHERE id = %s FOR UPDATE", (org,))
+        recount_passage_totals(conn, org)
+        conn.execute(
+            "UPDATE orgs SET generation = greatest(generation, %s) + 1 WHERE id = %s",
+            (o["generation"], org),
+        )
 
     def copy_embedding_cache(self) -> int:
         copied = 0

@@ -141,6 +141,64 @@ def test_a_rerun_brings_the_target_up_to_date(tmp_path: Path, pg_url: str, pg_st
     assert raw_count(pg_store, query, (acme,)) == 1  # the old second passage is gone
 
 
+def test_a_rerun_onto_a_target_that_took_writes_keeps_its_totals_true(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
+):
+    """QA: run again onto a target that had served writes ("target differs"), migrate set
+    the org's passage count to the source's, below what the target held; every later open
+    then said its audience sets counted more passages than the org (blaming a replica) and
+    counted them again, never the org's own count, so the repair never took."""
+    db = tmp_path / "relay.db"
+    acme, _ = _populate(db)
+    assert CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url]).exit_code == 0
+    body = "Served straight from PostgreSQL"
+    pg_store.save_memory(
+        acme, "served", MemoryDraft(body=body), "eve", _passages(body, 30), "create"
+    )
+    held = raw_count(pg_store, "SELECT count(*) FROM passages WHERE org_id = ?", (acme,))
+
+    again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert "the target differs" in str(again.exception), again.output
+    total, df = pg_store.doc_freq(acme, ["serv", "fact"])
+    assert (total, df["serv"]) == (held, 1)
+    assert df["fact"] == raw_count(
+        pg_store,
+        "SELECT count(*) FROM passages WHERE org_id = ? AND lexical ~ '(^| )fact( |$)'",
+        (acme,),
+    )
+    assert stored_totals(pg_store, acme) == recounted_totals(pg_store, acme)
+    with caplog.at_level("WARNING", logger="relay.store.postgres"):
+        PostgresStore(pg_url, pool_size=2).close()
+    assert not [r for r in caplog.records if "counted again" in r.getMessage()]
+
+
+def test_totals_an_earlier_migrate_left_wrong_are_mended_at_the_next_open(
+    pg_url: str, pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
+):
+    """What an earlier `relay migrate` left (the org's count below its passages, the sets
+    right) is counted again once, and then agrees: no warning at every start."""
+    org = pg_store.create_org("acme").id
+    for i in range(3):
+        pg_store.save_memory(
+            org, f"m{i}", MemoryDraft(body=f"fact {i}"), "t", _passages(f"fact {i}", i), "create"
+        )
+    with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
+        conn.execute("UPDATE orgs SET passage_count = 2 WHERE id = %s", (org,))
+    with caplog.at_level("WARNING", logger="relay.store.postgres"):
+        PostgresStore(pg_url, pool_size=2).close()
+    said = [r.getMessage() for r in caplog.records if "counted again" in r.getMessage()]
+    assert said == [
+        f"org {org}: its passage totals disagreed (audience sets 3, org 2: left by older code,"
+        " a replica's writes during an upgrade or an earlier relay migrate); counted again"
+        " from its passages: 3"
+    ]
+    assert pg_store.doc_freq(org, ["fact"]) == (3, {"fact": 3})
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="relay.store.postgres"):
+        PostgresStore(pg_url, pool_size=2).close()
+    assert not [r for r in caplog.records if "counted again" in r.getMessage()]
+
+
 def test_a_rerun_rewrites_only_the_passages_that_changed(
     tmp_path: Path, pg_url: str, pg_store: PostgresStore
 ):

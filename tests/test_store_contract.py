@@ -612,8 +612,9 @@ def test_audience_totals_left_behind_by_older_replicas_are_counted_again_at_star
         assert stored_totals(restarted, other) == {("all",): 1}
         drift = [r.getMessage() for r in caplog.records if "counted again" in r.getMessage()]
         assert drift == [
-            f"org {org}: its audience sets counted 9 passages of 5 (writes by a"
-            " replica on older code); counted again"
+            f"org {org}: its passage totals disagreed (audience sets 9, org 5: left by older"
+            " code, a replica's writes during an upgrade or an earlier relay migrate);"
+            " counted again from its passages: 5"
         ], drift
         caplog.clear()
         with caplog.at_level("WARNING", logger="relay.store.postgres"):

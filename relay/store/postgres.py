@@ -99,13 +99,31 @@ _COUNT_AUDIENCE_TOTALS = (
     " AS audiences FROM memory_audiences WHERE org_id = %(org)s GROUP BY memory_id) AS s"
     " ON s.memory_id = p.memory_id WHERE p.org_id = %(org)s GROUP BY 2"
 )
+# Each term's passages in one org, as writes count them (`_TermDelta`: a passage's distinct
+# words, split on spaces as `lexical` joins them).
+_COUNT_ORG_TERMS = (
+    "INSERT INTO org_terms (org_id, term, df) SELECT %(org)s, term, count(*) FROM"
+    " (SELECT DISTINCT p.id, t.term FROM passages p, unnest(string_to_array(p.lexical, ' '))"
+    " AS t(term) WHERE p.org_id = %(org)s AND t.term <> '') AS d GROUP BY term"
+)
 
 
-def recount_audience_totals(conn: psycopg.Connection, org_id: str) -> None:
-    """Count one org's `audience_totals` again from its passages; the caller holds the org's
-    row lock (as every write does first), so no write lands between the delete and the count."""
-    conn.execute("DELETE FROM audience_totals WHERE org_id = %s", (org_id,))
-    conn.execute(_COUNT_AUDIENCE_TOTALS, {"org": org_id})
+def recount_passage_totals(conn: psycopg.Connection, org_id: str) -> None:
+    """Count again, from one org's passages, every total writes keep of them: the org's
+    passages and tokens, each term's passages (`org_terms`) and each audience set's
+    (`audience_totals`). The caller holds the org's row lock (as every write does first),
+    so no write lands between a delete and its count."""
+    params = {"org": org_id}
+    conn.execute(
+        "UPDATE orgs SET passage_count = c.n, token_count = c.t FROM (SELECT count(*) AS n,"
+        " coalesce(sum(token_count), 0) AS t FROM passages WHERE org_id = %(org)s) AS c"
+        " WHERE id = %(org)s",
+        params,
+    )
+    conn.execute("DELETE FROM org_terms WHERE org_id = %(org)s", params)
+    conn.execute(_COUNT_ORG_TERMS, params)
+    conn.execute("DELETE FROM audience_totals WHERE org_id = %(org)s", params)
+    conn.execute(_COUNT_AUDIENCE_TOTALS, params)
 
 
 DIM = 384
@@ -377,11 +395,14 @@ def _forget_embeddings(conn: psycopg.Connection, hashes: set[str]) -> None:
         conn.execute("SELECT relay_forget_embeddings(%s::text[])", (sorted(hashes),))
 
 
-def _repair_audience_totals(conn: psycopg.Connection) -> None:
-    """Recount the orgs whose audience sets no longer add up to their passage count. A
-    replica on code from before migration 5, still writing during a rolling upgrade, keeps
-    the passages and the org's count but not the per-set totals searches weigh words by;
-    every start mends what such writes left (one cheap comparison when nothing drifted)."""
+def _repair_passage_totals(conn: psycopg.Connection) -> None:
+    """Count again the totals of the orgs whose audience sets no longer add up to their
+    passage count (`recount_passage_totals`), so that they do after. A replica on code
+    from before migration 5, still writing during a rolling upgrade, keeps the org's count
+    but not the per-set totals; a `relay migrate` that copied the source's count (before it
+    counted on the target) left it wrong on a target that had taken writes of its own.
+    Which one did is not known here. Every start mends what either left (one cheap
+    comparison when nothing drifted)."""
     drifted = conn.execute(
         "SELECT o.id, o.passage_count, coalesce(t.n, 0) FROM orgs o LEFT JOIN"
         " (SELECT org_id, sum(passage_count) AS n FROM audience_totals GROUP BY org_id) t"
@@ -390,13 +411,16 @@ def _repair_audience_totals(conn: psycopg.Connection) -> None:
     for org_id, passages, counted in drifted:
         with conn.transaction():
             conn.execute("SELECT 1 FROM orgs WHERE id = %s FOR UPDATE", (org_id,))
-            recount_audience_totals(conn, org_id)
+            recount_passage_totals(conn, org_id)
+            row = conn.execute("SELECT passage_count FROM orgs WHERE id = %s", (org_id,)).fetchone()
         log.warning(
-            "org %s: its audience sets counted %d passages of %d (writes by a replica on older"
-            " code); counted again",
+            "org %s: its passage totals disagreed (audience sets %d, org %d: left by older"
+            " code, a replica's writes during an upgrade or an earlier relay migrate);"
+            " counted again from its passages: %d",
             org_id,
             counted,
             passages,
+            row[0] if row else 0,
         )
 
 
@@ -510,7 +534,7 @@ class PostgresStore:
                         conn.execute(script)
                         conn.execute("INSERT INTO schema_migrations VALUES (%s, now())", (version,))
                 self._ensure_role(conn)
-                _repair_audience_totals(conn)
+                _repair_passage_totals(conn)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(hashtext('relay schema'))")
 
