@@ -335,6 +335,10 @@ def check_roles(roles: Iterable[str] | str | None) -> frozenset[str]:
 
 
 TIME_EXAMPLE = "like 2027-01-31 or 2027-01-31T18:00:00Z"
+# The latest time either store keeps. SQLite stores seconds since 1970 as a float, whose
+# step there is about 30 microseconds: any later time (9999-12-31T23:59:59.99999Z) rounds
+# up to year 10000, which no datetime can hold, and every read of the row would fail.
+LATEST_TIME = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
 def parse_time(value: object) -> datetime:
@@ -362,14 +366,18 @@ def parse_time(value: object) -> datetime:
         raise ValueError(
             f"{shown} is not an ISO 8601 date or time{why}; write it {TIME_EXAMPLE}"
         ) from None
+    late = ValueError("is past 9999-12-31T23:59:59Z, the latest that can be stored")
     try:
-        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        utc = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     except OverflowError:  # only 0001-01-01 ahead of UTC, or 9999-12-31 behind it
         if parsed.year == 1:
             raise ValueError(
                 "is before 0001-01-01T00:00:00Z, the earliest that can be stored"
             ) from None
-        raise ValueError("is past 9999-12-31T23:59:59Z, the latest that can be stored") from None
+        raise late from None
+    if utc > LATEST_TIME:
+        raise late
+    return utc
 
 
 def check_valid_until(ts: datetime | str | None, now: datetime | None = None) -> datetime | None:

@@ -81,7 +81,13 @@ _SQLITE_AUDIENCE_TOTALS = (
 
 
 def _dt(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC)
+    """A time as the SQLite store reads it (`relay.store.sqlite._dt`): one past
+    `LATEST_TIME`, which Relay once stored rounded up to year 10000, as that."""
+    from relay.hygiene import LATEST_TIME
+
+    if value is None:
+        return None
+    return datetime.fromtimestamp(min(value, LATEST_TIME.timestamp()), UTC)
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -1207,6 +1207,33 @@ def test_a_bad_body_without_a_valid_key_is_unauthorized_not_invalid(api, path, c
     assert_error(r, 422, "invalid_request")
 
 
+def test_the_latest_time_that_can_be_stored_reads_back_on_both_stores(api):
+    """QA: on SQLite, "9999-12-31T23:59:59.9999999Z" was taken and stored rounded up to year
+    10000: the key's whoami, GET /v1/keys and its revoke (after committing it) were 500s,
+    and a memory's write too. Nothing past 9999-12-31T23:59:59Z is taken (see
+    `test_fields_are_read_strictly_and_one_field_has_one_error`); that reads back."""
+    latest = "9999-12-31T23:59:59Z"
+    admin = api.headers("acme_admin")
+    body = {"name": "forever", "scopes": ["memory:read"], "expires_at": latest}
+    r = api.client.post("/v1/keys", json=body, headers=admin)
+    assert r.status_code == 201, r.text
+    key = r.json()
+    assert key["expires_at"] == latest
+    me = api.client.get("/v1/whoami", headers={"Authorization": f"Bearer {key['secret']}"})
+    assert me.status_code == 200 and me.json()["key"]["expires_at"] == latest, me.text
+    listed = api.client.get("/v1/keys", headers=admin)
+    assert listed.status_code == 200, listed.text
+    assert [k["expires_at"] for k in listed.json()["items"] if k["id"] == key["id"]] == [latest]
+    r = api.client.delete(f"/v1/keys/{key['id']}", headers=admin)
+    assert r.status_code == 200 and r.json()["revoked_at"], r.text
+    memory = remember(api, "acme_dev", "Deploys freeze at noon.", valid_until=latest)
+    assert memory["valid_until"] == latest
+    r = api.client.patch(
+        f"/v1/memories/{memory['id']}", json={"title": "Freeze"}, headers=api.headers("acme_dev")
+    )
+    assert r.status_code == 200 and r.json()["valid_until"] == latest, r.text
+
+
 @pytest.mark.parametrize(
     ("path", "json", "status", "message"),
     [
@@ -1219,6 +1246,18 @@ def test_a_bad_body_without_a_valid_key_is_unauthorized_not_invalid(api, path, c
         (
             "/v1/keys",
             {"name": "n", "scopes": ["memory:read"], "expires_at": "9999-12-31T23:59:59-14:00"},
+            422,
+            "expires_at: is past 9999-12-31T23:59:59Z",
+        ),
+        (
+            "/v1/memories",
+            {"body": "Deploys freeze at noon.", "valid_until": "9999-12-31T23:59:59.9999999Z"},
+            422,
+            "valid_until: is past 9999-12-31T23:59:59Z",
+        ),
+        (
+            "/v1/keys",
+            {"name": "n", "scopes": ["memory:read"], "expires_at": "9999-12-31T23:59:59.5Z"},
             422,
             "expires_at: is past 9999-12-31T23:59:59Z",
         ),

@@ -781,3 +781,17 @@ def test_roles_are_normalised_and_checked_like_audiences():
         assert exc.value.details == {"field": "roles"}
     with pytest.raises(TooLargeError):
         hygiene.check_roles([f"r{i}" for i in range(hygiene.MAX_ROLES + 1)])
+
+
+@pytest.mark.parametrize(
+    "late", ["9999-12-31T23:59:59.9999999Z", "9999-12-31T23:59:59.000001Z", "9999-12-31T23:59:59.5"]
+)
+def test_no_time_past_the_last_whole_second_of_9999_is_taken(late):
+    """QA: "9999-12-31T23:59:59.9999999Z" was taken, and SQLite stored it as a float that
+    rounds to year 10000, which no read of the row could turn back into a time."""
+    with pytest.raises(ValueError, match=r"^is past 9999-12-31T23:59:59Z, the latest that can"):
+        hygiene.parse_time(late)
+    latest = hygiene.parse_time("9999-12-31T23:59:59Z")
+    assert latest == hygiene.LATEST_TIME
+    assert datetime.fromtimestamp(latest.timestamp(), UTC) == latest  # as SQLite reads it
+    assert hygiene.parse_time("9999-12-31") == datetime(9999, 12, 31, tzinfo=UTC)

@@ -423,3 +423,23 @@ def test_each_audience_sets_passages_are_counted_on_the_target(
     again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
     assert again.exit_code == 0 and "verified: every table matches" in again.output, again.output
     assert stored_totals(pg_store, acme) == {("all",): 8, ("dev", "sre"): 2}
+
+
+def test_a_source_time_stored_past_year_9999_is_copied_as_the_latest_time(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    """QA: a SQLite time stored rounded up to year 10000 ("9999-12-31T23:59:59.9999999Z",
+    once taken) stopped `relay migrate` with "year 10000 is out of range"."""
+    from relay.hygiene import LATEST_TIME
+
+    db = tmp_path / "relay.db"
+    acme, _ = _populate(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE api_keys SET expires_at = 253402300800.0 WHERE id = 'k0b'")
+        conn.execute("UPDATE memories SET valid_until = 253402300800.0 WHERE id = 'm0'")
+        conn.execute("UPDATE memory_revisions SET valid_until = 253402300800.0 WHERE id = 'm0'")
+    conn.close()
+    result = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert result.exit_code == 0 and "verified: every table matches" in result.output, result.output
+    assert pg_store.key_for_auth("k0b")[0].expires_at == LATEST_TIME
+    assert pg_store.get_memory(acme, "m0", None).valid_until == LATEST_TIME

@@ -682,3 +682,33 @@ def test_an_org_name_is_held_to_a_key_names_rule(store):
     with pytest.raises(SecretDetectedError):
         store.create_org("ops password=Hunter2xQ9!")
     assert store.create_org("  Acme Platform  ").name == "Acme Platform"
+
+
+def test_a_sqlite_time_stored_past_year_9999_reads_as_the_latest_time(tmp_path):
+    """QA: SQLite stored "9999-12-31T23:59:59.9999999Z" as 253402300800.0 (year 10000): every
+    read of the row raised, so the key could not be listed, revoked or used, nor the memory
+    read or edited. Such a row reads as 9999-12-31T23:59:59Z, and the database recovers."""
+    from relay.hygiene import LATEST_TIME
+    from relay.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "relay.db")
+    try:
+        org = store.create_org("acme").id
+        store.create_key(org, "k1", "hash", "ci", frozenset({"memory:read"}), frozenset(), None)
+        save(store, org, "m", "Deploys freeze at noon", valid_until=LATEST_TIME)
+        with store._write() as conn:  # as the rounding left them
+            conn.execute("UPDATE api_keys SET expires_at = 253402300800.0")
+            conn.execute("UPDATE memories SET valid_until = 253402300800.0")
+            conn.execute("UPDATE memory_revisions SET valid_until = 253402300800.0")
+        assert store.key_for_auth("k1")[0].expires_at == LATEST_TIME
+        assert [k.expires_at for k in store.list_keys(org)] == [LATEST_TIME]
+        assert store.revoke_key(org, "k1").expires_at == LATEST_TIME
+        assert store.get_memory(org, "m", None).valid_until == LATEST_TIME
+        assert [r.valid_until for r in store.history(org, "m", None)] == [LATEST_TIME]
+        edited, changed = save(
+            store, org, "m", "Deploys freeze at one", "edit", valid_until=LATEST_TIME
+        )
+        assert changed and edited.valid_until == LATEST_TIME
+        assert store.next_expiry(org, datetime.now(UTC)) == LATEST_TIME
+    finally:
+        store.close()

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from relay.errors import ConflictError, NotFoundError, StoreError
+from relay.hygiene import LATEST_TIME
 from relay.models import (
     EVERYONE,
     WITHHELD_FIELDS,
@@ -62,7 +63,11 @@ def _ts(value: datetime | None) -> float | None:
 
 
 def _dt(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC)
+    """A stored time. One past `LATEST_TIME` (rounded up to year 10000, as Relay once stored
+    9999-12-31T23:59:59.9999999Z) reads as that: raising would fail every read of its row."""
+    if value is None:
+        return None
+    return datetime.fromtimestamp(min(value, LATEST_TIME.timestamp()), UTC)
 
 
 @contextmanager
