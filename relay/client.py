@@ -70,6 +70,10 @@ class ConnectionFailedError(errors.UnavailableError):
     """The server itself could not be reached (a remote UnavailableError is its database)."""
 
 
+class TimedOutError(ConnectionFailedError):
+    """The server took the request but did not answer in time: a write may still happen."""
+
+
 class NotConfiguredError(errors.InvalidRequestError):
     """This machine has no server to ask: nothing was sent anywhere."""
 
@@ -113,8 +117,18 @@ class RelayClient:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             raise _remote_error(exc) from None
+        except TimeoutError as exc:  # sent whole: only the answer is missing
+            written = "" if method == "GET" else "; it may still have written this request"
+            raise TimedOutError(
+                f"the Relay server at {self.url} did not answer within {self.timeout:g} s{written}"
+            ) from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):  # while connecting or sending: nothing taken
+                raise TimedOutError(
+                    f"the Relay server at {self.url} did not take the request within"
+                    f" {self.timeout:g} s"
+                ) from exc
             raise ConnectionFailedError(
                 f"cannot reach the Relay server at {self.url}: {reason}"
             ) from exc

@@ -742,3 +742,31 @@ def test_ctrl_c_says_what_was_written_and_that_running_again_finishes(tmp_path, 
     assert len(live_memories(server, "qa-ctrl-c/AGENTS.md")) == 128
     again = relay_import(server, repo, "AGENTS.md")
     assert summary(again) == "imported 300 memories: 172 new or changed, 128 unchanged, 0 retired"
+
+
+def test_a_timeout_is_said_as_one_not_as_an_unreachable_server():
+    """QA: an import whose batch took longer than the client's 30 s said "cannot reach the
+    Relay server at ...: timed out" while the server was up, and had written 55 memories."""
+    import time
+
+    from conftest import free_port
+    from hook_support import FakeRelay
+
+    from relay.client import ConnectionFailedError, RelayClient, TimedOutError
+
+    with FakeRelay(lambda conn, request: time.sleep(3)) as slow:
+        client = RelayClient(slow.url, "relay_k_s", timeout=0.5)
+        with pytest.raises(TimedOutError) as wrote:
+            client.post("/v1/memories/batch", {"items": []})
+        with pytest.raises(TimedOutError) as read:
+            client.get("/v1/memories")
+    assert wrote.value.message == (
+        f"the Relay server at {slow.url} did not answer within 0.5 s; it may still have"
+        " written this request"
+    )
+    assert read.value.message == f"the Relay server at {slow.url} did not answer within 0.5 s"
+    assert wrote.value.exit_code == 8
+    nobody = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ConnectionFailedError) as down:
+        RelayClient(nobody, "relay_k_s", timeout=0.5).get("/v1/memories")
+    assert down.value.message.startswith(f"cannot reach the Relay server at {nobody}: ")
