@@ -770,3 +770,47 @@ def test_a_timeout_is_said_as_one_not_as_an_unreachable_server():
     with pytest.raises(ConnectionFailedError) as down:
         RelayClient(nobody, "relay_k_s", timeout=0.5).get("/v1/memories")
     assert down.value.message.startswith(f"cannot reach the Relay server at {nobody}: ")
+
+
+def test_a_timeout_is_said_as_one_not_as_an_unreachable_server():
+    """QA: an import whose batch took longer than the client's 30 s said "cannot reach the
+    Relay server at ...: timed out" while the server was up, and had written 55 memories."""
+    import time
+
+    from conftest import free_port
+    from hook_support import FakeRelay
+
+    from relay.client import ConnectionFailedError, RelayClient, TimedOutError
+
+    with FakeRelay(lambda conn, request: time.sleep(3)) as slow:
+        client = RelayClient(slow.url, "relay_k_s", timeout=0.5)
+        with pytest.raises(TimedOutError) as wrote:
+            client.post("/v1/memories/batch", {"items": []})
+        with pytest.raises(TimedOutError) as read:
+            client.get("/v1/memories")
+    assert wrote.value.message == (
+        f"the Relay server at {slow.url} did not answer within 0.5 s; it may still have"
+        " written this request"
+    )
+    assert read.value.message == f"the Relay server at {slow.url} did not answer within 0.5 s"
+    assert wrote.value.exit_code == 8
+    nobody = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ConnectionFailedError) as down:
+        RelayClient(nobody, "relay_k_s", timeout=0.5).get("/v1/memories")
+    assert down.value.message.startswith(f"cannot reach the Relay server at {nobody}: ")
+
+
+def test_a_batch_of_long_sections_is_bounded_by_its_text():
+    """QA: 200 sections of ~500 words went in batches of ~60 (all the byte bound let
+    through): the server embeds every passage before answering, and one batch outlasted
+    the client's 30 s timeout."""
+    from relay.client import BATCH_TEXT_CHARS, batches
+
+    section = ("Deploys go through the staging cluster first. " * 70).strip()  # ~500 words
+    items = [{"title": f"Step {i}", "body": section} for i in range(128)]
+    runs = list(batches(items, lambda item: item))
+    assert sum(len(run) for run in runs) == 128
+    for run in runs:
+        assert sum(len(i["title"]) + len(i["body"]) for i in run) <= BATCH_TEXT_CHARS
+    huge = [{"title": "Big", "body": "x" * (BATCH_TEXT_CHARS + 1)}, *items[:2]]
+    assert [len(run) for run in batches(huge, lambda item: item)][0] == 1  # alone, still sent
