@@ -46,6 +46,9 @@ class ImportTally:
     overwritten: list[ImportDraft] = field(default_factory=list)
     # Written again after their memory was deleted (`relay forget`, or retired): (draft, old id).
     revived: list[tuple[ImportDraft, str]] = field(default_factory=list)
+    # Drafts of the batch sent and not yet answered: stopped now, the server may still
+    # write them (it commits a batch it has read whatever became of the client).
+    in_flight: int = 0
 
 
 def import_files(
@@ -78,7 +81,9 @@ def import_files(
     edited = {d.id for d in drafts if d.id in live and edited_since_import(client, live[d.id], d)}
     tally = tally or ImportTally()
     for batch in batches(drafts, lambda d: _item(d, audiences)):
+        tally.in_flight = len(batch)
         result, sent = _upsert(client, batch, audiences)
+        tally.in_flight = 0
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]
         tally.overwritten += [d for d in batch if d.id in edited]

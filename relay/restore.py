@@ -97,6 +97,7 @@ class RestoreTally:
     dropped_links: int = 0
     cycle_links: int = 0  # dropped: each would close a cycle of supersedes links
     unseen_links: int = 0  # to memories the key cannot read, on a memory hiding links from it
+    in_flight: int = 0  # memories of the batch sent and not yet answered: maybe written
 
 
 def is_exported_memory(value: object) -> bool:
@@ -257,8 +258,10 @@ def restore_memories(
     name: str,
     on_batch: Callable[[int], None] = lambda _: None,
     now: datetime | None = None,
+    tally: RestoreTally | None = None,
 ) -> RestoreTally:
-    """Write the export's memories back; see the module's docstring for the rules."""
+    """Write the export's memories back; see the module's docstring for the rules.
+    `tally` counts as it goes, so a caller stopped midway can say what was done."""
     from relay.client import batches
 
     now = now or datetime.now(UTC)
@@ -266,7 +269,8 @@ def restore_memories(
     check_memories(live, name, now)
     order, deferred = write_order(live)
     in_file = {m.id for m in live}
-    tally = RestoreTally(restored=len(live), expired=expired)
+    tally = tally or RestoreTally()
+    tally.restored, tally.expired = len(live), expired
     on_batch(expired)
     links = _Links(client)
     writes: list[ExportedMemory] = []
@@ -287,7 +291,9 @@ def restore_memories(
                 tally.dropped_links += 1
         writes.append(ExportedMemory(memory.line, {**memory.fields, "supersedes": kept}))
     for batch in batches(writes, lambda m: m.fields):
+        tally.in_flight = len(batch)
         result = _send(client, batch, name, tally)
+        tally.in_flight = 0
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]
         on_batch(len(batch))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,91 @@ export RELAY_THROTTLE_PROMPTS="${{RELAY_THROTTLE_PROMPTS:-$THROTTLE_PROMPTS}}" \
   RELAY_DEADLINE_MS="${{RELAY_DEADLINE_MS:-$DEADLINE_MS}}"
 exec {relay_hook} "$@"
 """
+
+
+class BatchProxy:
+    """A loopback proxy to `upstream` (a real server) whose `nth` POST /v1/memories/batch
+    meets `act` instead: "interrupt" sends the client (`client_pid`) Ctrl-C and never
+    answers, as if the user pressed it while that batch was on its way; "overloaded"
+    answers 503 without forwarding it. Use as a context manager; `url` is its address."""
+
+    def __init__(self, upstream: str, nth: int, act: str) -> None:
+        import http.server
+        import threading
+
+        self.client_pid = 0
+        self.batches = 0
+        self.release = threading.Event()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                try:
+                    self._relay()
+                except Exception as exc:  # said to the client (so in the failure), not lost
+                    self._answer(502, {"error": {"code": "internal", "message": repr(exc)}})
+
+            def _answer(self, status: int, body: object) -> None:
+                raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/v1/memories/batch":
+                    proxy.batches += 1
+                    if proxy.batches == nth and act == "interrupt":
+                        os.kill(proxy.client_pid, signal.SIGINT)
+                        proxy.release.wait(30)
+                        return
+                    if proxy.batches == nth and act == "overloaded":
+                        said = {"code": "overloaded", "message": "server busy", "status": 503}
+                        self._answer(503, {"error": said})
+                        return
+                reply = httpx.request(
+                    self.command,
+                    upstream + self.path,
+                    content=body,
+                    headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
+                    timeout=120,
+                )
+                self._answer(reply.status_code, reply.content)
+
+            do_GET = do_POST = do_DELETE = _forward
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def __enter__(self) -> BatchProxy:
+        import threading
+
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def run(self, args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
+        """`relay ARGS` through this proxy: (exit code, stdout, stderr)."""
+        with subprocess.Popen(
+            [RELAY, *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            # A suite started in the background (`... &`) ignores SIGINT, and a child inherits
+            # that: Python then never turns Ctrl-C into KeyboardInterrupt. A terminal does not.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        ) as run:
+            self.client_pid = run.pid
+            out, err = run.communicate(timeout=300)
+        return run.returncode, out, err

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from integration_support import mint, relay, remember, start_module_server, stop_server
+from integration_support import (
+    BatchProxy,
+    clean_env,
+    mint,
+    relay,
+    remember,
+    start_module_server,
+    stop_server,
+)
 
 from relay.errors import InvalidRequestError, SecretDetectedError
 from relay.models import iso
@@ -269,6 +277,28 @@ def test_more_than_a_batch_with_supersedes_across_batches(tmp_path, target):
     assert (
         summary(again)
         == "restored 300 memories: 0 new or changed, 300 unchanged, 0 expired skipped"
+    )
+
+
+def test_ctrl_c_says_how_far_the_restore_got(tmp_path, target):
+    """QA: a Ctrl-C'd `relay restore` printed only 'aborted', where import says how far it
+    got; the batch on its way when Ctrl-C came may be written all the same."""
+    text = "\n".join(exported_line(f"intr-{i:03d}") for i in range(300))
+    (tmp_path / "intr.jsonl").write_text(text + "\n")
+    with BatchProxy(target.url, nth=2, act="interrupt") as proxy:
+        env = clean_env(tmp_path, RELAY_URL=proxy.url, RELAY_API_KEY=target.admin_key)
+        code, out, err = proxy.run(["restore", "intr.jsonl"], env, tmp_path)
+    assert (code, out) == (1, ""), err
+    assert err == (
+        "relay: interrupted with 128 of 300 memories restored (128 new or changed, 0 unchanged,"
+        " 0 expired skipped), and 128 more sent that the server may still write; running the"
+        " same restore again finishes it\n"
+    )
+    assert len(listed(target, "intr-")) == 128
+    again = run(target, tmp_path, "restore", "intr.jsonl")
+    assert (
+        summary(again)
+        == "restored 300 memories: 172 new or changed, 128 unchanged, 0 expired skipped"
     )
 
 

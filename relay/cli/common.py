@@ -8,11 +8,11 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from relay.errors import InvalidRequestError
+from relay.errors import InvalidRequestError, RelayError
 from relay.settings import SERVER_SETTINGS, resolve
 
 
@@ -75,3 +75,27 @@ def progress_bar(length: int, label: str) -> Any:
     return click.progressbar(
         length=length, label=label, file=sys.stderr, hidden=not sys.stderr.isatty()
     )
+
+
+def stop_interrupted(done: str, again: str) -> NoReturn:
+    """Ctrl-C in a bulk write: one line saying how far it got (`done`), and exit 1 without
+    click's 'aborted' after it."""
+    click.echo(
+        f"relay: interrupted with {done}; running the same {again} again finishes it", err=True
+    )
+    sys.exit(1)
+
+
+def failed_midway(exc: RelayError, done: str) -> RelayError:
+    """`exc`, the error a bulk write stopped at, saying what was written before it."""
+    return type(exc)(f"{exc.message}; before it, {done}", **exc.details)
+
+
+def maybe_written(in_flight: int, exc: BaseException | None = None) -> str:
+    """What to say of the batch that was on its way: the server commits a batch it has read
+    even when the client is gone; an answered refusal wrote none of it."""
+    from relay.client import ConnectionFailedError
+
+    if not in_flight or (exc is not None and not isinstance(exc, ConnectionFailedError)):
+        return ""
+    return f", and {in_flight} more sent that the server may still write"

@@ -13,7 +13,10 @@ import click
 
 from relay.cli.common import (
     client_options,
+    failed_midway,
+    maybe_written,
     progress_bar,
+    stop_interrupted,
 )
 from relay.errors import InvalidRequestError, RelayError
 
@@ -141,17 +144,23 @@ def import_(
         else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
     )
     tally = ImportTally()
+
+    def done(exc: BaseException | None = None) -> str:
+        return (
+            f"{tally.written + tally.unchanged} of {len(drafts)} memories imported"
+            f" ({tally.written} new or changed, {tally.unchanged} unchanged) and"
+            f" {tally.retired} retired{maybe_written(tally.in_flight, exc)}"
+        )
+
     try:
         with progress_bar(len(drafts), "importing") as bar:
             import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone, tally)
     except KeyboardInterrupt:
-        click.echo(
-            f"relay: interrupted with {tally.written + tally.unchanged} of {len(drafts)} memories"
-            f" imported ({tally.written} new or changed, {tally.unchanged} unchanged) and"
-            f" {tally.retired} retired; running the same import again finishes it",
-            err=True,
-        )
-        raise click.Abort() from None
+        stop_interrupted(done(), "import")
+    except RelayError as exc:
+        if maybe_written(tally.in_flight, exc) or tally.written or tally.unchanged or tally.retired:
+            raise failed_midway(exc, done(exc)) from None
+        raise
 
     # Not errors (the file is the source of truth), but neither should come as a surprise.
     for d in tally.overwritten:
@@ -260,7 +269,7 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
       held here for audiences this key lacks, and at a batch the server refuses (an
       unknown audience): the batches before stay written, and running the restore
       again once fixed finishes it."""
-    from relay.restore import read_export, restore_memories
+    from relay.restore import RestoreTally, read_export, restore_memories
 
     name = "<stdin>" if str(file) == "-" else str(file)
     try:
@@ -268,8 +277,24 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
     except UnicodeDecodeError:
         raise InvalidRequestError(f"{name} is not UTF-8 text") from None
     memories = read_export(text, name)
-    with progress_bar(len(memories), "restoring") as bar:
-        tally = restore_memories(client, memories, name, bar.update)
+    tally = RestoreTally()
+
+    def done(exc: BaseException | None = None) -> str:
+        return (
+            f"{tally.written + tally.unchanged} of {len(memories)} memories restored"
+            f" ({tally.written} new or changed, {tally.unchanged} unchanged, {tally.expired}"
+            f" expired skipped){maybe_written(tally.in_flight, exc)}"
+        )
+
+    try:
+        with progress_bar(len(memories), "restoring") as bar:
+            restore_memories(client, memories, name, bar.update, tally=tally)
+    except KeyboardInterrupt:
+        stop_interrupted(done(), "restore")
+    except RelayError as exc:
+        if maybe_written(tally.in_flight, exc) or tally.written or tally.unchanged:
+            raise failed_midway(exc, done(exc)) from None
+        raise
     links = "".join(
         [
             f", {tally.dropped_links} supersedes link(s) to memories not here dropped"
