@@ -117,6 +117,16 @@ class RelayClient:
                 raise NotConfiguredError(problem)
         return cls(url, api_key)
 
+    def require_key(self) -> RelayClient:
+        """This client, once it has an API key: without one every /v1 request would be
+        refused with the server's HTTP hint, which tells a CLI user nothing to do."""
+        if not self.api_key:
+            raise NotConfiguredError(
+                "no API key: pass --key, set RELAY_API_KEY (or RELAY_API_KEY_FILE), or run"
+                " 'relay install'"
+            )
+        return self
+
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)

@@ -257,3 +257,19 @@ def test_a_body_on_stdin_is_read_as_utf8(relay, api):
     )
     assert done.exception is None, done.output
     assert json.loads(done.output)["body"] == "Café menus are in é."
+
+
+def test_a_missing_key_says_how_to_give_one_and_sends_nothing(tmp_path):
+    """QA: `HOME=/tmp/empty relay search foo --url URL` printed the server's hint for HTTP
+    clients, "missing API key (send 'Authorization: Bearer <key>')", exit 3."""
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    with FakeRelay() as server:
+        done = relay(tmp_path, "search", "foo", "--url", server.url)
+        assert server.connections == 0
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "relay: error: no API key: pass --key, set RELAY_API_KEY (or RELAY_API_KEY_FILE), or"
+        " run 'relay install'\n"
+    )

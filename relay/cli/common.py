@@ -33,7 +33,7 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(url: str | None, key: str | None, **kwargs: Any) -> Any:
         from relay.client import RelayClient
 
-        return fn(client=RelayClient.from_config(url, key), **kwargs)
+        return fn(client=RelayClient.from_config(url, key).require_key(), **kwargs)
 
     return wrapper
 

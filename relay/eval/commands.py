@@ -97,14 +97,9 @@ def _team_server(url: str | None, key: str | None) -> RelayClient:
     """The server and key a team's prompts replay against: the flags, else RELAY_URL and
     RELAY_API_KEY(_FILE), else the config `relay install` wrote, as every client command
     resolves them (`RelayClient.from_config`)."""
-    from relay.client import NotConfiguredError, RelayClient
+    from relay.client import RelayClient
 
-    client = RelayClient.from_config(url, key)
-    if not client.api_key:
-        raise NotConfiguredError(
-            "no API key: pass --key, set RELAY_API_KEY, or run 'relay install'"
-        )
-    return client
+    return RelayClient.from_config(url, key).require_key()
 
 
 def _check_server(client: RelayClient) -> None:
