@@ -87,6 +87,10 @@ class TimedOutError(ConnectionFailedError):
     """The server took the request but did not answer in time: a write may still happen."""
 
 
+class NotRelayRootError(errors.InvalidRequestError):
+    """The URL answered, but as no Relay server root would (a 404 for a route Relay has)."""
+
+
 class NotConfiguredError(errors.InvalidRequestError):
     """This machine has no server to ask: nothing was sent anywhere."""
 
@@ -139,7 +143,7 @@ class RelayClient:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise _remote_error(exc) from None
+            raise _remote_error(exc, self.url, f"{method} {self.url}{path}") from None
         except TimeoutError as exc:  # sent whole: only the answer is missing
             written = "" if method == "GET" else "; it may still have written this request"
             raise TimedOutError(
@@ -164,11 +168,32 @@ class RelayClient:
         return self.request("POST", path, body)
 
 
-def _remote_error(exc: urllib.error.HTTPError) -> errors.RelayError:
+def _remote_error(exc: urllib.error.HTTPError, url: str, request: str) -> errors.RelayError:
     try:
         payload = json.loads(exc.read() or b"{}")["error"]
         cls = _BY_CODE.get(payload.get("code"), errors.RelayError)
         details = payload.get("details") if isinstance(payload.get("details"), dict) else {}
-        return cls(payload.get("message") or f"HTTP {exc.code}", **details)
+        message = payload.get("message") or f"HTTP {exc.code}"
     except (ValueError, KeyError, TypeError, AttributeError):
-        return errors.RelayError(f"HTTP {exc.code} from the server")
+        cls, details, message = errors.RelayError, {}, f"HTTP {exc.code} from the server"
+        if exc.code == 404:  # not even Relay's error shape: some other web server
+            return not_relay_root(url, request.split("?")[0], "404 Not Found")
+    # A route no Relay server has: Starlette's bare 404 (Relay's own name what is missing).
+    if exc.code == 404 and message == "Not Found" and not details:
+        return not_relay_root(url, request.split("?")[0], "404 Not Found", surely=False)
+    return cls(message, **details)
+
+
+def not_relay_root(url: str, request: str, answer: str, surely: bool = True) -> NotRelayRootError:
+    """`url` answered `request` as no Relay server root would: say so, and what to give."""
+    base = url.rstrip("/")
+    root = base.removesuffix("/v1")
+    give = (
+        f"give its root, {root}, without /v1"
+        if root != base
+        else "give the root URL `relay serve` prints (the one /healthz and /v1/... are under)"
+    )
+    return NotRelayRootError(
+        f"{url} is {'not' if surely else 'likely not'} a Relay server root: {request} got"
+        f" {answer}; {give}"
+    )

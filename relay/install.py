@@ -519,7 +519,7 @@ def refuse_blocked(command: str, blocked: list[str]) -> None:
 # -- verification -----------------------------------------------------------------------------
 def verify(url: str, key: str) -> dict[str, Any]:
     """One request: the server answers and accepts the key, and the key may read memories."""
-    from relay.client import RelayClient
+    from relay.client import NotRelayRootError, RelayClient
 
     if not url.startswith(("http://", "https://")):
         raise InvalidRequestError(f"server URL must start with http:// or https:// (got {url!r})")
@@ -527,7 +527,7 @@ def verify(url: str, key: str) -> dict[str, Any]:
         raise InvalidRequestError("the API key is empty or contains spaces or non-ASCII characters")
     try:
         who = RelayClient(url, key, timeout=10).get("/v1/whoami")
-    except NotFoundError:
+    except (NotFoundError, NotRelayRootError):  # a Relay root always has /v1/whoami
         raise _not_relay_root(url, "404 Not Found") from None
     except ValueError:  # a 2xx whose body is not JSON: some other web server
         raise _not_relay_root(url, "an answer that is not JSON") from None
@@ -543,16 +543,9 @@ def verify(url: str, key: str) -> dict[str, Any]:
 
 
 def _not_relay_root(url: str, answer: str) -> InvalidRequestError:
-    base = url.rstrip("/")
-    root = base.removesuffix("/v1")
-    give = (
-        f"give its root, {root}, without /v1"
-        if root != base
-        else "give the root URL `relay serve` prints (the one /healthz and /v1/... are under)"
-    )
-    return InvalidRequestError(
-        f"{url} is not a Relay server root: GET {base}/v1/whoami got {answer}; {give}"
-    )
+    from relay.client import not_relay_root
+
+    return not_relay_root(url, f"GET {url.rstrip('/')}/v1/whoami", answer)
 
 
 def read_key_file(path: str) -> str:

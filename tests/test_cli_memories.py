@@ -273,3 +273,27 @@ def test_a_missing_key_says_how_to_give_one_and_sends_nothing(tmp_path):
         "relay: error: no API key: pass --key, set RELAY_API_KEY (or RELAY_API_KEY_FILE), or"
         " run 'relay install'\n"
     )
+
+
+def test_a_url_that_is_not_the_servers_root_says_so(tmp_path, live_server):
+    """QA: `relay search foo --url http://host:port/v1` said "relay: error: Not Found" (exit
+    4): the route missing, not a memory. As `relay install` says it, with what to give."""
+    from hook_support import FakeRelay, reply
+    from integration_support import relay
+
+    url, key = live_server.url, live_server.admin_key
+    done = relay(tmp_path, "search", "foo", "--url", f"{url}/v1", "--key", key)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"relay: error: {url}/v1 is likely not a Relay server root: POST {url}/v1/v1/search got"
+        f" 404 Not Found; give its root, {url}, without /v1\n"
+    )
+    with FakeRelay(reply(404, b"<html>nothing here</html>")) as other:
+        done = relay(tmp_path, "search", "foo", "--url", other.url, "--key", key)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        f"relay: error: {other.url} is not a Relay server root: POST {other.url}/v1/search got"
+        " 404 Not Found; give the root URL"
+    )
+    gone = relay(tmp_path, "forget", "no-such-memory", "--url", url, "--key", key)
+    assert gone.returncode == 4, gone.stderr  # a memory missing is still a memory missing
