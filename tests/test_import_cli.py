@@ -738,3 +738,19 @@ def test_a_batch_of_long_sections_is_bounded_by_its_text():
         assert sum(len(i["title"]) + len(i["body"]) for i in run) <= BATCH_TEXT_CHARS
     huge = [{"title": "Big", "body": "x" * (BATCH_TEXT_CHARS + 1)}, *items[:2]]
     assert [len(run) for run in batches(huge, lambda item: item)][0] == 1  # alone, still sent
+
+
+def test_an_unreadable_file_among_others_ends_in_a_relay_error(tmp_path, server):
+    """QA: the others were imported, then the last line was 'Error: 1 file(s) could not be
+    imported (see above)', in click's format, unlike every other 'relay: error:'."""
+    repo = git_repo(tmp_path / "qa-latin1")
+    write(repo / "good.md", "# Build\nRun make.\n")
+    (repo / "bad.md").write_bytes("# Caf\xe9\nTh\xe9.\n".encode("latin-1"))
+    done = relay_import(server, repo, "--source-prefix", "qa-latin1", "good.md", "bad.md")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.startswith("imported 1 memories")
+    assert done.stderr.splitlines() == [
+        "relay: skipped bad.md: bad.md is not UTF-8 text",
+        "relay: error: 1 file(s) could not be imported (see above)",
+    ], done.stderr
+    assert len(live_memories(server, "qa-latin1/good.md")) == 1

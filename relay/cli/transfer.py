@@ -88,7 +88,8 @@ def import_(
         source_for,
     )
 
-    drafts_by_source, failed = {}, []
+    drafts_by_source: dict[str, list] = {}
+    failed: list[RelayError] = []
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
     placed: list[str] = []  # sources of files named by where they sit on this machine
     files_by_source: dict[str, Path] = {}
@@ -99,7 +100,7 @@ def import_(
         try:
             drafts = drafts_from_path(f, root, source_prefix)
         except RelayError as exc:  # one unreadable file must not sink the rest
-            failed.append(f)
+            failed.append(exc)
             click.echo(f"relay: skipped {f}: {exc.message}", err=True)
             continue
         source = source_for(f, root, source_prefix)
@@ -189,8 +190,8 @@ def import_(
         f"imported {len(drafts)} memories: {tally.written} new or changed,"
         f" {tally.unchanged} unchanged, {tally.retired} retired{also}"
     )
-    if failed:
-        raise click.ClickException(f"{len(failed)} file(s) could not be imported (see above)")
+    if failed:  # the others are written: said last, as an error, with the first one's exit code
+        raise type(failed[0])(f"{len(failed)} file(s) could not be imported (see above)")
 
 
 @click.command()
