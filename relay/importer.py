@@ -400,7 +400,9 @@ def draft_label(draft: ImportDraft, ordinal: int) -> str:
     section = (
         draft.title or f"{'rule' if is_rule_file(PurePath(draft.source)) else 'part'} {ordinal}"
     )
-    return TITLE_SEPARATOR.join((draft.source, section))
+    # Quoted when it holds a line break (a file named so): an error about it stays one line.
+    source = draft.source if draft.source.isprintable() else repr(draft.source)
+    return TITLE_SEPARATOR.join((source, section))
 
 
 def _title(context: str | None, heading_path: tuple[str, ...], part: int | None) -> str | None:

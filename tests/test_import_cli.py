@@ -754,3 +754,21 @@ def test_an_unreadable_file_among_others_ends_in_a_relay_error(tmp_path, server)
         "relay: error: 1 file(s) could not be imported (see above)",
     ], done.stderr
     assert len(live_memories(server, "qa-latin1/good.md")) == 1
+
+
+def test_a_line_break_in_a_source_is_quoted_and_the_error_stays_one_line(tmp_path, server):
+    """QA: `--source-prefix "$(printf 'bad\nprefix')"` was echoed raw: 'relay: error: bad'
+    then 'prefix/tmp/...' on a second line."""
+    repo = git_repo(tmp_path / "qa-newline")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    done = relay_import(server, repo, "--source-prefix", "bad\nprefix", "AGENTS.md")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "relay: error: --source-prefix 'bad\\nprefix' holds a line break or another control"
+        " character: a source is one line, like docs/deploy.md\n"
+    )
+    write(repo / "odd\nname.md", "# Build\nRun make.\n")
+    done = relay_import(server, repo, "odd\nname.md")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("relay: error: 'qa-newline/odd\\nname.md' › Build: source")

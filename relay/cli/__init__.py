@@ -28,7 +28,9 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except RelayError as exc:
-        click.echo(f"relay: error: {exc.message}", err=True)
+        from relay.cli.common import one_line
+
+        click.echo(f"relay: error: {one_line(exc.message)}", err=True)
         sys.exit(exc.exit_code)
 
 

@@ -57,6 +57,12 @@ def open_store(db: str | None, create: bool = False):  # noqa: ANN202
     return open_store(url)
 
 
+def one_line(message: str) -> str:
+    """`message` with any line break or other control character escaped (`\\n`): a value
+    echoed from the user or a file must not split an error into lines that read as two."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)
+
+
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 

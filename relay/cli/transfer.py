@@ -15,6 +15,7 @@ from relay.cli.common import (
     client_options,
     failed_midway,
     maybe_written,
+    one_line,
     progress_bar,
     stop_interrupted,
 )
@@ -88,6 +89,11 @@ def import_(
         source_for,
     )
 
+    if source_prefix is not None and not source_prefix.isprintable():
+        raise InvalidRequestError(
+            f"--source-prefix {source_prefix!r} holds a line break or another control"
+            " character: a source is one line, like docs/deploy.md"
+        )
     drafts_by_source: dict[str, list] = {}
     failed: list[RelayError] = []
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
@@ -101,7 +107,7 @@ def import_(
             drafts = drafts_from_path(f, root, source_prefix)
         except RelayError as exc:  # one unreadable file must not sink the rest
             failed.append(exc)
-            click.echo(f"relay: skipped {f}: {exc.message}", err=True)
+            click.echo(one_line(f"relay: skipped {f}: {exc.message}"), err=True)
             continue
         source = source_for(f, root, source_prefix)
         if source in files_by_source:  # one would overwrite and retire the other's memories
