@@ -264,7 +264,9 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
     starts at revision 1, written by this key, dated now.
     \b
     - memories already expired (or expiring within 5 minutes) are skipped and counted;
-    - a memory is written after the memories of the file it supersedes;
+    - a memory is written after the memories of the file it supersedes; a link
+      that would close a cycle of supersedes links (which the server refuses, as a
+      cycle would hide every memory in it) is dropped and counted;
     - a supersedes link to a memory neither in the file nor readable with this key
       here (deleted since, or outside the exporting key's audiences) is dropped and
       counted, unless the server shows that link, which is then kept; the server
