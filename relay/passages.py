@@ -22,20 +22,23 @@ def split_passages(body: str, max_chars: int = MAX_PASSAGE_CHARS) -> list[str]:
     body = body.strip()
     if len(body) <= max_chars:
         return [body]
-    pieces: list[str] = []
+    pieces: list[tuple[str, str]] = []  # (text, what joins it to the piece before)
     for para in _PARAGRAPH.split(body):
         para = para.strip()
         if not para:
             continue
         if len(para) <= max_chars:
-            pieces.append(para)
+            pieces.append((para, "\n\n"))
             continue
-        for sentence in _SENTENCE.split(para):
-            pieces.extend(_hard_wrap(sentence.strip(), max_chars))
+        # A paragraph's sentences stay one paragraph: a passage shows the text as written.
+        for i, part in enumerate(
+            p for sentence in _SENTENCE.split(para) for p in _hard_wrap(sentence.strip(), max_chars)
+        ):
+            pieces.append((part, " " if i else "\n\n"))
     passages: list[str] = []
     current = ""
-    for piece in pieces:
-        joined = f"{current}\n\n{piece}" if current else piece
+    for piece, glue in pieces:
+        joined = f"{current}{glue}{piece}" if current else piece
         if len(joined) <= max_chars:
             current = joined
         else:

@@ -98,6 +98,18 @@ def test_degraded_answers_are_not_cached(store, embedder):
     slow.close()
 
 
+def test_passages_keep_the_text_as_written():
+    """A paragraph cut at sentences stays one paragraph in each passage (its sentences were
+    joined by blank lines, as if each were a paragraph of its own), and paragraphs stay apart."""
+    steps = " ".join(f"Step {i}: run check {i} against the canary." for i in range(40))
+    body = f"{steps}\n\nRoll back with the previous tag. Tell the channel."
+    parts = split_passages(body)
+    assert len(parts) > 2 and all(len(p) <= 700 for p in parts)
+    assert "\n" not in "".join(parts[:-1])
+    assert parts[-1].endswith("canary.\n\nRoll back with the previous tag. Tell the channel.")
+    assert " ".join(" ".join(parts).split()) == " ".join(body.split())
+
+
 def test_long_memory_returns_its_matching_passage(store, embedder):
     org = store.create_org("acme")
     key = mint_key(store, org.id, "r", frozenset({"memory:read"}), frozenset()).key
