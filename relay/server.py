@@ -653,7 +653,16 @@ def create_app(services: Services) -> FastAPI:
         p: Auth, limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: str | None = None
     ) -> dict[str, Any]:
         auth.require(p, "admin")
-        keys = store.list_keys(p.org_id, limit + 1, decode_cursor(cursor))
+        after = decode_cursor(cursor)
+        found = None if after is None else store.key_for_auth(after)
+        if after is not None and (found is None or found[0].org_id != p.org_id):
+            # Keys are never deleted: a cursor naming none of this org's was not handed out.
+            raise InvalidRequestError(
+                "cursor is not one this listing handed out: send next_cursor back as it came,"
+                " or leave cursor out to list from the beginning",
+                field="cursor",
+            )
+        keys = store.list_keys(p.org_id, limit + 1, after)
         more = len(keys) > limit
         return {
             "items": [k.to_dict() for k in keys[:limit]],

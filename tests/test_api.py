@@ -1538,6 +1538,20 @@ def test_keys_are_listed_a_page_at_a_time_oldest_first(api):
     assert_error(too_many, 422, "invalid_request")
     forged = api.client.get("/v1/keys", params={"cursor": "bm9wZQ.x"}, headers=h)
     assert_error(forged, 400, "invalid_request")
+    # QA: a memory listing's cursor is well formed, but no key's: it listed nothing, 200
+    remember(api, "acme_dev", "Staging is the blue cluster.")
+    remember(api, "acme_dev", "Production is the green cluster.")
+    memory_cursor = api.client.get(
+        "/v1/memories", params={"limit": 1}, headers=api.headers("acme_dev")
+    ).json()["next_cursor"]
+    assert memory_cursor
+    other = api.client.get("/v1/keys", params={"cursor": memory_cursor}, headers=h)
+    assert_error(other, 400, "invalid_request")
+    from relay.server import encode_cursor
+
+    theirs = api.services.store.list_keys(api.orgs["globex"])[0].id
+    crossed = api.client.get("/v1/keys", params={"cursor": encode_cursor(theirs)}, headers=h)
+    assert_error(crossed, 400, "invalid_request")
 
 
 def test_a_key_s_roles_are_named_and_normalised_like_audiences(api):
