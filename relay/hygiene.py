@@ -63,6 +63,20 @@ def normalize_text(text: str) -> str:
 # --- field checks --------------------------------------------------------------------------
 
 
+# Letters that show as nothing: the Hangul fillers and the braille blank.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def is_blank(text: str) -> bool:
+    """Whether `text` shows a reader nothing: whitespace, invisible format characters
+    (zero-width spaces, joiners, bidi marks), combining marks with nothing to mark, and
+    letters drawn blank. Such a body, title, source or tag could be stored but never read."""
+    return all(
+        ch.isspace() or ch in _BLANK_LETTERS or unicodedata.category(ch) in ("Cf", "Mn", "Me")
+        for ch in text
+    )
+
+
 def unpaired_surrogate(text: str) -> str | None:
     """What is wrong with `text` if it holds a lone UTF-16 surrogate (not Unicode text,
     and unstorable), else None."""
@@ -106,7 +120,7 @@ def check_body(body: str) -> str:
         raise InvalidRequestError("body must be a string", field="body")
     _check_unicode(body, "body")
     body = normalize_text(body)
-    if not _as_read(body).strip():  # blank to a reader: whitespace, zero-width characters
+    if is_blank(body):
         raise InvalidRequestError("body is empty; a memory needs some text", field="body")
     if len(body) > MAX_BODY_CHARS:
         raise TooLargeError(
@@ -167,7 +181,7 @@ def check_title(title: str | None) -> str | None:
     if _CONTROL.search(title):
         raise InvalidRequestError("title contains control characters", field="title")
     title = " ".join(title.split())
-    if not _as_read(title).strip():
+    if is_blank(title):
         return None
     if len(title) > MAX_TITLE_CHARS:
         raise TooLargeError(
@@ -187,7 +201,7 @@ def check_source(source: str | None) -> str | None:
         raise InvalidRequestError("source must be a string", field="source")
     _check_unicode(source, "source")
     source = source.strip()
-    if not source:
+    if is_blank(source):
         return None
     if _CONTROL_OR_TAB.search(source):
         raise InvalidRequestError(
@@ -220,8 +234,8 @@ def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
             raise InvalidRequestError("tags must be strings", field="tags")
         _check_unicode(tag, "tags", "a tag")
         tag = tag.strip()
-        if not tag:
-            raise InvalidRequestError("tags must not be empty", field="tags")
+        if is_blank(tag):
+            raise InvalidRequestError("tags must not be empty or invisible", field="tags")
         if len(tag) > MAX_TAG_CHARS:
             raise TooLargeError(
                 f"tag {tag[:40]!r}... is {len(tag)} characters; the limit is {MAX_TAG_CHARS}",

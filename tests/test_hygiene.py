@@ -61,7 +61,11 @@ def test_body_is_normalised():
 @pytest.mark.parametrize(
     "body",
     # QA: zero-width characters alone passed as text (U+200B, U+2060, U+FEFF, a bidi mark)
-    ["", " ", "\n\n\t\n", "\r\n   \r\n", "\u200b\u200b", "\u2060 \ufeff\n\u200e", "\u3000"],
+    [
+        *("", " ", "\n\n\t\n", "\r\n   \r\n", "\u200b\u200b", "\u2060 \ufeff\n\u200e", "\u3000"),
+        # QA, second pass: blank letters and marks with nothing to mark got through
+        *("\u3164", "\u115f\u1160", "\u034f", "\u2800 \u2800", "\ufe0f", "\uffa0\u200b"),
+    ],
 )
 def test_empty_body_is_rejected(body):
     with pytest.raises(InvalidRequestError, match="empty") as exc:
@@ -795,3 +799,15 @@ def test_no_time_past_the_last_whole_second_of_9999_is_taken(late):
     assert latest == hygiene.LATEST_TIME
     assert datetime.fromtimestamp(latest.timestamp(), UTC) == latest  # as SQLite reads it
     assert hygiene.parse_time("9999-12-31") == datetime(9999, 12, 31, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("blank", ["\u200b\u200b", "\u3164", "\u2060\u034f"])
+def test_an_invisible_source_is_none_and_an_invisible_tag_is_refused(blank):
+    assert check_source(blank) is None
+    with pytest.raises(InvalidRequestError, match="empty or invisible"):
+        check_tags([blank])
+
+
+def test_text_with_something_to_see_is_not_blank():
+    for text in ("e\u0301", "\u200bx", "\U0001f44d\ufe0f", "\u3164a"):
+        assert check_body(text)
