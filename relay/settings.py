@@ -43,7 +43,10 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     """A whole number from `low` up to `high` (None: no upper bound)."""
 
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a whole number") from None
         if value < low or (high is not None and value > high):
             raise ValueError(
                 f"{text} is not in {low}..{high}" if high is not None else f"{text} is below {low}"

@@ -165,7 +165,9 @@ def test_serve_refuses_a_setting_out_of_range_before_anything(tmp_path: Path, fl
     db = tmp_path / "r.db"
     done = relay(tmp_path, "serve", "--db", str(db), flag, value)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == f"Error: Invalid value for '{flag}': {why}"
+    assert one_line_error(done) == (
+        f"relay: error: Invalid value for '{flag}': {why} (see 'relay serve --help')"
+    )
     variable = "RELAY_" + flag[2:].upper().replace("-", "_")
     done = relay(tmp_path, "serve", "--db", str(db), **{variable: value})
     name = flag[2:].replace("-", "_")
@@ -173,6 +175,21 @@ def test_serve_refuses_a_setting_out_of_range_before_anything(tmp_path: Path, fl
         f"relay: error: {variable}={value!r} is not a valid {name}: {why}"
     )
     assert not list(tmp_path.glob("r.db*"))
+
+
+def test_a_usage_error_is_one_line_naming_the_help(tmp_path: Path):
+    """QA: click's three lines (Usage / Try / Error), unlike every other error; and a port
+    that is not a number was told in Python's words (invalid literal for int())."""
+    done = relay(tmp_path, "import", str(tmp_path / "missing.md"))
+    assert one_line_error(done) == (
+        f"relay: error: Invalid value for 'PATHS...': Path '{tmp_path / 'missing.md'}' does not"
+        " exist. (see 'relay import --help')"
+    )
+    assert done.returncode == 2
+    done = relay(tmp_path, "serve", "--db", str(tmp_path / "r.db"), RELAY_PORT="abc")
+    assert one_line_error(done) == (
+        "relay: error: RELAY_PORT='abc' is not a valid port: 'abc' is not a whole number"
+    )
 
 
 def test_serve_names_the_next_steps_of_the_readme(tmp_path: Path):

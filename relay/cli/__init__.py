@@ -24,8 +24,12 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(1)
-    except click.ClickException as exc:
-        exc.show()
+    except click.ClickException as exc:  # a usage error too: one line, its command's help named
+        from relay.cli.common import one_line
+
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        click.echo(f"relay: error: {one_line(exc.format_message())}{hint}", err=True)
         sys.exit(exc.exit_code)
     except RelayError as exc:
         from relay.cli.common import one_line
