@@ -175,7 +175,10 @@ def _walk(top: Path) -> Iterator[Path]:
         here = Path(dirpath)
         dirnames[:] = [d for d in dirnames if _enter_dir(here, d)]
         if here.name != ".cursor":  # .cursor holds settings too; only its rules are memories
-            found.extend(here / f for f in filenames if is_supported(here / f))
+            # Regular files only: reading a FIFO named notes.md would wait for ever.
+            found.extend(
+                here / f for f in filenames if is_supported(here / f) and (here / f).is_file()
+            )
     yield from sorted(found, key=lambda p: p.relative_to(top).as_posix())
 
 

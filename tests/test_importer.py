@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from collections import defaultdict
 from pathlib import Path
@@ -795,3 +796,11 @@ def test_an_export_file_points_to_relay_restore(tmp_path, count):
         f"{path} is a relay export file: restore it with `relay restore {path}`; relay import"
         " reads Markdown"
     )
+
+
+def test_a_folder_walk_takes_regular_files_only(tmp_path):
+    """QA: a FIFO named fifo.md in a folder made the import wait for ever (Ctrl-C: 'aborted')."""
+    good = write(tmp_path / "docs" / "a.md", "# a\nb\n")
+    os.mkfifo(tmp_path / "docs" / "fifo.md")
+    (tmp_path / "docs" / "gone.md").symlink_to(tmp_path / "nowhere.md")
+    assert list(iter_import_files([tmp_path / "docs"])) == [good]
