@@ -57,7 +57,7 @@ def import_(
     keep_removed: bool,
 ) -> None:
     """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
-    section or rule.
+    section or rule (a section over 16,000 characters: several, titled "(part N)").
 
     Any other text file named explicitly (CONVENTIONS.txt, .windsurfrules) is read as
     Markdown. Structured data (JSON, JSON lines, CSV, TSV, YAML, TOML, XML) is refused
