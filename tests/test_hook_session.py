@@ -267,6 +267,33 @@ def test_session_start_injects_profile_and_records_it_in_the_ledger(tmp_path):
         assert hook.last()["outcome"] == "no_match"
 
 
+def test_a_pinned_memory_shown_cut_at_session_start_leaves_its_passages_to_later_prompts(
+    tmp_path,
+):
+    """A long pinned memory cut to fit profile_max_tokens was recorded as its whole revision
+    seen, so a prompt's hit on a passage the model never saw was dropped as a duplicate."""
+    pinned = results(
+        record("mem_short", 1, passage=0),
+        record("mem_runbook", 4, "Step: restart the primary, then the replicas. " * 80),
+    )
+    tail = "Failover drills run on the first Monday of each quarter, from the standby region."
+    search = results(record("mem_runbook", 4, tail, passage=9, passages=10))
+
+    def handler(conn, request):
+        reply(200, pinned if request.path == "/v1/profile" else search)(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_PROFILE_MAX_TOKENS="400")
+        context = assert_hit_contract(hook.session_start("startup"), "SessionStart")
+        assert 'id="mem_runbook"' in context and "[truncated]" in context
+        assert hook.last()["injected"] == [["mem_short", 1], ["mem_runbook", 4]]
+        assert hook.session_state()["ledger"] == {"mem_short": 1}  # what was shown whole
+        context = assert_hit_contract(hook.prompt("when do we run the failover drills?"))
+        assert 'id="mem_runbook" revision="4" part="10 of 10"' in context and tail in context
+        assert hook.last()["outcome"] == "hit" and hook.last()["duplicates"] == 0
+        assert hook.session_state()["ledger"] == {"mem_short": 1, "mem_runbook": [4, [9]]}
+
+
 def test_event_name_on_stdin_selects_session_start(tmp_path):
     with FakeRelay(reply(200, results(record("mem_p")))) as server:
         hook = Hook(tmp_path, server.url)

@@ -181,6 +181,34 @@ def test_the_ledger_tells_passages_of_a_revision_apart():
     assert ledger["a"] == [2, [3]]
 
 
+def test_a_passage_shown_cut_is_not_recorded_unless_it_could_never_be_shown_whole():
+    """The ledger holds what was shown: a passage cut for want of room can come back whole,
+    while one too long for the budget even alone would only be cut the same way again."""
+
+    def part(rid, seq, text):
+        return {**rec(rid, 1, text), "passage": seq, "passages": 4}
+
+    fits_alone = part("b", 2, "Roll back with the previous image tag. " * 8)
+    records = [part("a", 0, "Deploys go through the release train. " * 7), fits_alone]
+    context, injected, _ = pack(records, {}, 3, 320, PROMPT_INTRO, PROMPT_REMINDER)
+    assert context.count("[truncated]") == 1 and [r["id"] for r in injected] == ["a", "b"]
+    ledger: dict = {}
+    for record in injected:
+        ledger_add(ledger, record)
+    assert ledger == {"a": [1, [0]]}  # b was cut: not seen, so a later hit brings it whole
+    context, injected, dupes = pack([fits_alone], ledger, 3, 320, PROMPT_INTRO, PROMPT_REMINDER)
+    assert dupes == 0 and "[truncated]" not in context
+    # A passage no context of this budget could hold whole: cut once, and counted as shown.
+    too_long = part("c", 1, "word " * 400)
+    _, injected, _ = pack([too_long], {}, 3, 320, PROMPT_INTRO, PROMPT_REMINDER)
+    ledger_add(ledger, injected[0])
+    assert ledger["c"] == [1, [1]]
+    # Without a passage number (the profile's whole memories) a record shown cut marks nothing.
+    _, injected, _ = pack([rec("d", 2, "word " * 400)], {}, 3, 320, PROFILE_INTRO)
+    ledger_add(ledger, injected[0])
+    assert "d" not in ledger
+
+
 def test_pack_labels_each_record_with_provenance():
     context, _, _ = pack(
         [rec("a", 4, "Use make migrate.", title="Migrations", source="ws/mig")],

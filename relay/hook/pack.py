@@ -180,6 +180,17 @@ def _truncate(record: dict, room_tokens: int) -> str | None:
     return block if tokens(block) <= room_tokens and cut else None
 
 
+def _cut_for_good(record: dict, max_tokens: int, intro: str) -> bool:
+    """Whether `record`, shown cut, could never be shown whole within `max_tokens` after
+    `intro` (the shortest a context of this budget opens with): a passage that long is cut
+    the same way every time, so a later hit would show nothing new. Only a passage: a
+    record without a passage number may be a whole memory (the profile's), whose passages
+    can come in whole with later prompts."""
+    if record.get("passage") is None:
+        return False
+    return tokens(intro) + 1 + tokens(_render(record, _body(record))) + 1 > max_tokens
+
+
 def _groups(records: list[dict]) -> list[list[dict]]:
     """Records joined when they conflict (flagged, or two revisions of one id), in rank order."""
     parent = list(range(len(records)))
@@ -212,6 +223,13 @@ def _groups(records: list[dict]) -> list[list[dict]]:
 # whole of it: the team profile (which injects whole memories), a record from a server that
 # numbers no passages, and state files written before passages were told apart (one passage
 # of that revision shown, which one unknown: all of it keeps that file's dedupe).
+#
+# The ledger records only what the model was shown. A record shown cut (`[truncated]`) marks
+# nothing, not even the part shown: which passages that part covers is unknown here (the
+# profile's records are whole memories, cut anywhere), and marking them would drop a later
+# hit on text the model never saw; a later hit that brings the record whole is worth the
+# repeat of its opening. The one exception is a passage too long for the budget even alone
+# (`_cut_for_good`): a later hit could only show the same cut, so it counts as shown.
 
 
 def ledger_entry(entry: int | list) -> tuple[int, list[int] | None]:
@@ -235,7 +253,10 @@ def ledger_holds(ledger: dict, record: dict) -> bool:
 
 
 def ledger_add(ledger: dict, record: dict) -> None:
-    """Record `record` as shown; its entry moves last (the ledger drops the oldest first)."""
+    """Record `record` as shown; its entry moves last (the ledger drops the oldest first).
+    A record `pack` returned marked `cut` was shown in part only, and marks nothing."""
+    if record.get("cut"):
+        return
     rid, revision, seq = record["id"], record["revision"], record.get("passage")
     entry = ledger.pop(rid, None)
     if entry is not None:
@@ -268,7 +289,9 @@ def pack(
     A record is a duplicate when the ledger holds its passage of its revision, or a newer
     revision (see `ledger_holds`). Of one answer, only the best-ranked passage of each
     (id, revision) is kept (the server sends one a memory); a later passage of the same
-    revision in it is not counted as a duplicate of the conversation.
+    revision in it is not counted as a duplicate of the conversation. A record shown cut
+    comes back as a copy marked `cut` (which `ledger_add` does not record), unless no later
+    context could show more of it.
     """
     seen: set[tuple[str, int]] = set()
     fresh = []
@@ -305,6 +328,8 @@ def pack(
                 continue
             text = cut
             cost = tokens(text) + 1
+            if not _cut_for_good(group[0], max_tokens, later_intro or intro):
+                group = [{**group[0], "cut": True}]
         blocks.append(text)
         injected.extend(group)
         used += cost

@@ -336,7 +336,9 @@ def _session_start(inv: Invocation, payload: dict, session_id: str | None) -> No
     records = _fetch(inv, "GET", "/v1/profile", None, probe)
     if records is None:
         return _maybe_tell_unauthorized(inv, session_id)
-    for record in records:  # the profile carries whole memories: every passage of each
+    # The profile carries whole memories: one shown whole counts as every passage of its
+    # revision; one shown cut counts as none (pack marks it), so its passages still come in.
+    for record in records:
         record["passage"] = record["passages"] = None
     _inject(
         inv,
