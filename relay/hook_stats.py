@@ -35,6 +35,9 @@ OUTCOMES = (
 SEARCHED = ("hit", "no_match", "timeout", "unavailable", "unauthorized", "invalid_response")
 UNAVAILABLE_STREAK_ALERT = 3
 UNSENT = "timeout:no_budget_left"  # the hook's reason for a timeout that made no request
+# Skips after the server answered: the answer could not be written (the agent stopped
+# reading, or stdout failed), so nothing was shown, but the run searched like a hit.
+UNSHOWN = ("skipped:stdout_broken_pipe", "skipped:stdout_unwritable")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -113,6 +116,17 @@ def _unsent(entry: dict) -> bool:
     return f"{entry.get('outcome')}:{entry.get('reason')}" == UNSENT
 
 
+def _unshown(entry: dict) -> bool:
+    """A run the server answered whose answer could not be written: it searched."""
+    return f"{entry.get('outcome')}:{entry.get('reason')}" in UNSHOWN
+
+
+def _searched_reason(key: str) -> bool:
+    """Whether runs logged with reason `key` (outcome:reason) searched: a timeout's do,
+    but for one that sent nothing; a skip's only when the answer came and went unshown."""
+    return key in UNSHOWN or (key.split(":", 1)[0] == "timeout" and key != UNSENT)
+
+
 def _elsewhere(entry: dict, url: str) -> bool:
     """A run that asked another server than `url`; with no `url` configured here (stats
     read without the hook's settings) every run counts, as does a line logged without one."""
@@ -127,9 +141,9 @@ def _streak(entries: list[dict], outcomes: tuple[str, ...], url: str) -> dict[st
         outcome = entry.get("outcome")
         if outcome == "circuit_open" or _unsent(entry) or _elsewhere(entry, url):
             continue
-        if outcome not in SEARCHED:
+        if outcome not in SEARCHED and not _unshown(entry):
             continue
-        if outcome not in outcomes:
+        if outcome not in outcomes:  # an answer, even one left unshown, ends a streak
             break
         length += 1
         started = entry.get("ts")
@@ -185,10 +199,16 @@ def summarise(
         dupes += _num(entry.get("duplicates"))
     cfg = hook_config.load() if cfg is None else cfg
     unsent = reasons.get(UNSENT, 0)
+    unshown = sum(reasons.get(key, 0) for key in UNSHOWN)
     searched = {o: counts[o] - (unsent if o == "timeout" else 0) for o in SEARCHED}
     not_searched = {o: counts[o] for o in OUTCOMES if o not in SEARCHED and counts[o]}
     if unsent:
         not_searched["timeout"] = unsent
+    if unshown:
+        searched["skipped"] = unshown
+        not_searched["skipped"] -= unshown
+        if not not_searched["skipped"]:
+            del not_searched["skipped"]
     summary: dict[str, Any] = {
         "state_dir": state_dir,
         "since": None if since is None else _iso(since),
@@ -267,11 +287,9 @@ def render(summary: dict) -> str:
     searched, others = summary["searched"], summary["not_searched"]
     reasons = summary["skip_reasons"]
     lines.append(f"  searched {sum(searched.values())}, of which:")
-    lines += _outcome_lines(searched, {k: n for k, n in reasons.items() if k != UNSENT})
+    lines += _outcome_lines(searched, {k: n for k, n in reasons.items() if _searched_reason(k)})
     lines.append(f"  not searched {sum(others.values())}, of which:")
-    lines += _outcome_lines(
-        others, {k: n for k, n in reasons.items() if k.split(":")[0] != "timeout" or k == UNSENT}
-    )
+    lines += _outcome_lines(others, {k: n for k, n in reasons.items() if not _searched_reason(k)})
     for label, ms, runs in (
         ("hook time ms", summary["hook_ms"], summary["invocations"]),
         ("on hits ms", summary["hit_ms"], summary["outcomes"]["hit"]),

@@ -78,6 +78,35 @@ def test_a_timeout_before_any_request_is_not_counted_as_searched(tmp_path):
     assert summary["not_searched"] == {"skipped": 1, "timeout": 1}
 
 
+def test_an_answer_that_could_not_be_written_counts_as_searched(tmp_path):
+    """QA: runs the server answered but whose answer could not be written (skipped,
+    stdout_broken_pipe or stdout_unwritable) were listed under 'not searched', beside
+    runs that never asked; and they did not end a server-down streak, though it answered."""
+    lines = [
+        {"outcome": "unavailable"},
+        {"outcome": "unavailable"},
+        {"outcome": "timeout", "reason": "late"},
+        {"outcome": "skipped", "reason": "stdout_broken_pipe", "url": "http://relay"},
+        {"outcome": "skipped", "reason": "stdout_unwritable", "url": "http://relay"},
+        {"outcome": "skipped", "reason": "stdout_closed"},
+        {"outcome": "skipped", "reason": "short_prompt"},
+    ]
+    (tmp_path / "outcomes.jsonl").write_text(
+        "".join(json.dumps({"ts": "2026-11-29T00:00:00.000Z", **e}) + "\n" for e in lines)
+    )
+    summary = summarise(str(tmp_path), since_s=None)
+    assert summary["searched"]["skipped"] == 2 and sum(summary["searched"].values()) == 5
+    assert summary["not_searched"] == {"skipped": 2}
+    assert summary["unavailable_streak"]["length"] == 0 and summary["problems"] == []
+    text = CliRunner().invoke(stats, ["--state-dir", str(tmp_path), "--since", "all"]).output
+    searched, _, not_searched = text.partition("  not searched 2, of which:\n")
+    assert "  searched 5, of which:" in searched
+    assert "    skipped           2\n      stdout_broken_pipe        1\n" in searched
+    assert "      stdout_unwritable         1\n" in searched and "short_prompt" not in searched
+    assert not_searched.startswith("    skipped           2\n      short_prompt")
+    assert "stdout_closed" in not_searched and "stdout_broken_pipe" not in not_searched
+
+
 def test_timeouts_that_sent_nothing_make_no_server_down_streak(tmp_path):
     """A slow machine that spent the budget before the request is not a server that is
     down: those runs neither count in nor break the timeout/unavailable streak."""
