@@ -96,6 +96,10 @@ class NotConfiguredError(errors.InvalidRequestError):
 
 
 class RelayClient:
+    # Why the configured key cannot be used (a key file missing, unreadable, with a
+    # byte-order mark or a character no HTTP header takes), when it is the reason for no key.
+    key_problem: str | None = None
+
     def __init__(self, url: str, api_key: str, timeout: float = 30.0) -> None:
         if not url:
             raise NotConfiguredError(
@@ -119,11 +123,16 @@ class RelayClient:
             problem = hook_config.file_problem(hook_config.config_path(os.environ))
             if problem:
                 raise NotConfiguredError(problem)
-        return cls(url, api_key)
+        client = cls(url, api_key)
+        if not api_key:  # a key given and unusable is not the same as none: say what is wrong
+            client.key_problem = hook_config.key_problem(cfg)
+        return client
 
     def require_key(self) -> RelayClient:
         """This client, once it has an API key: without one every /v1 request would be
         refused with the server's HTTP hint, which tells a CLI user nothing to do."""
+        if not self.api_key and self.key_problem:
+            raise NotConfiguredError(self.key_problem)
         if not self.api_key:
             raise NotConfiguredError(
                 "no API key: pass --key, set RELAY_API_KEY (or RELAY_API_KEY_FILE), or run"

@@ -275,6 +275,75 @@ def test_a_missing_key_says_how_to_give_one_and_sends_nothing(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (
+            b"\xef\xbb\xbfrelay_x_0123456789abcdef\n",
+            "starts with a byte-order mark (the bytes EF BB BF, which some editors put at the"
+            " start of a UTF-8 file): save it without the mark (as plain ASCII), or run"
+            " `relay install --key KEY`, which writes the key file afresh",
+        ),
+        (
+            b"relay_x_0123 456789abcdef\n",
+            "holds a space (character 13), which no key has: write the key alone on its first"
+            " line, or run `relay install --key KEY`, which writes the key file afresh",
+        ),
+        (
+            b"relay_x_0123\x01456789abcdef\n",
+            "holds '\\x01' (character 13), not printable ASCII: write the key alone on its first"
+            " line, or run `relay install --key KEY`, which writes the key file afresh",
+        ),
+        (
+            None,
+            "does not exist: write the API key on its first line, or run `relay install --key"
+            " KEY`, which writes the key file afresh",
+        ),
+        (
+            "directory",
+            "cannot be read (Is a directory): make it a file you can read (chmod 600 {path}), or"
+            " run `relay install --key KEY`, which writes the key file afresh",
+        ),
+    ],
+)
+def test_a_key_file_that_cannot_be_used_is_named_with_what_is_wrong(tmp_path, content, said):
+    """QA: a key file with a byte-order mark, a space or a control character in its key,
+    missing or unreadable, got "no API key: pass --key, set RELAY_API_KEY ...", as if none
+    had been given: the user looked everywhere but at the file."""
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    path = tmp_path / "my key"
+    if content == "directory":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with FakeRelay() as server:
+        done = relay(tmp_path, "search", "foo", "--url", server.url, RELAY_API_KEY_FILE=str(path))
+        assert server.connections == 0
+    assert done.returncode == 2, done.stderr
+    named = f"relay: error: the key file {path} (named by RELAY_API_KEY_FILE) "
+    assert done.stderr == named + said.format(path=path) + "\n"
+
+
+def test_a_key_file_named_in_the_config_file_is_named_with_its_setting(tmp_path):
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    (tmp_path / ".relay").mkdir()
+    config = tmp_path / ".relay/config.json"
+    config.write_text(json.dumps({"api_key_file": "~/.relay/key"}))
+    (tmp_path / ".relay/key").write_text("relay_x_0123456789abcdéf\n")
+    with FakeRelay() as server:
+        done = relay(tmp_path, "search", "foo", "--url", server.url)
+        assert server.connections == 0
+    assert done.stderr == (
+        f"relay: error: the key file {tmp_path}/.relay/key (named by api_key_file in {config})"
+        " holds 'é' (character 23), not printable ASCII: write the key alone on its first"
+        " line, or run `relay install --key KEY`, which writes the key file afresh\n"
+    )
+
+
 def test_a_url_that_is_not_the_servers_root_says_so(tmp_path, live_server):
     """QA: `relay search foo --url http://host:port/v1` said "relay: error: Not Found" (exit
     4): the route missing, not a memory. As `relay install` says it, with what to give."""

@@ -797,7 +797,7 @@ def test_a_key_file_with_a_byte_order_mark_is_named_for_it(tmp_path, server):
     key_file.write_bytes(b"\xef\xbb\xbf" + server.admin_key.encode() + b"\n")
     prompt(tmp_path)
     log = json.loads((tmp_path / ".relay/state/outcomes.jsonl").read_text().splitlines()[-1])
-    assert (log["outcome"], log["reason"]) == ("disabled", "not_configured"), log  # no key
+    assert (log["outcome"], log["reason"]) == ("disabled", "bad_key"), log  # no key sent
     (failed,) = [f for f in findings(tmp_path) if f["level"] == "fail"]
     assert failed["message"] == (
         "the key file ~/.relay/key starts with a byte-order mark (the bytes EF BB BF, which "

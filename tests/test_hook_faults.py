@@ -367,6 +367,36 @@ def test_kill_switch_and_missing_configuration_are_silent(tmp_path):
         assert server.requests == []
 
 
+@pytest.mark.parametrize(
+    "key_file, env",
+    [
+        (b"\xef\xbb\xbfrelay_x_0123456789abcdef\n", {}),  # saved with a byte-order mark
+        (b"relay_x_0123 456789abcdef\n", {}),  # a space inside
+        ("relay_x_0123456789abcdéf\n".encode(), {}),  # not ASCII
+        (None, {}),  # named by the config file, and missing
+        ("directory", {}),  # there, and cannot be read as a file
+        (None, {"RELAY_API_KEY_FILE": "/nonexistent/relay-key"}),
+        (b"", {"RELAY_API_KEY": "relay_x_0123\x7f456789abcdef"}),  # an inline key: the same
+    ],
+)
+def test_a_key_that_cannot_be_used_is_logged_as_bad_key(tmp_path, key_file, env):
+    """QA: a key file the hook cannot use (a byte-order mark, a space or a character that is
+    not ASCII in it, missing, unreadable) was logged `not_configured`, like a machine never
+    set up, so `relay stats` pointed nowhere near the broken install."""
+    path = tmp_path / "key"
+    if key_file == "directory":
+        path.mkdir()
+    elif key_file is not None:
+        path.write_bytes(key_file)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"url": "http://127.0.0.1:9", "api_key_file": str(path)}))
+    hook = Hook(tmp_path, None, RELAY_CONFIG=str(config), **env)
+    assert_silent(hook.prompt(PROMPT))
+    assert (hook.last()["outcome"], hook.last()["reason"]) == ("disabled", "bad_key")
+    assert_silent(hook.session_start("startup"))
+    assert (hook.last()["outcome"], hook.last()["reason"]) == ("disabled", "bad_key")
+
+
 def _closed_fds_run(hook: Hook, redirects: str, stdin: bytes) -> subprocess.CompletedProcess:
     """The real hook started by a shell with some of its standard fds closed (`>&-`)."""
     return subprocess.run(

@@ -165,6 +165,12 @@ class Config(dict):
     # The config file is there but unusable (not a JSON object, unreadable): its settings
     # are lost, which is not the same as a machine never configured (`bad_config`).
     bad_file: bool = False
+    # A key was given (`api_key`, or a file named by `api_key_file`) that the hook cannot
+    # send: logged `bad_key`, not `not_configured`; `key_problem` says what is wrong with it.
+    bad_key: bool = False
+    # Where each setting's value came from (the config file's path or RELAY_<NAME>), for
+    # messages; a setting at its default is not in it.
+    origin: dict[str, str]
 
     url: str
     api_key: str
@@ -269,6 +275,7 @@ def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = N
     from_file, bad_file = _read_file(path)
     resolved = Config()
     resolved.bad_file = bad_file
+    resolved.origin = {}
     for name, default, parse, _ in SETTINGS:
         value = default
         variable = "RELAY_" + name.upper()
@@ -277,6 +284,7 @@ def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = N
                 continue
             try:
                 value = parse(layer)
+                resolved.origin[name] = where
             except (ValueError, TypeError, OverflowError) as exc:
                 if ignored is not None:
                     ignored.append(f"{name} {layer!r} in {where} ({exc})")
@@ -288,7 +296,9 @@ def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = N
 
 def _resolve_key(cfg: Config) -> str:
     key = cfg["api_key"]
+    given = bool(key)
     if not key and cfg["api_key_file"]:
+        given = True  # a file named and missing is a broken install, not one never made
         try:
             with open(os.path.expanduser(cfg["api_key_file"]), "rb") as fh:
                 key = fh.read(4096).decode("utf-8", "replace").strip().splitlines()[0].strip()
@@ -296,5 +306,58 @@ def _resolve_key(cfg: Config) -> str:
             key = ""
     # The key goes into an HTTP header: anything that could split the header is no key at all.
     if not key or not all("!" <= ch <= "~" for ch in key):
+        cfg.bad_key = given
         return ""
     return key
+
+
+def key_problem(cfg: Config) -> str | None:
+    """What is wrong with the key `cfg` was given and the hook cannot send (`cfg.bad_key`),
+    and the fix, in words for a person (`relay` commands); None when it has a key, or was
+    given none. The key is read as `load` reads it: `api_key`, else the key file's first line."""
+    if not cfg.bad_key:
+        return None
+    config_file = config_path(os.environ)
+
+    def named(setting: str) -> str:
+        where = cfg.origin.get(setting, "")
+        return where if where.startswith("RELAY_") else f"{setting} in {where or config_file}"
+
+    given = cfg["api_key"]
+    if given:
+        where = named("api_key")
+        return f"the API key in {where} {_unsendable(given)}: fix {where}"
+    path = os.path.expanduser(cfg["api_key_file"])
+    shown = f"the key file {path} (named by {named('api_key_file')})"
+    reinstall = "or run `relay install --key KEY`, which writes the key file afresh"
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read(4096).decode("utf-8", "replace").strip().splitlines()
+    except FileNotFoundError:
+        return f"{shown} does not exist: write the API key on its first line, {reinstall}"
+    except OSError as exc:
+        fix = f"make it a file you can read (chmod 600 {path}), {reinstall}"
+        return f"{shown} cannot be read ({exc.strerror or exc}): {fix}"
+    if not lines:
+        return f"{shown} is empty: write the API key on its first line, {reinstall}"
+    problem = _unsendable(lines[0].strip())
+    if problem.startswith("starts with a byte-order mark"):
+        return f"{shown} {problem}: save it without the mark (as plain ASCII), {reinstall}"
+    return f"{shown} {problem}: write the key alone on its first line, {reinstall}"
+
+
+def _unsendable(key: str) -> str:
+    """What in `key` the hook will not send (printable ASCII only: it goes into a header)."""
+    if key.startswith("\ufeff"):
+        return (
+            "starts with a byte-order mark (the bytes EF BB BF, which some editors put at the"
+            " start of a UTF-8 file)"
+        )
+    at, bad = next((i, ch) for i, ch in enumerate(key + "\n") if not "!" <= ch <= "~")
+    if at == len(key):
+        return "is empty"
+    if bad == "\ufffd":
+        return f"holds bytes that are not UTF-8 text (character {at + 1})"
+    if bad == " ":
+        return f"holds a space (character {at + 1}), which no key has"
+    return f"holds {bad!r} (character {at + 1}), not printable ASCII"

@@ -205,8 +205,10 @@ def _dispatch(inv: Invocation) -> None:
     if cfg.memory_off:
         return inv.finish("disabled", "memory_off")
     if not cfg.url or not cfg.api_key:
-        # A config file that cannot be read is a broken install, not a machine never set up.
-        return inv.finish("disabled", "bad_config" if cfg.bad_file else "not_configured")
+        # A config file or a key that cannot be used is a broken install, not a machine never
+        # set up.
+        reason = "bad_config" if cfg.bad_file else "bad_key" if cfg.bad_key else "not_configured"
+        return inv.finish("disabled", reason)
     try:
         parse_url(cfg.url)
     except ValueError:
