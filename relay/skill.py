@@ -8,7 +8,13 @@ Skills limit of 1,024 characters (Claude Code lists up to 1,536).
 
 Install records each file it writes, with a hash of what it wrote, under "skills" in
 `~/.relay/install.json`; `relay uninstall` removes a file still as written and keeps
-one the user edited since.
+one the user edited since. A file it replaces (a SKILL.md the user wrote, a Relay one they
+edited, whatever was at the --zip path) is first backed up as `relay install` backs up what
+it changes, in `~/.relay/backups`, mode 600; the record names the backup of what was there
+before skill install first wrote the file (`original`), and uninstall puts that back instead
+of deleting. Backups are kept rather than refusing to overwrite: `relay skill install` is
+what a user re-runs to get a newer skill, and a refusal would send them to --force, which
+loses the file all the same.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import hashlib
 import io
 import os
 import shlex
+import time
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,21 +136,57 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _write(path: Path, data: bytes, created_dirs: list[str]) -> str:
+def _write(
+    path: Path,
+    data: bytes,
+    recorded: dict[str, Any] | None,
+    paths: Paths,
+    created_dirs: list[str],
+    stamp: str,
+) -> tuple[str, Path | None]:
+    """Write `data` to `path`: (created, updated or unchanged; the backup of what it
+    replaced, or None). What is replaced is backed up unless it is what skill install
+    recorded writing there (`recorded`): a newer skill over an older one keeps nothing."""
     from relay.install import ensure_dir, read_bytes, write_atomic
 
     before = read_bytes(path)
     if before == data:
-        return "unchanged"
+        return "unchanged", None
+    backup = None
+    if before is not None and not (recorded and _digest(before) == recorded.get("sha256")):
+        backup = _back_up(paths, path, before, created_dirs, stamp)
     ensure_dir(path.parent, created_dirs)
     write_atomic(path, data, 0o644)
-    return "created" if before is None else "updated"
+    return ("created" if before is None else "updated"), backup
 
 
-def record(paths: Paths, written: dict[Path, tuple[str, bytes]], created_dirs: list[str]) -> bool:
+def _back_up(paths: Paths, path: Path, data: bytes, created_dirs: list[str], stamp: str) -> Path:
+    """Keep `data`, what `path` held, where and as `relay install` keeps what it replaces:
+    `~/.relay/backups/<name>.<stamp>` (a number added if taken), mode 600."""
+    from relay.install import ensure_dir, write_atomic
+
+    ensure_dir(paths.backups, created_dirs)
+    backup = paths.backups / f"{path.name}.{stamp}"
+    n = 0
+    while backup.exists():
+        n += 1
+        backup = paths.backups / f"{path.name}.{stamp}.{n}"
+    write_atomic(backup, data, 0o600)
+    return backup
+
+
+def record(
+    paths: Paths,
+    written: dict[Path, tuple[str, bytes]],
+    created_dirs: list[str],
+    backups: dict[Path, Path] | None = None,
+) -> bool:
     """Add the files skill install wrote (path -> role, bytes) to the install record,
-    making one when there is none; install's own records stay as they are. False, and
-    nothing written, when a record is there that this Relay cannot read (another version)."""
+    making one when there is none; install's own records stay as they are. A file's first
+    record names the backup of what it replaced as its `original` (none: skill install
+    made the file); a backup made later (a Relay skill the user edited) is added to its
+    `backups`. False, and nothing written, when a record is there that this Relay cannot
+    read (another version)."""
     from relay.install import load_manifest, new_manifest, save_manifest
 
     manifest = load_manifest(paths)
@@ -152,27 +195,73 @@ def record(paths: Paths, written: dict[Path, tuple[str, bytes]], created_dirs: l
     manifest = manifest or new_manifest()
     manifest["dirs"] += [d for d in created_dirs if d not in manifest["dirs"]]
     for path, (role, data) in written.items():
-        manifest["skills"][str(path)] = {"role": role, "sha256": _digest(data)}
+        before = manifest["skills"].get(str(path))
+        entry: dict[str, Any] = {"role": role, "sha256": _digest(data)}
+        kept = list(before.get("backups", [])) if before else []
+        original = before.get("original") if before else None
+        backup = (backups or {}).get(path)
+        if backup is not None:
+            kept.append(str(backup))
+            if before is None:
+                original = str(backup)
+        if original:
+            entry["original"] = original
+        if kept:
+            entry["backups"] = kept
+        manifest["skills"][str(path)] = entry
     save_manifest(paths, manifest)
     return True
 
 
 def plan_removal(records: dict[str, dict[str, Any]]) -> list[Change]:
-    """Each recorded file still as skill install wrote it, to remove; one edited since (its
-    hash differs), kept with a note. A file already gone needs nothing."""
+    """Each recorded file still as skill install wrote it: the file it replaced put back
+    (its backup then removed), or, when it replaced none, removed; one edited since (its
+    hash differs), kept with a note. A file already gone needs nothing. Other backups (a
+    Relay skill the user had edited, replaced by a later install) are kept, with a note:
+    they hold the user's words. A record an older Relay wrote names no backups."""
     from relay.install import Change, read_bytes
 
     out = []
     for name, rec in records.items():
         path, role = Path(name), rec.get("role", "skill")
+        what = ROLES.get(role, "Relay skill file")
+        original = rec.get("original")
         current = read_bytes(path)
-        if current is None:
-            continue
-        if _digest(current) == rec.get("sha256"):
-            out.append(Change(path, role, current, None, ROLES.get(role, "Relay skill file")))
-        else:
-            out.append(Change(path, role, current, current, ROLES.get(role, ""), notes=[EDITED]))
+        before = _backup_bytes(original)
+        if current is not None and _digest(current) == rec.get("sha256"):
+            if before is not None:
+                back = f"{what}; what it replaced is back"
+                out.append(Change(path, role, current, before, back))
+                spent = Change(Path(original), "skill-backup", before, None, f"backup of {name}")
+                out.append(spent)
+                original = None  # put back: nothing left to keep
+            else:
+                out.append(Change(path, role, current, None, what))
+        elif current is not None:
+            notes = [EDITED]
+            if before is not None:
+                notes.append(f"what it replaced is kept in {original}")
+            out.append(Change(path, role, current, current, what, notes=notes))
+        for kept in [b for b in rec.get("backups", []) if b != rec.get("original")] + [original]:
+            data = _backup_bytes(kept)
+            if data is not None:
+                why = f"what skill install replaced at {name}; kept, yours to delete"
+                out.append(Change(Path(kept), "skill-backup", data, data, "", notes=[why]))
     return out
+
+
+def _backup_bytes(name: str | None) -> bytes | None:
+    """A recorded backup's bytes; None when there is none, or it is gone or unreadable (an
+    uninstall does not stop over a backup: the skill's own file is what it undoes)."""
+    from relay.agents import SettingsFileError
+    from relay.install import read_bytes
+
+    if not name:
+        return None
+    try:
+        return read_bytes(Path(name))
+    except SettingsFileError:
+        return None
 
 
 def plan_unrecorded_removal(paths: Paths) -> list[Change]:
@@ -219,7 +308,7 @@ def skill() -> None:
 )
 def skill_install(skills_dir: Path | None, project: Path | None, zip_path: Path | None) -> None:
     """Write SKILL.md for Claude Code and a zip ready to upload to Claude.ai."""
-    from relay.install import default_paths
+    from relay.install import default_paths, load_manifest, tilde
 
     paths = default_paths(project)
     # Recorded absolute and with the folders' links resolved, as install records a
@@ -229,12 +318,18 @@ def skill_install(skills_dir: Path | None, project: Path | None, zip_path: Path 
     zip_path = _resolved(zip_path.parent) / zip_path.name if zip_path else paths.skill_zip
     written = {skill_md: ("skill", skill_markdown().encode()), zip_path: ("skill-zip", skill_zip())}
     created_dirs: list[str] = []
-    state = _write(skill_md, written[skill_md][1], created_dirs)
-    click.echo(f"  {state:<9}  {skill_md}  (Claude Code loads it in new sessions)")
-    state = _write(zip_path, written[zip_path][1], created_dirs)
-    click.echo(f"  {state:<9}  {zip_path}")
-    if record(paths, written, created_dirs):
-        undo = "`relay uninstall` removes both files"
+    recorded = load_manifest(paths).get("skills", {})
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    backups: dict[Path, Path] = {}
+    for path, (_, data) in written.items():
+        state, backup = _write(path, data, recorded.get(str(path)), paths, created_dirs, stamp)
+        notes = ["Claude Code loads it in new sessions"] if path == skill_md else []
+        if backup is not None:
+            backups[path] = backup
+            notes.append(f"what was there is kept in {tilde(backup, paths.home)}")
+        click.echo(f"  {state:<9}  {path}" + (f"  ({'; '.join(notes)})" if notes else ""))
+    if record(paths, written, created_dirs, backups):
+        undo = "`relay uninstall` removes both files, putting back any file they replaced"
         if paths.project is not None:
             only = f"relay uninstall --project {shlex.quote(str(paths.project))}"
             undo += f" (`{only}`: this project's only)"

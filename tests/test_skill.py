@@ -6,6 +6,7 @@ import json
 import re
 import stat
 import zipfile
+from hashlib import sha256
 from pathlib import Path
 
 from integration_support import relay, snapshot
@@ -152,3 +153,92 @@ def test_without_a_record_uninstall_removes_only_an_exact_skill_md(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "kept       ~/.claude/skills/relay/SKILL.md" in done.stdout
     assert skill_md.exists() and not (home / ".relay/relay-skill.zip").exists()
+
+
+# -- what skill install replaces is kept, and put back ------------------------------------------
+def test_skill_install_keeps_a_file_it_replaces_and_uninstall_puts_it_back(tmp_path):
+    """QA: `relay skill install` overwrote a SKILL.md the user wrote, and the file at --zip,
+    without a backup; `relay uninstall` then deleted both (they matched what Relay wrote).
+    Each is now backed up as relay install backs up (~/.relay/backups, mode 600), and the
+    record's `original` brings it back."""
+    home = tmp_path
+    skill_md = home / ".claude/skills/relay/SKILL.md"
+    skill_md.parent.mkdir(parents=True)
+    mine = b"---\nname: relay\ndescription: our relay runbook\n---\n\nPage Dana first.\n"
+    skill_md.write_bytes(mine)
+    upload = home / "uploads/skill.zip"
+    upload.parent.mkdir()
+    upload.write_bytes(b"PK my own zip")
+    before = snapshot(home)
+
+    done = relay(home, "skill", "install", "--zip", str(upload))
+    assert done.returncode == 0, done.stderr
+    assert skill_md.read_text() == skill_markdown()
+    backups = sorted((home / ".relay/backups").iterdir())
+    assert [b.read_bytes() for b in backups] == [mine, b"PK my own zip"]
+    assert all(stat.S_IMODE(b.stat().st_mode) == 0o600 for b in backups)
+    assert f"what was there is kept in ~/.relay/backups/{backups[0].name})" in done.stdout
+    assert f"what was there is kept in ~/.relay/backups/{backups[1].name})" in done.stdout
+    recorded = manifest_of(home)["skills"]
+    assert recorded[str(skill_md)]["original"] == str(backups[0])
+    assert recorded[str(upload)]["original"] == str(backups[1])
+    # Run again: nothing replaced, nothing more kept, and the original stays recorded.
+    again = relay(home, "skill", "install", "--zip", str(upload))
+    assert again.stdout.count("unchanged") == 2 and "kept in" not in again.stdout
+    assert manifest_of(home)["skills"] == recorded
+
+    dry = relay(home, "uninstall", "--dry-run")
+    assert "would restore  ~/.claude/skills/relay/SKILL.md" in dry.stdout, dry.stdout
+    assert f"would remove   ~/.relay/backups/{backups[0].name}" in dry.stdout
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "restored   ~/.claude/skills/relay/SKILL.md  (without Relay skill; what it replaced is"
+        " back)" in done.stdout
+    )
+    assert snapshot(home) == before  # the user's files as they were, and nothing of Relay's
+
+
+def test_an_edited_relay_skill_replaced_by_a_later_install_is_kept_through_uninstall(tmp_path):
+    """A Relay SKILL.md the user added to is backed up when a later skill install replaces
+    it; uninstall removes Relay's skill (it replaced nothing of the user's at first) and
+    leaves that backup, saying so: it holds the user's words."""
+    home = tmp_path
+    assert relay(home, "skill", "install").returncode == 0
+    skill_md = home / ".claude/skills/relay/SKILL.md"
+    edited = skill_markdown() + "\n## Our own notes\n\nAsk Dana before a deploy.\n"
+    skill_md.write_text(edited)
+    done = relay(home, "skill", "install")
+    assert done.returncode == 0, done.stderr
+    (backup,) = (home / ".relay/backups").iterdir()
+    assert backup.read_text() == edited and skill_md.read_text() == skill_markdown()
+    entry = manifest_of(home)["skills"][str(skill_md)]
+    assert "original" not in entry and entry["backups"] == [str(backup)]
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert "removed    ~/.claude/skills/relay/SKILL.md  (Relay skill)" in done.stdout
+    assert (
+        f"kept       ~/.relay/backups/{backup.name}  (what skill install replaced at {skill_md};"
+        " kept, yours to delete)" in done.stdout
+    )
+    assert snapshot(home) == {f".relay/backups/{backup.name}": (edited.encode(), 0o600)}
+
+
+def test_a_skill_an_older_relay_recorded_is_replaced_without_a_backup(tmp_path):
+    """What the record says skill install wrote (an older skill, say) is Relay's own: a
+    newer skill over it keeps nothing, and a record without backups (as an older Relay
+    wrote them) is undone as before."""
+    home = tmp_path
+    assert relay(home, "skill", "install").returncode == 0
+    skill_md = home / ".claude/skills/relay/SKILL.md"
+    older = skill_markdown().replace("Relay team memory", "Relay memory").encode()
+    skill_md.write_bytes(older)
+    manifest = manifest_of(home)
+    manifest["skills"][str(skill_md)] = {"role": "skill", "sha256": sha256(older).hexdigest()}
+    (home / ".relay/install.json").write_text(json.dumps(manifest))
+    done = relay(home, "skill", "install")
+    assert done.returncode == 0, done.stderr
+    assert "updated    " in done.stdout and "kept in" not in done.stdout
+    assert not (home / ".relay/backups").exists()
+    assert relay(home, "uninstall").returncode == 0
+    assert snapshot(home) == {}
