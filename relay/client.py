@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -90,6 +91,41 @@ class TimedOutError(ConnectionFailedError):
 class NotRelayRootError(errors.InvalidRequestError):
     """The URL answered, but as no Relay server root would (a 404 for a route Relay has)."""
 
+    surely = True  # False: a bare 404 a Relay server also sends, for a route it lacks
+
+
+# Relay's routes: what each answer holds at its top level, and whether the request writes.
+# An answer without those keys is some other server's (one that answers JSON 200 to
+# everything), said here once rather than a KeyError in whichever command read it; and a
+# request that writes nothing (a search is a POST) is not said to maybe have written.
+_ID = r"/[^/?]+"
+_ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...], bool], ...] = tuple(
+    (method, re.compile(path + r"(\?.*)?"), keys, writes)
+    for method, path, keys, writes in (
+        ("GET", "/healthz", ("status", "version"), False),
+        ("GET", "/v1/whoami", ("org", "key"), False),
+        ("GET", "/v1/profile", (), False),
+        ("POST", "/v1/search", ("results",), False),
+        ("POST", "/v1/memories", ("id",), True),
+        ("POST", "/v1/memories/batch", ("written", "unchanged"), True),
+        ("GET", "/v1/memories", ("items", "next_cursor"), False),
+        ("GET", f"/v1/memories{_ID}", ("id",), False),
+        ("PATCH", f"/v1/memories{_ID}", ("id",), True),
+        ("GET", f"/v1/memories{_ID}/revisions", ("items",), False),
+        ("POST", "/v1/keys", ("id", "secret"), True),
+        ("GET", "/v1/keys", ("items", "next_cursor"), False),
+    )
+)
+
+
+def _route(method: str, path: str) -> tuple[tuple[str, ...], bool]:
+    """The keys Relay's answer to `method path` holds, and whether the request writes
+    (an unknown route: nothing checked, and it may write unless it is a GET)."""
+    for m, pattern, keys, writes in _ROUTES:
+        if m == method and pattern.fullmatch(path):
+            return keys, writes
+    return (), method not in ("GET", "HEAD")
+
 
 class NotConfiguredError(errors.InvalidRequestError):
     """This machine has no server to ask: nothing was sent anywhere."""
@@ -154,7 +190,8 @@ class RelayClient:
         except urllib.error.HTTPError as exc:
             raise _remote_error(exc, self.url, f"{method} {self.url}{path}") from None
         except TimeoutError as exc:  # sent whole: only the answer is missing
-            written = "" if method == "GET" else "; it may still have written this request"
+            _, writes = _route(method, path)
+            written = "; it may still have written this request" if writes else ""
             raise TimedOutError(
                 f"the Relay server at {self.url} did not answer within {self.timeout:g} s{written}"
             ) from exc
@@ -168,13 +205,32 @@ class RelayClient:
             raise ConnectionFailedError(
                 f"cannot reach the Relay server at {self.url}: {reason}"
             ) from exc
-        return json.loads(raw) if raw else None
+        return self._relay_answer(method, path, raw)
+
+    def _relay_answer(self, method: str, path: str, raw: bytes) -> Any:
+        """The parsed 2xx answer, once it has the shape Relay's has: else NotRelayRootError."""
+        request = f"{method} {self.url}{path.split('?')[0]}"
+        try:
+            answer = json.loads(raw) if raw else None
+        except ValueError:  # HTML, or bytes that are not UTF-8: some other web server
+            raise not_relay_root(self.url, request, "an answer that is not JSON") from None
+        keys, _ = _route(method, path)
+        if keys and not (isinstance(answer, dict) and all(k in answer for k in keys)):
+            raise not_relay_root(self.url, request, "an answer that is not Relay's")
+        return answer
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
 
     def post(self, path: str, body: Any) -> Any:
         return self.request("POST", path, body)
+
+
+_NOT_RELAY_STATUSES = {
+    404: "404 Not Found",
+    405: "405 Method Not Allowed",
+    501: "501 Not Implemented",
+}
 
 
 def _remote_error(exc: urllib.error.HTTPError, url: str, request: str) -> errors.RelayError:
@@ -185,8 +241,10 @@ def _remote_error(exc: urllib.error.HTTPError, url: str, request: str) -> errors
         message = payload.get("message") or f"HTTP {exc.code}"
     except (ValueError, KeyError, TypeError, AttributeError):
         cls, details, message = errors.RelayError, {}, f"HTTP {exc.code} from the server"
-        if exc.code == 404:  # not even Relay's error shape: some other web server
-            return not_relay_root(url, request.split("?")[0], "404 Not Found")
+        # Not even Relay's error shape, for a route or method Relay has: some other web
+        # server (a proxy before a Relay server sends 502-504 of its own while it is away).
+        if exc.code in _NOT_RELAY_STATUSES:
+            return not_relay_root(url, request.split("?")[0], _NOT_RELAY_STATUSES[exc.code])
     # A route no Relay server has: Starlette's bare 404 (Relay's own name what is missing).
     if exc.code == 404 and message == "Not Found" and not details:
         return not_relay_root(url, request.split("?")[0], "404 Not Found", surely=False)
@@ -202,7 +260,20 @@ def not_relay_root(url: str, request: str, answer: str, surely: bool = True) -> 
         if root != base
         else "give the root URL `relay serve` prints (the one /healthz and /v1/... are under)"
     )
-    return NotRelayRootError(
+    error = NotRelayRootError(
         f"{url} is {'not' if surely else 'likely not'} a Relay server root: {request} got"
         f" {answer}; {give}"
     )
+    error.surely = surely
+    return error
+
+
+def whoami(client: RelayClient) -> dict[str, Any]:
+    """GET /v1/whoami, the one request `relay install` and `relay doctor` ask a server to
+    prove it is a Relay root with: every Relay root answers it, so a 404 here is sure."""
+    try:
+        return client.get("/v1/whoami")  # type: ignore[no-any-return]
+    except (errors.NotFoundError, NotRelayRootError) as exc:
+        if isinstance(exc, NotRelayRootError) and exc.surely:
+            raise
+        raise not_relay_root(client.url, f"GET {client.url}/v1/whoami", "404 Not Found") from None

@@ -256,7 +256,7 @@ class Doctor(HookChecks):
                 start = time.perf_counter()
                 client.get("/healthz")
                 times.append((time.perf_counter() - start) * 1000)
-        except (RelayError, ValueError) as exc:  # ValueError: a 2xx whose body is not JSON
+        except RelayError as exc:
             self.add("fail", "server", *self._server_failure(exc))
             return False
         best = min(times)
@@ -271,7 +271,7 @@ class Doctor(HookChecks):
         )
         return True
 
-    def _server_failure(self, exc: RelayError | ValueError) -> tuple[str, str]:
+    def _server_failure(self, exc: RelayError) -> tuple[str, str]:
         """What a failed /healthz means, and its fix: the server is away, or it answered
         that its own database is (a restart of the server would not help then), or what
         answers is not a Relay server (install's check)."""
@@ -304,40 +304,35 @@ class Doctor(HookChecks):
                 f"fix {where}"
                 + ("" if self.url_source == "RELAY_URL" else " (`relay install --url ROOT`)"),
             )
-        why = exc.message if isinstance(exc, RelayError) else f"an answer that is not JSON ({exc})"
         return (
-            f"{self.cfg.url}/healthz failed: {why}: every prompt goes without team memory",
+            f"{self.cfg.url}/healthz failed: {exc.message}: every prompt goes without team memory",
             f"check the server's log, or fix {where}",
         )
 
     def _not_relay(self) -> str | None:
         """install's check that the URL is a Relay server's root (`relay install` says "not
-        a Relay server root"): GET /v1/whoami answers as Relay does. None when it does."""
-        from relay.errors import NotFoundError
-        from relay.install import _not_relay_root
+        a Relay server root"), as the client decides it: GET /v1/whoami answers as Relay
+        does. None when it does."""
+        from relay.client import NotRelayRootError, whoami
 
-        assert self.cfg is not None
         try:
-            who = self._client().get("/v1/whoami")
-        except NotFoundError:
-            answer = "404 Not Found"
-        except ValueError:
-            answer = "an answer that is not JSON"
-        except RelayError as exc:
-            if type(exc) is not RelayError:  # a Relay error body, coded: Relay answered
-                return None
-            answer = exc.message.removesuffix(" from the server")  # `HTTP 404`, not Relay's
-        else:
-            if isinstance(who, dict) and isinstance(who.get("key"), dict):
-                return None
-            answer = "an answer that is not Relay's"
-        return _not_relay_root(self.cfg.url, answer).message
+            whoami(self._client())
+        except NotRelayRootError as exc:
+            return exc.message
+        except RelayError:  # Relay's own error (a key refused): a Relay root
+            return None
+        return None
 
     def check_key(self) -> None:
+        from relay.client import NotRelayRootError, whoami
+
         client = self._client()
         start = time.perf_counter()
         try:
-            who = client.get("/v1/whoami")
+            who = whoami(client)
+        except NotRelayRootError as exc:  # /healthz looked like Relay's; /v1/whoami did not
+            self.add("fail", "server", *self._server_failure(exc))
+            return
         except RelayError as exc:
             self.key_ok = False
             self.add(

@@ -28,7 +28,7 @@ from typing import Any
 import click
 
 from relay import agents
-from relay.errors import InvalidRequestError, NotFoundError, RelayError
+from relay.errors import InvalidRequestError, RelayError
 from relay.hook import config as hook_config
 from relay.knob_script import SCRIPT_KNOBS, hook_script, knob_value
 
@@ -519,20 +519,13 @@ def refuse_blocked(command: str, blocked: list[str]) -> None:
 # -- verification -----------------------------------------------------------------------------
 def verify(url: str, key: str) -> dict[str, Any]:
     """One request: the server answers and accepts the key, and the key may read memories."""
-    from relay.client import NotRelayRootError, RelayClient
+    from relay.client import RelayClient, whoami
 
     if not url.startswith(("http://", "https://")):
         raise InvalidRequestError(f"server URL must start with http:// or https:// (got {url!r})")
     if not key or not all("!" <= ch <= "~" for ch in key):
         raise InvalidRequestError("the API key is empty or contains spaces or non-ASCII characters")
-    try:
-        who = RelayClient(url, key, timeout=10).get("/v1/whoami")
-    except (NotFoundError, NotRelayRootError):  # a Relay root always has /v1/whoami
-        raise _not_relay_root(url, "404 Not Found") from None
-    except ValueError:  # a 2xx whose body is not JSON: some other web server
-        raise _not_relay_root(url, "an answer that is not JSON") from None
-    if not isinstance(who, dict) or not isinstance(who.get("key"), dict):
-        raise _not_relay_root(url, "an answer that is not Relay's")
+    who = whoami(RelayClient(url, key, timeout=10))
     scopes = set(who.get("key", {}).get("scopes") or [])
     if not scopes & {"memory:read", "admin"}:
         raise InvalidRequestError(
@@ -540,12 +533,6 @@ def verify(url: str, key: str) -> dict[str, Any]:
             " with 'relay key create --org ORG --name NAME --scope memory:read'"
         )
     return who
-
-
-def _not_relay_root(url: str, answer: str) -> InvalidRequestError:
-    from relay.client import not_relay_root
-
-    return not_relay_root(url, f"GET {url.rstrip('/')}/v1/whoami", answer)
 
 
 def read_key_file(path: str) -> str:

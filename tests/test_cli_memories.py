@@ -366,3 +366,54 @@ def test_a_url_that_is_not_the_servers_root_says_so(tmp_path, live_server):
     )
     gone = relay(tmp_path, "forget", "no-such-memory", "--url", url, "--key", key)
     assert gone.returncode == 4, gone.stderr  # a memory missing is still a memory missing
+
+
+def test_a_server_answering_json_200_to_everything_is_not_relays(tmp_path):
+    """QA: a web server answering {"status":"ok","data":[]} to every request made `relay
+    search`, `remember` and `export` crash with a KeyError traceback ('results', 'id',
+    'items'): the answer is checked once, in the client, against what Relay's holds."""
+    from hook_support import FakeRelay, reply
+    from integration_support import relay
+
+    with FakeRelay(reply(200, {"status": "ok", "data": []})) as other:
+        for args, request in (
+            (("search", "foo"), "POST {}/v1/search"),
+            (("remember", "a fact"), "POST {}/v1/memories"),
+            (("export", "-o", str(tmp_path / "out.jsonl")), "GET {}/v1/memories"),
+        ):
+            done = relay(tmp_path, *args, "--url", other.url, "--key", "relay_k_x")
+            assert done.returncode == 2, done.stderr
+            assert done.stderr == (
+                f"relay: error: {other.url} is not a Relay server root: "
+                f"{request.format(other.url)} got an answer that is not Relay's; give the root"
+                " URL `relay serve` prints (the one /healthz and /v1/... are under)\n"
+            )
+
+
+@pytest.mark.parametrize(
+    ("status", "answer"), [(501, "501 Not Implemented"), (405, "405 Method Not Allowed")]
+)
+def test_a_server_refusing_the_method_outside_relays_shape_is_not_relays(tmp_path, status, answer):
+    """QA: `relay search` against `python3 -m http.server` said "HTTP 501 from the server":
+    a 404, 405 or 501 without Relay's error body is some other web server."""
+    from hook_support import FakeRelay, reply
+    from integration_support import relay
+
+    with FakeRelay(reply(status, b"<html>Unsupported method ('POST')</html>")) as other:
+        done = relay(tmp_path, "search", "foo", "--url", other.url, "--key", "relay_k_x")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        f"relay: error: {other.url} is not a Relay server root: POST {other.url}/v1/search got"
+        f" {answer}; give the root URL"
+    )
+
+
+def test_a_proxys_own_error_is_not_said_to_be_another_server():
+    """A 502-504 page is what a proxy sends while the Relay server behind it is away."""
+    from hook_support import FakeRelay, reply
+
+    for status in (502, 503, 504):
+        with FakeRelay(reply(status, b"<html>Bad Gateway</html>")) as proxy:
+            with pytest.raises(RelayError) as failed:
+                relay_client.RelayClient(proxy.url, "relay_k_x").post("/v1/search", {"q": "x"})
+        assert failed.value.message == f"HTTP {status} from the server"

@@ -853,8 +853,8 @@ def test_a_url_from_relay_url_is_named_as_such_and_so_is_a_server_not_relay(
     )
     (failed,) = [f for f in found if f["level"] == "fail"]
     assert failed["message"] == (
-        f"{not_relay} is not a Relay server root: GET {not_relay}/v1/whoami got HTTP 404; give "
-        "the root URL `relay serve` prints (the one /healthz and /v1/... are under): every "
+        f"{not_relay} is not a Relay server root: GET {not_relay}/v1/whoami got 404 Not Found;"
+        " give the root URL `relay serve` prints (the one /healthz and /v1/... are under): every "
         "prompt goes without team memory"
     )
     assert failed["fix"] == (
@@ -866,6 +866,24 @@ def test_a_url_from_relay_url_is_named_as_such_and_so_is_a_server_not_relay(
     assert failed.startswith(f"server: {not_relay} is not a Relay server root"), failed
     assert "fix: fix `url` in ~/.relay/config.json (`relay install --url ROOT`)" in (
         doctor(tmp_path).stdout
+    )
+
+
+def test_a_server_answering_json_200_to_everything_is_not_a_relay_root(tmp_path, server):
+    """QA: a web server answering {"status":"ok","data":[]} to every request passed as ok,
+    then doctor said "FAIL key: key None lacks memory:read"."""
+    from hook_support import FakeRelay, reply
+
+    installed(tmp_path, server.url, server.admin_key)
+    with FakeRelay(reply(200, {"status": "ok", "data": []})) as other:
+        found = json.loads(relay(tmp_path, "doctor", "--json", RELAY_URL=other.url).stdout)
+    assert [f for f in found if f["area"] in ("server", "key") and f["level"] == "ok"] == []
+    (failed,) = [f for f in found if f["level"] == "fail"]
+    assert (failed["area"], failed["message"]) == (
+        "server",
+        f"{other.url} is not a Relay server root: GET {other.url}/v1/whoami got an answer that"
+        " is not Relay's; give the root URL `relay serve` prints (the one /healthz and /v1/..."
+        " are under): every prompt goes without team memory",
     )
 
 

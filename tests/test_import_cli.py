@@ -712,6 +712,9 @@ def test_a_timeout_is_said_as_one_not_as_an_unreachable_server():
             client.post("/v1/memories/batch", {"items": []})
         with pytest.raises(TimedOutError) as read:
             client.get("/v1/memories")
+        with pytest.raises(TimedOutError) as searched:  # a POST that writes nothing
+            client.post("/v1/search", {"query": "deploy"})
+    assert searched.value.message == read.value.message
     assert wrote.value.message == (
         f"the Relay server at {slow.url} did not answer within 0.5 s; it may still have"
         " written this request"
