@@ -105,7 +105,9 @@ class Doctor(HookChecks):
                     "fail",
                     "config",
                     f"{self.home(path)} cannot be read as JSON ({exc}): the hook ignores it",
-                    "fix the file or run `relay install` again",
+                    "fix the file, or move it aside and run `relay install` (it will not"
+                    " rewrite a file it cannot read; it takes the url"
+                    f" {self.home(self.paths.manifest)} records)",
                 )
                 return False
         for name in raw:  # keys the hook skips unread: a typo that silently does nothing

@@ -637,9 +637,15 @@ def install(
         from relay.hook import config as hook_config
 
         installed = hook_config.load()
+        paths = default_paths(project)
+        recorded = load_manifest(paths).get("url")
         if not url and installed.url:
             url = installed.url
             click.echo(f"Server {url}, as installed (--url to change it)")
+        elif not url and isinstance(recorded, str) and recorded:  # config.json broken or moved
+            url = recorded
+            shown = tilde(paths.manifest, paths.home)
+            click.echo(f"Server {url}, as {shown} records (--url to change it)")
         if not key and installed.api_key:
             key = installed.api_key
             click.echo("Key: the one installed (--key or --key-file to change it)")

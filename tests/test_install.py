@@ -1063,3 +1063,27 @@ def test_an_uninstall_stopped_part_way_says_what_it_did_and_what_is_left(
     finished = relay(home, "uninstall")
     assert finished.returncode == 0, finished.stderr
     assert snapshot(home) == original
+
+
+def test_install_after_a_broken_config_is_moved_aside_takes_the_recorded_url(tmp_path, server):
+    """QA: for a config.json that is not JSON doctor said "run `relay install` again", which
+    refuses the broken file; moved aside, install prompted for the URL with the 8765 default
+    though ~/.relay/install.json records the url."""
+    home = tmp_path
+    assert install(home, server).returncode == 0
+    config = home / ".relay/config.json"
+    config.write_text(config.read_text().replace('",', '"', 1))  # a comma lost in an edit
+    fix = [
+        f["fix"]
+        for f in json.loads(relay(home, "doctor", "--json").stdout)
+        if f["area"] == "config" and f["level"] == "fail"
+    ]
+    assert fix == [
+        "fix the file, or move it aside and run `relay install` (it will not rewrite a file it"
+        " cannot read; it takes the url ~/.relay/install.json records)"
+    ]
+    config.rename(home / ".relay/config.json.broken")
+    again = relay(home, "install", "--key", server["key"], stdin="")
+    assert again.returncode == 0, again.stderr
+    assert f"Server {server['url']}, as ~/.relay/install.json records" in again.stdout
+    assert json.loads(config.read_text())["url"] == server["url"]
