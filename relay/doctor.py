@@ -415,17 +415,26 @@ class Doctor(HookChecks):
         }
 
     def _note_gone(self, area: str, roles: tuple[str, ...]) -> None:
-        """A note for each recorded file of `roles` gone with its folder, and how to drop
-        its record (no command does)."""
+        """A note for each recorded file of `roles` gone with its folder, and the command
+        that drops its record: `relay uninstall --project` on the folder deleted."""
+        from relay.install import tilde
+
         manifest = self.home(self.paths.manifest)
         for path, role in self._gone_records.items():
             if role in roles:
+                deleted = path.parent
+                while not deleted.parent.exists():
+                    deleted = deleted.parent
+                shown = tilde(deleted, self.paths.home)
+                shown = (
+                    "~/" + shlex.quote(shown[2:]) if shown.startswith("~/") else shlex.quote(shown)
+                )
                 self.add(
                     "ok",
                     area,
                     f"note: {manifest} records {self.home(path)}, which an earlier `relay "
                     "install` wrote, but its folder is gone: nothing there to check (to drop "
-                    f'the record, delete its "{path}" entry under "files" in {manifest})',
+                    f"the record: `relay uninstall --project {shown}`)",
                 )
 
     def _codex_config(self, area: str, path: Path) -> dict[str, Any] | None:

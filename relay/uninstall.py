@@ -7,7 +7,8 @@ kept. Every file it will change is checked first (nothing is touched when one ca
 then the agents' settings go first and Relay's own files, backups and record last, so a
 run stopped part way leaves what a second run needs, and says what is left. The files
 `relay skill install` recorded go too, unless edited since (relay/skill.py).
-`--project DIR` undoes only the records under DIR and rewrites the record without them.
+`--project DIR` undoes only the records under DIR and rewrites the record without them;
+a DIR deleted since has nothing left to undo, and its records are simply dropped.
 """
 
 from __future__ import annotations
@@ -249,8 +250,10 @@ def split_project(manifest: dict[str, Any], project: Path) -> tuple[dict[str, An
 @click.command("uninstall")
 @click.option(
     "--project",
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="Undo only what install and skill install wrote under this project; keep the rest.",
+    # A folder deleted since is accepted: its files are gone, and their records go too.
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Undo only what install and skill install wrote under this project (or drop the"
+    " records of a folder deleted since); keep the rest.",
 )
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
 def uninstall(project: Path | None, dry_run: bool) -> None:

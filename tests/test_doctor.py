@@ -913,8 +913,7 @@ def test_a_recorded_file_gone_with_its_folder_is_a_note_not_a_failure(tmp_path, 
             area,
             f"note: ~/.relay/install.json records ~/claude-config/{name}, which an earlier "
             "`relay install` wrote, but its folder is gone: nothing there to check (to drop the "
-            f'record, delete its "{claude_dir / name}" entry under "files" in '
-            "~/.relay/install.json)",
+            "record: `relay uninstall --project ~/claude-config`)",
         )
         for area, name in [("hooks", "settings.json"), ("mcp", ".claude.json")]
     ], notes
@@ -929,6 +928,10 @@ def test_a_recorded_file_gone_with_its_folder_is_a_note_not_a_failure(tmp_path, 
     )
     assert installed_claude.returncode == 0, installed_claude.stderr
     assert failures(tmp_path) == []  # the fix it gave clears it
+    dropped = relay(tmp_path, "uninstall", "--project", str(claude_dir))  # the note's fix
+    assert dropped.returncode == 0, dropped.stderr
+    assert not [f for f in findings(tmp_path) if "its folder is gone" in f["message"]]
+    assert failures(tmp_path) == []  # the user-level install stays
 
 
 def set_key(path, **settings) -> None:

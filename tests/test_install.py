@@ -631,6 +631,28 @@ def test_project_uninstall_leaves_the_user_install_and_other_projects(tmp_path, 
     assert snapshot(other) == other_before and snapshot(home) == home_before
 
 
+def test_project_uninstall_drops_the_records_of_a_project_deleted_since(tmp_path, server):
+    """QA: `relay uninstall --project DIR` refused a DIR that was deleted, so doctor's note
+    about its stale records could only be acted on by hand-editing install.json."""
+    import shutil
+
+    home, gone = tmp_path / "home", tmp_path / "gone"
+    for folder in (home, gone):
+        folder.mkdir()
+    assert install(home, server).returncode == 0
+    assert install(home, server, "--project", str(gone)).returncode == 0
+    assert relay(home, "skill", "install", "--project", str(gone)).returncode == 0
+    installed_home = snapshot(home)
+    assert recorded_under(manifest_of(home), gone) != []
+    shutil.rmtree(gone)
+    done = relay(home, "uninstall", "--project", str(gone))
+    assert done.returncode == 0, done.stderr
+    assert not gone.exists()  # nothing made again
+    assert recorded_under(manifest_of(home), gone) == []
+    left = {k: v for k, v in snapshot(home).items() if k != ".relay/install.json"}
+    assert left == {k: v for k, v in installed_home.items() if k != ".relay/install.json"}
+
+
 def test_uninstall_help_names_the_project_and_the_skill():
     from click.testing import CliRunner
 
