@@ -186,23 +186,27 @@ class HookChecks:
                 "ask whoever manages Claude Code on this machine: no setting of yours beats it",
             )
             return
-        project = self.paths.project
-        layers = (
-            [project / ".claude" / "settings.local.json", project / ".claude" / "settings.json"]
-            if project
-            else []
-        )
+        # The projects whose settings come above the user's: --project's, else every
+        # project install recorded (a project's own `true` switches off its hooks alone).
+        projects = [self.paths.project] if self.paths.project else self._recorded_projects()
         users = [self.paths.claude_dir / "settings.json"] + [
             path
             for agent, path, _, _ in self._hook_docs
-            if agent == "claude-code" and not (project and path.is_relative_to(project))
+            if agent == "claude-code" and not any(path.is_relative_to(p) for p in projects)
         ]
+        scopes = [
+            [project / ".claude" / "settings.local.json", project / ".claude" / "settings.json"]
+            for project in projects
+        ]
+        if not self.paths.project:
+            scopes.insert(0, [])  # outside every project: the user's settings alone
         off: dict[Path, None] = {}  # the files whose `true` applies, in order
-        for user in users:
-            values = [(layer, _setting(layer, "disableAllHooks")) for layer in [*layers, user]]
-            decided = next(((lay, v) for lay, v in values if isinstance(v, bool)), None)
-            if decided and decided[1] is True:
-                off[decided[0]] = None
+        for layers in scopes:
+            for user in users:
+                values = [(layer, _setting(layer, "disableAllHooks")) for layer in [*layers, user]]
+                decided = next(((lay, v) for lay, v in values if isinstance(v, bool)), None)
+                if decided and decided[1] is True:
+                    off[decided[0]] = None
         for path in off:
             self.add(
                 "fail",
@@ -211,6 +215,19 @@ class HookChecks:
                 " no hooks, Relay's included: no automatic recall",
                 f'remove "disableAllHooks" from {self.home(path)}, or set it to false',
             )
+
+    def _recorded_projects(self) -> list[Path]:
+        """The projects `relay install --project` wired Claude Code into, as recorded
+        (`PROJECT/.claude/settings.json`), other than those deleted since."""
+        return [
+            path.parent.parent
+            for name, record in self.manifest.get("files", {}).items()
+            if record.get("role") == "hooks-json"
+            and (path := Path(name)).name == "settings.json"
+            and path.parent.name == ".claude"
+            and path.parent != self.paths.claude_dir
+            and path.parent.exists()
+        ]
 
     def _check_duplicates(
         self, label: str, path: Path, handlers: list[agents.RelayHandler]

@@ -941,6 +941,38 @@ def set_key(path, **settings) -> None:
     path.write_text(json.dumps({**doc, **settings}))
 
 
+def test_hooks_switched_off_in_a_recorded_project_fail_without_project(tmp_path, server):
+    """QA: doctor without --project missed `"disableAllHooks": true` in a project the
+    install record names: it read only --project's settings."""
+    installed(tmp_path, server.url, server.admin_key)
+    project = tmp_path / "repo"
+    project.mkdir()
+    done = relay(
+        tmp_path,
+        "install",
+        "--url",
+        server.url,
+        "--key",
+        server.admin_key,
+        "--project",
+        str(project),
+    )
+    assert done.returncode == 0, done.stderr
+
+    def switched_off() -> list[str]:
+        return [m for m in failures(tmp_path) if "disableAllHooks" in m]
+
+    assert switched_off() == []
+    for name in ("settings.json", "settings.local.json"):
+        set_key(project / ".claude" / name, disableAllHooks=True)
+        assert switched_off() == [
+            f'hooks: Claude Code: ~/repo/.claude/{name} sets "disableAllHooks": true: Claude'
+            " Code runs no hooks, Relay's included: no automatic recall"
+        ]
+        set_key(project / ".claude" / name, disableAllHooks=False)
+    assert switched_off() == []
+
+
 def test_claude_code_hooks_switched_off_fail(tmp_path, server):
     """QA: `"disableAllHooks": true` in Claude Code's settings, and doctor said recall was
     wired up, though Claude Code then runs no hooks. A project's settings.local.json beats
@@ -996,7 +1028,10 @@ def test_claude_code_hooks_switched_off_fail(tmp_path, server):
     found = json.loads(relay(tmp_path, "doctor", "--json").stdout)
     assert [f["message"] for f in found if "disableAllHooks" in f["message"]] == [
         'Claude Code: ~/claude-config/settings.json sets "disableAllHooks": true: Claude Code '
-        "runs no hooks, Relay's included: no automatic recall"
+        "runs no hooks, Relay's included: no automatic recall",
+        # the recorded project's own, found without --project too
+        'Claude Code: ~/repo/.claude/settings.local.json sets "disableAllHooks": true: Claude '
+        "Code runs no hooks, Relay's included: no automatic recall",
     ]
 
 
