@@ -267,7 +267,8 @@ class Doctor(HookChecks):
             level,
             "server",
             f"{self.cfg.url} answers /healthz in {best:.0f} ms" if self.cfg else "",
-            "the hook has 400 ms for the whole prompt; put the server closer or raise DEADLINE_MS"
+            f"the hook has {self.cfg.deadline_ms} ms for the whole prompt; put the server closer"
+            f" or raise {self.deadline_source()}"
             if level == "warn"
             else "",
         )
@@ -650,7 +651,7 @@ class Doctor(HookChecks):
             f"{unsent} runs in the last 24 h ran out of budget before they could search "
             f"(timeout, no_budget_left) and {searched} searched: the hook's deadline is too "
             "short for how fast this machine starts it",
-            f"raise DEADLINE_MS in {self.home(self.paths.script)} (the default is "
+            f"raise {self.deadline_source()} (the default is "
             f"{hook_config.DEFAULTS['deadline_ms']} ms)",
         )
 

@@ -216,6 +216,13 @@ class HookChecks:
                 f'remove "disableAllHooks" from {self.home(path)}, or set it to false',
             )
 
+    def deadline_source(self) -> str:
+        """Where the hook's deadline is set, to change it there: RELAY_DEADLINE_MS when this
+        shell sets it (it beats the script's knob), else DEADLINE_MS in the script."""
+        if self.environ.get("RELAY_DEADLINE_MS"):
+            return "RELAY_DEADLINE_MS, set in this shell, which beats the script's DEADLINE_MS"
+        return f"DEADLINE_MS in {self.home(self.paths.script)}"
+
     def _recorded_projects(self) -> list[Path]:
         """The projects `relay install --project` wired Claude Code into, as recorded
         (`PROJECT/.claude/settings.json`), other than those deleted since."""
@@ -279,8 +286,8 @@ class HookChecks:
                     allowed = _deadline_within(h.handler.get("timeout"))
                     if allowed is not None:
                         remedy += (
-                            f", or lower the hook's deadline to at most {allowed} ms (DEADLINE_MS"
-                            f" in {self.home(self.paths.script)})"
+                            f", or lower the hook's deadline to at most {allowed} ms"
+                            f" ({self.deadline_source()})"
                         )
                 self.add("fail", "hooks", f"{where}: {problem}", remedy)
                 runs = False

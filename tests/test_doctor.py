@@ -766,6 +766,19 @@ def test_a_deadline_past_the_entries_timeout_gets_a_fix_that_works(tmp_path, ser
     }, fixes
 
 
+def test_a_deadline_from_the_environment_is_named_as_its_source(tmp_path, server):
+    """QA: with RELAY_DEADLINE_MS=6000 doctor's fix said to lower DEADLINE_MS in the
+    script, which the variable beats: the fix names the variable."""
+    installed(tmp_path, server.url, server.admin_key)
+    done = relay(tmp_path, "doctor", "--json", RELAY_DEADLINE_MS="6000")
+    fixes = {f["fix"] for f in json.loads(done.stdout) if f["level"] == "fail"}
+    assert fixes == {
+        "raise the timeout to at least 7 (seconds), or remove it, or lower the hook's deadline "
+        "to at most 4900 ms (RELAY_DEADLINE_MS, set in this shell, which beats the script's "
+        "DEADLINE_MS)"
+    }, fixes
+
+
 def test_misspelt_keys_in_the_config_file_are_named(tmp_path, server):
     """QA: max_record, profil and api_key_fil in ~/.relay/config.json, which the hook skips
     unread, and doctor said nothing; `relay eval replay --config` names them, as this does."""
