@@ -272,7 +272,7 @@ def whoami(client: RelayClient) -> dict[str, Any]:
     """GET /v1/whoami, the one request `relay install` and `relay doctor` ask a server to
     prove it is a Relay root with: every Relay root answers it, so a 404 here is sure."""
     try:
-        return client.get("/v1/whoami")  # type: ignore[no-any-return]
+        return client.get("/v1/whoami")
     except (errors.NotFoundError, NotRelayRootError) as exc:
         if isinstance(exc, NotRelayRootError) and exc.surely:
             raise

@@ -263,10 +263,11 @@ class Doctor(HookChecks):
             return False
         best = min(times)
         level = "warn" if best > SLOW_SERVER_MS else "ok"
+        assert self.cfg is not None  # check_config set it
         self.add(
             level,
             "server",
-            f"{self.cfg.url} answers /healthz in {best:.0f} ms" if self.cfg else "",
+            f"{self.cfg.url} answers /healthz in {best:.0f} ms",
             f"the hook has {self.cfg.deadline_ms} ms for the whole prompt; put the server closer"
             f" or raise {self.deadline_source()}"
             if level == "warn"

@@ -108,7 +108,7 @@ def _check_server(client: RelayClient) -> None:
     report would measure a server that is down, or a key that is refused."""
     import shlex
 
-    from relay.client import RelayClient
+    from relay.client import RelayClient, whoami
     from relay.errors import ForbiddenError, UnauthorizedError
 
     if not client.url.startswith(("http://", "https://")):
@@ -116,7 +116,7 @@ def _check_server(client: RelayClient) -> None:
             f"server URL must start with http:// or https:// (got {client.url!r})"
         )
     try:
-        who = RelayClient(client.url, client.api_key, timeout=10).get("/v1/whoami")
+        who = whoami(RelayClient(client.url, client.api_key, timeout=10))  # install's check
     except UnauthorizedError as exc:
         raise UnauthorizedError(f"{client.url} refused the key: {exc.message}") from None
     key = (who or {}).get("key") or {}
