@@ -427,6 +427,19 @@ def save_manifest(paths: Paths, manifest: dict[str, Any]) -> None:
     write_atomic(paths.manifest, data, 0o600, force_mode=True)
 
 
+def back_up(paths: Paths, path: Path, data: bytes, created_dirs: list[str], stamp: str) -> Path:
+    """Keep `data`, what `path` held before a write, as `~/.relay/backups/<name>.<stamp>`
+    (a number added if taken), mode 600: uninstall puts an original back from there."""
+    ensure_dir(paths.backups, created_dirs)
+    backup = paths.backups / f"{path.name}.{stamp}"
+    n = 0
+    while backup.exists():
+        n += 1
+        backup = paths.backups / f"{path.name}.{stamp}.{n}"
+    write_atomic(backup, data, 0o600)
+    return backup
+
+
 def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> list[str]:
     """Back up, write and record every change (and whether the MCP server was registered,
     for `relay doctor`); one report line per file."""
@@ -445,13 +458,7 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
         # A key an earlier install wrote is not kept: uninstall restores only the original,
         # and a secret replaced (say by a key with fewer rights) must not linger on disk.
         if c.before is not None and not (c.role == "relay-key" and record is not None):
-            ensure_dir(paths.backups, created_dirs)
-            backup = paths.backups / f"{c.path.name}.{stamp}"
-            n = 0
-            while backup.exists():
-                n += 1
-                backup = paths.backups / f"{c.path.name}.{stamp}.{n}"
-            write_atomic(backup, c.before, 0o600)
+            backup = back_up(paths, c.path, c.before, created_dirs, stamp)
         if record is None:
             record = {"role": c.role, "created": c.before is None, "original": None}
             record["original"] = str(backup) if backup else None

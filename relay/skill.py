@@ -147,32 +147,17 @@ def _write(
     """Write `data` to `path`: (created, updated or unchanged; the backup of what it
     replaced, or None). What is replaced is backed up unless it is what skill install
     recorded writing there (`recorded`): a newer skill over an older one keeps nothing."""
-    from relay.install import ensure_dir, read_bytes, write_atomic
+    from relay.install import back_up, ensure_dir, read_bytes, write_atomic
 
     before = read_bytes(path)
     if before == data:
         return "unchanged", None
     backup = None
     if before is not None and not (recorded and _digest(before) == recorded.get("sha256")):
-        backup = _back_up(paths, path, before, created_dirs, stamp)
+        backup = back_up(paths, path, before, created_dirs, stamp)
     ensure_dir(path.parent, created_dirs)
     write_atomic(path, data, 0o644)
     return ("created" if before is None else "updated"), backup
-
-
-def _back_up(paths: Paths, path: Path, data: bytes, created_dirs: list[str], stamp: str) -> Path:
-    """Keep `data`, what `path` held, where and as `relay install` keeps what it replaces:
-    `~/.relay/backups/<name>.<stamp>` (a number added if taken), mode 600."""
-    from relay.install import ensure_dir, write_atomic
-
-    ensure_dir(paths.backups, created_dirs)
-    backup = paths.backups / f"{path.name}.{stamp}"
-    n = 0
-    while backup.exists():
-        n += 1
-        backup = paths.backups / f"{path.name}.{stamp}.{n}"
-    write_atomic(backup, data, 0o600)
-    return backup
 
 
 def record(
