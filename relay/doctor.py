@@ -198,7 +198,8 @@ class Doctor(HookChecks):
             given, where = raw.get("api_key"), f"api_key in {self.home(path)}"
         off = "the hook sends no key, and no prompt gets recall"
         if isinstance(given, str) and given.strip():
-            return f"the API key in {where} {_key_problem(given.strip())}: {off}", f"fix {where}"
+            problem = hook_config.unsendable(given.strip())
+            return f"the API key in {where} {problem}: {off}", f"fix {where}"
         key_file = self.cfg.api_key_file if self.cfg else ""
         if not key_file:
             return "no API key configured", "run `relay install` with a valid key"
@@ -212,7 +213,7 @@ class Doctor(HookChecks):
             return f"the key file {shown} cannot be read ({exc.strerror})", reinstall
         if not lines:
             return f"the key file {shown} is empty", reinstall
-        problem = _key_problem(lines[0].strip())
+        problem = hook_config.unsendable(lines[0].strip())
         what = f"the key file {shown} {problem}: {off}"
         if problem.startswith("starts with a byte-order mark"):
             return what, f"save {shown} without the mark (as plain ASCII), or {reinstall}"
@@ -670,21 +671,6 @@ def _read_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"not valid TOML ({exc})"
     except OSError as exc:
         return None, f"unreadable ({exc.strerror})"
-
-
-def _key_problem(key: str) -> str:
-    """What in `key` the hook will not send (it sends printable ASCII only)."""
-    if key.startswith("\ufeff"):
-        return (
-            "starts with a byte-order mark (the bytes EF BB BF, which some editors put at the"
-            " start of a UTF-8 file)"
-        )
-    at, bad = next((i, ch) for i, ch in enumerate(key + "\n") if not "!" <= ch <= "~")
-    if at == len(key):
-        return "is empty"
-    if bad == "\ufffd":
-        return f"holds bytes that are not UTF-8 text (character {at + 1})"
-    return f"holds {bad!r} (character {at + 1}), not printable ASCII"
 
 
 def _searches(n: int) -> str:

@@ -326,7 +326,7 @@ def key_problem(cfg: Config) -> str | None:
     given = cfg["api_key"]
     if given:
         where = named("api_key")
-        return f"the API key in {where} {_unsendable(given)}: fix {where}"
+        return f"the API key in {where} {unsendable(given)}: fix {where}"
     path = os.path.expanduser(cfg["api_key_file"])
     shown = f"the key file {path} (named by {named('api_key_file')})"
     reinstall = "or run `relay install --key KEY`, which writes the key file afresh"
@@ -340,13 +340,13 @@ def key_problem(cfg: Config) -> str | None:
         return f"{shown} cannot be read ({exc.strerror or exc}): {fix}"
     if not lines:
         return f"{shown} is empty: write the API key on its first line, {reinstall}"
-    problem = _unsendable(lines[0].strip())
+    problem = unsendable(lines[0].strip())
     if problem.startswith("starts with a byte-order mark"):
         return f"{shown} {problem}: save it without the mark (as plain ASCII), {reinstall}"
     return f"{shown} {problem}: write the key alone on its first line, {reinstall}"
 
 
-def _unsendable(key: str) -> str:
+def unsendable(key: str) -> str:
     """What in `key` the hook will not send (printable ASCII only: it goes into a header)."""
     if key.startswith("\ufeff"):
         return (
