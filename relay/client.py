@@ -94,33 +94,37 @@ class NotRelayRootError(errors.InvalidRequestError):
     surely = True  # False: a bare 404 a Relay server also sends, for a route it lacks
 
 
-# Relay's routes: what each answer holds at its top level, and whether the request writes.
-# An answer without those keys is some other server's (one that answers JSON 200 to
-# everything), said here once rather than a KeyError in whichever command read it; and a
-# request that writes nothing (a search is a POST) is not said to maybe have written.
+# Relay's routes: what each answer holds at its top level (None: no body, a 204), and
+# whether the request writes. An answer without those keys is some other server's (one that
+# answers JSON 200 to everything), said here once rather than a KeyError in whichever command
+# read it; and a request that writes nothing (a search is a POST) is not said to maybe have
+# written. Keys a newer server added are not required (an older one lacks them).
 _ID = r"/[^/?]+"
-_ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...], bool], ...] = tuple(
+_ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, bool], ...] = tuple(
     (method, re.compile(path + r"(\?.*)?"), keys, writes)
     for method, path, keys, writes in (
         ("GET", "/healthz", ("status", "version"), False),
         ("GET", "/v1/whoami", ("org", "key"), False),
-        ("GET", "/v1/profile", (), False),
+        ("GET", "/v1/profile", ("results",), False),
         ("POST", "/v1/search", ("results",), False),
         ("POST", "/v1/memories", ("id",), True),
         ("POST", "/v1/memories/batch", ("written", "unchanged"), True),
         ("GET", "/v1/memories", ("items", "next_cursor"), False),
         ("GET", f"/v1/memories{_ID}", ("id",), False),
         ("PATCH", f"/v1/memories{_ID}", ("id",), True),
+        ("DELETE", f"/v1/memories{_ID}", None, True),
         ("GET", f"/v1/memories{_ID}/revisions", ("items",), False),
         ("POST", "/v1/keys", ("id", "secret"), True),
-        ("GET", "/v1/keys", ("items", "next_cursor"), False),
+        ("GET", "/v1/keys", ("items",), False),
+        ("DELETE", f"/v1/keys{_ID}", ("id",), True),
+        ("POST", "/v1/hook-outcomes", ("developer",), True),
     )
 )
 
 
-def _route(method: str, path: str) -> tuple[tuple[str, ...], bool]:
-    """The keys Relay's answer to `method path` holds, and whether the request writes
-    (an unknown route: nothing checked, and it may write unless it is a GET)."""
+def _route(method: str, path: str) -> tuple[tuple[str, ...] | None, bool]:
+    """The keys Relay's answer to `method path` holds (None: it has no body), and whether
+    the request writes (an unknown route: nothing checked, and it may write unless a GET)."""
     for m, pattern, keys, writes in _ROUTES:
         if m == method and pattern.fullmatch(path):
             return keys, writes
@@ -215,7 +219,12 @@ class RelayClient:
         except ValueError:  # HTML, or bytes that are not UTF-8: some other web server
             raise not_relay_root(self.url, request, "an answer that is not JSON") from None
         keys, _ = _route(method, path)
-        if keys and not (isinstance(answer, dict) and all(k in answer for k in keys)):
+        relays = (
+            answer is None
+            if keys is None
+            else not keys or (isinstance(answer, dict) and all(k in answer for k in keys))
+        )
+        if not relays:
             raise not_relay_root(self.url, request, "an answer that is not Relay's")
         return answer
 

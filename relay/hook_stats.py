@@ -347,7 +347,7 @@ def stats(
     if send:
         from relay.client import RelayClient
 
-        client = RelayClient.from_config()
+        client = RelayClient.from_config().require_key()
         answer = client.post("/v1/hook-outcomes", report(summary, developer))
         click.echo(f"sent to {client.url} as {answer['developer']}", err=True)
 

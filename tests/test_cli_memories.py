@@ -380,8 +380,15 @@ def test_a_server_answering_json_200_to_everything_is_not_relays(tmp_path):
             (("search", "foo"), "POST {}/v1/search"),
             (("remember", "a fact"), "POST {}/v1/memories"),
             (("export", "-o", str(tmp_path / "out.jsonl")), "GET {}/v1/memories"),
+            # reviewer: forget said "forgot abc" (a DELETE answers 204, no body, at Relay)
+            (("forget", "abc"), "DELETE {}/v1/memories/abc"),
+            (("stats", "--send"), "POST {}/v1/hook-outcomes"),
         ):
-            done = relay(tmp_path, *args, "--url", other.url, "--key", "relay_k_x")
+            given = {"RELAY_URL": other.url, "RELAY_API_KEY": "relay_k_" + "x" * 16}
+            if args[0] != "stats":  # stats --send takes the installed server, or these
+                args = (*args, "--url", other.url, "--key", given.pop("RELAY_API_KEY"))
+                given.pop("RELAY_URL")
+            done = relay(tmp_path, *args, **given)
             assert done.returncode == 2, done.stderr
             assert done.stderr == (
                 f"relay: error: {other.url} is not a Relay server root: "
