@@ -96,7 +96,11 @@ class Doctor(HookChecks):
                 )
                 return False
         else:
+            # Judged as the hook reads it (NaN, over 64 KiB: the hook's bad_config).
+            problem = hook_config.file_problem(str(path))
             try:
+                if problem:
+                    raise ValueError(problem.replace(str(path), "it"))
                 raw = json.loads(path.read_text())
                 if not isinstance(raw, dict):
                     raise ValueError("not a JSON object")
@@ -155,9 +159,13 @@ class Doctor(HookChecks):
         if not cfg.api_key:
             self.add("fail", "config", *self._why_no_key(path, raw, handed))
             return False
+        # The hook takes RELAY_API_KEY, else config.json's api_key, else the key file.
+        key_from_file = bool(cfg.api_key_file) and not (
+            handed.get("RELAY_API_KEY") or raw.get("api_key")
+        )
         source = (
             f"key from {self.home(os.path.expanduser(cfg.api_key_file))}"
-            if (cfg.api_key_file and not self.environ.get("RELAY_API_KEY"))
+            if key_from_file
             else "key from the environment or config"
         )
         server, own = f"server {cfg.url}", raw.get("url")
@@ -167,9 +175,9 @@ class Doctor(HookChecks):
                 theirs = f"not this file's url, {own}" if isinstance(own, str) else "none here"
                 server += f" from RELAY_URL ({theirs})"
         self.add("ok", "config", f"{self.home(path)}: {server}, {source}")
-        if cfg.api_key_file and not self.environ.get("RELAY_API_KEY"):
+        if key_from_file:
             key_path = Path(os.path.expanduser(cfg.api_key_file))
-            mode = stat.S_IMODE(key_path.stat().st_mode)
+            mode = stat.S_IMODE(key_path.stat().st_mode)  # it was just read: it is there
             if mode & 0o077:
                 self.add(
                     "warn",

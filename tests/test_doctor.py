@@ -218,6 +218,30 @@ def test_a_relay_config_that_is_not_json_is_named_as_such(tmp_path, server):
     assert relay(tmp_path, "search", "how do we deploy?", **key).returncode == 0
 
 
+def test_a_config_the_hook_refuses_is_named_as_doctor_reads_it(tmp_path, server):
+    """Reviewer: doctor parsed config.json by json.loads, which takes NaN, and then said "no
+    server URL configured: run relay install" for a file the hook logs as bad_config."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    doc = json.loads(config.read_text())
+    config.write_text(json.dumps({**doc, "max_records": float("nan")}))
+    (failure,) = [f for f in failures(tmp_path) if "config" in f]
+    assert "config.json cannot be read as JSON" in failure and "NaN is not JSON" in failure
+
+
+def test_an_inline_key_beside_a_missing_key_file_is_the_key(tmp_path, server):
+    """Reviewer: api_key in config.json (which the hook takes first) with api_key_file naming
+    a file that is gone crashed doctor with a traceback at the key file's mode."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    doc = json.loads(config.read_text())
+    doc.update(api_key=server.admin_key, api_key_file=str(tmp_path / "gone.key"))
+    config.write_text(json.dumps(doc))
+    done = relay(tmp_path, "doctor")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "key from the environment or config" in done.stdout
+
+
 def test_a_codex_config_that_is_not_toml_fails(tmp_path, server):
     """QA: with a broken ~/.codex/config.toml doctor said `ok` for the Codex hooks, warned
     that the MCP server was gone and advised `relay install`, which then refused the file;
