@@ -53,6 +53,7 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
             )
         return value
 
+    parse.__name__ = "integer"  # what --help shows as the value's type
     return parse
 
 
@@ -63,6 +64,7 @@ def one_of(*names: str) -> Callable[[str], str]:
             raise ValueError(f"{text!r} is not one of {', '.join(names)}")
         return value
 
+    parse.__name__ = "|".join(names)
     return parse
 
 

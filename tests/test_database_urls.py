@@ -206,3 +206,10 @@ def test_serve_names_the_next_steps_of_the_readme(tmp_path: Path):
         assert "RELAY_API_KEY" not in server.startup
     finally:
         server.stop()
+
+
+def test_serve_help_names_each_settings_type(tmp_path: Path):
+    """Reviewer: seven settings showed their value as PARSE, the checking function's name."""
+    shown = relay(tmp_path, "serve", "--help").stdout
+    assert "PARSE" not in shown
+    assert "--port INTEGER" in shown and "--log-level DEBUG|INFO|WARNING|ERROR" in shown
