@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from relay.errors import InvalidRequestError
+
 if TYPE_CHECKING:
     from relay.install import Change, Paths
 
@@ -302,6 +304,11 @@ def skill_install(skills_dir: Path | None, project: Path | None, zip_path: Path 
     skill_md = skills_dir / "SKILL.md"
     zip_path = _resolved(zip_path.parent) / zip_path.name if zip_path else paths.skill_zip
     written = {skill_md: ("skill", skill_markdown().encode()), zip_path: ("skill-zip", skill_zip())}
+    for path in written:  # reading a FIFO or a device to back it up would never end
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            raise InvalidRequestError(
+                f"{path} is there and is not a file: give another path; nothing was written"
+            )
     created_dirs: list[str] = []
     recorded = load_manifest(paths).get("skills", {})
     stamp = time.strftime("%Y%m%d-%H%M%S")

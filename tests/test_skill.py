@@ -242,3 +242,19 @@ def test_a_skill_an_older_relay_recorded_is_replaced_without_a_backup(tmp_path):
     assert not (home / ".relay/backups").exists()
     assert relay(home, "uninstall").returncode == 0
     assert snapshot(home) == {}
+
+
+def test_a_target_that_is_not_a_file_is_refused_before_anything(tmp_path):
+    """Reviewer: --zip /dev/full read without end (to back it up) until the kernel killed it,
+    and a FIFO waited for ever."""
+    import os
+
+    fifo = tmp_path / "upload.zip"
+    os.mkfifo(fifo)
+    done = relay(tmp_path, "skill", "install", "--zip", str(fifo), "--dir", str(tmp_path / "s"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"relay: error: {fifo} is there and is not a file: give another path; nothing was"
+        " written\n"
+    )
+    assert not (tmp_path / "s").exists()
