@@ -254,7 +254,6 @@ def test_a_target_that_is_not_a_file_is_refused_before_anything(tmp_path):
     done = relay(tmp_path, "skill", "install", "--zip", str(fifo), "--dir", str(tmp_path / "s"))
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        f"relay: error: {fifo} is there and is not a file: give another path; nothing was"
-        " written\n"
+        f"relay: error: {fifo} is there and is not a file: give another path; nothing was written\n"
     )
     assert not (tmp_path / "s").exists()
