@@ -81,7 +81,11 @@ def memory_path(memory_id: str, rest: str = "") -> str:
 
 
 class ConnectionFailedError(errors.UnavailableError):
-    """The server itself could not be reached (a remote UnavailableError is its database)."""
+    """The server itself could not be reached (a remote UnavailableError is its database).
+    `sent`: whether the request may have reached it whole (the connection failed after
+    sending): a write may then still happen; one refused or cut while sending cannot."""
+
+    sent = True
 
 
 class TimedOutError(ConnectionFailedError):
@@ -202,13 +206,18 @@ class RelayClient:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError):  # while connecting or sending: nothing taken
-                raise TimedOutError(
+                failed: ConnectionFailedError = TimedOutError(
                     f"the Relay server at {self.url} did not take the request within"
                     f" {self.timeout:g} s"
-                ) from exc
-            raise ConnectionFailedError(
-                f"cannot reach the Relay server at {self.url}: {reason}"
-            ) from exc
+                )
+            else:
+                failed = ConnectionFailedError(
+                    f"cannot reach the Relay server at {self.url}: {reason}"
+                )
+            # urllib wraps in URLError what fails while connecting or sending; a connection
+            # lost while waiting for the answer comes bare, after the whole request went.
+            failed.sent = not isinstance(exc, urllib.error.URLError)
+            raise failed from exc
         return self._relay_answer(method, path, raw)
 
     def _relay_answer(self, method: str, path: str, raw: bytes) -> Any:

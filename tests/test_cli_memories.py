@@ -424,3 +424,22 @@ def test_a_proxys_own_error_is_not_said_to_be_another_server():
             with pytest.raises(RelayError) as failed:
                 relay_client.RelayClient(proxy.url, "relay_k_x").post("/v1/search", {"q": "x"})
         assert failed.value.message == f"HTTP {status} from the server"
+
+
+def test_a_request_refused_at_connect_was_not_sent():
+    """Reviewer: a server down mid-import was said to maybe still write the batch in flight
+    ("and 128 more sent that the server may still write") though the connection was refused."""
+    import socket
+
+    from relay.cli.common import maybe_written
+    from relay.client import ConnectionFailedError, RelayClient
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    client = RelayClient(f"http://127.0.0.1:{port}", "relay_k_" + "x" * 16)
+    with pytest.raises(ConnectionFailedError) as refused:
+        client.post("/v1/memories/batch", {"items": []})
+    assert refused.value.sent is False
+    assert maybe_written(128, refused.value) == ""
+    assert maybe_written(128, None) == ", and 128 more sent that the server may still write"

@@ -102,6 +102,8 @@ def maybe_written(in_flight: int, exc: BaseException | None = None) -> str:
     even when the client is gone; an answered refusal wrote none of it."""
     from relay.client import ConnectionFailedError
 
-    if not in_flight or (exc is not None and not isinstance(exc, ConnectionFailedError)):
+    if not in_flight or (
+        exc is not None and not (isinstance(exc, ConnectionFailedError) and exc.sent)
+    ):
         return ""
     return f", and {in_flight} more sent that the server may still write"
