@@ -610,6 +610,24 @@ def test_replay_counts_a_passage_shown_again_as_a_duplicate_and_another_passage_
     assert injected_records('<relay-memory id="a" revision="2" source="s">') == [("a", 2, 0)]
 
 
+def test_a_record_shown_cut_then_whole_is_no_duplicate():
+    """Reviewer: the hook keeps a record shown cut out of its ledger, so it may come back
+    whole; the replay counted that return as a duplicate."""
+
+    def hook_out(context: str) -> bytes:
+        return json.dumps({"hookSpecificOutput": {"additionalContext": context}}).encode()
+
+    label = '<relay-memory id="a" revision="1" part="2 of 3" source="s" updated="d">\n'
+    cut = Run(0, hook_out(label + "Step one [truncated]\n</relay-memory>"), 1.0, {})
+    whole = Run(0, hook_out(label + "Step one, then two.\n</relay-memory>"), 1.0, {})
+    context = _Context()
+    rows = [
+        context.account(Turn("c", no, "p", "needs_memory", ("a",)), "on", run, 3)
+        for no, run in enumerate((cut, whole, whole), 1)
+    ]
+    assert [r["duplicates"] for r in rows] == [0, 0, 1]
+
+
 def test_figures_count_duplicates_and_tokens_kept_in_history():
     def row(turn: int, tokens: int, records: int, dupes: int, kind: str = "needs_memory") -> dict:
         return {

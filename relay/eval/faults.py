@@ -34,7 +34,7 @@ from typing import Any
 
 from relay.eval.conversations import MEMORY_CLASSES, Conversation
 from relay.eval.harness import Hook, OrgKeys, Progress, Run, Server
-from relay.eval.replay import injected_records
+from relay.eval.replay import injected_records, shown_whole
 from relay.hook.run import QUERY_MAX_CHARS
 from relay.hook_bench import FAULTS, ON_TIME_SLACK_MS, FaultServer, quiet
 from relay.hook_stats import percentiles
@@ -437,12 +437,12 @@ def compaction_drill(
                     start.outcome in HEALTHY or start.log.get("reason") == "profile_off"
                 )
                 drill.count(start, logged, False, f"{conv.id} compaction")
-                held = set(injected_records(start.context))
+                held = set(shown_whole(start.context))
             run = hook.prompt(turn.prompt, sid, f"{i}")
             records = injected_records(run.context)
             twice = sum(shown in held for shown in records)
             dupes += twice
-            held.update(records)
+            held.update(shown_whole(run.context))
             if i >= half:
                 returned |= {(conv.id, *shown) for shown in records} & needed
             drill.count(run, _healthy_ok(run), twice > 0, f"{conv.id} turn {i + 1}")

@@ -60,6 +60,18 @@ def injected_records(context: str | None) -> list[tuple[str, int, int]]:
     ]
 
 
+_CUT = re.compile(
+    r"(<relay-memory [^>]*>)\n(?:(?!</relay-memory>).)* \[truncated\]\n</relay-memory>", re.S
+)
+
+
+def shown_whole(context: str | None) -> list[tuple[str, int, int]]:
+    """`injected_records` less those shown cut (`[truncated]`): as the hook's ledger, a cut
+    record counts as not seen, so its coming back whole later is no duplicate."""
+    cut = {r for m in _CUT.finditer(context or "") for r in injected_records(m[1])}
+    return [r for r in injected_records(context) if r not in cut]
+
+
 def _normal(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
 
@@ -123,7 +135,7 @@ class _Context:
         context = run.context
         records = injected_records(context)
         dupes = sum(shown in self.passages for shown in records)
-        self.passages.update(records)
+        self.passages.update(shown_whole(context))
         self.ids.update(rid for rid, _, _ in records)
         if context:
             self.text += " " + _normal(context)
