@@ -42,10 +42,13 @@ MODES = ("on", "off", "ungated")
 MODE_ENV = {
     "on": {},
     "off": {"RELAY_MEMORY_OFF": "1"},
+    # The issue's baseline: every prompt searched and every result injected, without gating
+    # (throttle, short prompts, topic overlap, the hook's min_score floor) or dedupe.
     "ungated": {
         "RELAY_THROTTLE_PROMPTS": "0",
         "RELAY_MIN_PROMPT_LEN": "0",
         "RELAY_OVERLAP_THRESHOLD": "1.5",
+        "RELAY_MIN_SCORE": "0",
     },
 }
 _RECORD = re.compile(r'<relay-memory id="([^"]*)" revision="(\d+)"(?: part="(\d+)[^"]*")?')
