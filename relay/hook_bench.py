@@ -34,6 +34,7 @@ from typing import Any
 
 import click
 
+from relay.cli.common import figures_json_option
 from relay.hook_stats import percentiles
 
 ON_TIME_SLACK_MS = 50
@@ -538,12 +539,7 @@ def render(result: dict[str, Any], deadline_ms: int) -> str:
 @click.option(
     "--deadline-ms", type=click.IntRange(50), default=400, show_default=True, help="DEADLINE_MS."
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the figures as JSON here.",
-)
+@figures_json_option
 @click.option(
     "--db",
     type=click.Path(dir_okay=False),

@@ -10,6 +10,9 @@ from typing import Any
 
 from relay.errors import InvalidRequestError
 
+# The embedding providers (relay.embedding.PROVIDERS, which loads numpy, maps them to classes).
+EMBEDDERS = ("onnx", "sentence-transformers")
+
 
 def default_db() -> str:
     return str(Path(os.environ.get("RELAY_HOME", Path.home() / ".relay")) / "relay.db")
@@ -76,7 +79,7 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
         "embedder",
         "onnx",
         "embedding provider: onnx (no torch) or sentence-transformers",
-        one_of("onnx", "sentence-transformers"),
+        one_of(*EMBEDDERS),
     ),
     Setting("embed_threads", 1, "threads the embedding model may use per call", whole(1, 64)),
     Setting(

@@ -131,3 +131,11 @@ def test_loaded_once_per_provider_and_threads() -> None:
     assert load_embedder("onnx", 2) is not first
     assert OnnxEmbedder(1) is not first  # a fresh one whenever a test wants it
     assert first.name == "minilm-l6-v2-onnx-int8" and first.dim == DIM
+
+
+def test_the_providers_the_cli_offers_are_the_ones_that_load():
+    """The CLI names them without importing this module (numpy): one list kept in step."""
+    from relay.embedding import PROVIDERS
+    from relay.settings import EMBEDDERS
+
+    assert EMBEDDERS == tuple(PROVIDERS)

@@ -9,6 +9,8 @@ import click
 
 from relay.cli.common import (
     echo_json,
+    embedder_option,
+    figures_json_option,
     pin_blas,
 )
 
@@ -31,19 +33,8 @@ def _progress(message: str) -> None:
 
 @bench.command("recall")
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the figures as JSON here.",
-)
-@click.option(
-    "--embedder",
-    default="onnx",
-    show_default=True,
-    type=click.Choice(["onnx", "sentence-transformers"]),
-    help="Embedding provider.",
-)
+@figures_json_option
+@embedder_option
 @click.option(
     "--mode",
     "modes",
@@ -102,19 +93,8 @@ def bench_recall(
     help="orgs100: comma-separated sizes measured in turn as one database grows "
     "(e.g. 100000,300000); overrides --memories.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the figures as JSON here.",
-)
-@click.option(
-    "--embedder",
-    default="onnx",
-    show_default=True,
-    type=click.Choice(["onnx", "sentence-transformers"]),
-    help="Embedding provider.",
-)
+@figures_json_option
+@embedder_option
 @click.option(
     "--db",
     help="Keep the database here and reuse it (a size already loaded is not ingested "

@@ -8,12 +8,13 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from relay.errors import InvalidRequestError, RelayError
-from relay.settings import SERVER_SETTINGS, resolve
+from relay.settings import EMBEDDERS, SERVER_SETTINGS, resolve
 
 
 def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,3 +108,23 @@ def maybe_written(in_flight: int, exc: BaseException | None = None) -> str:
     ):
         return ""
     return f", and {in_flight} more sent that the server may still write"
+
+
+def figures_json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--json PATH` of a benchmark: where its figures go (`json_path`)."""
+    return click.option(
+        "--json",
+        "json_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Write the figures as JSON here.",
+    )(fn)
+
+
+def embedder_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--embedder",
+        default=EMBEDDERS[0],
+        show_default=True,
+        type=click.Choice(EMBEDDERS),
+        help="Embedding provider.",
+    )(fn)
