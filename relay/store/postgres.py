@@ -955,11 +955,8 @@ class PostgresStore:
                 [p.tokens for _, _, _, ps in writes for p in ps],
             )
             _forget_embeddings(conn, replaced)
-            conn.execute(
-                "UPDATE memories SET superseded_by = NULL WHERE org_id = %s"
-                " AND superseded_by = ANY(%s)",
-                (org_id, changed),
-            )
+            # No supersession to recompute: none of these supersedes, or is superseded by, any
+            # memory (else `_save` carries them, above), so no link points at one of them.
         for (i, _, _, _), row in zip(writes, saved, strict=True):
             out[i] = (_memory(row), True)
         return out  # type: ignore[return-value]
