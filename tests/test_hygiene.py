@@ -21,8 +21,8 @@ from relay.hygiene import (
     check_tags,
     check_title,
     check_valid_until,
-    find_secrets,
 )
+from relay.secret_scan import find_secrets
 
 BENCH = Path(__file__).resolve().parents[1] / ".." / "shared" / "bench"
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
