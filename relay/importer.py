@@ -14,56 +14,27 @@ Parsing only: no store, no network. Supported inputs:
   `always-apply`.
 - Any other text file named explicitly (`CONVENTIONS.txt`, `.windsurfrules`): as Markdown.
 
-Structured data is refused, never read as Markdown (`refuse_structured`): a `relay export`
-file imported as text would turn every audience's memories into one memory for everyone.
-
-`source` names the file the same way from any working directory: a file in a git work
-tree is `<repository>/<path in the repository>`, any other file where it sits on this
-machine (`~/notes/CLAUDE.md`; see `source_for`); the section lives in the title. Ids are
-derived from the source and the section's heading path, and for sections that share a
-path (rules, namesake headings) from their text too, never from their place (`draft_id`),
-so re-importing an unchanged file yields the same ids and bodies, and the store can skip
-it. Sections longer than `MAX_BODY_CHARS` are split into parts rather than rejected.
+Which files are read, and the `source` each records, is `relay.import_files`'s part; the
+section lives in the title. Ids are derived from the source and the section's heading
+path, and for sections that share a path (rules, namesake headings) from their text too,
+never from their place (`draft_id`), so re-importing an unchanged file yields the same ids
+and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
+into parts rather than rejected.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from relay.errors import InvalidRequestError
 from relay.hygiene import MAX_BODY_CHARS, MAX_TAG_CHARS, MAX_TITLE_CHARS, normalize_text
+from relay.import_files import RULE_FILE_NAMES, RULE_SUFFIXES, source_for
 
 TITLE_SEPARATOR = " › "
-MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
-RULE_FILE_NAMES = frozenset({".cursorrules"})
-RULE_SUFFIXES = frozenset({".mdc"})
-SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__"})
-# Hidden directories are skipped except these, where instruction files live.
-ALLOWED_HIDDEN = frozenset({".github", ".cursor"})
-# Data formats that reading as Markdown would mangle, by suffix; JSON is also found by content.
-STRUCTURED_SUFFIXES = {
-    ".json": "JSON",
-    ".jsonl": "JSON lines",
-    ".ndjson": "JSON lines",
-    ".csv": "CSV",
-    ".tsv": "TSV",
-    ".yaml": "YAML",
-    ".yml": "YAML",
-    ".toml": "TOML",
-    ".xml": "XML",
-}
-EXPORT = "a relay export"  # what `relay restore` reads back
-SUPPORTED_FORMATS = (
-    "Markdown (.md, .markdown: CLAUDE.md, AGENTS.md), .cursorrules, .mdc"
-    " and plain-text rule files (.txt, .windsurfrules)"
-)
 
 
 @dataclass(frozen=True)
@@ -77,236 +48,6 @@ class ImportDraft:
     tags: tuple[str, ...]
     # Those of the memory it continues; none: the import's --audience, or everyone.
     audiences: tuple[str, ...] = ()
-
-
-# --- files -----------------------------------------------------------------------------------
-
-
-def is_supported(path: Path) -> bool:
-    """Whether `path` names a file type `relay import` understands."""
-    name = path.name
-    if name in RULE_FILE_NAMES:
-        return True
-    return not name.startswith(".") and path.suffix.lower() in MARKDOWN_SUFFIXES | RULE_SUFFIXES
-
-
-def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
-    """Yield the files to import: files as given, directories expanded recursively.
-
-    Directories yield supported files only, in sorted order, skipping `.git`,
-    `node_modules`, virtualenvs and hidden directories other than `.github` and
-    `.cursor/rules`. Symlinked directories are not followed. A file named explicitly is
-    yielded whatever its name (it is read as Markdown), unless it holds structured data:
-    then, as for any file that turns out to hold JSON, `refuse_structured` raises before
-    the caller has written anything. Each file is yielded once.
-    """
-    seen: set[Path] = set()
-    for path in paths:
-        path = Path(path)
-        if path.is_dir():
-            candidates: Iterable[Path] = _walk(path)
-        elif path.is_file():
-            candidates = [path]
-        elif path.exists():  # /dev/null, a pipe such as <(cat notes.md), a socket
-            raise InvalidRequestError(
-                f"{path} is not a file or a folder: relay import reads {SUPPORTED_FORMATS};"
-                " nothing was imported",
-                path=str(path),
-            )
-        else:
-            raise InvalidRequestError(f"no such file or directory: {path}", path=str(path))
-        for file in candidates:
-            key = file.resolve()
-            if key not in seen:
-                seen.add(key)
-                refuse_structured(file)
-                yield file
-
-
-def refuse_structured(path: Path) -> None:
-    """Raise when `path` holds structured data (JSON, JSON lines, CSV, ...), by its suffix or,
-    for JSON, its content: read as Markdown it would become junk memories for everyone."""
-    kind = _json_kind(path)
-    if kind == EXPORT:
-        raise InvalidRequestError(
-            f"{path} is a relay export file: restore it with `relay restore {path}`; relay"
-            f" import reads {SUPPORTED_FORMATS} and would mangle it; nothing was imported",
-            path=str(path),
-        )
-    kind = STRUCTURED_SUFFIXES.get(path.suffix.lower()) or kind
-    if kind:
-        raise InvalidRequestError(
-            f"{path} holds {kind}, which relay import would mangle: it reads"
-            f" {SUPPORTED_FORMATS}; nothing was imported",
-            path=str(path),
-        )
-
-
-def _json_kind(path: Path) -> str | None:
-    """What the file holds when it is a JSON document ("JSON"), one JSON object or array a
-    line ("JSON lines"), or one exported memory a line (`EXPORT`), else None. Markdown that
-    opens with `[link](...)` is none of these."""
-    from relay.restore import is_exported_memory
-
-    try:
-        text = path.read_text(encoding="utf-8-sig").strip()
-    except (OSError, UnicodeDecodeError):
-        return None  # drafts_from_path names the problem
-    if not text.startswith(("{", "[")):
-        return None
-    try:
-        values = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except ValueError:
-        values = []
-    if values and all(isinstance(value, dict | list) for value in values):
-        if all(map(is_exported_memory, values)):
-            return EXPORT
-        return "JSON lines" if len(values) > 1 else "JSON"
-    try:
-        json.loads(text)
-    except ValueError:
-        return None
-    return "JSON"
-
-
-def _walk(top: Path) -> Iterator[Path]:
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(top):
-        here = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if _enter_dir(here, d)]
-        if here.name != ".cursor":  # .cursor holds settings too; only its rules are memories
-            # Regular files only: reading a FIFO named notes.md would wait for ever.
-            found.extend(
-                here / f for f in filenames if is_supported(here / f) and (here / f).is_file()
-            )
-    yield from sorted(found, key=lambda p: p.relative_to(top).as_posix())
-
-
-def _enter_dir(parent: Path, name: str) -> bool:
-    if name in SKIPPED_DIRS or (parent / name).is_symlink():
-        return False
-    if parent.name == ".cursor":
-        return name == "rules"
-    return not name.startswith(".") or name in ALLOWED_HIDDEN
-
-
-def source_for(path: Path, root: Path | None = None, prefix: str | None = None) -> str:
-    """The provenance recorded for `path`, POSIX style, the same from any working directory.
-
-    A file in a git work tree is `<repository>/<path in the repository>`, the repository
-    named by `repository_name`, so two repositories' `AGENTS.md` stay apart. Any other file
-    is named by where it sits on this machine (`place_on_this_machine`): `~/<path>` under
-    the home folder, else its absolute path, so two folders' `CLAUDE.md` stay apart too.
-    `root` makes the path relative to that folder instead, with no name before it;
-    `prefix`, when given, replaces the repository's name, or the `~` or `/` before the
-    path (an empty prefix drops it).
-    """
-    if root is not None:
-        rel, name = _relative_to(path, root), (prefix or "").strip("/")
-    elif (repo := git_work_tree(path)) is not None:
-        rel = _relative_to(path, repo)
-        name = repository_name(repo) if prefix is None else prefix.strip("/")
-    else:
-        place = place_on_this_machine(path)
-        if prefix is None:
-            return place
-        rel, name = place.removeprefix("~").lstrip("/"), prefix.strip("/")
-    return f"{name}/{rel}" if name else rel
-
-
-def place_on_this_machine(path: Path) -> str:
-    """Where `path` sits, the same from any working directory: `~/notes/CLAUDE.md` under the
-    home folder (whose owner's name it need not record), else `/srv/docs/CLAUDE.md`.
-
-    The folder is resolved, so a symlinked folder (or working directory) names the same
-    place; the file itself is recorded where it sits, a symlink by its own name."""
-    full = Path(os.path.abspath(path))
-    folder = Path(os.path.realpath(full.parent))
-    home = Path(os.path.realpath(os.path.expanduser("~")))
-    if home != Path(home.anchor) and folder.is_relative_to(home):
-        return (Path("~") / folder.relative_to(home) / full.name).as_posix()
-    return (folder / full.name).as_posix()
-
-
-def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[str, Path]:
-    """Each named folder inside a git work tree, by the source prefix of the files under
-    it (`acme/api/docs/`). Only there does a source name one file on every machine, so
-    only there may a file missing from the folder retire what was imported from it."""
-    folders = {}
-    for path in paths:
-        if Path(path).is_dir() and git_work_tree(Path(path) / "_") is not None:
-            folders[source_for(Path(path) / "_", None, prefix)[:-1]] = Path(path)
-    return folders
-
-
-def git_work_tree(path: Path) -> Path | None:
-    """The top of the git work tree holding `path`, found lexically, or None."""
-    # `.git` is a file in linked worktrees and submodules, so any kind of entry counts.
-    for folder in Path(os.path.abspath(path)).parents:
-        if os.path.lexists(folder / ".git"):
-            return folder
-    return None
-
-
-def repository_name(work_tree: Path) -> str:
-    """What names a repository the same on every teammate's machine: its `origin` remote as
-    `owner/repo` (`git@github.com:acme/api.git` -> `acme/api`), else the folder's name.
-    Two repositories in folders of the same name (`api`) would otherwise share sources,
-    and re-importing one would retire the other's memories."""
-    url = _origin_url(work_tree)
-    if url:
-        path = re.sub(r"^[a-z+]+://[^/]*/|^[^/:]+:", "", url.strip()).removesuffix(".git")
-        parts = [part for part in path.rstrip("/").split("/") if part]
-        if parts:
-            return "/".join(parts[-2:])
-    return work_tree.name
-
-
-def named_by_folder(path: Path, root: Path | None, prefix: str | None) -> Path | None:
-    """The work tree whose folder name alone names `path`'s source (no origin remote, no
-    `--source-prefix`, no `--root`), or None. Another repository in a folder of the same
-    name would share those sources, and re-importing either would overwrite and retire
-    the other's memories: worth a warning."""
-    if root is not None or prefix is not None:
-        return None
-    work_tree = git_work_tree(path)
-    return work_tree if work_tree is not None and not _origin_url(work_tree) else None
-
-
-def named_by_place(path: Path, root: Path | None) -> bool:
-    """Whether `path`'s source is where it sits on this machine (outside any git work tree,
-    no `--root`): a teammate's copy elsewhere gets memories of its own, and a different file
-    at that place on their machine would overwrite and retire these. Worth a warning."""
-    return root is None and git_work_tree(path) is None
-
-
-def _origin_url(work_tree: Path) -> str | None:
-    """The `origin` remote's URL from the repository's config (a linked worktree's or a
-    submodule's `.git` is a file naming its git folder; a worktree's config is shared)."""
-    git = work_tree / ".git"
-    try:
-        if git.is_file():
-            line = git.read_text(encoding="utf-8").strip()
-            git = (work_tree / line.removeprefix("gitdir:").strip()).resolve()
-            common = git / "commondir"
-            if common.is_file():
-                git = (git / common.read_text(encoding="utf-8").strip()).resolve()
-        config = (git / "config").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    section = re.search(r'^\[remote "origin"\]\s*$(.*?)(?=^\[|\Z)', config, re.M | re.S)
-    url = section and re.search(r"^\s*url\s*=\s*(\S+)", section.group(1), re.M)
-    return url.group(1) if url else None
-
-
-def _relative_to(path: Path, root: Path) -> str:
-    # Lexical, not resolved: a symlink inside the root is recorded where it sits.
-    try:
-        return Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix()
-    except ValueError:
-        raise InvalidRequestError(
-            f"{path} is not inside the import root {root}", path=str(path)
-        ) from None
 
 
 def drafts_from_path(

@@ -19,14 +19,13 @@ from relay.hygiene import (
     check_tags,
     check_title,
 )
+from relay.import_files import iter_import_files, source_for
 from relay.import_writer import check_drafts, continued_ids
 from relay.importer import (
     ImportDraft,
     draft_id,
     drafts_from_path,
     drafts_from_text,
-    iter_import_files,
-    source_for,
     split_front_matter,
     split_long,
 )

@@ -79,15 +79,15 @@ def import_(
     since (not with --keep-removed); memories from other files or written by hand are
     never touched. The file is the source of truth: a relay edit of an imported memory
     is undone and a section deleted by hand comes back; the summary counts both."""
-    from relay.import_writer import ImportTally, check_drafts, import_files, vanished
-    from relay.importer import (
-        drafts_from_path,
+    from relay.import_files import (
         folder_prefixes,
         iter_import_files,
         named_by_folder,
         named_by_place,
         source_for,
     )
+    from relay.import_writer import ImportTally, check_drafts, import_files, vanished
+    from relay.importer import drafts_from_path
 
     if source_prefix is not None and not source_prefix.isprintable():
         raise InvalidRequestError(
