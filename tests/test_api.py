@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from postgres_support import raw_count, raw_rows, renamed_table
 
-from relay.server import encode_cursor
+from relay.api_requests import encode_cursor
 from relay.store.sqlite import SQLiteStore
 
 MIGRATIONS = "Database migrations run in a separate backfill job, never inside the web deploy."
@@ -1547,7 +1547,7 @@ def test_keys_are_listed_a_page_at_a_time_oldest_first(api):
     assert memory_cursor
     other = api.client.get("/v1/keys", params={"cursor": memory_cursor}, headers=h)
     assert_error(other, 400, "invalid_request")
-    from relay.server import encode_cursor
+    from relay.api_requests import encode_cursor
 
     theirs = api.services.store.list_keys(api.orgs["globex"])[0].id
     crossed = api.client.get("/v1/keys", params={"cursor": encode_cursor(theirs)}, headers=h)

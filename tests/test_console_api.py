@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from relay.api_requests import encode_cursor
 from relay.console.routes import COOKIE, csrf_token
-from relay.server import encode_cursor
 
 
 def sign_in(api, who: str) -> dict[str, str]:

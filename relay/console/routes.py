@@ -23,6 +23,15 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import ConfigDict, Field
 
 from relay import auth, hygiene, writes
+from relay.api_requests import (
+    KeyBody,
+    MemoryBody,
+    MemoryPatch,
+    TextBody,
+    check_query,
+    decode_cursor,
+    encode_cursor,
+)
 from relay.console import curate
 from relay.console.health import (
     HookReport,
@@ -41,17 +50,7 @@ from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
 from relay.models import ApiKey, Principal, iso
 from relay.search import MAX_K, SearchResponse
-from relay.server import (
-    Auth,
-    KeyBody,
-    MemoryBody,
-    MemoryPatch,
-    Services,
-    TextBody,
-    check_query,
-    decode_cursor,
-    encode_cursor,
-)
+from relay.server import Auth, Services
 
 COOKIE = "relay_console"
 CSRF_HEADER = "X-CSRF-Token"

@@ -1,0 +1,218 @@
+"""What a request to the HTTP API may carry: its body models, list cursors, and the one
+line a refused body is named by.
+
+Body models are strict (`"k": true` is not 1) and refuse unknown fields; text sizes are
+judged after the key, by `relay.hygiene`, so an oversized field is a 413 naming its
+limit. Every string at any depth is checked for lone surrogates, which JSON can spell
+and no encoder accepts.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from datetime import datetime
+from typing import Annotated, Any, get_args
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
+
+from relay import hygiene, writes
+from relay.errors import InvalidRequestError, TooLargeError
+from relay.search import MAX_K
+
+
+class TextBody(BaseModel):
+    """A request body whose text is Unicode: JSON may spell a lone UTF-16 surrogate
+    (`"\\ud800"`), which Python decodes into a string no encoder accepts, so a write
+    failed deep in the store with a 500. Every string field, at any depth, is checked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _unicode_text(cls, value: Any, info: ValidationInfo) -> Any:
+        if not _holds_bodies(cls.model_fields[str(info.field_name)].annotation):
+            problem = _surrogate_in(value)
+            if problem:
+                raise ValueError(problem)
+        return value  # a nested body (a batch's items) is checked by its own model
+
+
+def _holds_bodies(annotation: Any) -> bool:
+    """Whether a field's type has request models in it (list[MemoryBody], Streak, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_bodies(arg) for arg in get_args(annotation))
+
+
+def _surrogate_in(value: Any) -> str | None:
+    """What is wrong with the first string in `value` (a string, or lists and objects of
+    them, keys included) that holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        return hygiene.unpaired_surrogate(value)
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if found := _surrogate_in(item):
+                return f"item {i} {found}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if found := _surrogate_in(key):
+                return f"a key {found}"
+            if found := _surrogate_in(item):
+                return f"the value of {key!r} {found}"
+    return None
+
+
+class _Body(TextBody):
+    # Strict: `"k": true` is not 1 and `"expected_revision": "2"` is not 2.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# Written as text (a date, or a date and time, with or without an offset), read by us.
+Time = Annotated[
+    datetime,
+    PlainValidator(hygiene.parse_time),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+
+
+# The longest query accepted (413 past it, naming it, like any text over its limit); the
+# search itself reads the first relay.search.MAX_QUERY_CHARS of it.
+MAX_QUERY_BODY_CHARS = 8000
+
+
+def check_query(query: str) -> str:
+    if len(query) > MAX_QUERY_BODY_CHARS:
+        raise TooLargeError(
+            f"query is {len(query):,} characters; the limit is {MAX_QUERY_BODY_CHARS:,}",
+            field="query",
+            limit=MAX_QUERY_BODY_CHARS,
+        )
+    return query
+
+
+class SearchBody(_Body):
+    query: str = Field(min_length=1)  # its size: check_query, after the key (413)
+    k: int = Field(5, ge=1, le=MAX_K)
+    deadline_ms: float = Field(1000.0, gt=0, le=30_000)
+    mode: str = Field("hybrid", pattern="^(hybrid|lexical|semantic)$")
+
+
+class MemoryBody(_Body):
+    body: str  # sizes of text fields: judged by relay.hygiene (413, naming the limit)
+    id: str | None = Field(None, pattern=f"^{writes.MEMORY_ID.pattern}$")
+    title: str | None = None
+    source: str | None = None
+    audiences: list[str] | None = Field(None, max_length=64)
+    tags: list[str] | None = Field(None, max_length=64)
+    valid_until: Time | None = None
+    supersedes: list[str] | None = Field(None, max_length=64)
+    pinned: bool = False
+
+
+class MemoryBatch(_Body):
+    items: list[MemoryBody] = Field(min_length=1, max_length=256)
+
+
+_NOT_NULL = {
+    "body": "a memory needs its text, so null cannot clear it (leave body out to keep it)",
+    "audiences": "null cannot clear them: name at least one role, or 'all' for everyone "
+    "(leave audiences out to keep them)",
+    "pinned": "true or false, not null (leave pinned out to keep it)",
+}
+
+
+class MemoryPatch(_Body):
+    """A field left out keeps its value; null clears title, source, valid_until, tags and
+    supersedes, and is refused for body, audiences and pinned (writes.edited_draft)."""
+
+    body: str | None = None
+    title: str | None = None
+    source: str | None = None
+    audiences: list[str] | None = Field(None, max_length=64)
+    tags: list[str] | None = Field(None, max_length=64)
+    valid_until: Time | None = None
+    supersedes: list[str] | None = Field(None, max_length=64)
+    pinned: bool | None = None
+    expected_revision: int | None = Field(None, ge=1)  # null: no check, as when left out
+
+    @field_validator(*_NOT_NULL)
+    @classmethod
+    def _required(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:  # sent as null: a field left out is not validated
+            raise ValueError(_NOT_NULL[str(info.field_name)])
+        return value
+
+
+class KeyBody(_Body):
+    name: str  # blank, over its limit (413), control characters: judged by auth.mint_key
+    scopes: list[str] = Field(min_length=1, max_length=3)
+    roles: list[str] = Field(default_factory=list)  # named like audiences (hygiene, 413)
+    expires_at: Time | None = None
+
+
+# -- list cursors ----------------------------------------------------------------
+# A cursor is the last id of a page, encoded with a check: a raw id could not tell a
+# corrupted cursor ("garbage", a truncated one) from a real position, and the listing
+# silently started over from wherever that text sorted.
+_CURSOR_CHECK = b"relay list cursor\0"
+
+
+def _cursor_check(raw: bytes) -> str:
+    return hashlib.sha256(_CURSOR_CHECK + raw).hexdigest()[:10]
+
+
+def encode_cursor(last_id: str | None) -> str | None:
+    """The opaque `next_cursor` for a page that ended at `last_id` (None: no more pages)."""
+    if last_id is None:
+        return None
+    raw = last_id.encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode() + "." + _cursor_check(raw)
+
+
+def decode_cursor(cursor: str | None) -> str | None:
+    """The id a cursor from `encode_cursor` continues after; a blank or absent one starts at
+    the beginning, and anything else is refused (400). The check catches accidents, not
+    forgery (it has no secret), so the id it carries must be shaped like a memory id too:
+    a forged cursor holding a NUL reached PostgreSQL, which failed the query (a 500)."""
+    if not cursor:
+        return None
+    text, _, check = cursor.rpartition(".")
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        valid = hmac.compare_digest(check.encode(), _cursor_check(raw).encode())
+        last_id = raw.decode() if valid else None
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
+        last_id = None
+    if last_id is None or not writes.MEMORY_ID.fullmatch(last_id):
+        raise InvalidRequestError(
+            "cursor is not one this server handed out: send next_cursor back as it came, "
+            "or leave cursor out to list from the beginning",
+            field="cursor",
+        )
+    return last_id
+
+
+def validation_message(error: dict[str, Any]) -> str:
+    """One field-naming line for a request that failed validation (pydantic's first error)."""
+    loc = [str(p) for p in error.get("loc", ())]
+    where = ".".join(loc[1:] if loc[:1] == ["body"] else loc)
+    kind = error.get("type", "")
+    if kind == "json_invalid":
+        return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'cannot parse')})"
+    if loc == ["body"]:
+        # No body, or one that is not an object: most often JSON sent without its type.
+        return "send a JSON object as the body, with Content-Type: application/json"
+    if kind == "missing":
+        return f"{where}: required"
+    msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")  # our validators' words
+    return f"{where}: {msg}" if where else msg
