@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from relay import errors
+from relay import errors, key_source
 from relay.hook import config as hook_config
 from relay.ids import MEMORY_ID
 
@@ -169,7 +169,8 @@ class RelayClient:
                 raise NotConfiguredError(problem)
         client = cls(url, api_key)
         if not api_key:  # a key given and unusable is not the same as none: say what is wrong
-            client.key_problem = hook_config.key_problem(cfg)
+            unsent = key_source.key_problem(cfg)
+            client.key_problem = str(unsent) if unsent else None
         return client
 
     def require_key(self) -> RelayClient:

@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from relay import agents, knob_script
+from relay import agents, key_source, knob_script
 from relay.doctor_hooks import HookChecks
 from relay.errors import RelayError, StoreError, UnavailableError
 from relay.hook import config as hook_config
@@ -157,7 +157,7 @@ class Doctor(HookChecks):
             self.add("fail", "config", "no server URL configured", "run `relay install`")
             return False
         if not cfg.api_key:
-            self.add("fail", "config", *self._why_no_key(path, raw, handed))
+            self.add("fail", "config", *self._why_no_key(cfg))
             return False
         # The hook takes RELAY_API_KEY, else config.json's api_key, else the key file.
         key_from_file = bool(cfg.api_key_file) and not (
@@ -194,38 +194,12 @@ class Doctor(HookChecks):
             )
         return True
 
-    def _why_no_key(
-        self, path: Path, raw: dict[str, Any], environ: dict[str, str]
-    ) -> tuple[str, str]:
-        """Why the hook has no key, read as it reads one (`hook_config.load`): RELAY_API_KEY,
-        else `api_key` in the config file, else the first line of the key file, which must
-        be printable ASCII, as it goes into an HTTP header; and the fix."""
-        reinstall = "run `relay install --key KEY`: it writes the key file afresh"
-        given, where = environ.get("RELAY_API_KEY"), "RELAY_API_KEY"
-        if given is None:
-            given, where = raw.get("api_key"), f"api_key in {self.home(path)}"
-        off = "the hook sends no key, and no prompt gets recall"
-        if isinstance(given, str) and given.strip():
-            problem = hook_config.unsendable(given.strip())
-            return f"the API key in {where} {problem}: {off}", f"fix {where}"
-        key_file = self.cfg.api_key_file if self.cfg else ""
-        if not key_file:
+    def _why_no_key(self, cfg: hook_config.Config) -> tuple[str, str]:
+        """Why the hook has no key, as it read its sources (`key_source`), and the fix."""
+        unsent = key_source.key_problem(cfg, self.home)
+        if unsent is None:
             return "no API key configured", "run `relay install` with a valid key"
-        shown = self.home(os.path.expanduser(key_file))
-        try:
-            with open(os.path.expanduser(key_file), "rb") as fh:
-                lines = fh.read(4096).decode("utf-8", "replace").strip().splitlines()
-        except FileNotFoundError:
-            return f"the key file {shown} does not exist", reinstall
-        except OSError as exc:
-            return f"the key file {shown} cannot be read ({exc.strerror})", reinstall
-        if not lines:
-            return f"the key file {shown} is empty", reinstall
-        problem = hook_config.unsendable(lines[0].strip())
-        what = f"the key file {shown} {problem}: {off}"
-        if problem.startswith("starts with a byte-order mark"):
-            return what, f"save {shown} without the mark (as plain ASCII), or {reinstall}"
-        return what, reinstall
+        return f"{unsent.what}: the hook sends no key, and no prompt gets recall", unsent.fix
 
     def _check_shadowed_knobs(
         self, path: Path, raw: dict[str, Any], script: knob_script.Reading

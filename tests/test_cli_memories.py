@@ -281,23 +281,24 @@ def test_a_missing_key_says_how_to_give_one_and_sends_nothing(tmp_path):
         (
             b"\xef\xbb\xbfrelay_x_0123456789abcdef\n",
             "starts with a byte-order mark (the bytes EF BB BF, which some editors put at the"
-            " start of a UTF-8 file): save it without the mark (as plain ASCII), or run"
+            " start of a UTF-8 file): save {path} without the mark (as plain ASCII), or run"
             " `relay install --key KEY`, which writes the key file afresh",
         ),
         (
             b"relay_x_0123 456789abcdef\n",
-            "holds a space (character 13), which no key has: write the key alone on its first"
-            " line, or run `relay install --key KEY`, which writes the key file afresh",
+            "holds a space (character 13), which no key has: write the key alone on the first"
+            " line of {path}, or run `relay install --key KEY`, which writes the key file afresh",
         ),
         (
             b"relay_x_0123\x01456789abcdef\n",
-            "holds '\\x01' (character 13), not printable ASCII: write the key alone on its first"
-            " line, or run `relay install --key KEY`, which writes the key file afresh",
+            "holds '\\x01' (character 13), not printable ASCII: write the key alone on the"
+            " first line of {path}, or run `relay install --key KEY`, which writes the key file"
+            " afresh",
         ),
         (
             None,
-            "does not exist: write the API key on its first line, or run `relay install --key"
-            " KEY`, which writes the key file afresh",
+            "does not exist: write the API key on the first line of {path}, or run `relay"
+            " install --key KEY`, which writes the key file afresh",
         ),
         (
             "directory",
@@ -339,8 +340,9 @@ def test_a_key_file_named_in_the_config_file_is_named_with_its_setting(tmp_path)
         assert server.connections == 0
     assert done.stderr == (
         f"relay: error: the key file {tmp_path}/.relay/key (named by api_key_file in {config})"
-        " holds 'é' (character 23), not printable ASCII: write the key alone on its first"
-        " line, or run `relay install --key KEY`, which writes the key file afresh\n"
+        " holds 'é' (character 23), not printable ASCII: write the key alone on the first"
+        f" line of {tmp_path}/.relay/key, or run `relay install --key KEY`, which writes the key"
+        " file afresh\n"
     )
 
 

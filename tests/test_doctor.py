@@ -42,8 +42,8 @@ def doctor(home, **env: str):
     return relay(home, "doctor", **env)
 
 
-def findings(home) -> list[dict]:
-    done = relay(home, "doctor", "--json")
+def findings(home, **env: str) -> list[dict]:
+    done = relay(home, "doctor", "--json", **env)
     return json.loads(done.stdout)
 
 
@@ -835,16 +835,43 @@ def test_a_key_file_with_a_byte_order_mark_is_named_for_it(tmp_path, server):
     prompt(tmp_path)
     log = json.loads((tmp_path / ".relay/state/outcomes.jsonl").read_text().splitlines()[-1])
     assert (log["outcome"], log["reason"]) == ("disabled", "bad_key"), log  # no key sent
+    named = "the key file ~/.relay/key (named by api_key_file in ~/.relay/config.json)"
     (failed,) = [f for f in findings(tmp_path) if f["level"] == "fail"]
     assert failed["message"] == (
-        "the key file ~/.relay/key starts with a byte-order mark (the bytes EF BB BF, which "
-        "some editors put at the start of a UTF-8 file): the hook sends no key, and no prompt "
-        "gets recall"
+        f"{named} starts with a byte-order mark (the bytes EF BB BF, which some editors put at"
+        " the start of a UTF-8 file): the hook sends no key, and no prompt gets recall"
     )
     assert failed["fix"].startswith("save ~/.relay/key without the mark (as plain ASCII), or ")
     key_file.write_bytes(b"")
-    (failed,) = [f["message"] for f in findings(tmp_path) if f["level"] == "fail"]
-    assert failed == "the key file ~/.relay/key is empty"
+    (failed,) = [f for f in findings(tmp_path) if f["level"] == "fail"]
+    assert (failed["message"], failed["fix"]) == (
+        f"{named} is empty: the hook sends no key, and no prompt gets recall",
+        "write the API key on the first line of ~/.relay/key, or run `relay install --key KEY`,"
+        " which writes the key file afresh",
+    )
+
+
+def test_a_key_the_hook_cannot_send_is_named_where_the_hook_found_it(tmp_path, server):
+    """doctor words the hook's own reading of its key (relay.key_source): a key file gone,
+    named by RELAY_API_KEY_FILE, and a key in RELAY_API_KEY with a space, which the hook
+    takes before config.json's key file."""
+    installed(tmp_path, server.url, server.admin_key)
+    gone = tmp_path / "gone.key"
+    env = {"RELAY_API_KEY_FILE": str(gone)}
+    (failed,) = [f for f in findings(tmp_path, **env) if f["level"] == "fail"]
+    assert (failed["message"], failed["fix"]) == (
+        "the key file ~/gone.key (named by RELAY_API_KEY_FILE) does not exist: the hook sends"
+        " no key, and no prompt gets recall",
+        "write the API key on the first line of ~/gone.key, or run `relay install --key KEY`,"
+        " which writes the key file afresh",
+    )
+    spaced = server.admin_key[:8] + " " + server.admin_key[8:]
+    (failed,) = [f for f in findings(tmp_path, RELAY_API_KEY=spaced) if f["level"] == "fail"]
+    assert (failed["message"], failed["fix"]) == (
+        "the API key in RELAY_API_KEY holds a space (character 9), which no key has: the hook"
+        " sends no key, and no prompt gets recall",
+        "fix RELAY_API_KEY",
+    )
 
 
 class _NotRelay(BaseHTTPRequestHandler):

@@ -281,6 +281,42 @@ def test_config_layers_file_then_environment_and_bad_values_fall_back(tmp_path):
     assert config.load({"RELAY_CONFIG": str(tmp_path / "broken.json")}).deadline_ms == 400
 
 
+def test_a_key_the_hook_cannot_send_is_worded_from_what_the_hook_read(tmp_path):
+    """One reading of the key's sources: `relay` commands and doctor word what the hook read
+    (relay.key_source), not a second reading of the key file, which may have changed since
+    (the file fixed after load: the message still names the mark the hook refused)."""
+    from relay import key_source
+
+    key = tmp_path / "key"
+    key.write_bytes(b"\xef\xbb\xbfrelay_x_0123456789abcdef\n")
+    env = {"RELAY_CONFIG": str(tmp_path / "none.json"), "RELAY_API_KEY_FILE": str(key)}
+    cfg = config.load(env)
+    assert (cfg.api_key, cfg.bad_key, cfg.key_setting) == ("", True, "api_key_file")
+    key.write_text("relay_x_0123456789abcdef\n")
+    assert str(key_source.key_problem(cfg)) == (
+        f"the key file {key} (named by RELAY_API_KEY_FILE) starts with a byte-order mark (the"
+        " bytes EF BB BF, which some editors put at the start of a UTF-8 file): save"
+        f" {key} without the mark (as plain ASCII), or run `relay install --key KEY`, which"
+        " writes the key file afresh"
+    )
+    fine = config.load(env)
+    assert (fine.api_key, fine.bad_key, key_source.key_problem(fine)) == (
+        "relay_x_0123456789abcdef",
+        False,
+        None,
+    )
+    # An inline key is the key, bad or not: the file is not read (the hook's order).
+    inline = config.load({**env, "RELAY_API_KEY": "relay x"})
+    assert (inline.key_setting, inline.unsent_key) == ("api_key", ("relay x", None))
+    assert str(key_source.key_problem(inline)) == (
+        "the API key in RELAY_API_KEY holds a space (character 6), which no key has:"
+        " fix RELAY_API_KEY"
+    )
+    # None given at all: not configured, not a bad key.
+    bare = config.load({"RELAY_CONFIG": str(tmp_path / "none.json")})
+    assert (bare.key_setting, bare.bad_key, key_source.key_problem(bare)) == ("", False, None)
+
+
 def test_the_least_deadline_is_one_that_can_search_and_the_docs_say_so():
     """Below PACK_RESERVE_S + MIN_SERVER_MS (plus the process's start) no request is ever
     sent; such a deadline is out of range, and docs/hook.md states the range the code uses."""

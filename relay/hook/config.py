@@ -165,9 +165,13 @@ class Config(dict):
     # The config file is there but unusable (not a JSON object, unreadable): its settings
     # are lost, which is not the same as a machine never configured (`bad_config`).
     bad_file: bool = False
-    # A key was given (`api_key`, or a file named by `api_key_file`) that the hook cannot
-    # send: logged `bad_key`, not `not_configured`; `key_problem` says what is wrong with it.
-    bad_key: bool = False
+    # The setting the key was looked for in: "api_key", else "api_key_file" (which names the
+    # file holding it); "" when neither was given.
+    key_setting: str = ""
+    # A key given that the hook cannot send, as `_resolve_key` read it: (its text, "" for
+    # none; the OSError that kept the key file from being read, else None). None when the
+    # hook has a key, or was given none. `relay.key_source` words it for a person.
+    unsent_key: tuple[str, OSError | None] | None = None
     # Where each setting's value came from (the config file's path or RELAY_<NAME>), for
     # messages; a setting at its default is not in it.
     origin: dict[str, str]
@@ -198,6 +202,11 @@ class Config(dict):
             return self[name]
         except KeyError:
             raise AttributeError(name) from None
+
+    @property
+    def bad_key(self) -> bool:
+        """A key was given that the hook cannot send: logged `bad_key`, not `not_configured`."""
+        return self.unsent_key is not None
 
 
 def not_a_setting(name: str) -> str | None:
@@ -295,69 +304,22 @@ def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = N
 
 
 def _resolve_key(cfg: Config) -> str:
-    key = cfg["api_key"]
-    given = bool(key)
+    """The key the hook sends: `api_key`, else the first line of the file `api_key_file`
+    names; "" when they give none it can send. The one reading of the key's sources: what
+    it found is noted in `cfg` (`key_setting`, `unsent_key`) for messages to word."""
+    key, error = cfg["api_key"], None
+    cfg.key_setting = "api_key" if key else ""
     if not key and cfg["api_key_file"]:
-        given = True  # a file named and missing is a broken install, not one never made
+        cfg.key_setting = "api_key_file"  # named and missing: a broken install, not none made
         try:
             with open(os.path.expanduser(cfg["api_key_file"]), "rb") as fh:
-                key = fh.read(4096).decode("utf-8", "replace").strip().splitlines()[0].strip()
-        except (OSError, IndexError):
-            key = ""
+                lines = fh.read(4096).decode("utf-8", "replace").strip().splitlines()
+            key = lines[0].strip() if lines else ""
+        except OSError as exc:
+            error = exc.with_traceback(None)  # kept for its words, without the frames
     # The key goes into an HTTP header: anything that could split the header is no key at all.
-    if not key or not all("!" <= ch <= "~" for ch in key):
-        cfg.bad_key = given
-        return ""
-    return key
-
-
-def key_problem(cfg: Config) -> str | None:
-    """What is wrong with the key `cfg` was given and the hook cannot send (`cfg.bad_key`),
-    and the fix, in words for a person (`relay` commands); None when it has a key, or was
-    given none. The key is read as `load` reads it: `api_key`, else the key file's first line."""
-    if not cfg.bad_key:
-        return None
-    config_file = config_path(os.environ)
-
-    def named(setting: str) -> str:
-        where = cfg.origin.get(setting, "")
-        return where if where.startswith("RELAY_") else f"{setting} in {where or config_file}"
-
-    given = cfg["api_key"]
-    if given:
-        where = named("api_key")
-        return f"the API key in {where} {unsendable(given)}: fix {where}"
-    path = os.path.expanduser(cfg["api_key_file"])
-    shown = f"the key file {path} (named by {named('api_key_file')})"
-    reinstall = "or run `relay install --key KEY`, which writes the key file afresh"
-    try:
-        with open(path, "rb") as fh:
-            lines = fh.read(4096).decode("utf-8", "replace").strip().splitlines()
-    except FileNotFoundError:
-        return f"{shown} does not exist: write the API key on its first line, {reinstall}"
-    except OSError as exc:
-        fix = f"make it a file you can read (chmod 600 {path}), {reinstall}"
-        return f"{shown} cannot be read ({exc.strerror or exc}): {fix}"
-    if not lines:
-        return f"{shown} is empty: write the API key on its first line, {reinstall}"
-    problem = unsendable(lines[0].strip())
-    if problem.startswith("starts with a byte-order mark"):
-        return f"{shown} {problem}: save it without the mark (as plain ASCII), {reinstall}"
-    return f"{shown} {problem}: write the key alone on its first line, {reinstall}"
-
-
-def unsendable(key: str) -> str:
-    """What in `key` the hook will not send (printable ASCII only: it goes into a header)."""
-    if key.startswith("\ufeff"):
-        return (
-            "starts with a byte-order mark (the bytes EF BB BF, which some editors put at the"
-            " start of a UTF-8 file)"
-        )
-    at, bad = next((i, ch) for i, ch in enumerate(key + "\n") if not "!" <= ch <= "~")
-    if at == len(key):
-        return "is empty"
-    if bad == "\ufffd":
-        return f"holds bytes that are not UTF-8 text (character {at + 1})"
-    if bad == " ":
-        return f"holds a space (character {at + 1}), which no key has"
-    return f"holds {bad!r} (character {at + 1}), not printable ASCII"
+    if key and all("!" <= ch <= "~" for ch in key):
+        return key
+    if cfg.key_setting:
+        cfg.unsent_key = (key, error)
+    return ""
