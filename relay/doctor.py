@@ -159,14 +159,12 @@ class Doctor(HookChecks):
         if not cfg.api_key:
             self.add("fail", "config", *self._why_no_key(cfg))
             return False
-        # The hook takes RELAY_API_KEY, else config.json's api_key, else the key file.
-        key_from_file = bool(cfg.api_key_file) and not (
-            handed.get("RELAY_API_KEY") or raw.get("api_key")
-        )
-        source = (
-            f"key from {self.home(os.path.expanduser(cfg.api_key_file))}"
+        # Where the hook found its key, as it read its sources (api_key, else the key file).
+        key_from_file = cfg.key_setting == "api_key_file"
+        source = "key from " + (
+            self.home(os.path.expanduser(cfg.api_key_file))
             if key_from_file
-            else "key from the environment or config"
+            else key_source.setting_place(cfg, "api_key", self.home)
         )
         server, own = f"server {cfg.url}", raw.get("url")
         if self.environ.get("RELAY_URL") is not None:  # the hook's layer above the file

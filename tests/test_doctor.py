@@ -239,7 +239,23 @@ def test_an_inline_key_beside_a_missing_key_file_is_the_key(tmp_path, server):
     config.write_text(json.dumps(doc))
     done = relay(tmp_path, "doctor")
     assert "Traceback" not in done.stderr, done.stderr
-    assert "key from the environment or config" in done.stdout
+    assert "key from api_key in ~/.relay/config.json" in done.stdout
+    done = relay(tmp_path, "doctor", RELAY_API_KEY=server.admin_key)
+    assert "key from RELAY_API_KEY" in done.stdout
+
+
+def test_the_key_is_where_the_hook_finds_it(tmp_path, server):
+    """doctor named the key's source by a copy of the hook's rule, which took an empty
+    RELAY_API_KEY for no setting: the hook takes it as an empty api_key, and so reads the
+    key file config.json names, here one others can read, which doctor never checked."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "api_key": "relay_x_y"}))
+    (tmp_path / ".relay/key").chmod(0o644)
+    done = relay(tmp_path, "doctor", RELAY_API_KEY="")
+    assert f"server {server.url}, key from ~/.relay/key" in done.stdout, done.stdout
+    assert "the key file ~/.relay/key is readable by others (mode 644)" in done.stdout
+    assert done.returncode == 0, done.stdout  # the key the hook sends is the file's: it works
 
 
 def test_a_codex_config_that_is_not_toml_fails(tmp_path, server):
