@@ -1,0 +1,134 @@
+"""`relay doctor`'s reading of the hook's own outcome log (through `relay.hook_stats`):
+rejected keys, a server away, a deadline too short for this machine, the circuit breaker,
+and the hook's time over the last 24 hours.
+
+`LogChecks` is a part of `relay.doctor.Doctor`, kept apart to keep each module readable
+in one sitting; it records its findings with the Doctor's `add`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from relay.hook import config as hook_config
+
+if TYPE_CHECKING:
+    from relay import agents
+
+BUDGET_ALERT_RUNS = 3  # runs out of budget before a search, in 24 h, worth a finding
+
+
+class LogChecks:
+    """The log part of the Doctor: what the hook's recent runs say went wrong."""
+
+    environ: dict[str, str]
+    cfg: hook_config.Config | None
+    key_ok: bool | None
+
+    if TYPE_CHECKING:
+
+        def add(self, level: str, area: str, message: str, fix: str = "") -> None: ...
+        def deadline_source(self) -> str: ...
+        def _relay_entries(self) -> list[agents.RelayHandler]: ...
+
+    def check_log(self) -> None:
+        from relay import hook_stats
+
+        cfg = self.cfg or hook_config.load(self.environ)
+        summary = hook_stats.summarise(cfg.state_dir, 86400, cfg=cfg)
+        if summary["invocations"] == 0 and not self._relay_entries():
+            self.add(
+                "warn",
+                "log",
+                "no prompts logged in the last 24 hours, and none will be: no agent has "
+                "Relay's hook registered (see hooks above)",
+            )
+            return
+        if summary["invocations"] == 0:
+            self.add(
+                "ok",
+                "log",
+                "no prompts in the last 24 hours; if you used an agent since installing, its "
+                "hook is not running (Codex: trust it with /hooks)",
+            )
+            return
+        streak = summary["unauthorized_streak"]
+        if streak["length"]:
+            self.add(
+                "fail" if self.key_ok is not True else "warn",
+                "log",
+                f"the last {_searches(streak['length'])} rejected (401/403) since "
+                f"{streak['since']}"
+                + (
+                    ""
+                    if self.key_ok is not True
+                    else "; the key works now, so the next prompt should too"
+                ),
+                "install a valid key: `relay install --key NEW_KEY`"
+                if self.key_ok is not True
+                else "",
+            )
+        down = summary["unavailable_streak"]
+        if down["length"] >= hook_stats.UNAVAILABLE_STREAK_ALERT:
+            self.add(
+                "warn",
+                "log",
+                f"the last {down['length']} searches timed out or found no server since "
+                f"{down['since']}",
+                "check the server and the network; `relay stats` has the details",
+            )
+        self._check_budget(summary)
+        breaker = summary["breaker"]
+        if breaker["state"] != "closed":
+            failures = f"after {breaker.get('failures', 0)} failures"
+            if breaker["state"] == "open":
+                what = (
+                    f"open ({failures}, since {breaker.get('opened_at')}): prompts skip their "
+                    f"search for {cfg.breaker_cooldown_s:g} s from then, then one probes the server"
+                )
+            else:
+                what = (
+                    f"half-open ({failures}): its cool-down is over, and the next prompt's "
+                    "search probes the server; an answer closes it, a failure opens it again"
+                )
+            self.add(
+                "warn",
+                "log",
+                f"the hook's circuit breaker for {breaker['url']} is {what}",
+                "it closes by itself once the server answers; fix the server if it does not",
+            )
+        p95 = summary["hook_ms"]["p95"]
+        deadline = cfg.deadline_ms
+        outcomes = summary["outcomes"]
+        level = "warn" if p95 > deadline + 100 else "ok"
+        self.add(
+            level,
+            "log",
+            f"last 24 h: {summary['invocations']} runs, {outcomes['hit']} hits, "
+            f"{outcomes['no_match']} no match, p95 hook time {p95} ms (deadline {deadline} ms)",
+            "the machine is slow to start Python; see docs/hook.md, Measuring"
+            if level == "warn"
+            else "",
+        )
+
+    def _check_budget(self, summary: dict[str, Any]) -> None:
+        """A deadline too short for this machine: at least as many runs ran out of budget
+        before they could search (`timeout`, `no_budget_left`) as searched; none searched
+        at all is a failure (QA: RELAY_DEADLINE_MS=50 ran out on 6 prompts of 6)."""
+        unsent = summary["not_searched"].get("timeout", 0)
+        searched = sum(summary["searched"].values())
+        if unsent < BUDGET_ALERT_RUNS or unsent < searched:
+            return
+        self.add(
+            "fail" if searched == 0 else "warn",
+            "log",
+            f"{unsent} runs in the last 24 h ran out of budget before they could search "
+            f"(timeout, no_budget_left) and {searched} searched: the hook's deadline is too "
+            "short for how fast this machine starts it",
+            f"raise {self.deadline_source()} (the default is "
+            f"{hook_config.DEFAULTS['deadline_ms']} ms)",
+        )
+
+
+def _searches(n: int) -> str:
+    return "search was" if n == 1 else f"{n} searches were"
