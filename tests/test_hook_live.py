@@ -197,3 +197,18 @@ def test_two_parts_of_one_long_memory_are_both_recalled_each_once(tmp_path, org)
     # each part again: already in the conversation
     assert_silent(hook.prompt("who must be paged before a database failover drill?"))
     assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] >= 1
+
+
+def test_a_fact_remembered_twice_is_injected_once(tmp_path, org):
+    """Two teammates remembered the same fact: the hook injected it twice, two of its three
+    records and twice the tokens for one fact."""
+    rota = "The payments on-call rota lives in PagerDuty under the schedule payments-primary."
+    ids = []
+    for source in ("team/alice", "team/bob"):
+        made = org["client"].post("/v1/memories", json={"body": rota, "source": source})
+        assert made.status_code == 201, made.text
+        ids.append(made.json()["id"])
+    hook = Hook(tmp_path, org["url"], RELAY_API_KEY=org["admin"])
+    context = assert_hit_contract(hook.prompt("where is the payments on-call rota kept?"))
+    assert context.count("payments-primary") == 1, context
+    assert f'id="{ids[0]}"' in context and ids[1] not in context

@@ -309,3 +309,28 @@ def test_a_common_word_never_counts_more_passages_than_the_reader_has(store):
     assert known == {"deploy": total, "open": total}
     weights = QueryReading.read(["deploy", "open"], [], total, known).weights
     assert weights["deploy"] == pytest.approx(math.log(2))
+
+
+def test_a_memory_written_twice_comes_back_once_and_k_stays_distinct(store, embedder):
+    """Two memories with one text (a fact remembered by two teammates, a file imported from
+    two places) both came back, and the hook injected both. One is kept: the first written
+    of equals; a copy differing only in whitespace is the same text. Collapsing before the
+    cut to k still returns k distinct texts when the candidates hold that many."""
+    p = _org(store, embedder, BODIES)
+    staging = BODIES[1]
+    save(store, embedder, p.org_id, "copy", MemoryDraft(body=staging, source="b"), "t", "create")
+    spaced = MemoryDraft(body=staging.replace(" ", "  ").replace("; ", ";\n"), source="c")
+    save(store, embedder, p.org_id, "spaced", spaced, "t", "create")
+    searcher = Searcher(store, embedder)
+    query = "which cluster is staging on?"
+    res = searcher.search(p, query, k=3, deadline_ms=10_000, use_cache=False)
+    assert [h.id for h in res.results] == ["m1"]
+    lenient = Searcher(
+        store, embedder, dataclasses.replace(searcher.settings, relative=0.0, min_score=0.0)
+    )
+    hits = lenient.search(p, query, k=3, deadline_ms=10_000, use_cache=False).results
+    texts = [" ".join(h.text.split()) for h in hits]
+    assert len(hits) == 3 and len(set(texts)) == 3, [(h.id, h.score) for h in hits]
+    assert hits[0].id == "m1" and {h.id for h in hits[1:]} == {"m0", "m2"}
+    searcher.close()
+    lenient.close()
