@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import shlex
 import tomllib
@@ -30,7 +31,13 @@ from relay.errors import InvalidRequestError
 
 SCRIPT_NAME = "relay-autosearch-hook.sh"
 HOOK_NAME = "relay-hook"  # the console script the knob script execs
-HOOK_TIMEOUT_S = 5  # a backstop only: the hook keeps its own 400 ms deadline
+# The `timeout` registered with each entry, in seconds in both agents (Claude Code takes any
+# number, Codex whole seconds; both kill the hook when it runs out, and default to 600). A
+# backstop only: the hook keeps its own deadline (400 ms by default, up to 10,000), then
+# needs HOOK_EXIT_MS to log its outcome and exit.
+HOOK_TIMEOUT_S = 5  # the least registered, whatever the deadline
+HOOK_EXIT_MS = 100
+TIMEOUT_MARGIN_S = 1  # beyond the deadline and exit: a loaded machine's slow start and reap
 EVENTS = ("UserPromptSubmit", "SessionStart")
 SERVER_NAME = "relay"
 TOML_BEGIN = "# >>> relay: added by `relay install`; `relay uninstall` removes this block"
@@ -164,8 +171,23 @@ def strip_hooks(doc: dict[str, Any], where: str = "settings") -> dict[str, Any]:
     return out
 
 
-def add_hooks(doc: dict[str, Any], script: str, where: str = "settings") -> dict[str, Any]:
-    """`doc` with exactly one Relay entry per event (no matcher: every prompt, every source)."""
+def hook_timeout_s(deadline_ms: int) -> int:
+    """The `timeout` (whole seconds) registered for a hook whose deadline is `deadline_ms`:
+    5 s, or for a deadline that 5 s could not outlast (the knob takes up to 10,000 ms: a 5 s
+    timeout killed the hook mid-search, and the agent showed an error), the deadline and the
+    exit rounded up to whole seconds, and a second more."""
+    needed = math.ceil((deadline_ms + HOOK_EXIT_MS) / 1000) + TIMEOUT_MARGIN_S
+    return max(HOOK_TIMEOUT_S, needed)
+
+
+def add_hooks(
+    doc: dict[str, Any],
+    script: str,
+    where: str = "settings",
+    timeout_s: int = HOOK_TIMEOUT_S,
+) -> dict[str, Any]:
+    """`doc` with exactly one Relay entry per event (no matcher: every prompt, every source),
+    each with `timeout_s` (`hook_timeout_s` of the deadline the hook will run with)."""
     out = strip_hooks(doc, where)
     if out.get("hooks") is None:  # absent, or JSON null: none registered yet
         out["hooks"] = {}
@@ -174,7 +196,7 @@ def add_hooks(doc: dict[str, Any], script: str, where: str = "settings") -> dict
         handler = {
             "type": "command",
             "command": hook_command(script, event),
-            "timeout": HOOK_TIMEOUT_S,
+            "timeout": timeout_s,
         }
         if hooks.get(event) is None:
             hooks[event] = []

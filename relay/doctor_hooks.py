@@ -30,7 +30,6 @@ MANAGED_SETTINGS = Path(
     if sys.platform == "darwin"
     else "/etc/claude-code/managed-settings.json"
 )
-HOOK_EXIT_MS = 100  # after its deadline, the hook logs its outcome and exits
 AGENT_LABELS = {"claude-code": "Claude Code", "codex": "Codex"}
 # A knob script behind its guard that never reaches relay-hook: nothing tells the user.
 SILENTLY_OFF = "recall is silently off on every prompt (exit status 0, nothing shown)"
@@ -275,20 +274,19 @@ class HookChecks:
                 runs = False
             problem = _timeout_problem(agent, h.handler.get("timeout"), deadline)
             if problem:
-                needed = math.ceil((deadline + HOOK_EXIT_MS) / 1000)
-                if needed <= agents.HOOK_TIMEOUT_S:
-                    remedy = (
-                        f"remove the timeout or set it to {agents.HOOK_TIMEOUT_S} (seconds), or "
-                        f"{fix}"
-                    )
-                else:  # what install writes is too short for this deadline too
+                if deadline == knob_script.deadline_after_install(self.environ):
+                    # Install registers the timeout for this very deadline: what it writes.
+                    wanted = agents.hook_timeout_s(deadline)
+                    remedy = f"remove the timeout or set it to {wanted} (seconds), or {fix}"
+                else:  # install would put the script's DEADLINE_MS back to its default
+                    needed = math.ceil((deadline + agents.HOOK_EXIT_MS) / 1000)
                     remedy = f"raise the timeout to at least {needed} (seconds), or remove it"
-                    allowed = _deadline_within(h.handler.get("timeout"))
-                    if allowed is not None:
-                        remedy += (
-                            f", or lower the hook's deadline to at most {allowed} ms"
-                            f" ({self.deadline_source()})"
-                        )
+                allowed = _deadline_within(h.handler.get("timeout"))
+                if allowed is not None:
+                    remedy += (
+                        f", or lower the hook's deadline to at most {allowed} ms"
+                        f" ({self.deadline_source()})"
+                    )
                 self.add("fail", "hooks", f"{where}: {problem}", remedy)
                 runs = False
             if runs:
@@ -531,7 +529,7 @@ def _deadline_within(timeout: object) -> int | None:
     any the hook takes (a number of seconds only)."""
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         return None
-    allowed = math.floor(timeout * 1000) - HOOK_EXIT_MS
+    allowed = math.floor(timeout * 1000) - agents.HOOK_EXIT_MS
     return (
         min(allowed, hook_config.DEADLINE_MAX_MS)
         if allowed >= hook_config.DEADLINE_MIN_MS
@@ -555,10 +553,10 @@ def _timeout_problem(agent: str, timeout: object, deadline_ms: int) -> str | Non
                 "the file, and runs none of its hooks"
             )
         timeout = max(timeout, 1)
-    if timeout * 1000 < deadline_ms + HOOK_EXIT_MS:
+    if timeout * 1000 < deadline_ms + agents.HOOK_EXIT_MS:
         return (
             f"its timeout is {timeout:g} s (seconds), shorter than the hook may take (its "
-            f"{deadline_ms} ms deadline and {HOOK_EXIT_MS} ms to exit): {label} kills it "
+            f"{deadline_ms} ms deadline and {agents.HOOK_EXIT_MS} ms to exit): {label} kills it "
             "mid-search and shows an error"
         )
     return None

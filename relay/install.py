@@ -30,7 +30,7 @@ import click
 from relay import agents
 from relay.errors import InvalidRequestError, RelayError
 from relay.hook import config as hook_config
-from relay.knob_script import SCRIPT_KNOBS, hook_script, knob_value
+from relay.knob_script import SCRIPT_KNOBS, deadline_after_install, hook_script, knob_value
 
 MANIFEST_VERSION = 1
 # Knobs written into config.json at their defaults (re-running install restores them); the
@@ -288,9 +288,21 @@ def plan_install(
         )
     )
     script_ref = paths.script_in_command()
+    # The agents kill a hook at the entry's timeout: it must outlast the deadline the hook
+    # will run with, which this shell's RELAY_DEADLINE_MS may raise above what 5 s covers.
+    deadline = deadline_after_install(paths.environ)
+    timeout = agents.hook_timeout_s(deadline)
+    timeout_notes = (
+        [
+            f"timeout {timeout} s, not {agents.HOOK_TIMEOUT_S}: the hook's deadline is"
+            f" {deadline} ms (RELAY_DEADLINE_MS in this shell)"
+        ]
+        if timeout != agents.HOOK_TIMEOUT_S
+        else []
+    )
 
     def hooks_edit(where: str):  # noqa: ANN202
-        return lambda doc: (agents.add_hooks(doc, script_ref, where), [])
+        return lambda doc: (agents.add_hooks(doc, script_ref, where, timeout), timeout_notes)
 
     events = " and ".join(agents.EVENTS) + " hooks"
     if "claude-code" in agent_names:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay import agents
 from relay.hook import config as hook_config
 
 # The knobs the script owns: (its variable, the hook's setting, the comment above it).
@@ -92,6 +93,15 @@ def hook_script(relay_hook: str) -> str:
         lines += [f"# {help_text}", f"{var}={knob_value(hook_config.DEFAULTS[name])}"]
     lines += [KNOBS_END, f'exec {shlex.quote(relay_hook)} "$@"', ""]
     return "\n".join(lines)
+
+
+def deadline_after_install(environ: dict[str, str]) -> int:
+    """The deadline (ms) the hook runs with once `relay install` has written its script, knobs
+    at their defaults, for agents started with `environ`: RELAY_DEADLINE_MS when it sets a
+    value the hook takes (it beats the script), else the script's DEADLINE_MS. Install
+    registers the entries' timeout for it, and doctor offers install as a fix only for it."""
+    handed = read(hook_script(agents.HOOK_NAME)).handed(dict(environ))
+    return hook_config.load(handed).deadline_ms
 
 
 def knob_value(value: Any) -> str:

@@ -813,10 +813,40 @@ def test_a_deadline_from_the_environment_is_named_as_its_source(tmp_path, server
     done = relay(tmp_path, "doctor", "--json", RELAY_DEADLINE_MS="6000")
     fixes = {f["fix"] for f in json.loads(done.stdout) if f["level"] == "fail"}
     assert fixes == {
-        "raise the timeout to at least 7 (seconds), or remove it, or lower the hook's deadline "
-        "to at most 4900 ms (RELAY_DEADLINE_MS, set in this shell, which beats the script's "
-        "DEADLINE_MS)"
+        "remove the timeout or set it to 8 (seconds), or run `relay install` to rewrite the "
+        "entry, or lower the hook's deadline to at most 4900 ms (RELAY_DEADLINE_MS, set in this "
+        "shell, which beats the script's DEADLINE_MS)"
     }, fixes
+
+
+def test_install_registers_the_timeout_the_deadline_needs_and_doctor_agrees(tmp_path, server):
+    """RELAY_DEADLINE_MS takes up to 10,000 ms, but install registered a 5 s timeout
+    whatever it was: the agents killed the hook mid-search, and doctor, right after
+    install, failed the entries install had just written. Install now registers the
+    deadline, 100 ms to exit and a second, in whole seconds (Codex takes no fraction)."""
+    done = relay(
+        tmp_path,
+        "install",
+        "--url",
+        server.url,
+        "--key",
+        server.admin_key,
+        RELAY_DEADLINE_MS="10000",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "timeout 12 s, not 5: the hook's deadline is 10000 ms" in done.stdout
+    for settings in (tmp_path / ".claude/settings.json", tmp_path / ".codex/hooks.json"):
+        timeouts = {
+            event: [h["timeout"] for group in groups for h in group["hooks"]]
+            for event, groups in json.loads(settings.read_text())["hooks"].items()
+        }
+        assert timeouts == {"UserPromptSubmit": [12], "SessionStart": [12]}, settings
+    checked = json.loads(relay(tmp_path, "doctor", "--json", RELAY_DEADLINE_MS="10000").stdout)
+    assert not [f for f in checked if f["level"] == "fail" and "timeout" in f["message"]]
+    # Without the variable the hook runs with the script's 400 ms: install registers 5 s.
+    installed(tmp_path, server.url, server.admin_key)
+    settings = json.loads((tmp_path / ".claude/settings.json").read_text())
+    assert settings["hooks"]["UserPromptSubmit"][0]["hooks"][0]["timeout"] == 5
 
 
 def test_misspelt_keys_in_the_config_file_are_named(tmp_path, server):
