@@ -766,7 +766,7 @@ class Searcher:
 def answer(scored: list[tuple[Passage, float]], s: SearchSettings, k: int) -> list[Hit]:
     """What a query's judged candidates give: nothing when the best is under the threshold;
     otherwise each memory's best passage within `relative` of the best and scoring at least
-    `min_score`, one of each text, the top k."""
+    `min_score`, one of each text under one title, the top k."""
     top = max((score for _, score in scored), default=0.0)
     if top < s.threshold:
         return []
@@ -790,19 +790,22 @@ def answer(scored: list[tuple[Passage, float]], s: SearchSettings, k: int) -> li
 
 
 def distinct_texts(hits: Iterable[Hit], k: int) -> list[Hit]:
-    """The best `k` hits, one per passage text (whitespace aside), best first.
+    """The best `k` hits, one per passage text under one title (whitespace aside), best first.
 
     Two memories can say the same words: one fact remembered by two teammates, a file
     imported from two places. Both were returned and the hook injected both, spending its
     few records and tokens on one fact twice. The hook sees only ids and revisions (its
     ledger), so the server, which holds the text, keeps one: the best scored, and among
     equals (the same text and title score alike) the one written first, so a copy written
-    later never displaces the one a conversation has already been shown. Collapsing comes
-    before the cut to k, so k distinct texts come back whenever the inspected candidates
-    hold that many; it reads only the <= 12 candidates already judged."""
-    out: dict[str, Hit] = {}
+    later never displaces the one a conversation has already been shown. The title is part
+    of what a hit says ("Staging" or "Production" over "use the blue cluster"; a chat
+    line's speaker and date), so the same words under two titles are two hits. Collapsing
+    comes before the cut to k, so k distinct hits come back whenever the inspected
+    candidates hold that many; it reads only the <= 12 candidates already judged."""
+    out: dict[tuple[str, str], Hit] = {}
     for hit in sorted(hits, key=lambda h: (-h.score, h.updated_at, h.id)):
-        out.setdefault(" ".join(hit.text.split()), hit)
+        said = (" ".join((hit.title or "").split()), " ".join(hit.text.split()))
+        out.setdefault(said, hit)
         if len(out) == k:
             break
     return list(out.values())

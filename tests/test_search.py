@@ -334,3 +334,17 @@ def test_a_memory_written_twice_comes_back_once_and_k_stays_distinct(store, embe
     assert hits[0].id == "m1" and {h.id for h in hits[1:]} == {"m0", "m2"}
     searcher.close()
     lenient.close()
+
+
+def test_the_same_words_under_two_titles_are_two_hits(store, embedder):
+    """A title is part of what a hit says: "use the blue cluster" under Staging and under
+    Production are two facts, and collapsing them by text alone dropped one."""
+    body = "Deploys go to the blue cluster; the green one is being retired."
+    drafts = [MemoryDraft(body=body, title=t, source="ops") for t in ("Staging", "Production")]
+    p = _org(store, embedder, [])
+    for i, draft in enumerate(drafts):
+        save(store, embedder, p.org_id, f"t{i}", draft, "t", "create")
+    searcher = Searcher(store, embedder)
+    hits = searcher.search(p, "which cluster do deploys go to?", k=3, deadline_ms=10_000).results
+    assert sorted(h.title for h in hits) == ["Production", "Staging"]
+    searcher.close()
