@@ -5,8 +5,8 @@ into adopting" meet only as far as their averages do. MaxSim (ColBERT's score, h
 the same MiniLM's token states, no extra model) keeps one vector per word piece: for every
 query piece the closest passage piece, averaged with the query words' IDF as weights, so
 the rare words of a question count most. Search uses it twice: to choose which of the
-first stage's proposals to inspect (`relay.search.Preselect`), and as a feature of the
-relevance model (`relay.search.Features.maxsim`); BENCHMARKS.md "Recall" has what it bought.
+first stage's proposals to inspect (`relay.ranking.Preselect`), and as a feature of the
+relevance model (`relay.ranking.Features.maxsim`); BENCHMARKS.md "Recall" has what it bought.
 
 Storage: a passage's token states are projected from 384 to `DIMS` dimensions with a fixed
 projection (`data/token_projection.npy`, the top principal directions of MiniLM token states

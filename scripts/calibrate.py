@@ -6,10 +6,10 @@ Runs the real pipeline with the threshold at 0 on the *development* split of
 each bench folder (the first 3 stores in sorted order for LoCoMo, the
 odd-numbered conversations of coding_prompts) and fits, in order:
 
-0. the preselection (`relay.search.Preselect`): a logistic model over every
+0. the preselection (`relay.ranking.Preselect`): a logistic model over every
    first-stage proposal's cosine, MaxSim and stage ranks, relevant or not; then,
    on the 12 candidates it picks, the two logistic models of a
-   `relay.search.Model` over `relay.search.Features`:
+   `relay.ranking.Model` over `relay.ranking.Features`:
 1. a ranker over every inspected candidate (relevant or not; for unanswerable
    queries every candidate is a negative), which orders a query's candidates;
 2. a gate over each query's top candidate (by the ranker): "is there anything
@@ -45,7 +45,8 @@ import numpy as np
 
 from relay.bench_recall import Query, load_folder, load_queries
 from relay.embedding import load_embedder
-from relay.search import Features, Model, Preselect, Searcher, SearchSettings, Weights
+from relay.ranking import Features, Model, Preselect, Weights
+from relay.search import Searcher, SearchSettings
 from relay.store.sqlite import SQLiteStore
 
 BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "bench"
@@ -74,7 +75,7 @@ def vector(f: Features, names: tuple[str, ...]) -> list[float]:
 
 def collect(loaded, embedder, folder: str, settings: SearchSettings, modes) -> dict[str, list]:  # noqa: ANN001
     """Per mode, [(query, [(memory_id, features)], [(memory_id, pool features)])] for every
-    dev query of `folder`, threshold 0 (`relay.search.pool_features`; empty without MaxSim)."""
+    dev query of `folder`, threshold 0 (`relay.ranking.pool_features`; empty without MaxSim)."""
     store, principals = loaded
     searcher = Searcher(store, embedder, dataclasses.replace(settings, threshold=0.0))
     current: dict[str, object] = {}

@@ -43,7 +43,8 @@ from calibrate import BENCH, dev_split
 
 from relay.bench_recall import K, Query, evaluate, figures, load_folder, load_queries
 from relay.embedding import load_embedder
-from relay.search import Model, Searcher, SearchSettings, answer, judge
+from relay.ranking import Model, judge
+from relay.search import Searcher, SearchSettings, answer
 from relay.store.sqlite import SQLiteStore
 
 
@@ -81,7 +82,7 @@ def with_gate(base: SearchSettings, topic: float, words: float) -> SearchSetting
 def judged(name: str, embedder, tmp: Path) -> list[tuple[Query, list]]:  # noqa: ANN001
     """Every dev query of a folder with its inspected candidates (passage, features): none
     of the settings `rules` chooses changes which candidates are inspected, so each grid
-    point replays only the judging (`relay.search.judge`, `answer`)."""
+    point replays only the judging (`relay.ranking.judge`, `answer`)."""
     store = SQLiteStore(tmp / f"{name}.db")
     principals = load_folder(store, embedder, BENCH / name)
     searcher = Searcher(store, embedder, dataclasses.replace(SearchSettings(), threshold=0.0))

@@ -8,12 +8,11 @@ import pytest
 
 from relay.bench_recall import memory_drafts
 from relay.models import Passage
-from relay.search import (
+from relay.ranking import (
     Features,
     Model,
     Preselect,
     QueryReading,
-    SearchSettings,
     Weights,
     candidate_features,
     judge,
@@ -21,6 +20,7 @@ from relay.search import (
     preselect,
     sigmoid,
 )
+from relay.search import SearchSettings
 from relay.text import proper_names, query_terms, subject_terms
 
 

@@ -14,7 +14,8 @@ import pytest
 from relay.auth import mint_key
 from relay.models import MemoryDraft, PassageInput, Principal
 from relay.passages import split_passages
-from relay.search import SEEN_CAP, QueryReading, Searcher, SearchSettings, seen
+from relay.ranking import SEEN_CAP, QueryReading, seen
+from relay.search import Searcher, SearchSettings
 from relay.writes import save, save_many
 
 

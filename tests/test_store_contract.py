@@ -505,7 +505,7 @@ def test_an_older_store_drops_the_embeddings_its_deletes_left_when_it_is_opened(
 
 
 def test_each_audience_sets_passage_total_follows_every_write(store):
-    """A reader's share of the org is summed from these (relay.search.seen): they must equal
+    """A reader's share of the org is summed from these (relay.ranking.seen): they must equal
     a recount after creates, edits that move a memory to other audiences, batch upserts
     (PostgreSQL's pipelined path and its one-by-one path) and deletes."""
     org, other = store.create_org("acme").id, store.create_org("globex").id

@@ -185,7 +185,7 @@ class Store(Protocol):
     ) -> list[Passage]: ...
     def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]: ...
     # `doc_freq` as one reader may know it: the org's also counts memories this reader may
-    # not read (see `relay.search.seen`). The total is of the passages of the memories whose
+    # not read (see `relay.ranking.seen`). The total is of the passages of the memories whose
     # audiences meet `audiences` (kept per audience set at write time: one small read; like
     # the org's, it counts expired and superseded memories' passages), each term's count of
     # the passages the reader may see that hold it, counted up to `cap`.
