@@ -119,8 +119,16 @@ class MemoryBody(_Body):
     pinned: bool = False
 
 
+class BatchItem(MemoryBody):
+    # The revision the writer read the memory at (`relay import`): written only over that
+    # one, else the batch is refused with a 409 naming the item and the revision it is at,
+    # so an edit landing between the read and the write is never undone unseen. null: no
+    # check, as when left out (a new memory, a restore).
+    expected_revision: int | None = Field(None, ge=1)
+
+
 class MemoryBatch(_Body):
-    items: list[MemoryBody] = Field(min_length=1, max_length=256)
+    items: list[BatchItem] = Field(min_length=1, max_length=256)
 
 
 _NOT_NULL = {

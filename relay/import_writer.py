@@ -46,6 +46,10 @@ class ImportTally:
     overwritten: list[ImportDraft] = field(default_factory=list)
     # Written again after their memory was deleted (`relay forget`, or retired): (draft, old id).
     revived: list[tuple[ImportDraft, str]] = field(default_factory=list)
+    # Not written: their memory changed (`relay edit`, another import) after this import read
+    # it, so what it judged by (the text, to count an overwritten edit; the audiences, to
+    # keep them) was out of date. Importing again writes the file over the change, counted.
+    changed: list[ImportDraft] = field(default_factory=list)
     # Drafts of the batch sent and not yet answered: stopped now, the server may still
     # write them (it commits a batch it has read whatever became of the client).
     in_flight: int = 0
@@ -79,15 +83,18 @@ def import_files(
         for d in drafts
     ]
     edited = {d.id for d in drafts if d.id in live and edited_since_import(client, live[d.id], d)}
+    # Each memory is written only at the revision read above, which all of that was judged on.
+    read = {memory_id: m["revision"] for memory_id, m in live.items()}
     tally = tally or ImportTally()
-    for batch in batches(drafts, lambda d: _item(d, audiences)):
+    for batch in batches(drafts, lambda d: _item(d, audiences, read.get(d.id))):
         tally.in_flight = len(batch)
-        result, sent = _upsert(client, batch, audiences)
+        result, sent, changed = _upsert(client, batch, audiences, read)
         tally.in_flight = 0
         tally.written += result["written"]
         tally.unchanged += result["unchanged"]
-        tally.overwritten += [d for d in batch if d.id in edited]
-        tally.revived += [(d, was.id) for was, d in zip(batch, sent, strict=True) if was != d]
+        tally.overwritten += [was for was, _ in sent if was.id in edited]
+        tally.revived += [(d, was.id) for was, d in sent if was != d]
+        tally.changed += changed
         on_batch(len(batch))
     if not keep_removed:
         kept = {d.id for d in drafts}
@@ -247,24 +254,37 @@ def _list(client: RelayClient, filters: dict[str, str]) -> Iterator[dict]:
 
 
 def _upsert(
-    client: RelayClient, batch: list[ImportDraft], audiences: Sequence[str]
-) -> tuple[dict, list[ImportDraft]]:
-    """The batch written, and the drafts as sent: a section deleted before, at its id's
-    next generation."""
-    while True:
+    client: RelayClient,
+    batch: list[ImportDraft],
+    audiences: Sequence[str],
+    read: Mapping[str, int],
+) -> tuple[dict, list[tuple[ImportDraft, ImportDraft]], list[ImportDraft]]:
+    """The batch written: (the server's counts, (draft, as sent) for each written: a section
+    deleted before goes at its id's next generation, and the drafts left unwritten because
+    their memory moved past the revision `read` holds)."""
+    pairs = [(d, d) for d in batch]
+    changed: list[ImportDraft] = []
+    while pairs:
+        items = [_item(d, audiences, read.get(d.id)) for _, d in pairs]
         try:
-            return client.post("/v1/memories/batch", {"items": _items(batch, audiences)}), batch
+            return client.post("/v1/memories/batch", {"items": items}), pairs, changed
         except ConflictError as exc:
+            # The batch wrote nothing: sent again without the refused item, or with it moved.
+            taken = exc.details.get("memory_id")
+            if not any(d.id == taken for _, d in pairs):
+                raise
+            if "revision" in exc.details:  # changed since it was read: left as it is
+                changed += [was for was, d in pairs if d.id == taken]
+                pairs = [(was, d) for was, d in pairs if d.id != taken]
+                continue
             # A new section's id is taken: retired before (its tombstone keeps the id), or
             # held by a memory this key may not read. Rare, so only now is that section
             # moved to the id's next generation, and the batch sent again.
-            taken = exc.details.get("memory_id")
-            if not any(d.id == taken for d in batch):
-                raise
-            batch = [
-                dataclasses.replace(d, id=_next_generation(d.id)) if d.id == taken else d
-                for d in batch
+            pairs = [
+                (was, dataclasses.replace(d, id=_next_generation(d.id)) if d.id == taken else d)
+                for was, d in pairs
             ]
+    return {"written": 0, "unchanged": 0}, [], changed
 
 
 def _next_generation(memory_id: str) -> str:
@@ -295,13 +315,9 @@ def check_drafts(drafts: Iterable[ImportDraft], audiences: Sequence[str] = ()) -
             raise type(exc)(message, **exc.details) from None
 
 
-def _items(batch: list[ImportDraft], audiences: Sequence[str]) -> list[dict]:
-    return [_item(d, audiences) for d in batch]
-
-
-def _item(d: ImportDraft, audiences: Sequence[str]) -> dict:
+def _item(d: ImportDraft, audiences: Sequence[str], revision: int | None = None) -> dict:
     """The batch item for `d`: for `audiences` (--audience), else for those of the memory
-    it continues, else (left out) for everyone."""
+    it continues, else (left out) for everyone; written only over `revision` when given."""
     chosen = list(audiences or d.audiences)
     return {
         "id": d.id,
@@ -310,4 +326,5 @@ def _item(d: ImportDraft, audiences: Sequence[str]) -> dict:
         "source": d.source,
         "tags": list(d.tags),
         **({"audiences": chosen} if chosen else {}),
+        **({"expected_revision": revision} if revision is not None else {}),
     }

@@ -381,6 +381,11 @@ def create_app(services: Services) -> FastAPI:
                 )
             first[item.id] = i
             items.append((item.id, draft))
+        expected = {
+            item.id: item.expected_revision
+            for item in body.items
+            if item.id and item.expected_revision is not None
+        }
         try:
             written, unchanged = writes.save_many(
                 store,
@@ -391,6 +396,7 @@ def create_app(services: Services) -> FastAPI:
                 "upsert",
                 batch=len(items),
                 audiences=auth.management_view(p),
+                expected=expected,
             )
         except RelayError as exc:
             if exc.item is not None:  # refused by the store's write rules, named the same way

@@ -293,8 +293,11 @@ def save_many(
     progress: Callable[[int], None] | None = None,
     batch: int = 512,
     audiences: frozenset[str] | None = None,
+    expected: Mapping[str, int] | None = None,
 ) -> tuple[int, int]:
-    """Bulk write (import, benchmarks): returns (written, unchanged)."""
+    """Bulk write (import, benchmarks): returns (written, unchanged). `expected`: memory id
+    -> the revision its writer read it at; the write is refused (ConflictError with
+    `revision`) when another landed since, as an edit's `expected_revision` is."""
     written = unchanged = 0
     for start in range(0, len(items), batch):
         chunk = items[start : start + batch]
@@ -306,6 +309,7 @@ def save_many(
                 author,
                 mode,
                 audiences,
+                expected,
             )
         except RelayError as exc:
             if exc.item is not None:  # its place in the chunk, made its place in `items`

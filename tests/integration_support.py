@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -180,9 +181,11 @@ class BatchProxy:
     """A loopback proxy to `upstream` (a real server) whose `nth` POST /v1/memories/batch
     meets `act` instead: "interrupt" sends the client (`client_pid`) Ctrl-C and never
     answers, as if the user pressed it while that batch was on its way; "overloaded"
-    answers 503 without forwarding it. Use as a context manager; `url` is its address."""
+    answers 503 without forwarding it; a function is called, then the batch forwarded, as
+    if what it does happened while the batch was on its way. Use as a context manager;
+    `url` is its address."""
 
-    def __init__(self, upstream: str, nth: int, act: str) -> None:
+    def __init__(self, upstream: str, nth: int, act: str | Callable[[], None]) -> None:
         import http.server
         import threading
 
@@ -218,6 +221,8 @@ class BatchProxy:
                         said = {"code": "overloaded", "message": "server busy", "status": 503}
                         self._answer(503, {"error": said})
                         return
+                    if proxy.batches == nth and callable(act):
+                        act()
                 reply = httpx.request(
                     self.command,
                     upstream + self.path,

@@ -569,6 +569,52 @@ def test_hand_edits_and_deletions_undone_by_an_import_are_counted(tmp_path, serv
     assert "note:" not in done.stderr
 
 
+def test_an_edit_made_while_an_import_runs_is_kept_and_named(tmp_path, server):
+    """A `relay edit` landing after the import read a memory and before its batch was
+    written was undone without a word: the import judged the memory as it read it (its
+    text, to count an overwritten edit; its audiences, to keep them), and the batch wrote
+    over whatever it held by then, opening a narrowed audience to everyone again. The batch
+    now writes a memory only at the revision the import read, and the import names the one
+    it left as it is: importing again writes the file over it, as over any edit, counted."""
+    from integration_support import mint, relay
+
+    mint(server.url, server.admin_key, "qa-race-sre", ["memory:read"], ["sre"])
+    repo = git_repo(tmp_path / "qa-race")
+    write(repo / "AGENTS.md", AGENTS)
+    summary(relay_import(server, repo, "AGENTS.md"))
+    ids = {m["title"]: m["id"] for m in live_memories(server, "qa-race/AGENTS.md")}
+    direct = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+
+    def edit_meanwhile() -> None:
+        edit = ["edit", ids["Build"], "--body", "Run ninja.", "--audience", "sre"]
+        done = relay(tmp_path, *edit, **direct)
+        assert done.returncode == 0, done.stderr
+
+    with BatchProxy(server.url, nth=1, act=edit_meanwhile) as proxy:
+        env = clean_env(repo, RELAY_URL=proxy.url, RELAY_API_KEY=server.admin_key)
+        code, out, err = proxy.run(["import", "AGENTS.md"], env, repo)
+    assert code == 0, err
+    (build,) = [m for m in live_memories(server, "qa-race/AGENTS.md") if m["title"] == "Build"]
+    assert (build["body"], build["audiences"], build["revision"]) == ("Run ninja.", ["sre"], 2)
+    assert out.strip() == (
+        "imported 3 memories: 0 new or changed, 2 unchanged, 0 retired; 1 changed while this"
+        " import ran was left as it is"
+    )
+    notes = [line for line in err.splitlines() if line.startswith("relay: note:")]
+    assert notes == [
+        f"relay: note: qa-race/AGENTS.md › Build: changed (relay edit, or another import)"
+        f" after this import read it, so left as it is; import again to write the file's"
+        f" text over it (relay history {ids['Build']} shows the change)"
+    ], err
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == (
+        "imported 3 memories: 1 new or changed, 2 unchanged, 0 retired; 1 edited since it was"
+        " imported was overwritten"
+    )
+    (build,) = [m for m in live_memories(server, "qa-race/AGENTS.md") if m["title"] == "Build"]
+    assert (build["body"], build["audiences"]) == ("Run make.", ["sre"])
+
+
 # --- structured data -------------------------------------------------------------------------
 
 

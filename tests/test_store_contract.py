@@ -432,6 +432,32 @@ def test_a_batch_creates_edits_and_skips_like_single_writes(store):
         )
 
 
+@pytest.mark.parametrize("linked", [False, True], ids=["batch-path", "one-by-one"])
+def test_a_batch_writes_a_memory_only_at_the_revision_its_writer_read(store, linked):
+    """An import reads a memory, judges it (its text, its audiences), then writes its
+    batch: an edit landing between the two was written over unseen. A batch item's
+    expected revision refuses the whole batch when its memory moved on, naming the item
+    and the revision it is at (PostgreSQL: on its batch path, and on the one-by-one path
+    that supersession takes)."""
+    org = store.create_org("acme").id
+    save(store, org, "a", "alpha fact", seed=1)
+    save(store, org, "b", "beta fact", seed=2)
+    save(store, org, "b", "beta fact, edited by hand", seed=3, audiences=("sre",))
+    extra = {"supersedes": ("a",)} if linked else {}
+    items = [
+        ("c", MemoryDraft(body="gamma fact", **extra), passages("gamma fact", 4)),
+        ("b", MemoryDraft(body="beta fact, from the file"), passages("beta fact, file", 5)),
+    ]
+    with pytest.raises(ConflictError) as refused:
+        store.save_memories(org, items, "t", "upsert", expected={"b": 1})
+    assert (refused.value.item, refused.value.details) == (1, {"memory_id": "b", "revision": 2})
+    b = store.get_memory(org, "b", None)
+    assert (b.revision, b.body, b.audiences) == (2, "beta fact, edited by hand", ("sre",))
+    assert store.current_memory(org, "c") is None  # all or nothing
+    saved = store.save_memories(org, items, "t", "upsert", expected={"b": 2})
+    assert [(m.id, m.revision, changed) for m, changed in saved] == [("c", 1, True), ("b", 3, True)]
+
+
 def parts(text: str, n: int, seed: int = 0) -> list[PassageInput]:
     """`n` passages of one memory."""
     return [

@@ -183,6 +183,13 @@ def import_(
             f" read); imported again as {d.id}",
             err=True,
         )
+    for d in tally.changed:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: changed (relay edit, or another"
+            " import) after this import read it, so left as it is; import again to write the"
+            f" file's text over it (relay history {d.id} shows the change)",
+            err=True,
+        )
     also = ""
     if n := len(tally.overwritten):
         it = "it was" if n == 1 else "they were"
@@ -191,6 +198,11 @@ def import_(
         also += (
             f"; {n} deleted before (or hidden from this key)"
             f" {'was' if n == 1 else 'were'} imported again"
+        )
+    if n := len(tally.changed):
+        also += (
+            f"; {n} changed while this import ran"
+            f" {'was left as it is' if n == 1 else 'were left as they are'}"
         )
     click.echo(
         f"imported {len(drafts)} memories: {tally.written} new or changed,"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
@@ -145,6 +145,7 @@ class Store(Protocol):
         author: str | None,
         mode: SaveMode,
         audiences: frozenset[str] | None = None,
+        expected: Mapping[str, int] | None = None,  # memory id -> the revision it must be at
     ) -> list[tuple[Memory, bool]]: ...
     def current_memory(self, org_id: str, memory_id: str) -> Memory | None: ...
     def delete_memory(

@@ -33,7 +33,7 @@ import select
 import struct
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -743,8 +743,9 @@ class PostgresStore:
         expected_revision: int | None = None,
         audiences: frozenset[str] | None = None,
     ) -> tuple[Memory, bool]:
+        expected = {} if expected_revision is None else {memory_id: expected_revision}
         (saved,) = self._save_many(
-            org_id, [(memory_id, draft, passages)], author, mode, expected_revision, audiences
+            org_id, [(memory_id, draft, passages)], author, mode, expected, audiences
         )
         return saved
 
@@ -755,9 +756,11 @@ class PostgresStore:
         author: str | None,
         mode: SaveMode,
         audiences: frozenset[str] | None = None,
+        expected: Mapping[str, int] | None = None,
     ) -> list[tuple[Memory, bool]]:
-        """Many writes in one transaction: all land, or none do."""
-        return self._save_many(org_id, items, author, mode, None, audiences)
+        """Many writes in one transaction: all land, or none do (a memory of `expected` not
+        at its revision there refuses them all: ConflictError with `revision`)."""
+        return self._save_many(org_id, items, author, mode, expected or {}, audiences)
 
     def _save_many(
         self,
@@ -765,15 +768,17 @@ class PostgresStore:
         items: Sequence[tuple[str, MemoryDraft, Sequence[PassageInput]]],
         author: str | None,
         mode: SaveMode,
-        expected_revision: int | None,
+        expected: Mapping[str, int],
         audiences: frozenset[str] | None,
     ) -> list[tuple[Memory, bool]]:
         try:
             with self._write(org_id) as conn:
                 terms = _TermDelta()
                 out: list[tuple[Memory, bool]] | None = None
-                if _batchable(items, expected_revision):
-                    out = self._save_batch(conn, terms, org_id, items, author, mode, audiences)
+                if _batchable(items):
+                    out = self._save_batch(
+                        conn, terms, org_id, items, author, mode, expected, audiences
+                    )
                 if out is None:
                     out = []
                     for i, (mid, d, ps) in enumerate(items):
@@ -788,7 +793,7 @@ class PostgresStore:
                                     author,
                                     ps,
                                     mode,
-                                    expected_revision,
+                                    expected.get(mid),
                                     audiences,
                                 )
                             )
@@ -886,6 +891,7 @@ class PostgresStore:
         items: Sequence[tuple[str, MemoryDraft, Sequence[PassageInput]]],
         author: str | None,
         mode: SaveMode,
+        expected: Mapping[str, int],
         audiences: frozenset[str] | None,
     ) -> list[tuple[Memory, bool]] | None:
         """Many distinct memories without supersession: the same checks and rows as `_save`,
@@ -905,7 +911,7 @@ class PostgresStore:
         writes: list[tuple[int, dict[str, Any], MemoryDraft, Sequence[PassageInput]]] = []
         for i, (mid, draft, passages) in enumerate(items):
             with batch_item(i):
-                current = _judge(rows.get(mid), mid, draft, mode, None, audiences)
+                current = _judge(rows.get(mid), mid, draft, mode, expected.get(mid), audiences)
             if current is not None and same_content(current, draft):
                 out.append((current, False))
                 continue
@@ -1427,17 +1433,11 @@ INSERT_PASSAGE = (
 )
 
 
-def _batchable(
-    items: Sequence[tuple[str, MemoryDraft, Sequence[PassageInput]]],
-    expected_revision: int | None,
-) -> bool:
+def _batchable(items: Sequence[tuple[str, MemoryDraft, Sequence[PassageInput]]]) -> bool:
     """The batch path needs items that cannot see each other: distinct ids, no supersession."""
     ids = [mid for mid, _, _ in items]
     return (
-        len(items) > 1
-        and expected_revision is None
-        and len(set(ids)) == len(ids)
-        and not any(d.supersedes for _, d, _ in items)
+        len(items) > 1 and len(set(ids)) == len(ids) and not any(d.supersedes for _, d, _ in items)
     )
 
 

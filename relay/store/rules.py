@@ -48,7 +48,12 @@ def judge_write(
         raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
     if expected_revision is not None and (current is None or current.revision != expected_revision):
         have = None if current is None else current.revision
-        raise ConflictError(f"memory {memory_id!r} is at revision {have}, not {expected_revision}")
+        # `revision` tells this refusal from a taken id's (the batch's writer re-reads it).
+        raise ConflictError(
+            f"memory {memory_id!r} is at revision {have}, not {expected_revision}",
+            memory_id=memory_id,
+            revision=have,
+        )
 
 
 def same_content(current: Memory, draft: MemoryDraft) -> bool:

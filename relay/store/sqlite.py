@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -422,15 +422,26 @@ class SQLiteStore:
         author: str | None,
         mode: SaveMode,
         audiences: frozenset[str] | None = None,
+        expected: Mapping[str, int] | None = None,
     ) -> list[tuple[Memory, bool]]:
-        """Many writes in one transaction: all land, or none do."""
+        """Many writes in one transaction: all land, or none do (a memory of `expected` not
+        at its revision there refuses them all: ConflictError with `revision`)."""
+        expected = expected or {}
         saved = []
         with self._write() as conn:
             for i, (memory_id, draft, passages) in enumerate(items):
                 with batch_item(i):
                     saved.append(
                         self._save(
-                            conn, org_id, memory_id, draft, author, passages, mode, None, audiences
+                            conn,
+                            org_id,
+                            memory_id,
+                            draft,
+                            author,
+                            passages,
+                            mode,
+                            expected.get(memory_id),
+                            audiences,
                         )
                     )
             shown = _as_read(conn, org_id, [m for m, _ in saved], audiences)
