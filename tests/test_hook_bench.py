@@ -7,7 +7,8 @@ import json
 from click.testing import CliRunner
 from hook_support import FakeRelay, record, reply, results
 
-from relay.hook_bench import FAULT_KINDS, hook, quiet
+from relay.cli.bench import bench_hook as hook
+from relay.hook_bench import FAULT_KINDS, quiet
 
 
 def test_bench_hook_writes_exactly_the_documented_schema(tmp_path):

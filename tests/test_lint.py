@@ -20,3 +20,31 @@ def test_ruff_format_has_nothing_to_change() -> None:
         [str(RUFF), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# Imports each of Relay's modules first thing, as a command or a test file may: an import
+# cycle hides while some other module happens to be imported before it (`relay.eval.commands`
+# failed alone, through relay.cli, while the whole suite passed).
+_EACH_ALONE = """
+import importlib, pkgutil, sys, relay
+names = sorted(m.name for m in pkgutil.walk_packages(relay.__path__, "relay."))
+failed = []
+for name in names:
+    for loaded in [m for m in sys.modules if m == "relay" or m.startswith("relay.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed.append(f"{name}: {type(exc).__name__}: {exc}")
+print(len(names))
+print("\\n".join(failed))
+"""
+
+
+def test_every_module_imports_on_its_own() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _EACH_ALONE], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    count, *failed = done.stdout.splitlines()
+    assert int(count) > 50 and [f for f in failed if f] == []

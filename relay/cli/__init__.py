@@ -54,7 +54,6 @@ def _register() -> None:
     from relay.doctor import doctor
     from relay.drills import drill
     from relay.eval.commands import eval_group
-    from relay.hook_bench import hook as bench_hook
     from relay.hook_stats import stats
     from relay.install import install
     from relay.mcp_server import mcp_command
@@ -66,7 +65,6 @@ def _register() -> None:
     cli.add_command(migrate)
     cli.add_command(eval_group)
     cli.add_command(drill)
-    bench.add_command(bench_hook)
     for command in (
         serve,
         org,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import sys
 from pathlib import Path
 
 import click
@@ -181,3 +183,61 @@ def bench_search(
     if json_path:
         json_path.write_text(json.dumps(result, indent=2) + "\n")
     echo_json(result)
+
+
+@bench.command("hook")
+@click.option("--url", help="A running server to measure against (default: start one).")
+@click.option("--key", help="A memory:read key for --url.")
+@click.option(
+    "--memories",
+    type=click.IntRange(1),
+    default=None,
+    help="Memories in the server started here [default 10000]; with --url, a label for the report.",
+)
+@click.option(
+    "--runs", type=click.IntRange(0), default=200, show_default=True, help="Latency rounds."
+)
+@click.option(
+    "--fault-runs",
+    type=click.IntRange(0),
+    default=100,
+    show_default=True,
+    help="Runs per fault kind.",
+)
+@click.option(
+    "--deadline-ms", type=click.IntRange(50), default=400, show_default=True, help="DEADLINE_MS."
+)
+@figures_json_option
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    help="Build the bench database here and keep it; reuse it when it exists.",
+)
+def bench_hook(
+    url: str | None,
+    key: str | None,
+    memories: int | None,
+    runs: int,
+    fault_runs: int,
+    deadline_ms: int,
+    json_path: Path | None,
+    db: str | None,
+) -> None:
+    """Recall hook wall time (hit, skip) beside curl and Python floors, and the fault drill."""
+    from relay.hook_bench import public, render, run
+
+    if url and not key:
+        raise click.UsageError("--url needs --key")
+    # A terminated benchmark must still stop the server it started (finally blocks run on exit).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    progress = lambda message: click.echo(message, err=True)  # noqa: E731
+    try:
+        result = run(memories, url, key, runs, fault_runs, deadline_ms, progress, db)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if json_path:
+        json_path.write_text(json.dumps(public(result), indent=2) + "\n")
+    click.echo(render(result, deadline_ms))
+    bad = [k for k, f in result.get("faults", {}).items() if f["ok"] != f["runs"]]
+    if bad:
+        raise click.ClickException(f"fault runs not ok: {', '.join(bad)}")
