@@ -224,6 +224,12 @@ class Searcher:
         degraded = False
         if _left_ms(deadline) < s.min_budget_ms:
             return SearchResponse([], [], True, False, _ms(start), timings)
+        terms = query_terms(query)
+        if not terms:
+            # Not one word to look for ("+++++", a row of backslashes, "do it"): the query
+            # asks nothing, yet its embedding lands near some memory (0.44 for "+++++" on
+            # the coding rules). Nothing is the answer, and no stage needs to run for it.
+            return SearchResponse([], [], False, False, _ms(start), timings)
 
         future = None
         if mode != "lexical":
@@ -232,7 +238,6 @@ class Searcher:
                 future = self._pool.submit(run, self._semantic, org, audiences, now, query)
             else:
                 degraded = True
-        terms = query_terms(query)
         lexical: list[tuple[int, float]] = []
         if mode != "semantic":
             t = time.monotonic()

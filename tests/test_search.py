@@ -349,3 +349,16 @@ def test_the_same_words_under_two_titles_are_two_hits(store, embedder):
     hits = searcher.search(p, "which cluster do deploys go to?", k=3, deadline_ms=10_000).results
     assert sorted(h.title for h in hits) == ["Production", "Staging"]
     searcher.close()
+
+
+@pytest.mark.parametrize("query", ["+++++++++++++++++++++", "\\\\\\\\\\\\\\\\", "?!", "do it"])
+def test_a_query_without_a_word_to_look_for_gets_nothing(store, embedder, query):
+    """ "+++++" has no word to look for, yet its embedding landed near a rule (0.44 on the
+    coding rules): `relay search` and MCP recall returned it. However lenient the cut."""
+    p = _org(store, embedder, BODIES)
+    any_score = dataclasses.replace(SearchSettings(), threshold=0.0, relative=0.0, min_score=0.0)
+    searcher = Searcher(store, embedder, any_score)
+    res = searcher.search(p, query, k=3, deadline_ms=10_000, use_cache=False)
+    assert res.results == [] and not res.degraded
+    assert searcher.search(p, "staging cluster", k=3, deadline_ms=10_000).results  # the cut
+    searcher.close()
