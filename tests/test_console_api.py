@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from relay.api_requests import encode_cursor
+from relay.console import health
 from relay.console.routes import COOKIE, csrf_token
 
 
@@ -303,3 +304,28 @@ def test_edits_at_the_same_time_each_keep_what_the_other_changed(api) -> None:
     assert titles == sorted(titles) and sources == sorted(sources), (titles, sources)
     final = api.client.get(path).json()
     assert (final["title"], final["source"], final["revision"]) == ("t20", "s/20", 41)
+
+
+def test_a_developer_name_is_kept_per_key_so_one_key_cannot_speak_for_others(api) -> None:
+    """QA: any key could report as any developer (a read-only key sent {"developer":
+    "admin"} over the admin's own reports) and could push every other developer out of the
+    view by sending a thousand names."""
+    report = {"invocations": 5, "outcomes": {"hit": 2, "no_match": 3}}
+    broken = {**report, "unauthorized_streak": {"length": 4, "since": None}}
+
+    def send(who: str, developer: str, body: dict) -> None:
+        r = api.client.post(
+            "/v1/hook-outcomes", json={**body, "developer": developer}, headers=api.headers(who)
+        )
+        assert r.status_code == 202, r.text
+
+    send("acme_admin", "alice@laptop", broken)
+    send("acme_reader", "alice@laptop", report)  # another key, the same name: a row of its own
+    for n in range(40):
+        send("acme_reader", f"flood-{n}", report)
+    sign_in(api, "acme_admin")
+    rows = api.client.get("/console/api/health").json()["developers"]
+    alices = {r["key_name"]: r for r in rows if r["developer"] == "alice@laptop"}
+    assert alices["admin"]["broken"] == ["unauthorized"]  # not overwritten by the reader
+    assert "reader" not in alices  # the reader's own alice aged out under its flood
+    assert sum(r["key_name"] == "reader" for r in rows) == health.NAMES_PER_KEY

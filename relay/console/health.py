@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 SEARCH_EVENTS_MAX = 20_000
 REPORTS_PER_DEVELOPER = 100
 DEVELOPERS_PER_ORG = 1_000
+# Developer names one key may report under. The name is the sender's word, so reports are
+# kept per key and name: a key cannot overwrite another key's "alice", nor push the org's
+# other developers out of the view by sending a thousand names.
+NAMES_PER_KEY = 20
 UNAVAILABLE_STREAK_ALERT = 3  # as relay.hook_stats: below this a blip, not a broken install
 
 
@@ -203,30 +207,39 @@ class HookReport:
 
 
 class HookReports:
-    """The last reports of each developer, per org; oldest developers dropped past a cap."""
+    """The last reports of each (key, developer name), per org; the oldest dropped past a
+    cap per key and per org."""
 
     def __init__(self) -> None:
-        self._by_org: dict[str, dict[str, deque[HookReport]]] = {}
+        self._by_org: dict[str, dict[tuple[str, str], deque[HookReport]]] = {}
         self._lock = threading.Lock()
 
     def add(self, org_id: str, report: HookReport) -> None:
         with self._lock:
             devs = self._by_org.setdefault(org_id, {})
-            history = devs.pop(report.developer, None) or deque(maxlen=REPORTS_PER_DEVELOPER)
+            who = (report.key_id, report.developer)
+            history = devs.pop(who, None) or deque(maxlen=REPORTS_PER_DEVELOPER)
             history.append(report)
-            devs[report.developer] = history  # re-inserted: most recently heard from last
+            devs[who] = history  # re-inserted: most recently heard from last
+            this_key = [w for w in devs if w[0] == report.key_id]
+            for oldest in this_key[: max(0, len(this_key) - NAMES_PER_KEY)]:
+                del devs[oldest]
             while len(devs) > DEVELOPERS_PER_ORG:
                 devs.pop(next(iter(devs)))
 
-    def developers(self, org_id: str) -> dict[str, list[HookReport]]:
+    def developers(self, org_id: str) -> dict[tuple[str, str], list[HookReport]]:
         with self._lock:
-            return {name: list(h) for name, h in self._by_org.get(org_id, {}).items()}
+            return {who: list(h) for who, h in self._by_org.get(org_id, {}).items()}
 
 
-def streak_rows(reports: dict[str, list[HookReport]]) -> list[dict[str, Any]]:
-    """Per developer: the latest streaks, their history, and whether it means a broken install."""
+def streak_rows(
+    reports: dict[tuple[str, str], list[HookReport]], key_names: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Per key and developer: the latest streaks, their history, and whether it means a
+    broken install; with the name of the key that sent them (the developer's name is the
+    sender's own word)."""
     rows = []
-    for name, history in reports.items():
+    for (key_id, name), history in reports.items():
         last = history[-1]
         problems = []
         if last.unauthorized_streak:
@@ -236,6 +249,8 @@ def streak_rows(reports: dict[str, list[HookReport]]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "developer": name,
+                "key_id": key_id,
+                "key_name": key_names.get(key_id),
                 "latest": last.to_dict(),
                 "history": [
                     {
@@ -248,7 +263,7 @@ def streak_rows(reports: dict[str, list[HookReport]]) -> list[dict[str, Any]]:
                 "broken": problems,
             }
         )
-    rows.sort(key=lambda r: (not r["broken"], r["developer"]))
+    rows.sort(key=lambda r: (not r["broken"], r["developer"], r["key_id"]))
     return rows
 
 

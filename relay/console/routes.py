@@ -502,7 +502,7 @@ def build_routers(
             "developers": None,
         }
         if "admin" in p.scopes:
-            out["developers"] = streak_rows(reports.developers(p.org_id))
+            out["developers"] = streak_rows(reports.developers(p.org_id), key_names(p))
         return out
 
     # -- hook outcomes, sent by developers who opt in ---------------------------

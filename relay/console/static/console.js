@@ -848,7 +848,8 @@ async function pageHealth(params) {
         pairedBars({
           title: 'Current streaks per developer',
           description: 'Trailing runs of unauthorized (401/403: a revoked or wrong key) and of timeout/unavailable outcomes in each developer\'s latest report. Any unauthorized streak, or an unavailable streak at the alert line, means a broken install.',
-          names: devs.map((x) => x.developer),
+          // One name sent from two keys is two rows: the key tells them apart.
+          names: devs.map((x) => (devs.filter((y) => y.developer === x.developer).length > 1 ? `${x.developer} (${x.key_name || x.key_id})` : x.developer)),
           series: [
             { name: 'unauthorized', cls: 's3', values: devs.map((x) => x.latest.unauthorized_streak.length) },
             { name: 'unavailable', cls: 's2', values: devs.map((x) => x.latest.unavailable_streak.length) },
@@ -859,7 +860,7 @@ async function pageHealth(params) {
           'table',
           { class: 'developers' },
           h('caption', {}, 'Latest report per developer'),
-          h('thead', {}, h('tr', {}, ['Developer', 'Status', 'Unauthorized streak', 'Unavailable streak', 'Hits / searches', 'Hook p95', 'Reported'].map((c) => h('th', { scope: 'col' }, c)))),
+          h('thead', {}, h('tr', {}, ['Developer', 'Key', 'Status', 'Unauthorized streak', 'Unavailable streak', 'Hits / searches', 'Hook p95', 'Reported'].map((c) => h('th', { scope: 'col' }, c)))),
           h(
             'tbody',
             {},
@@ -870,6 +871,7 @@ async function pageHealth(params) {
                 'tr',
                 {},
                 h('th', { scope: 'row' }, x.developer),
+                h('td', {}, x.key_name || x.key_id),
                 h('td', {}, x.broken.length ? x.broken.map((b) => badge(`broken: ${b}`)) : badge('ok')),
                 h('td', {}, `${x.latest.unauthorized_streak.length}${x.latest.unauthorized_streak.since ? ` since ${when(x.latest.unauthorized_streak.since)}` : ''}`),
                 h('td', {}, `${x.latest.unavailable_streak.length}${x.latest.unavailable_streak.since ? ` since ${when(x.latest.unavailable_streak.since)}` : ''}`),
