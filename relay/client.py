@@ -135,6 +135,20 @@ def _route(method: str, path: str) -> tuple[tuple[str, ...] | None, bool]:
     return (), method not in ("GET", "HEAD")
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """Scheme, host and port of `url` (a default port spelled out or not: the same origin)."""
+    parts = urllib.parse.urlsplit(url.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = None  # not a URL the client takes: its own check says so
+    return (
+        parts.scheme,
+        (parts.hostname or "").lower(),
+        port or {"http": 80, "https": 443}.get(parts.scheme),
+    )
+
+
 class NotConfiguredError(errors.InvalidRequestError):
     """This machine has no server to ask: nothing was sent anywhere."""
 
@@ -162,6 +176,13 @@ class RelayClient:
     def from_config(cls, url: str | None = None, api_key: str | None = None) -> RelayClient:
         """Flags first, then RELAY_URL / RELAY_API_KEY(_FILE), then ~/.relay/config.json."""
         cfg = hook_config.load()
+        if url and not api_key and cfg.api_key and cfg.url and _origin(url) != _origin(cfg.url):
+            # The installed key is for the installed server: sent to whatever --url names
+            # (a typo, a pasted link), it would hand that host the team's memories.
+            raise NotConfiguredError(
+                f"{url.strip()} is not the server this machine's key is for ({cfg.url}):"
+                " pass --key (or set RELAY_API_KEY) for that server"
+            )
         url, api_key = url or cfg.url, api_key or cfg.api_key
         if cfg.bad_file and not (url and api_key):  # what is missing may be in the broken file
             problem = hook_config.file_problem(hook_config.config_path(os.environ))

@@ -445,3 +445,26 @@ def test_a_request_refused_at_connect_was_not_sent():
     assert refused.value.sent is False
     assert maybe_written(128, refused.value) == ""
     assert maybe_written(128, None) == ", and 128 more sent that the server may still write"
+
+
+def test_the_installed_key_is_not_sent_to_another_server_named_by_url(tmp_path):
+    """QA: `--url` sent the installed key to whatever host it named (a typo, a pasted link
+    would hand that host the team's memories). Another server needs its own --key."""
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    key = "relay_k_" + "x" * 24
+    (tmp_path / ".relay").mkdir()
+    config = tmp_path / ".relay/config.json"
+    with FakeRelay() as installed, FakeRelay() as other:
+        config.write_text(json.dumps({"url": installed.url + "/", "api_key": key}))
+        done = relay(tmp_path, "search", "foo", "--url", other.url)
+        assert other.connections == 0
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == (
+            f"relay: error: {other.url} is not the server this machine's key is for"
+            f" ({installed.url}/): pass --key (or set RELAY_API_KEY) for that server\n"
+        )
+        relay(tmp_path, "search", "foo", "--url", installed.url)  # the same server: sent
+        relay(tmp_path, "search", "foo", "--url", other.url, "--key", key)  # its own key
+        assert (installed.connections, other.connections) == (1, 1)
