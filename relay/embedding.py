@@ -41,6 +41,13 @@ BATCH_SIZE = 32  # texts per batch: larger batches measured slower on this CPU
 BATCH_TOKENS = 512  # padded tokens per batch, so long texts go in small batches
 _NO_STATES = np.empty((0, DIM), np.float32)
 
+# onnxruntime (1.29 on) writes a telemetry device id, ~/.cache/Microsoft/DeveloperTools/
+# .onnxruntime/deviceid (and onnxruntime.db), into the HOME of whoever imports it: every
+# `relay serve`, import and eval left it behind. ORT_DISABLE_TELEMETRY=1 stops it, but only
+# when set before the first import (it is read then), so it is set here, where Relay loads
+# onnxruntime, for every command; a user who set it otherwise keeps their value.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 
 class Embedder(Protocol):
     """What search and ingest need from an embedding model."""

@@ -139,3 +139,26 @@ def test_the_providers_the_cli_offers_are_the_ones_that_load():
     from relay.settings import EMBEDDERS
 
     assert EMBEDDERS == tuple(PROVIDERS)
+
+
+def test_loading_the_embedder_leaves_no_onnxruntime_device_id_in_home(tmp_path):
+    """QA: every command that loaded the model left onnxruntime's telemetry device id,
+    ~/.cache/Microsoft/DeveloperTools/.onnxruntime/deviceid, in the user's HOME."""
+    import os
+
+    # A CI variable makes onnxruntime skip telemetry itself: without them, as on a user's machine.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"CI", "GITHUB_ACTIONS", "TF_BUILD"} and not k.startswith("ORT_")
+    }
+    code = "from relay.embedding import load_embedder; load_embedder('onnx', 1).embed_query('x')"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / ".cache" / "Microsoft").exists(), list(tmp_path.rglob("*"))
