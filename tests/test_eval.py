@@ -796,3 +796,16 @@ def test_a_kept_database_is_reused_for_the_same_data_only_and_with_its_keys(tmp_
     )
     assert not any(line.startswith("reusing") for line in said)
     assert held()[0] == changed["text"]
+
+
+def test_each_command_says_what_it_does_with_a_database_in_its_workdir():
+    """QA: `relay eval faults --help` said it reused a database it loaded in --workdir (the
+    replay's text, shared), while the drills always load afresh."""
+
+    def workdir_help(command: str) -> str:
+        text = CliRunner().invoke(eval_group, [command, "--help"], terminal_width=400).output
+        return " ".join(text.split("--workdir DIRECTORY", 1)[1].split("--help", 1)[0].split())
+
+    assert "reuses a database it loaded there" in workdir_help("replay")
+    faults = workdir_help("faults")
+    assert "always load a fresh database" in faults and "reuse" not in faults, faults

@@ -171,14 +171,17 @@ common = [
         show_default=True,
         help="Where the HTML report and the JSON behind it go.",
     ),
-    click.option(
+]
+
+
+def _workdir_option(more: str):  # noqa: ANN202
+    """--workdir, with what this command does with a database already there."""
+    return click.option(
         "--workdir",
         type=click.Path(file_okay=False, path_type=Path),
-        help="Keep the database, server log and hook state here (default: a temporary folder); "
-        "a replay reuses a database it loaded there from the same data (the same content of "
-        "memories.jsonl and the distractors'), and its keys.",
-    ),
-]
+        help="Keep the database, server log and hook state here (default: a temporary "
+        f"folder); {more}",
+    )
 
 
 def _common(fn):  # noqa: ANN001, ANN202
@@ -218,6 +221,10 @@ def eval_group() -> None:
     "--apply", "apply_", is_flag=True, help="Write the advised knobs to the Relay config."
 )
 @_common
+@_workdir_option(
+    "a replay reuses a database it loaded there from the same data (the same content of "
+    "memories.jsonl and the distractors'), and its keys."
+)
 def replay_command(
     source: Path,
     count: int | None,
@@ -392,6 +399,10 @@ def replay_command(
     help="Prompts in the deletion and revocation drills.",
 )
 @_common
+@_workdir_option(
+    "the drills always load a fresh database there, since they delete memories and revoke "
+    "keys (and the next replay loads afresh too)."
+)
 def faults_command(
     source: Path,
     count: int,
