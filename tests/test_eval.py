@@ -714,6 +714,7 @@ def test_apply_merges_the_advice_into_the_config_and_the_hook_honours_min_score(
     config = tmp_path / "relay" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps({"url": "http://relay.internal:8765", "throttle_prompts": 2}))
+    config.chmod(0o640)
     written = apply({"min_score": 0.5, "throttle_prompts": 0}, {"RELAY_CONFIG": str(config)})
     assert written == [config]  # no hook script beside it: the config alone
     assert json.loads(config.read_text()) == {
@@ -721,7 +722,10 @@ def test_apply_merges_the_advice_into_the_config_and_the_hook_honours_min_score(
         "throttle_prompts": 0,
         "min_score": 0.5,
     }
-    assert config.stat().st_mode & 0o777 == 0o600
+    assert config.stat().st_mode & 0o777 == 0o640  # the user's file keeps its permissions
+    new = tmp_path / "new" / "config.json"
+    assert apply({"min_score": 0.5}, {"RELAY_CONFIG": str(new)}) == [new]
+    assert new.stat().st_mode & 0o777 == 0o600  # a new one is its owner's alone
     answer = results(record("mem_good", score=0.9), record("mem_weak", score=0.2))
     with FakeRelay(reply(200, answer)) as server:
         settings = json.loads(config.read_text())
@@ -809,3 +813,39 @@ def test_each_command_says_what_it_does_with_a_database_in_its_workdir():
     assert "reuses a database it loaded there" in workdir_help("replay")
     faults = workdir_help("faults")
     assert "always load a fresh database" in faults and "reuse" not in faults, faults
+
+
+def test_apply_starts_from_the_users_knobs_and_writes_only_its_changes_through_a_symlink(
+    team, tmp_path
+):
+    """QA: with RELAY_CONFIG a symlink to a 0640 config holding max_records 2, --apply printed
+    two changes against the defaults, wrote all five advised knobs (max_records 2 -> 3,
+    unannounced), and replaced the link by a 0600 file; an unreadable config ran the whole
+    replay and then died with a JSONDecodeError traceback."""
+    cfgs = tmp_path / "cfgs"
+    cfgs.mkdir()
+    real, link = cfgs / "real.json", cfgs / "link.json"
+    link.symlink_to(real.name)
+    args = ("eval", "replay", str(team), "--apply", "--report-dir", str(tmp_path / "rep"))
+
+    real.write_text('{"url": "x",}')  # not JSON: refused before anything is replayed
+    done = relay(tmp_path, *args, RELAY_CONFIG=str(link))
+    line = one_error_line(done)
+    assert line.startswith(f"relay: error: --apply: {link} is not valid JSON (line 1"), line
+    assert done.returncode == 2 and not (tmp_path / "rep").exists()
+
+    mine = {"url": "http://relay.internal:8765", "max_records": 2, "custom": "keep me"}
+    real.write_text(json.dumps(mine))
+    real.chmod(0o640)
+    result = CliRunner().invoke(eval_group, list(args[1:]), env={"RELAY_CONFIG": str(link)})
+    assert result.exit_code == 0, result.output
+    advice = json.loads((tmp_path / "rep" / "replay.json").read_text())["advice"]
+    assert advice["current"]["max_records"] == 2  # the user's knob, not the default 3
+    changes = advice["changes"]
+    announced = re.search(r"^  knobs: (.*)$", result.output, re.M)[1]
+    if changes:
+        assert announced == ", ".join(
+            f"{k} {advice['current'][k]} -> {v}" for k, v in changes.items()
+        )
+    assert link.is_symlink() and real.stat().st_mode & 0o777 == 0o640
+    assert json.loads(real.read_text()) == {**mine, **changes}  # nothing it did not announce

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relay.errors import RelayError
+from relay.errors import InvalidRequestError, RelayError
 from relay.eval.conversations import (
     MEMORY_CLASSES,
     QUIET_CLASSES,
@@ -103,10 +103,27 @@ def refused(reason: str, current: dict[str, Any]) -> dict[str, Any]:
     return {"refused": reason, "current": {k: current[k] for k in KNOBS}}
 
 
-def current_knobs(config: Path | None) -> dict[str, Any]:
-    """The knobs the replay's `on` mode ran with: defaults, overridden by --config."""
-    environ = {"RELAY_CONFIG": str(config)} if config else {"RELAY_CONFIG": os.devnull}
-    cfg = hook_config.load(environ)
+def knob_environ(config: Path | None, installed: bool) -> dict[str, str]:
+    """Where the replay's `on` mode takes its knobs, as the hook's variables: --config; else,
+    for --apply, the hook as it runs now (the config --apply writes, beneath the knobs of the
+    script `relay install` put beside it), so the advice starts from the user's own knobs and
+    its changes are the ones it writes; else the defaults."""
+    if config is not None:
+        return {"RELAY_CONFIG": str(config)}
+    if not installed:
+        return {"RELAY_CONFIG": os.devnull}
+    from relay.agents import SCRIPT_NAME
+    from relay.knob_script import read_file
+
+    path = Path(hook_config.config_path(os.environ))
+    reading = read_file(path.with_name(SCRIPT_NAME))
+    return reading.handed({"RELAY_CONFIG": str(path)}) if reading else {"RELAY_CONFIG": str(path)}
+
+
+def current_knobs(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The knobs the replay's `on` mode ran with, read as the hook reads them from `environ`
+    (`knob_environ`; None: the defaults)."""
+    cfg = hook_config.load(environ or {"RELAY_CONFIG": os.devnull})
     return {k: cfg[k] for k in (*KNOBS, "max_tokens")}
 
 
@@ -423,26 +440,42 @@ def advise(
     }
 
 
+def apply_target(environ: dict[str, str] | None = None) -> Path:
+    """The config `apply` will write, checked before the replay whose advice it takes: one it
+    could not read back (the hook would ignore it too) or cannot write is refused now, not
+    after minutes of replay."""
+    from relay.agents import SCRIPT_NAME
+
+    path = Path(hook_config.config_path(os.environ if environ is None else environ))
+    problem = hook_config.file_problem(str(path))
+    if problem:
+        raise InvalidRequestError(f"--apply: {problem}")
+    for file in (path, path.with_name(SCRIPT_NAME)):
+        target = Path(os.path.realpath(file))  # a symlink is written through to its target
+        if file != path and not target.exists():
+            continue  # no hook script: the config alone is written
+        held = target if target.exists() else None
+        folder = next(p for p in (target.parent, *target.parent.parents) if p.exists())
+        if not os.access(folder, os.W_OK | os.X_OK) or (held and not os.access(held, os.W_OK)):
+            raise InvalidRequestError(f"--apply: {file} cannot be written: fix its permissions")
+    return path
+
+
 def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> list[Path]:
     """Merge `settings` into the Relay config file, keeping every other key, and into the
     knobs of the hook script `relay install` put beside it, whose values beat the config's;
-    returns the files written."""
+    returns the files written. A symlinked config is written through to its target, which
+    keeps its permissions (a new file is its owner's alone)."""
     from relay.agents import SCRIPT_NAME
+    from relay.install import write_atomic
     from relay.knob_script import set_script_knobs
 
-    path = Path(hook_config.config_path(os.environ if environ is None else environ))
+    path = apply_target(environ)
     existing: dict[str, Any] = {}
     if path.exists():
-        loaded = json.loads(path.read_text(encoding="utf-8") or "{}")
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path} does not hold a JSON object")
-        existing = loaded
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({**existing, **settings}, indent=2) + "\n")
-    os.replace(tmp, path)
+        existing = json.loads(path.read_text(encoding="utf-8") or "{}")  # apply_target read it
+    Path(os.path.realpath(path)).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_atomic(path, (json.dumps({**existing, **settings}, indent=2) + "\n").encode(), 0o600)
     script = path.with_name(SCRIPT_NAME)
     return [path, script] if set_script_knobs(script, settings) else [path]
 

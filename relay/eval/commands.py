@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -206,7 +207,8 @@ def eval_group() -> None:
 @click.option(
     "--config",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A Relay config whose knobs the 'on' mode uses (e.g. after --apply).",
+    help="A Relay config whose knobs the 'on' mode uses (e.g. after --apply) [default: the "
+    "hook's defaults; with --apply, the knobs the hook runs with now].",
 )
 @click.option(
     "--url",
@@ -218,7 +220,11 @@ def eval_group() -> None:
     help="A memory:read key for that server [default: RELAY_API_KEY, else the config].",
 )
 @click.option(
-    "--apply", "apply_", is_flag=True, help="Write the advised knobs to the Relay config."
+    "--apply",
+    "apply_",
+    is_flag=True,
+    help="Write the knobs the advice changes to the Relay config ($RELAY_CONFIG, else "
+    "~/.relay/config.json; its other keys kept) and the hook script beside it.",
 )
 @_common
 @_workdir_option(
@@ -274,6 +280,9 @@ def replay_command(
     refusal = adv.cannot_advise(conversations)
     if apply_ and refusal:  # before the replay: minutes of it would end in nothing to apply
         raise InvalidRequestError(f"--apply: no advice to apply: {refusal}")
+    if apply_:
+        adv.apply_target()  # and a config it could not read back or write, the same
+    knobs = adv.knob_environ(config, apply_)
     if client is not None:
         _check_server(client)
     stores = {c.store for c in conversations}
@@ -318,11 +327,11 @@ def replay_command(
             n_turns = sum(len(c.turns) for c in conversations)
             _progress(f"replaying {len(conversations)} conversations, {n_turns} turns, 3 modes")
             rows = rp.replay(
-                conversations, base, keys, _fresh(work / "homes"), deadline_ms, config, _progress
+                conversations, base, keys, _fresh(work / "homes"), deadline_ms, knobs, _progress
             )
             result = rp.public(rows, len(conversations))
             more = rp.extras(rows, deadline_ms)
-            current = adv.current_knobs(config)
+            current = adv.current_knobs(knobs)
             if refusal:
                 advice = adv.refused(refusal, current)
             else:
@@ -356,7 +365,7 @@ def replay_command(
             deadline_ms,
             distractors=str(distractors) if distractors else None,
             seed=seed,
-            config=str(config) if config else None,
+            config=None if knobs["RELAY_CONFIG"] == os.devnull else knobs["RELAY_CONFIG"],
             knobs=current,
         ),
         "conversations": [t.to_dict() for c in conversations for t in c.turns],
@@ -369,10 +378,12 @@ def replay_command(
     click.echo(rp.render(result, more, deadline_ms))
     click.echo(adv.render(advice, str(source)))
     click.echo(f"report: {html_path} (figures behind it: {report_json})")
-    if apply_:
-        written = adv.apply(advice["recommended"])
+    if apply_ and not advice["changes"]:
+        click.echo("applied nothing: the advised knobs are the ones the hook runs with")
+    elif apply_:  # only the changes the advice printed; the user's other knobs stay theirs
+        written = adv.apply(advice["changes"])
         click.echo(
-            f"applied to {' and '.join(map(str, written))}: " + json.dumps(advice["recommended"])
+            f"applied to {' and '.join(map(str, written))}: " + json.dumps(advice["changes"])
         )
 
 

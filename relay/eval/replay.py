@@ -85,17 +85,18 @@ def replay(
     keys: dict[str, OrgKeys],
     homes: Path,
     deadline_ms: int,
-    config: Path | None = None,
+    knobs: dict[str, str] | None = None,
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
-    """Every turn of every conversation in every mode; one row per (turn, mode)."""
+    """Every turn of every conversation in every mode; one row per (turn, mode). `knobs`:
+    the `on` mode's variables (`advice.knob_environ`: its config, the script's knobs)."""
     hooks: dict[tuple[str, str], Hook] = {}
 
     def hook(store: str, mode: str) -> Hook:
         if (store, mode) not in hooks:
             env = dict(MODE_ENV[mode])
-            if mode == "on" and config is not None:
-                env["RELAY_CONFIG"] = str(config)
+            if mode == "on":
+                env.update(knobs or {})
             home = homes / f"{mode}-{len(hooks)}"
             hooks[store, mode] = Hook(home, url, keys[store].read[mode], deadline_ms, **env)
         return hooks[store, mode]
