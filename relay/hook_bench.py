@@ -428,12 +428,22 @@ def hitting_queries(url: str, key: str, queries: list[str], want: int = 100) -> 
     return found or queries
 
 
-def warm_up(url: str, key: str, queries: list[str], hook_cmd: list[str], deadline_ms: int) -> None:
-    """A few hook runs first: server caches, page cache and the first connections."""
+def warm_up(
+    url: str,
+    key: str,
+    queries: list[str],
+    hook_cmd: list[str],
+    deadline_ms: int,
+    avoid: set[str] | frozenset[str] = frozenset(),
+) -> None:
+    """A few hook runs first: the model, page cache and the first connections. Each prompt is
+    one of `queries` reworded, and none is in `avoid` (the prompts measured after): asked
+    as measured, it would be answered from the server's cache when measured."""
     with tempfile.TemporaryDirectory(prefix="relay-bench-warm-") as home:
         env = hook_env(home, url, key, deadline_ms)
-        for i, query in enumerate(queries[:20]):
-            timed(hook_cmd, prompt_payload(query, f"warm-{i}", home), env)
+        prompts = [f"{q} (warm-up)" for q in queries[:20]]
+        for i, prompt in enumerate(p for p in prompts if p not in avoid):
+            timed(hook_cmd, prompt_payload(prompt, f"warm-{i}", home), env)
 
 
 def run(
@@ -466,7 +476,7 @@ def run(
                 queries = hitting_queries(url, key or "", queries)
                 if progress:
                     progress(f"{len(queries)} prompts the server answers")
-            warm_up(url, key or "", queries, hook_cmd, deadline_ms)
+            warm_up(url, key or "", queries, hook_cmd, deadline_ms, set(queries))
             result.update(
                 run_latency(url, key or "", queries, runs, deadline_ms, hook_cmd, progress)
             )

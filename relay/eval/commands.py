@@ -8,7 +8,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +103,7 @@ def _team_server(url: str | None, key: str | None) -> RelayClient:
     return RelayClient.from_config(url, key).require_key()
 
 
-def _check_server(client: RelayClient) -> None:
+def _check_server(client: RelayClient) -> dict[str, Any]:
     """One request before the replay (`GET /v1/whoami`): the server answers, takes the key,
     and the key may read. Otherwise every hook run would quietly log the failure and the
     report would measure a server that is down, or a key that is refused."""
@@ -128,6 +128,79 @@ def _check_server(client: RelayClient) -> None:
             "an admin creates one where the server's database is with 'relay key create "
             f"--org {shlex.quote(org)} --name relay-eval --scope memory:read'"
         )
+    return who or {}
+
+
+SEARCHING = ("on", "ungated", "probe")  # `off` never asks the server: it reads with on's key
+
+
+def _mode_keys(client: RelayClient, who: dict[str, Any], more: tuple[str, ...]) -> dict[str, str]:
+    """A read key per mode that searches, so no mode is served answers the server cached for
+    another (its cache is per key): the keys given (--key once per mode, the first checked
+    already), else ones minted with an admin key for this replay (`_revoke` after). The probe's
+    key also serves the warm-up."""
+    from relay.client import RelayClient, whoami
+    from relay.eval.harness import api
+
+    org = who.get("org") or {}
+    mine = who.get("key") or {}
+    if more:
+        given = (client.api_key, *more)
+        if len(set(given)) != len(SEARCHING):
+            raise InvalidRequestError(
+                f"--key: give {len(SEARCHING)} different keys, one for each mode that searches "
+                f"({', '.join(SEARCHING)}), or one admin key"
+            )
+        for secret in more:
+            other = whoami(RelayClient(client.url, secret, timeout=10))
+            key = other.get("key") or {}
+            if (other.get("org") or {}).get("id") != org.get("id") or key.get("roles") != mine.get(
+                "roles"
+            ):
+                raise InvalidRequestError(
+                    f"--key: the key {key.get('id')} is not of the first key's organisation "
+                    "and roles, so its mode would read other memories"
+                )
+            if not set(key.get("scopes") or ()) & {"memory:read", "admin"}:
+                raise InvalidRequestError(f"--key: the key {key.get('id')} lacks memory:read")
+        return {**dict(zip(SEARCHING, given, strict=True)), "off": given[0]}
+    if "admin" not in (mine.get("scopes") or ()):
+        raise InvalidRequestError(
+            "the server caches answers per key, so one key would serve each mode the answers "
+            f"of another: pass --key {len(SEARCHING)} times (memory:read keys of "
+            f"{org.get('name') or 'the organisation'}, one each for {', '.join(SEARCHING)}), "
+            "or an admin key, from which the replay mints them and revokes them after"
+        )
+    until = (datetime.now(UTC) + timedelta(days=1)).isoformat(timespec="seconds")
+    out: dict[str, str] = {"_minted": ""}
+    try:
+        for mode in SEARCHING:
+            body = {
+                "name": f"relay-eval-{mode}",
+                "scopes": ["memory:read"],
+                "roles": mine.get("roles") or [],  # the admin key's view, no wider
+                "expires_at": until,  # should the revocation after the replay never come
+            }
+            status, made = api(client.url, "POST", "/v1/keys", client.api_key, body)
+            if status != 201 or not isinstance(made, dict):
+                raise RelayError(f"{client.url}: minting a read key for the replay: HTTP {status}")
+            out[mode] = made["secret"]
+            out["_minted"] += f"{made['id']},"
+    except BaseException:
+        _revoke(client, out)
+        raise
+    return {**out, "off": out["on"]}
+
+
+def _revoke(client: RelayClient, keys: dict[str, str]) -> None:
+    """Revoke the keys `_mode_keys` minted (they expire in a day should this fail)."""
+    from relay.eval.harness import api
+
+    for key_id in filter(None, keys.get("_minted", "").split(",")):
+        try:
+            api(client.url, "DELETE", f"/v1/keys/{key_id}", client.api_key)
+        except OSError:
+            pass
 
 
 def _folder_option(name: str, help_text: str):  # noqa: ANN202
@@ -217,7 +290,11 @@ def eval_group() -> None:
 )
 @click.option(
     "--key",
-    help="A memory:read key for that server [default: RELAY_API_KEY, else the config].",
+    "key",
+    multiple=True,
+    help="Read keys for that server, one per mode that searches (on, ungated, the advice's "
+    "probe), so none is served another's cached answers; or one admin key, from which the "
+    "replay mints them and revokes them after [default: RELAY_API_KEY, else the config].",
 )
 @click.option(
     "--apply",
@@ -236,7 +313,7 @@ def replay_command(
     count: int | None,
     config: Path | None,
     url: str | None,
-    key: str | None,
+    key: tuple[str, ...],
     apply_: bool,
     distractors: Path | None,
     seed: int,
@@ -273,7 +350,7 @@ def replay_command(
             "--url and --key are for a JSONL of prompts, replayed against a running server; "
             f"{source} is a bench folder, loaded into a server the replay starts itself"
         )
-    client = None if bench else _team_server(url, key)
+    client = None if bench else _team_server(url, key[0] if key else None)
     conversations = _conversations(source, count, seed, turns)
     if not conversations:
         raise InvalidRequestError(f"{source}: no conversations to replay")
@@ -283,8 +360,9 @@ def replay_command(
     if apply_:
         adv.apply_target()  # and a config it could not read back or write, the same
     knobs = adv.knob_environ(config, apply_)
+    team_keys: dict[str, str] = {}
     if client is not None:
-        _check_server(client)
+        team_keys = _mode_keys(client, _check_server(client), key[1:])
     stores = {c.store for c in conversations}
     work, tmp = make_workdir(workdir, "relay-eval-replay-")
     server = None
@@ -306,10 +384,8 @@ def replay_command(
             else:
                 assert client is not None
                 base = client.url
-                keys = {
-                    s: OrgKeys("", dict.fromkeys((*rp.MODES, "probe"), client.api_key), "")
-                    for s in stores
-                }
+                mode_keys = {m: team_keys[m] for m in (*rp.MODES, "probe")}
+                keys = {s: OrgKeys("", mode_keys, "") for s in stores}
             missing = stores - set(keys)
             if missing:
                 raise InvalidRequestError(
@@ -317,12 +393,13 @@ def replay_command(
                 )
             compile_hook()
             first = next(iter(stores))
-            warm_up(
+            warm_up(  # with prompts of its own: none measured is answered from its cache
                 base,
                 keys[first].read["probe"],
                 [t.prompt for t in conversations[0].turns],
                 [str(HOOK)],
                 deadline_ms,
+                avoid={t.prompt for c in conversations for t in c.turns},
             )
             n_turns = sum(len(c.turns) for c in conversations)
             _progress(f"replaying {len(conversations)} conversations, {n_turns} turns, 3 modes")
@@ -354,6 +431,8 @@ def replay_command(
     finally:
         if server is not None:
             server.stop()
+        if client is not None:
+            _revoke(client, team_keys)
         if tmp is not None:
             tmp.cleanup()
     report = {
@@ -443,7 +522,7 @@ def faults_command(
     try:
         with _stoppable():
             used = {c.store for c in conversations}
-            keys = load_database(work / "relay.db", source, distractors, ("on",), _progress, used)
+            keys = load_database(work / "relay.db", source, distractors, fl.KINDS, _progress, used)
             server = Server(work / "relay.db", work / "server.log")
             compile_hook()
             drills = fl.run_drills(

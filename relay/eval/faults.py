@@ -47,6 +47,8 @@ NETWORK_FAULTS = {  # drill -> (proxy behaviour, the outcome the log must name)
     "invalid_json": ("invalid_json", "invalid_response"),
 }
 KINDS = (*NETWORK_FAULTS, "server_killed", "deletion", "revocation", "compaction")
+# Each drill reads with a key of its own (`OrgKeys.read[kind]`): the same prompts replay in
+# every drill, and with one key the later drills were served the earlier ones' cached answers.
 DRILL_ENV = {"RELAY_BREAKER_COOLDOWN_S": "2"}
 NO_REQUEST = ("skipped", "circuit_open")
 HEALTHY = ("hit", "no_match")
@@ -225,7 +227,7 @@ def network_drill(
     try:
         for conv in conversations:
             hook = Hook(
-                home / conv.store, proxy.url, keys[conv.store].read["on"], deadline_ms, **DRILL_ENV
+                home / conv.store, proxy.url, keys[conv.store].read[kind], deadline_ms, **DRILL_ENV
             )
             for turn in conv.turns:
                 since = len(proxy.seen)
@@ -277,7 +279,11 @@ def kill_drill(
             if progress:
                 progress(f"faults: server restarted in {drill.notes['restart_s']} s")
         hook = Hook(
-            home / conv.store, server.url, keys[conv.store].read["on"], deadline_ms, **DRILL_ENV
+            home / conv.store,
+            server.url,
+            keys[conv.store].read["server_killed"],
+            deadline_ms,
+            **DRILL_ENV,
         )
         run = hook.prompt(turn.prompt, _sid("killed", conv), f"{turn.no}")
         is_down = kill_at <= i < restart_at
@@ -342,14 +348,16 @@ def deletion_drill(
     for n, (store, prompt) in enumerate(_memory_turns(conversations, server, keys, limit * 3)):
         if len(deleted) >= limit:
             break
-        hook = Hook(home / store, server.url, keys[store].read["on"], deadline_ms, **DRILL_ENV)
+        hook = Hook(
+            home / store, server.url, keys[store].read["deletion"], deadline_ms, **DRILL_ENV
+        )
         first = hook.prompt(prompt, f"del-{n}-a", "1")
         victims = [rid for rid, _, _ in injected_records(first.context) if rid not in deleted]
         if not victims:
             continue
         hook.prompt(prompt, f"del-{n}-b", "1")  # the same answer again, now from the cache
         status, body = server.request(
-            "POST", "/v1/search", keys[store].read["on"], _search_body(prompt, deadline_ms)
+            "POST", "/v1/search", keys[store].read["deletion"], _search_body(prompt, deadline_ms)
         )
         warm += status == 200 and bool(body.get("cached"))
         victim = victims[0]
@@ -421,7 +429,11 @@ def compaction_drill(
     dupes = 0
     for conv in conversations:
         hook = Hook(
-            home / conv.store, server.url, keys[conv.store].read["on"], deadline_ms, **DRILL_ENV
+            home / conv.store,
+            server.url,
+            keys[conv.store].read["compaction"],
+            deadline_ms,
+            **DRILL_ENV,
         )
         sid = _sid("compact", conv)
         half = len(conv.turns) // 2
