@@ -447,6 +447,19 @@ class HookChecks:
         return Path(word)
 
     def _check_script(self, label: str, path: Path, script: Path, on: str) -> bool:
+        if not os.access(script, os.X_OK) and script.resolve() != self.paths.script.resolve():
+            # Not this HOME's script (settings copied from another machine or user): not the
+            # documented off switch, which is deleting ~/.relay's own; install fixes it.
+            self.add(
+                "fail",
+                "hooks",
+                f"{label}: {self.home(path)} runs {script}, which does not exist or is not "
+                f"executable, instead of this HOME's {self.home(self.paths.script)} (settings "
+                "copied from another machine or user?): automatic recall is off (the agent "
+                "skips it silently)",
+                f"run `relay install`: it registers {self.home(self.paths.script)} instead",
+            )
+            return False
         if not os.access(script, os.X_OK):
             self.add(
                 "warn",

@@ -185,6 +185,33 @@ def test_deleted_script_and_a_moved_relay(tmp_path, server):
     ) in done.stdout
 
 
+def test_a_hook_naming_another_homes_script_fails_and_install_fixes_it(tmp_path, server):
+    """QA: settings copied from elsewhere ran /home/olduser/.relay/relay-autosearch-hook.sh
+    while this HOME's script was there, and doctor only warned, as for the documented off
+    switch (deleting this HOME's script), and said recall was wired up."""
+    installed(tmp_path, server.url, server.admin_key)
+    settings = tmp_path / ".claude/settings.json"
+    foreign = "/home/olduser/.relay/relay-autosearch-hook.sh"
+    settings.write_text(
+        settings.read_text().replace(f"{tmp_path}/.relay/", "/home/olduser/.relay/")
+    )
+    assert foreign in registered_command(settings, "UserPromptSubmit")
+    done = doctor(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert failures(tmp_path) == [
+        f"hooks: Claude Code: ~/.claude/settings.json runs {foreign}, which does not exist or "
+        "is not executable, instead of this HOME's ~/.relay/relay-autosearch-hook.sh (settings "
+        "copied from another machine or user?): automatic recall is off (the agent skips it "
+        "silently)"
+    ]
+    assert "fix: run `relay install`: it registers ~/.relay/relay-autosearch-hook.sh" in (
+        done.stdout
+    )
+    assert relay(tmp_path, "install").returncode == 0  # the fix it gives clears it
+    assert failures(tmp_path) == []
+    assert f"{tmp_path}/.relay/" in registered_command(settings, "UserPromptSubmit")
+
+
 def test_no_install_at_all(tmp_path):
     done = doctor(tmp_path)
     assert done.returncode == 1
