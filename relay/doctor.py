@@ -4,7 +4,8 @@ Recall is built to fail quietly (the hook always exits 0 and prints nothing on
 failure), so a broken install looks exactly like a team with nothing written
 down. This command looks at every link of the chain in order: the config, the
 server, the key, the hooks registered in each agent and what they point at,
-the MCP registrations, and the hook's own outcome log (through
+the MCP registrations, a CLAUDE_CONFIG_DIR or CODEX_HOME that sends agents started
+from this shell elsewhere, and the hook's own outcome log (through
 `relay.hook_stats`). Each finding is `ok`, `warn` or `fail` with a fix; the
 exit code is 1 when anything fails.
 
@@ -12,7 +13,8 @@ The checks live beside this module, a part of the Doctor each: the settings and 
 source (`doctor_config`), the server and key (`doctor_server`), the agents' hooks
 (`doctor_hooks`), their MCP servers (`doctor_mcp`) and the hook's log (`doctor_log`).
 This module holds the Doctor, what install recorded writing (which the hooks and MCP
-checks share), the report and the command.
+checks share, as does the check of the agents' folders this shell names), the report
+and the command.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 import click
 
+from relay import agents
 from relay.doctor_config import ConfigChecks
 from relay.doctor_hooks import HookChecks
 from relay.doctor_log import LogChecks
@@ -75,8 +78,79 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
                 self.check_key()
         self.check_hooks()
         self.check_mcp()
+        self.check_agent_homes()
         self.check_log()
         return self.findings
+
+    def check_agent_homes(self) -> None:
+        """CLAUDE_CONFIG_DIR or CODEX_HOME set in this shell, naming a folder `relay install`
+        did not write to: an agent started from here reads its hooks and MCP servers there
+        (Claude Code `settings.json` and `.claude.json`, Codex `hooks.json` and
+        `config.toml`), not in ~/.claude or ~/.codex, and so runs without Relay."""
+        if not self.manifest.get("files"):
+            return  # never installed: the hooks check names what is missing where they look
+        recorded = {Path(p) for p in self.manifest["files"]}
+        expected = {path for _, path, wanted in self._hook_files() if wanted}
+        for var, label, folder, hooks, mcp, usual in (
+            (
+                "CLAUDE_CONFIG_DIR",
+                "Claude Code",
+                self.paths.claude_dir,
+                self.paths.claude_dir / "settings.json",
+                self.paths.claude_json,
+                "~/.claude and ~/.claude.json",
+            ),
+            (
+                "CODEX_HOME",
+                "Codex",
+                self.paths.codex_dir,
+                self.paths.codex_dir / "hooks.json",
+                self.paths.codex_config,
+                "~/.codex",
+            ),
+        ):
+            if not self.environ.get(var):
+                continue
+            lacking = []
+            # A hooks file the hooks check expects hooks in has its own failure.
+            if hooks not in recorded | expected and not _registers_hooks(hooks):
+                lacking.append("Relay's hooks")
+            if self.manifest.get("mcp", True) and mcp not in recorded:
+                if not self._registers_server(mcp):
+                    lacking.append("the `relay` MCP server")
+            if not lacking:
+                continue
+            no_hooks = "Relay's hooks" in lacking
+            message = (
+                f"{var} is set in this shell and overrides {usual} for {label} started from it:"
+                f" it reads {self.home(hooks)} and {self.home(mcp)}, which lack "
+                f"{' and '.join(lacking)}: no "
+                + ("automatic recall" if no_hooks else "team_memory_search")
+                + " in those sessions"
+            )
+            if label == "Codex" and not folder.is_dir():
+                gone = self.home(folder)
+                message += f"; {gone} does not exist, and Codex refuses to start until it does"
+            self.add(
+                "warn",
+                "hooks" if no_hooks else "mcp",
+                message,
+                f"run `relay install` with {var} set (it writes there), or unset {var} unless "
+                "you mean it",
+            )
+
+    def _registers_server(self, path: Path) -> bool:
+        """Whether an agent's MCP file registers a `relay` server (or cannot be read: its own
+        finding), as Claude Code's `.claude.json` or Codex's `config.toml`."""
+        if path.suffix == ".toml":
+            data, _ = self._codex_toml(path)
+            table = "mcp_servers"
+        else:
+            data, table = _read_json(path), "mcpServers"
+        if data is None:
+            return True
+        servers = data.get(table)
+        return isinstance(servers, dict) and agents.SERVER_NAME in servers
 
     # -- what install recorded writing, for the hooks and MCP checks ----------------
     def _recorded_or_usual(self, role: str, usual: Path) -> list[Path]:
@@ -156,6 +230,24 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
     def _fail_once(self, area: str, message: str, fix: str) -> None:
         if not any(f.message == message for f in self.findings):  # two checks read one file
             self.add("fail", area, message, fix)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON settings file as a dict ({} when absent or not an object); None when it
+    cannot be read or parsed."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else {}
+
+
+def _registers_hooks(path: Path) -> bool:
+    """Whether a hooks file registers a Relay hook (or cannot be read: its own finding)."""
+    doc = _read_json(path)
+    return doc is None or bool(agents.relay_handlers(doc))
 
 
 def _read_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:

@@ -756,6 +756,64 @@ def test_doctor_checks_the_files_install_wrote_wherever_they_are(tmp_path, serve
     )
 
 
+def test_agent_folders_set_in_this_shell_that_install_did_not_write_are_named(tmp_path, server):
+    """QA: installed without them, then doctor run with CLAUDE_CONFIG_DIR (an empty folder)
+    and CODEX_HOME set: every check ok, "Recall is wired up", though agents started from
+    that shell read their hooks and MCP servers there, and get neither."""
+    installed(tmp_path, server.url, server.admin_key)
+    (tmp_path / "cc").mkdir()
+    shell = {"CLAUDE_CONFIG_DIR": str(tmp_path / "cc"), "CODEX_HOME": str(tmp_path / "cx")}
+    done = doctor(tmp_path, **shell)
+    assert done.returncode == 0, done.stdout
+    assert "2 warning(s)" in done.stdout
+    warned = [(f["area"], f["message"], f["fix"]) for f in findings(tmp_path, **shell)]
+    warned = [w for w in warned if "is set in this shell" in w[1]]
+    assert warned == [
+        (
+            "hooks",
+            "CLAUDE_CONFIG_DIR is set in this shell and overrides ~/.claude and ~/.claude.json "
+            "for Claude Code started from it: it reads ~/cc/settings.json and ~/cc/.claude.json,"
+            " which lack Relay's hooks and the `relay` MCP server: no automatic recall in those "
+            "sessions",
+            "run `relay install` with CLAUDE_CONFIG_DIR set (it writes there), or unset "
+            "CLAUDE_CONFIG_DIR unless you mean it",
+        ),
+        (
+            "hooks",
+            "CODEX_HOME is set in this shell and overrides ~/.codex for Codex started from it: "
+            "it reads ~/cx/hooks.json and ~/cx/config.toml, which lack Relay's hooks and the "
+            "`relay` MCP server: no automatic recall in those sessions; ~/cx does not exist, "
+            "and Codex refuses to start until it does",
+            "run `relay install` with CODEX_HOME set (it writes there), or unset CODEX_HOME "
+            "unless you mean it",
+        ),
+    ]
+    # The folder Claude Code reads by default, named: its MCP servers move into it.
+    (only_mcp,) = [
+        f
+        for f in findings(tmp_path, CLAUDE_CONFIG_DIR=str(tmp_path / ".claude"))
+        if f["level"] == "warn"
+    ]
+    assert (only_mcp["area"], only_mcp["message"]) == (
+        "mcp",
+        "CLAUDE_CONFIG_DIR is set in this shell and overrides ~/.claude and ~/.claude.json for "
+        "Claude Code started from it: it reads ~/.claude/settings.json and "
+        "~/.claude/.claude.json, which lack the `relay` MCP server: no team_memory_search in "
+        "those sessions",
+    )
+    # The fix it gives: install with them set writes where those agents read, and clears it
+    done = relay(tmp_path, "install", **shell)
+    assert done.returncode == 0, done.stderr
+    done = doctor(tmp_path, **shell)
+    assert done.returncode == 0 and "0 warning(s)" in done.stdout, done.stdout
+    assert "Claude Code: UserPromptSubmit and SessionStart in ~/cc/settings.json" in done.stdout
+    assert "Codex: UserPromptSubmit and SessionStart in ~/cx/hooks.json" in done.stdout
+    # and uninstall, run without them, finds what it wrote there
+    assert relay(tmp_path, "uninstall").returncode == 0
+    for path in ("cc/settings.json", "cc/.claude.json", "cx/hooks.json", "cx/config.toml"):
+        assert not (tmp_path / path).exists(), path
+
+
 def test_the_breaker_says_what_it_does_open_and_half_open(tmp_path, server):
     """QA: with the breaker half-open doctor said searches were skipped for a cool-down,
     though half-open means the next prompt's search probes the server."""
