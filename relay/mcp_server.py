@@ -6,7 +6,8 @@ Four tools: `team_memory_search`, `team_memory_remember`, `team_memory_forget`,
 - stdio (`relay mcp`, what `relay install` registers for Claude Code and Codex):
   every call is one request to the Relay server with the user's configured key
   (`RelayClient`), so it passes the same authorization, search pipeline and
-  write validation as the CLI and the hook.
+  write validation as the CLI and the hook; every line read gets an answer, a
+  malformed one a JSON-RPC error (`relay.mcp_stdio`).
 - streamable HTTP at `/mcp`, served by the Relay server itself (`mount_mcp`):
   each HTTP request is authorized with the API's bearer-key logic before the
   MCP layer sees it; the tools then call the in-process searcher and store
@@ -482,10 +483,14 @@ def mount_mcp(app: "FastAPI", services: "Services") -> None:
 @click.option("--key", envvar="RELAY_API_KEY", help="API key (default: from relay install).")
 def mcp_command(url: str | None, key: str | None) -> None:
     """Run Relay's MCP server on stdio (what `relay install` registers for the agents)."""
+    import sys
+
     import anyio
 
     try:
         server = build_server(lambda _ctx: HttpBackend(url, key))
     except ImportError:
         raise errors.RelayError(MISSING_SDK) from None
-    anyio.run(server.run_stdio_async)
+    from relay.mcp_stdio import serve_stdio
+
+    anyio.run(serve_stdio, server, sys.stdin.buffer)

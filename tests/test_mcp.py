@@ -4,6 +4,9 @@ configured by `relay install`) and over streamable HTTP (`/mcp` on a real `relay
 from __future__ import annotations
 
 import json
+import queue
+import subprocess
+import threading
 
 import anyio
 import httpx
@@ -186,6 +189,83 @@ def test_stdio_server_without_a_configured_server_says_so(tmp_path, server):
     result = anyio.run(main)
     assert result.is_error and "Relay is not set up on this machine" in text(result)
     assert "rejected" not in text(result) and "carry on without it" in text(result)
+
+
+def test_stdio_server_answers_every_line_it_cannot_read(tmp_path, server):
+    """QA: `relay mcp` never answered a line that is not JSON, nor a tools/call holding
+    "\\ud800" (the SDK's stdio transport drops both, python-sdk#2751), so the client waited
+    for its own timeout; /mcp answers -32700. Each gets a JSON-RPC 2.0 error now, and what
+    the SDK reads goes through as before."""
+    params = stdio_params(tmp_path, server, "reader")
+
+    def call(ident: int, query: str) -> str:
+        search = {"name": "team_memory_search", "arguments": {"query": query}}
+        return json.dumps({"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": search})
+
+    lines = [
+        json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "qa", "version": "1"},
+                },
+            }
+        ),
+        '{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+        "this line is not JSON",
+        call(2, "\ud800 which cluster is staging?"),  # json.dumps writes the escape as is
+        call(3, "\N{ROCKET} which cluster is staging?"),  # escaped as a pair
+        '{"jsonrpc": "2.0", "id": 4}',
+        "[" * 100_000,  # deeper than json.loads goes: an answer, not a dead server
+        '{"jsonrpc": "2.0", "id": 6, "result": "a response"}',  # malformed, but never answered
+        '{"jsonrpc": "2.0", "id": 5, "method": "tools/list"}',
+    ]
+    assert "\\ud800" in lines[3] and "\\ud83d\\ude80" in lines[4]  # a lone half; a whole pair
+    answers: queue.Queue[dict] = queue.Queue()
+    got: list[dict] = []
+    with subprocess.Popen(
+        [params.command, *params.args],
+        env=params.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        out = proc.stdout
+        reader = threading.Thread(target=lambda: [answers.put(json.loads(x)) for x in out])
+        reader.start()
+        try:
+            proc.stdin.write("".join(line + "\n" for line in lines).encode())
+            proc.stdin.flush()
+            while len(got) < 7:
+                got.append(answers.get(timeout=30))  # the bug: no answer, ever
+        finally:
+            proc.stdin.close()
+            status = proc.wait(timeout=30)
+            reader.join(timeout=30)
+        assert status == 0, proc.stderr.read().decode()
+    assert answers.empty()  # one answer a line, and none to the response
+    by_id = {answer["id"]: answer for answer in got if answer["id"] is not None}
+    assert sorted(by_id) == [1, 2, 3, 4, 5]
+    unread = [answer["error"] for answer in got if answer["id"] is None]
+    assert [(e["code"], e["message"].split(":")[0]) for e in unread] == [
+        (-32700, "Parse error"),
+        (-32700, "Parse error"),
+    ]
+    assert unread[0]["message"].startswith("Parse error: Expecting value")
+    assert unread[1]["message"] == "Parse error: nested too deeply"
+    assert by_id[2]["error"] == {
+        "code": -32700,
+        "message": "Parse error: params.arguments.query holds a lone surrogate, \\ud800: half "
+        "of a UTF-16 pair, no character, so the message cannot be read as text; send the "
+        "character itself, or both halves of its pair",
+    }
+    assert "blue cluster" in by_id[3]["result"]["content"][0]["text"]  # a pair is a character
+    assert by_id[4]["error"]["code"] == -32600
+    assert {t["name"] for t in by_id[5]["result"]["tools"]} == TOOLS
 
 
 # -- streamable HTTP: /mcp on the Relay server -----------------------------------------------

@@ -1,0 +1,159 @@
+"""`relay mcp`'s stdio transport: the `mcp` SDK's, with an answer to every line it drops.
+
+The SDK's stdio server hands a line it cannot read (not JSON, or JSON holding a lone
+surrogate such as `"\\ud800"`, which its parser refuses) to the session as an exception,
+and the session only logs it: the client waits for an answer until its own timeout
+(modelcontextprotocol/python-sdk#2751). Over HTTP the same line gets -32700. Here each such
+line is answered on the spot with a JSON-RPC 2.0 error: -32700 Parse error (id null, as the
+spec has it, unless a lone surrogate was all that stood in the way of reading the id), or
+-32600 Invalid Request for JSON that is no JSON-RPC message. A line the SDK reads is passed
+on unchanged, and so is a malformed response, which JSON-RPC never answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from io import TextIOWrapper
+from typing import TYPE_CHECKING, BinaryIO, NoReturn, cast
+
+if TYPE_CHECKING:
+    import anyio
+    from mcp.server.mcpserver import MCPServer
+    from mcp.shared._stream_protocols import WriteStream
+    from mcp.shared.message import SessionMessage
+    from mcp_types import JSONRPCError
+
+
+def _reject_constant(name: str) -> NoReturn:
+    """NaN and Infinity: Python's json reads them, JSON (and the SDK) does not."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _request_id(doc: object) -> str | int | None:
+    """The id of a request as JSON-RPC reads it (a string or a whole number); else None."""
+    ident = doc.get("id") if isinstance(doc, dict) else None
+    return ident if isinstance(ident, str | int) and not isinstance(ident, bool) else None
+
+
+def _lone_surrogate(doc: object) -> tuple[str, str] | None:
+    """(where, the surrogate) of the first string, key or value, holding half a UTF-16 pair;
+    walked without recursion, as json.loads nests deeper than a recursive walk could."""
+    stack: list[tuple[object, str]] = [(doc, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            half = next((ch for ch in value if "\ud800" <= ch <= "\udfff"), None)
+            if half:
+                where = where or "the message"
+                return (where if len(where) <= 60 else where[:57] + "..."), half
+        elif isinstance(value, dict):
+            items = [(v, f"{where}.{k}" if where else k) for k, v in value.items()]
+            keys = [(k, f"a key in {where or 'the message'}") for k in value]
+            stack.extend(reversed(keys + items))
+        elif isinstance(value, list):
+            stack.extend(reversed([(v, f"{where}[{i}]") for i, v in enumerate(value)]))
+    return None
+
+
+def answer_to(line: str) -> JSONRPCError | None:
+    """The error a line gets in place of the SDK's silence; None when the SDK reads it (or it
+    is blank, or a response, which nothing answers): then it is passed on as it came."""
+    from mcp_types import (
+        INVALID_REQUEST,
+        PARSE_ERROR,
+        ErrorData,
+        JSONRPCError,
+        jsonrpc_message_adapter,
+    )
+    from pydantic import ValidationError
+
+    if not line.strip():
+        return None
+    try:
+        jsonrpc_message_adapter.validate_json(line, by_name=False)
+        return None
+    except ValidationError:
+        pass
+    try:
+        doc = json.loads(line, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        return JSONRPCError(
+            jsonrpc="2.0", id=None, error=ErrorData(code=PARSE_ERROR, message=f"Parse error: {why}")
+        )
+    if isinstance(doc, dict) and "method" not in doc and ("result" in doc or "error" in doc):
+        return None
+    surrogate = _lone_surrogate(doc)
+    if surrogate is not None:
+        where, half = surrogate
+        message = (
+            f"Parse error: {where} holds a lone surrogate, \\u{ord(half):04x}: half of a UTF-16 "
+            "pair, no character, so the message cannot be read as text; send the character "
+            "itself, or both halves of its pair"
+        )
+        return JSONRPCError(
+            jsonrpc="2.0",
+            id=_request_id(doc) if isinstance(doc, dict) and "method" in doc else None,
+            error=ErrorData(code=PARSE_ERROR, message=message),
+        )
+    return JSONRPCError(
+        jsonrpc="2.0",
+        id=_request_id(doc),
+        error=ErrorData(
+            code=INVALID_REQUEST,
+            message="Invalid Request: not a JSON-RPC 2.0 request or notification",
+        ),
+    )
+
+
+class AnsweredLines:
+    """The stdin the SDK's transport reads: every line it can read, unchanged; the others
+    answered here, through the transport's own writer (one writer: no torn lines)."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        import anyio
+
+        # As the SDK reads stdin: UTF-8, a byte that is not UTF-8 replaced, never a crash.
+        self._text = TextIOWrapper(source, encoding="utf-8", errors="replace")
+        self._lines = anyio.wrap_file(self._text)
+        self._writer: WriteStream[SessionMessage] | None = None
+        self._ready = anyio.Event()
+
+    def answer_through(self, writer: WriteStream[SessionMessage]) -> None:
+        self._writer = writer
+        self._ready.set()
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        from mcp.shared.message import SessionMessage
+
+        async for line in self._lines:
+            answer = answer_to(line)
+            if answer is None:
+                yield line
+                continue
+            await self._ready.wait()  # the writer comes once the transport is up
+            assert self._writer is not None
+            await self._writer.send(SessionMessage(answer))
+
+    def detach(self) -> None:
+        """Leave stdin open: this wrapper is not its owner (the SDK's does the same)."""
+        with contextlib.suppress(ValueError):
+            self._text.detach()
+
+
+async def serve_stdio(server: MCPServer, source: BinaryIO) -> None:
+    """Run `server` on stdin and stdout as the SDK's `run_stdio_async` does, reading `source`
+    through `AnsweredLines`. The SDK still claims stdout (fd 1 points at stderr meanwhile, so
+    stray prints miss the wire); stdin, handed over, is read in place: no tool reads it."""
+    from mcp.server.stdio import stdio_server
+
+    lines = AnsweredLines(source)
+    try:
+        async with stdio_server(stdin=cast("anyio.AsyncFile[str]", lines)) as (read, write):
+            lines.answer_through(write)
+            lowlevel = server._lowlevel_server  # what run_stdio_async runs; mcp is pinned <3
+            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+    finally:
+        lines.detach()
