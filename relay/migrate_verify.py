@@ -59,7 +59,7 @@ _SQLITE_AUDIENCE_TOTALS = (
 
 
 def sqlite_time(value: float | None) -> datetime | None:
-    """A time as the SQLite store reads it (`relay.store.sqlite._dt`): one past
+    """A time as the SQLite store reads it (`relay.store.sqlite.rows._dt`): one past
     `LATEST_TIME`, which Relay once stored rounded up to year 10000, as that."""
     from relay.hygiene import LATEST_TIME
 

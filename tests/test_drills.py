@@ -23,9 +23,10 @@ def test_isolation_model_finds_no_leak(store, embedder):
 
 def test_isolation_model_catches_a_leak(embedder, monkeypatch):
     """The model has teeth: a recall that ignores audiences is reported as a leak."""
-    from relay.store import sqlite
+    from relay.store.sqlite import reads, search
 
-    monkeypatch.setattr(sqlite, "visible_sql", lambda count: "m.deleted_at IS NULL")
+    for module in (reads, search):  # where the recall filter is built and where it is used
+        monkeypatch.setattr(module, "visible_sql", lambda count: "m.deleted_at IS NULL")
     result = isolation.run(250, seed=3, embedder=embedder)
     assert result["leaks"] > 0
 

@@ -1,0 +1,93 @@
+"""Connections to the SQLite file, and the transactions every other part runs in.
+
+One writer connection, shared and serialised on a lock with `BEGIN IMMEDIATE`; one reader
+connection per thread, so searches never wait behind a write. sqlite3's errors become
+Relay's here (`translate_errors`), once.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from relay.errors import StoreError
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """sqlite3's errors become Relay's, once, here."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"database error: {exc}") from exc
+
+
+def _create_private(path: Path) -> None:
+    """Make a new database file readable by its owner alone (SQLite gives its -wal and -shm
+    files the same mode): it holds every audience's memories, which the server alone may
+    filter. A new folder for it is the owner's alone too; existing ones are left as found."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+class SQLiteConnections:
+    """The writer, the per-thread readers and the transactions on them (mixed into
+    `SQLiteStore`, which opens the file and sets these attributes)."""
+
+    path: str
+    _local: threading.local
+    _write_lock: threading.Lock
+    _writer: sqlite3.Connection
+
+    def _connect(self) -> sqlite3.Connection:
+        with translate_errors():
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=30
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA cache_size=-65536")
+            conn.row_factory = sqlite3.Row
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._write_lock, translate_errors():
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One consistent snapshot for several statements."""
+        conn = self._reader()
+        with translate_errors():
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+
+def _bump(conn: sqlite3.Connection, org_id: str) -> None:
+    conn.execute("UPDATE orgs SET generation = generation + 1 WHERE id = ?", (org_id,))
