@@ -216,14 +216,14 @@ def test_a_cycle_through_memories_the_writer_cannot_read_is_refused_unnamed(stor
 def test_a_cycle_written_before_cycles_were_refused_is_broken_by_the_next_edit(store, monkeypatch):
     """Memories already in a cycle stay hidden, but every edit of them still lands, and one
     that drops a link of the cycle brings recall back."""
-    import relay.store.postgres
+    import relay.store.postgres.writes
     import relay.store.sqlite.writes
 
     org = store.create_org("acme").id
     save(store, org, "x", "Deploys go out on Tuesdays", seed=1)
     save(store, org, "y", "Deploys go out on Thursdays", seed=2, supersedes=("x",))
     with monkeypatch.context() as older:  # the code that took such links
-        for module in (relay.store.sqlite.writes, relay.store.postgres):
+        for module in (relay.store.sqlite.writes, relay.store.postgres.writes):
             older.setattr(module, "judge_cycle", lambda *args: None)
         save(store, org, "x", "Deploys go out on Tuesdays", "edit", seed=1, supersedes=("y",))
     assert _recalled(store, org, ["deploy"]) == []

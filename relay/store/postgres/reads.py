@@ -1,0 +1,175 @@
+"""Reading memories: one, a page of them, a history, the pinned ones, and the access
+filters every query that returns memory content carries.
+
+Who may see what is decided by SQL (`visible_sql` for recall, `managed_sql` for
+management reads, `history_sql` for revisions), never by filtering rows afterwards;
+links to memories a reader may not read are withheld from what it gets (`_as_read`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from relay.errors import NotFoundError
+from relay.models import EVERYONE, WITHHELD_FIELDS, Memory, Revision
+from relay.store.postgres.connection import PostgresConnections
+from relay.store.postgres.rows import _memory, _revision
+from relay.store.rules import Read, as_read, linked_ids
+
+
+def visible_sql(audience_filter: bool) -> str:
+    """The recall filter on `memories m` for one org: live, current, unexpired, audience."""
+    clauses = [
+        "m.org_id = %(org)s",
+        "m.deleted_at IS NULL",
+        "m.superseded_by IS NULL",
+        "(m.valid_until IS NULL OR m.valid_until > %(now)s)",
+    ]
+    if audience_filter:
+        clauses.append(
+            "EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
+            " AND ma.memory_id = m.id AND ma.audience = ANY(%(aud)s))"
+        )
+    return " AND ".join(clauses)
+
+
+def managed_sql(audiences: frozenset[str] | None) -> str:
+    """Management reads see expired and superseded memories too (so they can be tended)."""
+    clauses = ["m.org_id = %(org)s", "m.deleted_at IS NULL"]
+    if audiences is not None:
+        clauses.append(
+            "EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
+            " AND ma.memory_id = m.id AND ma.audience = ANY(%(aud)s))"
+        )
+    return " AND ".join(clauses)
+
+
+def history_sql(audience_filter: bool) -> str:
+    """A memory's revisions (`org`, `id`), oldest first, each one's content withheld
+    (`WITHHELD_FIELDS` null, `withheld` true) unless its audiences meet the reader's `aud`;
+    a deletion, which has none of its own, takes the memory's last. Without the filter (an
+    admin management read) nothing is withheld."""
+    readable = "true"
+    if audience_filter:
+        readable = "coalesce(r.audiences, m.audiences) && %(aud)s::text[]"
+    content = ", ".join(f"CASE WHEN readable THEN {c} END AS {c}" for c in WITHHELD_FIELDS)
+    return (
+        f"SELECT id, revision, action, recorded_at, NOT readable AS withheld, {content}"
+        f" FROM (SELECT r.*, {readable} AS readable FROM memory_revisions r"
+        " JOIN memories m ON m.org_id = r.org_id AND m.id = r.id"
+        " WHERE r.org_id = %(org)s AND r.id = %(id)s) AS v ORDER BY revision"
+    )
+
+
+def _params(org_id: str, audiences: frozenset[str] | None, **extra: Any) -> dict[str, Any]:
+    params: dict[str, Any] = {"org": org_id, **extra}
+    if audiences is not None:
+        params["aud"] = sorted(audiences | {EVERYONE})
+    return params
+
+
+def _as_read(
+    conn: psycopg.Connection,
+    org_id: str,
+    items: Sequence[Read],
+    audiences: frozenset[str] | None,
+) -> list[Read]:
+    """`items` as a reader of `audiences` sees them (`rules.as_read`): their links to
+    memories it may not read (a deleted one by its last audiences) withheld. None: an
+    admin management read, which sees every link."""
+    ids = sorted(linked_ids(items))
+    if audiences is None or not ids:
+        return list(items)
+    rows = conn.execute(
+        "SELECT DISTINCT memory_id FROM memory_audiences WHERE org_id = %s"
+        " AND memory_id = ANY(%s) AND audience = ANY(%s)",
+        (org_id, ids, sorted(audiences | {EVERYONE})),
+    ).fetchall()
+    return [as_read(item, {r["memory_id"] for r in rows}) for item in items]
+
+
+class MemoryReads(PostgresConnections):
+    """Reads of memories and their histories (mixed into `PostgresStore`)."""
+
+    def current_memory(self, org_id: str, memory_id: str) -> Memory | None:
+        with self._tx(org_id) as conn:
+            row = conn.execute(
+                "SELECT * FROM memories WHERE org_id = %s AND id = %s AND deleted_at IS NULL",
+                (org_id, memory_id),
+            ).fetchone()
+        return None if row is None else _memory(row)
+
+    def get_memory(self, org_id: str, memory_id: str, audiences: frozenset[str] | None) -> Memory:
+        params = _params(org_id, audiences, id=memory_id)
+        with self._tx(org_id) as conn:
+            row = conn.execute(
+                f"SELECT m.* FROM memories m WHERE {managed_sql(audiences)} AND m.id = %(id)s",
+                params,
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            (memory,) = _as_read(conn, org_id, [_memory(row)], audiences)
+        return memory
+
+    def list_memories(
+        self,
+        org_id: str,
+        audiences: frozenset[str] | None,
+        limit: int,
+        cursor: str | None = None,
+        source: str | None = None,
+        tag: str | None = None,
+        source_prefix: str | None = None,
+    ) -> tuple[list[Memory], str | None]:
+        params = _params(org_id, audiences, limit=limit + 1)
+        query = f"SELECT m.* FROM memories m WHERE {managed_sql(audiences)}"
+        if cursor:
+            query += " AND m.id > %(cursor)s"
+            params["cursor"] = cursor
+        if source:
+            query += " AND m.source = %(source)s"
+            params["source"] = source
+        if source_prefix:
+            query += " AND starts_with(m.source, %(prefix)s)"
+            params["prefix"] = source_prefix
+        if tag:
+            query += " AND %(tag)s = ANY(m.tags)"
+            params["tag"] = tag
+        query += " ORDER BY m.id LIMIT %(limit)s"
+        with self._tx(org_id) as conn:
+            rows = conn.execute(query, params).fetchall()
+            items = _as_read(conn, org_id, [_memory(r) for r in rows[:limit]], audiences)
+        return items, (items[-1].id if len(rows) > limit else None)
+
+    def history(
+        self, org_id: str, memory_id: str, audiences: frozenset[str] | None
+    ) -> list[Revision]:
+        params = _params(org_id, audiences, id=memory_id)
+        # Listed to the keys that may read the memory: a deleted one keeps the audiences of
+        # its last live revision, so deleting it shows its tombstone to nobody new.
+        query = "SELECT 1 FROM memories m WHERE m.org_id = %(org)s AND m.id = %(id)s"
+        if audiences is not None:
+            query += (
+                " AND EXISTS (SELECT 1 FROM memory_audiences ma"
+                " WHERE ma.org_id = m.org_id AND ma.memory_id = m.id"
+                " AND ma.audience = ANY(%(aud)s))"
+            )
+        with self._tx(org_id) as conn:
+            if conn.execute(query, params).fetchone() is None:
+                raise NotFoundError(f"no memory {memory_id!r}")
+            rows = conn.execute(history_sql(audiences is not None), params).fetchall()
+            return _as_read(conn, org_id, [_revision(r) for r in rows], audiences)
+
+    def pinned(self, org_id: str, audiences: frozenset[str], now: datetime) -> list[Memory]:
+        params = _params(org_id, audiences, now=now)
+        with self._tx(org_id) as conn:
+            rows = conn.execute(
+                f"SELECT m.* FROM memories m WHERE {visible_sql(True)} AND m.pinned"
+                " ORDER BY m.updated_at DESC LIMIT 20",
+                params,
+            ).fetchall()
+            return _as_read(conn, org_id, [_memory(r) for r in rows], audiences)
