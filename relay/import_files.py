@@ -107,7 +107,7 @@ def _json_kind(path: Path) -> str | None:
     """What the file holds when it is a JSON document ("JSON"), one JSON object or array a
     line ("JSON lines"), or one exported memory a line (`EXPORT`), else None. Markdown that
     opens with `[link](...)` is none of these."""
-    from relay.restore import is_exported_memory
+    from relay.restore import is_exported_memory, json_lines
 
     try:
         text = path.read_text(encoding="utf-8-sig").strip()
@@ -116,7 +116,7 @@ def _json_kind(path: Path) -> str | None:
     if not text.startswith(("{", "[")):
         return None
     try:
-        values = [json.loads(line) for line in text.splitlines() if line.strip()]
+        values = [json.loads(line) for _, line in json_lines(text)]
     except ValueError:
         values = []
     if values and all(isinstance(value, dict | list) for value in values):

@@ -57,6 +57,25 @@ RESTORED_FIELDS = (
     "supersedes",
     "pinned",
 )
+# Line breaks to other readers (str.splitlines, JavaScript before ES2019, many editors) that
+# an export written with ensure_ascii=False would hold raw: escaped, the line stays one line.
+_BREAKS_IN_STRINGS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def export_line(memory: dict[str, Any]) -> str:
+    """One memory as a line of an export, readable by any line reader: the text stays
+    UTF-8 as written, but for the few characters some readers take as a line break
+    (outside strings JSON holds none of them, so the escapes land in strings only)."""
+    return json.dumps(memory, ensure_ascii=False).translate(_BREAKS_IN_STRINGS) + "\n"
+
+
+def json_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) for every line of JSON lines `text` that holds anything. Lines
+    end at "\n" alone (a "\r" before it is JSON whitespace): str.splitlines also breaks at
+    U+2028, U+2029, \\x85 and \\x0b-\\x1e, which a JSON string may hold raw."""
+    return [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip(" \t\r")]
+
+
 # A memory expiring this soon could expire before its batch is written, and the server
 # would then refuse the whole batch; it is skipped with the expired ones.
 EXPIRY_MARGIN = timedelta(minutes=5)
@@ -130,9 +149,7 @@ def read_export(text: str, name: str) -> list[ExportedMemory]:
     one that is not an exported memory, or repeats an id."""
     memories: list[ExportedMemory] = []
     lines: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
+    for number, raw in json_lines(text):
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:

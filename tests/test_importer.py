@@ -786,9 +786,13 @@ def test_a_walked_markdown_file_that_holds_json_lines_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("count", [1, 3])
-def test_an_export_file_points_to_relay_restore(tmp_path, count):
-    memory = {"id": "mem_1", "revision": 1, "body": "x", "audiences": ["payments"]}
-    path = write(tmp_path / "backup.txt", "\n".join([json.dumps(memory)] * count) + "\n")
+@pytest.mark.parametrize("body", ["x", "line\u2028separator\u2029and\x85NEL"])
+def test_an_export_file_points_to_relay_restore(tmp_path, count, body):
+    """QA: an export (written by an older release) holding U+2028 raw, renamed backup.txt,
+    was imported as Markdown: one memory of raw export JSON, restricted bodies, for all."""
+    memory = {"id": "mem_1", "revision": 1, "body": body, "audiences": ["payments"]}
+    lines = [json.dumps(memory, ensure_ascii=False)] * count
+    path = write(tmp_path / "backup.txt", "\n".join(lines) + "\n")
     with pytest.raises(InvalidRequestError) as refused:
         list(iter_import_files([path]))
     assert refused.value.message.startswith(

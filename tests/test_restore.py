@@ -24,6 +24,7 @@ from relay.restore import (
     RESTORED_FIELDS,
     ExportedMemory,
     check_memories,
+    export_line,
     read_export,
     write_order,
 )
@@ -78,6 +79,29 @@ def test_only_what_a_write_carries_is_read():
     (memory,) = read_export("\n" + json.dumps(exported) + "\n\n", "f")
     assert memory.line == 2
     assert memory.fields == {k: exported[k] for k in RESTORED_FIELDS}
+
+
+# Characters str.splitlines() (and other readers) take as a line break, held raw in a string.
+BREAKS = "non\u00a0breaking\u2028line\u2029paragraph\x85next\x1crecord\x0bvtab"
+
+
+def test_a_string_may_hold_what_other_readers_take_for_a_line_break():
+    """QA: an export of a memory holding U+2028 could not be restored ("not JSON
+    (Unterminated string)"): the file was cut at every character splitlines() breaks at."""
+    raw = json.dumps({"id": "m1", "body": BREAKS, "audiences": ["all"]}, ensure_ascii=False)
+    text = raw + "\r\n" + line("m2") + "\n"  # one line ends as on Windows
+    assert [(m.line, m.fields["body"]) for m in read_export(text, "f")] == [
+        (1, BREAKS),
+        (2, "Fact m2."),
+    ]
+
+
+def test_an_export_line_escapes_those_breaks_and_reads_back_the_same():
+    exported = export_line({"id": "m1", "body": BREAKS, "title": "é\u2028", "audiences": ["all"]})
+    assert exported.endswith("}\n") and exported.splitlines(keepends=True) == [exported]
+    assert "\\u2028" in exported and "non\u00a0breaking" in exported  # the rest stays UTF-8
+    (memory,) = read_export(exported, "f")
+    assert memory.fields == {"id": "m1", "body": BREAKS, "title": "é\u2028", "audiences": ["all"]}
 
 
 def test_a_secret_is_named_by_line_before_anything_is_written():
@@ -554,6 +578,20 @@ def test_an_export_that_fails_midway_leaves_the_earlier_backup_as_it_was(tmp_pat
     assert done.returncode != 0 and "db down" in done.stderr
     assert backup.read_text(encoding="utf-8") == line("old") + "\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backup.jsonl"]  # no partial left
+
+
+def test_a_memory_holding_line_separators_survives_export_and_restore(tmp_path: Path, target):
+    """QA: `relay remember` of a body holding U+2028, then export and restore: the restore
+    stopped at that line, so the backup could not be restored at all."""
+    body = "non\u00a0breaking\u2028line\u2029paragraph"  # a body holds no control character
+    remember(target.url, target.admin_key, id="sep-1", body=body)
+    assert run(target, tmp_path, "export", "-o", "all.jsonl").returncode == 0
+    text = (tmp_path / "all.jsonl").read_text(encoding="utf-8")
+    assert "\u2028" not in text and text.count("\n") == len(text.splitlines())
+    done = run(target, tmp_path, "restore", "all.jsonl")
+    assert done.returncode == 0, done.stderr
+    back = get(target, "/v1/memories/sep-1").json()
+    assert (back["body"], back["revision"]) == (body, 1)
 
 
 def test_an_export_file_is_its_owners_alone(tmp_path: Path, source):

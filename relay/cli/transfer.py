@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import urllib.parse
@@ -248,12 +247,14 @@ def export(client, output: Path) -> None:  # noqa: ANN001
 
 
 def _export_pages(client, out: TextIO) -> None:  # noqa: ANN001
+    from relay.restore import export_line
+
     cursor = None
     while True:
         query = "" if cursor is None else "&cursor=" + urllib.parse.quote(cursor)
         page = client.get("/v1/memories?limit=500" + query)
         for item in page["items"]:
-            out.write(json.dumps(item, ensure_ascii=False) + "\n")
+            out.write(export_line(item))
         cursor = page["next_cursor"]
         if not cursor:
             break
