@@ -135,7 +135,39 @@ def default_paths(project: Path | None = None) -> Paths:
     return Paths(Path(os.path.expanduser("~")), project.resolve() if project else None)
 
 
+def refuse_user_level_project(paths: Paths, command: str) -> None:
+    """Refuse a --project that is, or holds, the home folder or the agents' user-level
+    folders, or whose .claude/ or .codex/ leads to them: install would write the user's
+    settings as a project's, and `relay uninstall --project` would take out the
+    user-level install (and every project under it) while saying they stay."""
+    project = paths.project
+    if project is None:
+        return
+    home = paths.home.resolve()
+    why = None
+    if home == project:
+        why = "is your home folder, whose .claude/ and .codex/ are the user-level install"
+    elif home.is_relative_to(project):
+        why = "holds your home folder, and with it the user-level install"
+    else:
+        for folder, user in ((".claude", paths.claude_dir), (".codex", paths.codex_dir)):
+            user = user.resolve()
+            if (project / folder).resolve() == user:
+                why = f"has the user-level {tilde(user, home)} as its {folder}/"
+            elif user.is_relative_to(project):
+                why = f"holds the user-level {tilde(user, home)}"
+            if why:
+                break
+    if why:
+        raise InvalidRequestError(
+            f"--project {tilde(project, home)} {why}: name the project's own folder, or run"
+            f" `relay {command}` without --project for the user-level one; nothing was changed"
+        )
+
+
 def tilde(path: Path, home: Path) -> str:
+    if path == home:
+        return "~"
     try:
         return "~/" + str(path.relative_to(home))
     except ValueError:
@@ -647,6 +679,7 @@ def install(
     dry_run: bool,
 ) -> None:
     """Connect this machine to a Relay server and wire recall into Claude Code and Codex."""
+    refuse_user_level_project(default_paths(project), "install")
     if key_file:
         source = click.get_current_context().get_parameter_source("key")
         if key and source is click.core.ParameterSource.COMMANDLINE:

@@ -295,9 +295,10 @@ def skill() -> None:
 )
 def skill_install(skills_dir: Path | None, project: Path | None, zip_path: Path | None) -> None:
     """Write SKILL.md for Claude Code and a zip ready to upload to Claude.ai."""
-    from relay.install import default_paths, load_manifest, tilde
+    from relay.install import default_paths, load_manifest, refuse_user_level_project, tilde
 
     paths = default_paths(project)
+    refuse_user_level_project(paths, "skill install")
     # Recorded absolute and with the folders' links resolved, as install records a
     # project's files, so `relay uninstall --project DIR` finds them whatever DIR was.
     skills_dir = (_resolved(skills_dir) if skills_dir else paths.skills_dir) / NAME

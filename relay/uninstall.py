@@ -34,6 +34,7 @@ from relay.install import (
     load_manifest,
     read_bytes,
     refuse_blocked,
+    refuse_user_level_project,
     save_manifest,
     tilde,
     write_atomic,
@@ -266,6 +267,7 @@ def uninstall(project: Path | None, dry_run: bool) -> None:
     """
     from relay import skill
 
+    refuse_user_level_project(default_paths(project), "uninstall")
     paths = default_paths()
     manifest = load_manifest(paths)
     if project is not None:

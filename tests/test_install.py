@@ -653,6 +653,38 @@ def test_project_uninstall_drops_the_records_of_a_project_deleted_since(tmp_path
     assert left == {k: v for k, v in installed_home.items() if k != ".relay/install.json"}
 
 
+def test_a_project_that_is_the_user_level_install_is_refused(tmp_path, server):
+    """QA: `relay install --project ~` wrote the user's settings as a project's, and `relay
+    uninstall --project ~` then took out the user-level install while printing "the
+    user-level install and other projects stay"."""
+    home, repo, shared = tmp_path / "home", tmp_path / "repo", tmp_path / "shared"
+    for folder in (home, repo, shared):
+        folder.mkdir()
+    (repo / ".claude").symlink_to(home / ".claude")  # a project whose .claude/ is the user's
+    codex = shared / "codex"  # CODEX_HOME inside a project
+    assert install(home, server).returncode == 0
+    assert relay(home, "skill", "install").returncode == 0
+    installed, manifest = snapshot(home), manifest_of(home)
+    tail = "nothing was changed\n"
+    for project, why, env in (
+        (home, "~ is your home folder, whose .claude/ and .codex/ are the user-level install", {}),
+        (tmp_path, f"{tmp_path} holds your home folder, and with it the user-level install", {}),
+        (repo, f"{repo} has the user-level ~/.claude as its .claude/", {}),
+        (shared, f"{shared} holds the user-level {codex}", {"CODEX_HOME": str(codex)}),
+    ):
+        for command in ("install", "uninstall", "skill install"):
+            args = ["--url", server["url"], "--key", server["key"]] if command == "install" else []
+            done = relay(home, *command.split(), *args, "--project", str(project), **env)
+            assert (done.returncode, done.stdout) == (2, ""), done.stdout
+            assert done.stderr == (
+                f"relay: error: --project {why}: name the project's own folder, or run"
+                f" `relay {command}` without --project for the user-level one; {tail}"
+            )
+            assert snapshot(home) == installed and manifest_of(home) == manifest
+    assert snapshot(repo) == {} and snapshot(shared) == {}
+    assert relay(home, "uninstall").returncode == 0  # still the user-level install, whole
+
+
 def test_uninstall_help_names_the_project_and_the_skill():
     from click.testing import CliRunner
 
