@@ -450,11 +450,38 @@ def codex_hooks_enabled(config: dict[str, Any]) -> bool | None:
 
 
 # -- JSON helpers ---------------------------------------------------------------------
+class _NotJSONNumber(ValueError):
+    """A number in a settings file that no rewrite could write back as JSON: args are the
+    literal and why."""
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):  # 1e400: JSON.parse reads it as Infinity, which JSON cannot spell
+        raise _NotJSONNumber(
+            literal, "past a double's range: read, it is infinity, which JSON cannot write back"
+        )
+    return value
+
+
+def _no_constant(name: str) -> float:
+    # Python's json reads NaN and Infinity; JSON.parse, as the agents read, does not
+    raise _NotJSONNumber(name, "no JSON number: the agents cannot read this file")
+
+
 def parse_json(text: str, where: str) -> dict[str, Any]:
+    """A settings file's object. Refused: what is not JSON, and a number past a double's range,
+    which the rewrite would write as `Infinity`, losing the whole file for the agent."""
     if not text.strip():
         return {}
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except _NotJSONNumber as exc:
+        literal, why = exc.args
+        raise SettingsFileError(
+            f"{where} holds the number {literal}, {why}; write it as a string or a finite"
+            " number, then run relay install again. Nothing was changed"
+        ) from None
     except ValueError as exc:
         raise SettingsFileError(
             f"{where} is not valid JSON ({exc}); fix or move it, then run relay install again. "

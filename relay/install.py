@@ -15,6 +15,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -46,6 +47,7 @@ CONFIG_KNOBS = (
     "breaker_cooldown_s",
 )
 AGENTS = ("claude-code", "codex")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 OWN_FILES = ("relay-key", "relay-config", "hook-script")  # Relay's files: permissions enforced
 
 
@@ -222,7 +224,8 @@ def relay_config(
 
 
 def _indent_of(text: str) -> int | str:
-    for line in text.splitlines()[1:]:
+    # Lines end at "\n": splitlines() would also break inside a string holding U+2028.
+    for line in text.split("\n")[1:]:
         stripped = line.lstrip(" \t")
         if stripped and len(stripped) < len(line):
             lead = line[: len(line) - len(stripped)]
@@ -231,8 +234,12 @@ def _indent_of(text: str) -> int | str:
 
 
 def dump_json_like(doc: dict[str, Any], original: str | None) -> bytes:
+    """`doc` as JSON, indented as `original` was. A lone surrogate ("\\ud800" is valid JSON)
+    has no UTF-8: it is written back as the escape it was read from. allow_nan=False: never
+    write `Infinity`, which the agents cannot read (parse_json refuses what would need it)."""
     indent = _indent_of(original) if original else 2
-    return (json.dumps(doc, indent=indent, ensure_ascii=False) + "\n").encode()
+    text = json.dumps(doc, indent=indent, ensure_ascii=False, allow_nan=False)
+    return (_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n").encode()
 
 
 # -- planning ----------------------------------------------------------------------------

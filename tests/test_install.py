@@ -259,6 +259,59 @@ def test_invalid_settings_file_is_refused_and_nothing_changes(tmp_path, server, 
     assert snapshot(home) == before
 
 
+@pytest.mark.parametrize("where", [".claude/settings.json", ".codex/hooks.json", ".claude.json"])
+@pytest.mark.parametrize(
+    ("number", "why"),
+    [
+        ("1e400", "past a double's range: read, it is infinity, which JSON cannot write back"),
+        ("-1E+999", "past a double's range: read, it is infinity, which JSON cannot write back"),
+        ("NaN", "no JSON number: the agents cannot read this file"),
+        ("-Infinity", "no JSON number: the agents cannot read this file"),
+    ],
+)
+def test_a_number_json_cannot_carry_is_refused_and_nothing_changes(
+    tmp_path, server, where, number, why
+):
+    """QA: `{"env": {"N": 1e400}}` was rewritten as `"N": Infinity`, which Claude Code's
+    JSON.parse cannot read: the whole user settings file was lost to it."""
+    why = (
+        f"{tmp_path / where} holds the number {number}, {why}; write it as a string or a finite"
+        " number, then run relay install again. Nothing was changed"
+    )
+    number_in = f'{{"env": {{"N": {number}}}, '
+    write(tmp_path / where, number_in[:-2] + "}")
+    before = snapshot(tmp_path)
+    done = install(tmp_path, server)
+    assert (done.returncode, done.stderr) == (2, f"relay: error: {why}\n")
+    assert snapshot(tmp_path) == before
+    # Put there after an install: uninstall would have written it back as Infinity too.
+    (tmp_path / where).unlink()
+    assert install(tmp_path, server).returncode == 0
+    path = tmp_path / where
+    path.write_text(path.read_text().replace("{", number_in, 1))
+    edited = path.read_bytes()
+    done = relay(tmp_path, "uninstall")
+    assert (done.returncode, done.stderr) == (0, f"  warning: {why}; left as it is\n")
+    assert path.read_bytes() == edited
+
+
+def test_settings_holding_lone_surrogates_and_line_separators_are_kept(tmp_path, server):
+    """QA: a valid `"L": "\\ud800"` in settings.json ended install in a traceback
+    (UnicodeEncodeError): it has no UTF-8, so it is written back as the escape it was."""
+    settings = '{"env": {"L": "\\ud800", "\\udc00key": "x\u2028    y"},\n\t"model": "opus"\n}\n'
+    for where in (".claude/settings.json", ".codex/hooks.json"):
+        write(tmp_path / where, settings)
+    before = snapshot(tmp_path)
+    done = install(tmp_path, server)
+    assert done.returncode == 0, done.stderr
+    for where in (".claude/settings.json", ".codex/hooks.json"):
+        text = (tmp_path / where).read_text(encoding="utf-8")
+        assert '\n\t"env": {\n\t\t"L": "\\ud800",\n\t\t"\\udc00key": "x\u2028    y"\n' in text
+        assert without_relay(tmp_path / where) == json.loads(settings)
+    assert relay(tmp_path, "uninstall").returncode == 0
+    assert snapshot(tmp_path) == before
+
+
 def test_null_where_relay_registers_is_nothing_registered(tmp_path, server):
     """QA: valid JSON with null for hooks or mcpServers crashed install with a traceback."""
     home = tmp_path
