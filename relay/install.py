@@ -252,6 +252,7 @@ class Change:
     what: str
     mode: int = 0o644
     notes: list[str] = field(default_factory=list)
+    force_mode: bool = False  # uninstall: Relay's own file gets back the original's mode
 
     @property
     def changed(self) -> bool:
@@ -513,6 +514,8 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
         if record is None:
             record = {"role": c.role, "created": c.before is None, "original": None}
             record["original"] = str(backup) if backup else None
+            if backup and c.role in OWN_FILES:  # its mode is forced below: uninstall restores it
+                record["mode"] = os.stat(c.path).st_mode & 0o777
             manifest["files"][str(c.path)] = record
         record.setdefault("backups", []).append(str(backup) if backup else None)
         assert c.after is not None

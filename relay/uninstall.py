@@ -14,6 +14,7 @@ a DIR deleted since has nothing left to undo, and its records are simply dropped
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -67,8 +68,31 @@ def plan_uninstall(paths: Paths, manifest: dict[str, Any]) -> tuple[list[Change]
         except agents.SettingsFileError as exc:
             warnings.append(f"{exc.message}; left as it is")
             continue
-        changes.append(Change(path, role or "", current, after, _reverse_what(role)))
+        change = Change(path, role or "", current, after, _reverse_what(role))
+        if role in OWN_FILES and after is not None and after == original:
+            _restore_mode(change, record.get("mode"))
+        changes.append(change)
     return changes, warnings
+
+
+def _restore_mode(change: Change, mode: object) -> None:
+    """Relay's own file goes back with the original's mode too (install made it 600, or 700
+    for the script), unless that would open a key to others: then 600 stays, and the
+    restored line says why."""
+    if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
+        return  # recorded by an older Relay: the file keeps the mode it has
+    change.mode, change.force_mode = mode, True
+    holds_key = change.role == "relay-key"
+    if change.role == "relay-config":
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            doc = json.loads(change.after or b"")
+            holds_key = isinstance(doc, dict) and bool(doc.get("api_key"))
+    if holds_key and mode & 0o077:
+        change.mode = mode & 0o700
+        what = "an API key" if change.role == "relay-key" else "an API key (api_key)"
+        change.notes.append(
+            f"mode {change.mode:o} kept, not the original's {mode:o}: it holds {what}"
+        )
 
 
 def _reverse(
@@ -157,8 +181,9 @@ def apply_uninstall(
                 why = "; ".join(c.notes)  # a skill file edited since: kept, and why
                 line = f"  kept       {label}  ({why})" if why else f"  unchanged  {label}"
             else:
-                write_atomic(c.path, c.after, 0o644)
-                line = f"  restored   {label}  (without {c.what})"
+                write_atomic(c.path, c.after, c.mode, force_mode=c.force_mode)
+                notes = "".join(f"; {n}" for n in c.notes)
+                line = f"  restored   {label}  (without {c.what}{notes})"
         except OSError as exc:
             done = [tilde(x.path, paths.home) for x in ordered[:i] if x.changed]
             left = [tilde(x.path, paths.home) for x in ordered[i:] if x.changed]

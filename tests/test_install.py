@@ -240,6 +240,46 @@ def test_install_preserves_existing_settings_and_uninstall_restores_them_byte_fo
     assert snapshot(home) == before
 
 
+def test_uninstall_gives_relays_own_files_back_their_original_modes(tmp_path, server):
+    """QA: uninstall restored a ~/.relay/config.json of the user's byte for byte, but its mode
+    644 came back as the 600 install had forced; a script's 755 as 700."""
+    home = tmp_path
+    write(home / ".relay/config.json", '{"url": "http://old:8765", "max_records": 5}\n')
+    write(home / ".relay/relay-autosearch-hook.sh", "#!/bin/sh\nexec my-hook\n")
+    (home / ".relay").chmod(0o755)
+    (home / ".relay/config.json").chmod(0o644)
+    (home / ".relay/relay-autosearch-hook.sh").chmod(0o755)
+    before = snapshot(home)
+    assert install(home, server).returncode == 0
+    assert stat.S_IMODE((home / ".relay/config.json").stat().st_mode) == 0o600
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert "  restored   ~/.relay/config.json  (without Relay config)\n" in done.stdout
+    assert snapshot(home) == before  # bytes and modes
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "what"),
+    [
+        ("config.json", '{"url": "http://old:8765", "api_key": "relay_old"}\n', " (api_key)"),
+        ("key", "relay_old\n", ""),
+    ],
+)
+def test_a_restored_file_holding_a_key_stays_600_and_uninstall_says_why(
+    tmp_path, server, name, text, what
+):
+    home = tmp_path
+    write(home / ".relay" / name, text)
+    (home / ".relay" / name).chmod(0o644)
+    assert install(home, server).returncode == 0
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert f"~/.relay/{name}  (without " in done.stdout
+    assert f"; mode 600 kept, not the original's 644: it holds an API key{what})\n" in done.stdout
+    assert (home / ".relay" / name).read_text() == text
+    assert stat.S_IMODE((home / ".relay" / name).stat().st_mode) == 0o600
+
+
 @pytest.mark.parametrize(
     "broken",
     [".claude/settings.json", ".codex/hooks.json", ".claude.json", ".codex/config.toml"],
