@@ -128,6 +128,30 @@ def test_missing_postgres_support_is_one_clear_line(tmp_path: Path, pg_url: str)
     assert one_line_error(done) == NO_POSTGRES
 
 
+def test_an_unreachable_database_is_said_on_one_readable_line(tmp_path: Path):
+    """QA: libpq's hint came through as a literal `\\n\\t` ("Connection refused\\n\\tIs the
+    server running..."), the CLI escaping the line break it kept in its text."""
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    for args in (["serve", "--port", "8964"], ["org", "list"]):
+        done = relay(tmp_path, *args, "--db", f"postgresql://u@127.0.0.1:{port}/relay")
+        assert one_line_error(done) == (
+            "relay: error: database unreachable: connection failed: connection to server at"
+            f' "127.0.0.1", port {port} failed: Connection refused; Is the server running on'
+            " that host and accepting TCP/IP connections?"
+        )
+
+
+def test_a_query_error_keeps_its_line_and_drops_the_caret():
+    from relay.store.postgres import driver_text
+
+    said = 'syntax error at or near "SELEC"\nLINE 1: SELEC 1\n        ^\n'
+    assert driver_text(Exception(said)) == 'syntax error at or near "SELEC"; LINE 1: SELEC 1'
+
+
 def test_serve_on_a_port_in_use_is_one_line_and_creates_nothing(tmp_path: Path):
     """QA: `relay serve` on a taken port made the database, an organisation and its admin
     key, printed "serving", then failed in uvicorn's multi-line error (exit 3)."""

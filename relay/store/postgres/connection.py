@@ -65,6 +65,19 @@ def connection_lost(exc: psycopg.Error) -> bool:
     return exc.sqlstate is None or exc.sqlstate.startswith(_CONNECTION_STATES)
 
 
+def driver_text(exc: BaseException) -> str:
+    """psycopg's text on one line. libpq gives its hint a line of its own ("Connection
+    refused\\n\\tIs the server running ...?"), each failed attempt another, a query error
+    its LINE and caret: on the CLI's one-line error they showed as a literal `\\n\\t`."""
+    out = ""
+    for line in str(exc).split("\n"):
+        line = line.strip()
+        if not line or not line.strip("^"):  # blank, or the caret under a query's LINE
+            continue
+        out += line if not out else (" " if out[-1] in ".:;,?!" else "; ") + line
+    return out
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
     """psycopg's errors become Relay's, once, here. Their text (hosts, ports, tables) is for
@@ -73,10 +86,10 @@ def translate_errors() -> Iterator[None]:
         yield
     except psycopg.Error as exc:
         if connection_lost(exc):
-            lost = UnavailableError(f"database unreachable: {exc}")
+            lost = UnavailableError(f"database unreachable: {driver_text(exc)}")
             lost.public = "database unreachable: the server cannot reach its database right now"
             raise lost from exc
-        raise StoreError(f"database error: {exc}") from exc
+        raise StoreError(f"database error: {driver_text(exc)}") from exc
 
 
 # -- vectors on the wire: float32 little-endian bytes <-> pgvector's binary format ------
