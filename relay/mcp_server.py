@@ -220,7 +220,7 @@ def render_history(memory_id: str, items: list[dict[str, Any]]) -> str:
 def tool_error_message(exc: errors.RelayError) -> str:
     """One clear sentence about a refused or failed call, and what it means for the task
     (never a database's own words: those go to the server's log, see `call`)."""
-    from relay.client import NotConfiguredError
+    from relay.client import NotConfiguredError, NotRelayRootError
 
     message = exc.client_message
     if isinstance(exc, errors.ForbiddenError):
@@ -242,6 +242,11 @@ def tool_error_message(exc: errors.RelayError) -> str:
         return (
             f"Relay is not set up on this machine ({message}). Team memory is unavailable; "
             "carry on without it."
+        )
+    if isinstance(exc, NotRelayRootError):  # some other server answered: Relay never did
+        return (
+            f"cannot reach Relay at the configured URL: {message}. Team memory is unavailable"
+            " until the URL is fixed (the user can run `relay doctor`); carry on without it."
         )
     if isinstance(exc, errors.InvalidRequestError):
         return f"rejected by Relay: {message}. Nothing was stored or changed."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -267,3 +268,23 @@ class BatchProxy:
             self.client_pid = run.pid
             out, err = run.communicate(timeout=300)
         return run.returncode, out, err
+
+
+@contextlib.contextmanager
+def web_server(directory: Path):
+    """A real web server that is not Relay, serving `directory` on loopback."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(directory))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)

@@ -27,6 +27,7 @@ from integration_support import (
     snapshot,
     start_module_server,
     stop_server,
+    web_server,
 )
 
 MIGRATIONS = (
@@ -384,26 +385,6 @@ def test_a_bad_key_or_a_dead_server_writes_nothing(tmp_path, server):
     dead = relay(tmp_path, "install", "--url", "http://127.0.0.1:9", "--key", server["key"])
     assert dead.returncode != 0 and "cannot reach the Relay server" in dead.stderr
     assert snapshot(tmp_path) == before
-
-
-@contextlib.contextmanager
-def web_server(directory: Path):
-    """A real web server that is not Relay, serving `directory` on loopback."""
-    import functools
-    import threading
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(directory))
-    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
 
 
 def test_a_url_that_is_not_a_relay_root_says_what_to_give(tmp_path, server):

@@ -21,6 +21,7 @@ from integration_support import (
     revoke,
     start_module_server,
     stop_server,
+    web_server,
 )
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -172,6 +173,34 @@ def test_stdio_server_reports_an_unreachable_server_as_a_tool_error(tmp_path, se
     result = anyio.run(main)
     assert result.is_error and "cannot reach the Relay server" in text(result)
     assert "carry on without it" in text(result)
+
+
+def test_stdio_server_given_a_url_that_is_no_relay_root_says_it_cannot_reach_relay(
+    tmp_path, server
+):
+    """QA: a wrong URL was reported as "rejected by Relay: ... Nothing was stored or
+    changed", though Relay never answered (another web server, or Relay's /v1 did)."""
+    params = stdio_params(tmp_path, server, "writer")
+    config = tmp_path / "writer/.relay/config.json"
+    doc = json.loads(config.read_text())
+
+    async def main():
+        async with Client(params) as client:
+            found = await client.call_tool("team_memory_search", {"query": "staging cluster"})
+            kept = await client.call_tool("team_memory_remember", {"body": "Wrong URL, no write."})
+            return found, kept
+
+    site = tmp_path / "site"
+    site.mkdir()
+    with web_server(site) as other:
+        for url in (other, server["url"] + "/v1"):
+            config.write_text(json.dumps({**doc, "url": url}))  # read on every call
+            for result in anyio.run(main):
+                said = text(result)
+                assert result.is_error, said
+                assert f": cannot reach Relay at the configured URL: {url} is " in said
+                assert "a Relay server root" in said and "give " in said
+                assert "rejected" not in said and "carry on without it" in said
 
 
 def test_stdio_server_without_a_configured_server_says_so(tmp_path, server):
