@@ -146,7 +146,7 @@ def test_an_unreachable_database_is_said_on_one_readable_line(tmp_path: Path):
 
 
 def test_a_query_error_keeps_its_line_and_drops_the_caret():
-    from relay.store.postgres import driver_text
+    from relay.store.postgres.connection import driver_text
 
     said = 'syntax error at or near "SELEC"\nLINE 1: SELEC 1\n        ^\n'
     assert driver_text(Exception(said)) == 'syntax error at or near "SELEC"; LINE 1: SELEC 1'
