@@ -28,6 +28,7 @@ from relay.store import Store
 PREFIX = "relay_"
 KEY_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # minted as 12 hex digits; split_key needs alnum
 _DUMMY_HASH = hashlib.sha256(b"relay-unknown-key").hexdigest()
+MISSING_KEY = "missing API key (send 'Authorization: Bearer <key>')"
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def check_key_id(key_id: str) -> str:
 def authorize(store: Store, authorization: str | None) -> Principal:
     """Turn an `Authorization: Bearer ...` header into a Principal, or raise UnauthorizedError."""
     if not authorization:
-        raise UnauthorizedError("missing API key (send 'Authorization: Bearer <key>')")
+        raise UnauthorizedError(MISSING_KEY)
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise UnauthorizedError("malformed Authorization header; expected 'Bearer <key>'")

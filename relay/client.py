@@ -28,6 +28,7 @@ _BY_CODE: dict[str, type[errors.RelayError]] = {
         errors.UnauthorizedError,
         errors.ForbiddenError,
         errors.NotFoundError,
+        errors.RequestTimeoutError,
         errors.ConflictError,
         errors.OverloadedError,
         errors.UnavailableError,

@@ -7,6 +7,7 @@
     ├── UnauthorizedError           401  unauthorized
     ├── ForbiddenError              403  forbidden
     ├── NotFoundError               404  not_found
+    ├── RequestTimeoutError         408  request_timeout
     ├── ConflictError               409  conflict
     ├── OverloadedError             503  overloaded
     ├── UnavailableError            503  unavailable
@@ -114,6 +115,14 @@ class NotFoundError(RelayError):
     status = 404
     code = "not_found"
     exit_code = 4
+
+
+class RequestTimeoutError(RelayError):
+    """The request's body did not arrive in time (a stalled or trickling client)."""
+
+    status = 408
+    code = "request_timeout"
+    exit_code = 8  # as `unavailable`: the network between client and server failed it
 
 
 class ConflictError(RelayError):

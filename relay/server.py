@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
 from relay import __version__, auth, hygiene, writes
 from relay.api_requests import (
@@ -40,10 +40,9 @@ from relay.api_requests import (
 from relay.embedding import Embedder
 from relay.errors import (
     InvalidRequestError,
-    OverloadedError,
     RelayError,
-    TooLargeError,
 )
+from relay.guard import BODY_TIMEOUT_S, GuardMiddleware
 from relay.metrics import Metrics
 from relay.models import Principal
 from relay.search import Searcher, SearchSettings
@@ -159,69 +158,6 @@ def _authorize_within(request: Request, seconds: float) -> Principal:
     must not wait on a database that is away longer than /healthz would."""
     with connect_by(time.monotonic() + seconds):
         return _principal(request, request.headers.get("authorization"))
-
-
-# -- middleware ---------------------------------------------------------------
-class GuardMiddleware:
-    """Sheds load past `max_inflight` with a fast 503 and caps request bodies while reading."""
-
-    def __init__(self, app: ASGIApp, max_inflight: int, max_body_bytes: int) -> None:
-        self.app = app
-        self.max_inflight = max_inflight
-        self.max_body_bytes = max_body_bytes
-        self.inflight = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if self.inflight >= self.max_inflight:
-            await error_response(OverloadedError("server busy; retry shortly"))(
-                scope, receive, send
-            )
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await error_response(TooLargeError("request body too large"))(scope, receive, send)
-            return
-        if declared is None:
-            # No length given (chunked): read it here, within the cap, so an oversized body
-            # is a 413 like any other. Raised while the app parses it, the framework turned
-            # it into a 400 "error parsing the body".
-            messages = await self._read_capped(receive)
-            if messages is None:
-                await error_response(TooLargeError("request body too large"))(scope, receive, send)
-                return
-            receive = _replay(messages, receive)
-        self.inflight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.inflight -= 1
-
-    async def _read_capped(self, receive: Receive) -> list[Message] | None:
-        """The request's body messages, or None once they pass `max_body_bytes`."""
-        messages, seen = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                return messages
-            seen += len(message.get("body", b""))
-            if seen > self.max_body_bytes:
-                return None
-            if not message.get("more_body"):
-                return messages
-
-
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """A receive that hands out `messages` first, then the connection's own."""
-    pending = list(messages)
-
-    async def replayed() -> Message:
-        return pending.pop(0) if pending else await receive()
-
-    return replayed
 
 
 def _batch_item(exc: RelayError, i: int) -> RelayError:
@@ -580,6 +516,11 @@ def _openapi_with_error_shape(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return openapi
 
 
-def asgi_app(services: Services, max_inflight: int = 64, max_body_bytes: int = 262_144) -> ASGIApp:
-    """The app behind its guard (load shedding, body cap): what `relay serve` runs."""
-    return GuardMiddleware(create_app(services), max_inflight, max_body_bytes)
+def asgi_app(
+    services: Services,
+    max_inflight: int = 64,
+    max_body_bytes: int = 262_144,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+) -> ASGIApp:
+    """The app behind its guard (load shedding, body cap and deadline): what `relay serve` runs."""
+    return GuardMiddleware(create_app(services), max_inflight, max_body_bytes, body_timeout_s)

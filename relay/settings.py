@@ -86,6 +86,12 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
         "cache_entries", 10_000, "search results kept in the in-process cache (0: off)", whole(0)
     ),
     Setting("max_body_bytes", 262_144, "largest request body accepted (1024 or more)", whole(1024)),
+    Setting(
+        "body_timeout",
+        10,
+        "seconds a request body may take to arrive before a 408 (1 to 600)",
+        whole(1, 600),
+    ),
     Setting("max_inflight", 64, "requests served at once before shedding load with 503", whole(1)),
     Setting(
         "log_level",

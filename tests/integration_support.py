@@ -107,7 +107,7 @@ def remember(url: str, key: str, **fields) -> dict:
     return response.json()
 
 
-def start_module_server(tmp_path_factory, name: str):
+def start_module_server(tmp_path_factory, name: str, extra_env: dict[str, str] | None = None):
     """`relay serve` for one test module (conftest's launcher), stopped with its pipe closed.
 
     The launcher returns at "Application startup complete", which uvicorn prints before
@@ -119,7 +119,7 @@ def start_module_server(tmp_path_factory, name: str):
     from conftest import start_server
 
     for _ in range(3):
-        server = start_server(tmp_path_factory.mktemp(name) / "relay.db")
+        server = start_server(tmp_path_factory.mktemp(name) / "relay.db", extra_env)
         time.sleep(0.2)
         try:
             ok = httpx.get(f"{server.url}/healthz", timeout=10).json().get("status") == "ok"

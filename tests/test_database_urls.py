@@ -178,6 +178,7 @@ def test_serve_on_a_port_in_use_is_one_line_and_creates_nothing(tmp_path: Path):
         ("--log-level", "loud", "'loud' is not one of debug, info, warning, error"),
         ("--max-inflight", "0", "0 is below 1"),
         ("--max-body-bytes", "-1", "-1 is below 1024"),
+        ("--body-timeout", "0", "0 is not in 1..600"),
         ("--cache-entries", "-5", "-5 is below 0"),
         ("--embed-threads", "0", "0 is not in 1..64"),
         ("--embedder", "torch", "'torch' is not one of onnx, sentence-transformers"),

@@ -79,7 +79,7 @@ def serve(first_org: str, **given: Any) -> None:
         )
     click.echo(f"Relay {__version__} serving {shown} on http://{conf['host']}:{conf['port']}")
     config = uvicorn.Config(
-        asgi_app(services, conf["max_inflight"], conf["max_body_bytes"]),
+        asgi_app(services, conf["max_inflight"], conf["max_body_bytes"], conf["body_timeout"]),
         host=conf["host"],
         port=conf["port"],
         log_level=conf["log_level"],

@@ -1,0 +1,121 @@
+"""The guard in front of every route: load shedding, the body cap, and the body's deadline.
+
+A request holds one of `max_inflight` slots only while the app works on it. Before
+that, a request to a route whose only credential is the `Authorization` header is
+refused 401 at once when it has none, and every body is read here, capped in size and
+in time. So a client with no key, or one that stalls its body, never holds a slot: 70
+connections each sending one byte of a promised 1,000 made every request, /healthz
+included, 503 for as long as they stalled (uvicorn bounds no body's time).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+
+from relay import auth
+from relay.errors import (
+    OverloadedError,
+    RelayError,
+    RequestTimeoutError,
+    TooLargeError,
+    UnauthorizedError,
+)
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+BODY_TIMEOUT_S = 10  # `relay serve --body-timeout`: 256 KiB, the default body cap, at 26 KB/s
+
+
+def _keyed(path: str) -> bool:
+    """A route that takes no credential but the bearer header: the API and MCP. The
+    console signs in with a key in its body, then a cookie; /healthz, /metrics and the
+    API's description take none."""
+    return path.startswith("/v1/") or path == "/mcp"
+
+
+class GuardMiddleware:
+    """Sheds load past `max_inflight` with a fast 503; caps request bodies in size and time."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_inflight: int,
+        max_body_bytes: int,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
+        self.app = app
+        self.max_inflight = max_inflight
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.inflight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            self._check_head(scope)
+            body = await self._read_body(receive)
+            self._check_busy()  # again: reading the body took time
+        except RelayError as refused:
+            from relay.server import error_response
+
+            response = error_response(refused)
+            if refused.status != 503:  # the body may be unread: nothing else can follow it
+                response.headers["Connection"] = "close"
+            await response(scope, receive, send)
+            return
+        self.inflight += 1
+        try:
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            self.inflight -= 1
+
+    def _check_head(self, scope: Scope) -> None:
+        """What the request line and headers already decide, before any body is read."""
+        headers = dict(scope.get("headers") or [])
+        if _keyed(scope["path"]) and b"authorization" not in headers:
+            # The route would answer 401 whatever the body says: no reason to wait for it.
+            raise UnauthorizedError(auth.MISSING_KEY)
+        self._check_busy()
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise TooLargeError("request body too large")
+
+    def _check_busy(self) -> None:
+        if self.inflight >= self.max_inflight:
+            raise OverloadedError("server busy; retry shortly")
+
+    async def _read_body(self, receive: Receive) -> list[Message]:
+        """The request's body messages, all of them (chunked or not): past `max_body_bytes`
+        a 413, whatever the length said (the framework made a 400 of it while parsing);
+        not all there within `body_timeout_s` a 408."""
+        messages: list[Message] = []
+        seen = 0
+        with anyio.move_on_after(self.body_timeout_s):
+            while True:
+                message = await receive()
+                messages.append(message)
+                if message["type"] != "http.request":  # the client went away
+                    return messages
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise TooLargeError("request body too large")
+                if not message.get("more_body"):
+                    return messages
+        raise RequestTimeoutError(
+            f"the request body did not arrive within {self.body_timeout_s:g} s"
+        )
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that hands out `messages` first, then the connection's own."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed

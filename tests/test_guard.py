@@ -1,0 +1,142 @@
+"""The guard in front of every route (relay/guard.py), on a real `relay serve` over real
+sockets: a client without a key, or one that stalls its body, holds no request slot.
+
+QA: 70 sockets each sending `POST /v1/search` with `Content-Length: 1000`, one byte of
+body and no key made every request 503 `overloaded`, /healthz included, for as long as
+they stalled (28 s and more), and the stalled callers never got their 401.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from integration_support import remember, start_module_server, stop_server
+
+MAX_INFLIGHT = 4
+BODY_TIMEOUT_S = 2
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    env = {"RELAY_MAX_INFLIGHT": str(MAX_INFLIGHT), "RELAY_BODY_TIMEOUT": str(BODY_TIMEOUT_S)}
+    live = start_module_server(tmp_path_factory, "guard", env)
+    remember(live.url, live.admin_key, body="Staging is the blue cluster.", source="team/infra")
+    yield live
+    stop_server(live)
+
+
+def stall(url: str, path: str, headers: dict[str, str], sent: bytes = b"{") -> socket.socket:
+    """A request that promises 1,000 bytes of body, sends `sent` of them, and waits."""
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+    head = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json"]
+    head += [f"{k}: {v}" for k, v in headers.items()] + ["Content-Length: 1000"]
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + sent)
+    return sock
+
+
+def answer(sock: socket.socket, within_s: float) -> tuple[int, dict[str, str], dict]:
+    """The response on `sock`: status, headers (lower-cased), JSON body."""
+    sock.settimeout(within_s)
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    body = json.loads(response.read())
+    headers = {k.lower(): v for k, v in response.getheaders()}
+    sock.close()
+    return response.status, headers, body
+
+
+def assert_error(status: int, body: dict, code: str, expected: int) -> str:
+    assert status == expected, body
+    assert set(body) == {"error"} and body["error"]["code"] == code
+    assert body["error"]["status"] == expected
+    return body["error"]["message"]
+
+
+def served_meanwhile(server) -> None:
+    """What a load balancer and a teammate's hook see while the stalls go on."""
+    health = httpx.get(f"{server.url}/healthz", timeout=5)
+    assert health.status_code == 200, health.text
+    found = httpx.post(
+        f"{server.url}/v1/search",
+        json={"query": "which cluster is staging?", "k": 3},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    assert found.status_code == 200, found.text
+    assert "blue cluster" in found.json()["results"][0]["text"]
+
+
+def test_callers_without_a_key_are_refused_at_once_and_never_hold_a_slot(server):
+    stalled = [stall(server.url, "/v1/search", {}) for _ in range(3 * MAX_INFLIGHT)]
+    stalled += [stall(server.url, "/mcp", {}) for _ in range(MAX_INFLIGHT)]
+    try:
+        served_meanwhile(server)
+        for sock in stalled:  # a 401, not the 408 of a body waited for
+            status, headers, body = answer(sock, BODY_TIMEOUT_S)
+            message = assert_error(status, body, "unauthorized", 401)
+            assert message == "missing API key (send 'Authorization: Bearer <key>')"
+            assert headers["www-authenticate"] == 'Bearer realm="relay"'
+            assert headers["connection"] == "close"  # the unread body cannot be skipped
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408_and_holds_no_slot_meanwhile(server):
+    keyed = {"Authorization": f"Bearer {server.admin_key}"}
+    stalled = [stall(server.url, "/v1/search", keyed) for _ in range(2 * MAX_INFLIGHT)]
+    # a key that is no key is judged once the body is there; the console's sign-in has its
+    # key in the body: both wait for it without a slot
+    stalled.append(stall(server.url, "/v1/memories", {"Authorization": "Bearer relay_no_key"}))
+    stalled.append(stall(server.url, "/console/api/session", {}))
+    # a trickle that never pauses long, and still has not sent the body when its time is up
+    trickle = stall(server.url, "/v1/search", keyed, sent=b"")
+    stalled.append(trickle)
+    opened = time.monotonic()
+    stop = threading.Event()
+
+    def drip() -> None:
+        while not stop.wait(0.2):
+            try:
+                trickle.sendall(b" ")
+            except OSError:
+                return
+
+    def answered(sock: socket.socket) -> tuple[tuple[int, dict[str, str], dict], float]:
+        return answer(sock, BODY_TIMEOUT_S + 10), time.monotonic() - opened
+
+    with ThreadPoolExecutor(len(stalled) + 1) as pool:
+        pool.submit(drip)
+        answers = [pool.submit(answered, sock) for sock in stalled]
+        try:
+            for _ in range(3):
+                served_meanwhile(server)
+                time.sleep(0.3)
+            # a body that arrives in pieces, all within the bound, is served as ever
+            first = b'{"query": "which cluster'
+            slow = stall(server.url, "/v1/search", keyed, sent=first)
+            time.sleep(BODY_TIMEOUT_S / 4)
+            rest = b' is staging?", "k": 3}'
+            slow.sendall(rest + b" " * (1000 - len(first) - len(rest)))
+            status, _, body = answer(slow, 30)
+            assert status == 200 and "blue cluster" in body["results"][0]["text"], body
+            for future in answers:
+                (status, headers, body), after = future.result()
+                message = assert_error(status, body, "request_timeout", 408)
+                assert message == f"the request body did not arrive within {BODY_TIMEOUT_S} s"
+                assert headers["connection"] == "close"
+                assert BODY_TIMEOUT_S - 0.5 < after < BODY_TIMEOUT_S + 3, after
+        finally:
+            stop.set()
+            for sock in stalled:
+                sock.close()
+    served_meanwhile(server)
