@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 import subprocess
 import threading
+from http.client import HTTPResponse
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -347,6 +350,50 @@ def test_http_endpoint_authorizes_every_request_like_the_api(server):
                 await client.call_tool("team_memory_search", {"query": "staging cluster"})
 
     anyio.run(main)
+
+
+def test_http_endpoint_offers_no_listening_stream_so_sessions_hold_no_slot(server):
+    """QA: Claude Code opens `GET /mcp` with `Accept: text/event-stream` after initialize; the
+    SDK answered 200 and kept it open with pings, which held one of the server's 64 request
+    slots (--max-inflight) for the session's whole life: 64 agents made every request 503.
+    A stateless server has nothing to push, and the transport spec has it answer 405."""
+    key = server["reader"]["secret"]
+    parts = urlsplit(server["url"])
+    held = []  # each agent keeps its connection, as a client does between calls
+    try:
+        for method in ["GET"] * 70 + ["DELETE"]:  # more agents than slots; a session's end
+            sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+            held.append(sock)
+            sock.sendall(
+                f"{method} /mcp HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                f"Authorization: Bearer {key}\r\nAccept: text/event-stream\r\n\r\n".encode()
+            )
+            response = HTTPResponse(sock)
+            response.begin()
+            assert response.status == 405, response.getheader("content-type")
+            assert response.getheader("allow") == "POST"
+            error = json.loads(response.read())["error"]
+            assert error["code"] == "method_not_allowed", error
+            assert error["message"].endswith("send messages with POST")
+        assert httpx.get(f"{server['url']}/healthz", timeout=10).status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+    # without a key it is a 401 first, as every /mcp request
+    assert httpx.get(f"{server['url']}/mcp", timeout=10).status_code == 401
+
+    async def main() -> tuple[set[str], str]:
+        client, http = http_client(server, key)
+        async with http, client:
+            listed = {t.name for t in (await client.list_tools()).tools}
+            found = await client.call_tool(
+                "team_memory_search", {"query": "which cluster is staging?"}
+            )
+            assert not found.is_error, text(found)
+            return listed, text(found)
+
+    listed, found = anyio.run(main)
+    assert listed == TOOLS and "blue cluster" in found
 
 
 def test_history_labels_cannot_be_broken_out_of():
