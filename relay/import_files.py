@@ -210,16 +210,23 @@ def git_work_tree(path: Path) -> Path | None:
 
 
 def repository_name(work_tree: Path) -> str:
-    """What names a repository the same on every teammate's machine: its `origin` remote as
-    `owner/repo` (`git@github.com:acme/api.git` -> `acme/api`), else the folder's name.
-    Two repositories in folders of the same name (`api`) would otherwise share sources,
-    and re-importing one would retire the other's memories."""
+    """What names a repository the same on every teammate's machine: the whole path of its
+    `origin` remote (`git@github.com:acme/api.git` -> `acme/api`,
+    `git@gitlab.example.com:platform/infra/terraform.git` -> `platform/infra/terraform`),
+    else the folder's name. Two repositories in folders of the same name (`api`), or in
+    GitLab groups that end alike (`platform/infra`, `data/infra`), would otherwise share
+    sources, and re-importing one would overwrite and retire the other's memories.
+
+    The host is left out: teammates reach one repository under different hosts (an ssh
+    alias such as `github-work:acme/api`, a mirror, https or ssh), and each must name it
+    alike; and GitHub's sources stay `owner/repo/...`, as they always were."""
     url = _origin_url(work_tree)
     if url:
         path = re.sub(r"^[a-z+]+://[^/]*/|^[^/:]+:", "", url.strip()).removesuffix(".git")
-        parts = [part for part in path.rstrip("/").split("/") if part]
+        # `.` and `..` (a remote given as a relative folder) would step out of the name.
+        parts = [part for part in path.rstrip("/").split("/") if part not in ("", ".", "..")]
         if parts:
-            return "/".join(parts[-2:])
+            return "/".join(parts)
     return work_tree.name
 
 

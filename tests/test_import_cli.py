@@ -91,6 +91,22 @@ def test_same_file_name_in_two_repositories_stays_apart(tmp_path, server):
     assert backend["id"] != frontend["id"]
 
 
+def test_two_gitlab_repositories_named_alike_in_different_groups_stay_apart(tmp_path, server):
+    """QA: `platform/infra/terraform` and `data/infra/terraform` were both recorded as
+    `infra/terraform/AGENTS.md`: importing the second overwrote the first's memory."""
+    for group, rule in (("platform", "Plan before apply."), ("data", "Apply from CI only.")):
+        repo = git_repo(tmp_path / group / "terraform")
+        remote = f"git@gitlab.example.com:{group}/infra/terraform.git"
+        subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", remote], check=True)
+        write(repo / "AGENTS.md", f"## Terraform\n{rule}\n")
+        done = relay_import(server, repo, "AGENTS.md")
+        assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+
+    assert bodies(server, "platform/infra/terraform/AGENTS.md") == ["Plan before apply."]
+    assert bodies(server, "data/infra/terraform/AGENTS.md") == ["Apply from CI only."]
+    assert bodies(server, "infra/terraform/AGENTS.md") == []
+
+
 def test_reimport_from_another_folder_is_idempotent(tmp_path, server):
     repo = git_repo(tmp_path / "qa1-proj")
     write(repo / "AGENTS.md", "# Build\nRun make.\n\n# Test\nRun pytest.\n")

@@ -689,6 +689,29 @@ def test_a_repository_with_an_origin_is_named_by_it(tmp_path):
     assert source_for(write(linked / "AGENTS.md", "x")) == "acme/api/AGENTS.md"
 
 
+def test_repositories_in_groups_that_end_alike_keep_apart(tmp_path):
+    """QA: `platform/infra/terraform` and `data/infra/terraform` on one GitLab were both
+    named `infra/terraform`, so importing one overwrote and retired the other's memories.
+    The whole path of the remote names a repository; GitHub's owner/repo stays as it was."""
+
+    def repo(folder: str, remote: str) -> Path:
+        root = tmp_path / folder
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        subprocess.run(["git", "-C", str(root), "remote", "add", "origin", remote], check=True)
+        return write(root / "AGENTS.md", "x")
+
+    platform = repo("a/terraform", "git@gitlab.example.com:platform/infra/terraform.git")
+    data = repo("b/terraform", "git@gitlab.example.com:data/infra/terraform.git")
+    assert source_for(platform) == "platform/infra/terraform/AGENTS.md"
+    assert source_for(data) == "data/infra/terraform/AGENTS.md"
+    https = repo("c/terraform", "https://gitlab.example.com/platform/infra/terraform/")
+    assert source_for(https) == source_for(platform)  # one repository, however reached
+    port = repo("d/terraform", "ssh://git@gitlab.example.com:2222/platform/infra/terraform.git")
+    assert source_for(port) == source_for(platform)
+    assert source_for(repo("e/api", "git@github.com:acme/api.git")) == "acme/api/AGENTS.md"
+    assert source_for(repo("f/api", "../api.git")) == "api/AGENTS.md"  # never `..`
+
+
 def test_iter_import_files_expands_directories(tmp_path):
     for rel in [
         "README.md",
