@@ -160,12 +160,14 @@ def source_for(path: Path, root: Path | None = None, prefix: str | None = None) 
     the home folder, else its absolute path, so two folders' `CLAUDE.md` stay apart too.
     `root` makes the path relative to that folder instead, with no name before it;
     `prefix`, when given, replaces the repository's name, or the `~` or `/` before the
-    path (an empty prefix drops it).
+    path (an empty prefix drops it). A symlink to a file in the same work tree (or under
+    `root`) is named by that file (`_through_link`).
     """
     if root is not None:
-        rel, name = _relative_to(path, root), (prefix or "").strip("/")
+        rel, name = _relative_to(_through_link(path, root), root), (prefix or "").strip("/")
     elif (repo := git_work_tree(path)) is not None:
-        rel = _relative_to(path, repo)
+        target = _through_link(path, repo)
+        rel = _relative_to(target if git_work_tree(target) == repo else path, repo)
         name = repository_name(repo) if prefix is None else prefix.strip("/")
     else:
         place = place_on_this_machine(path)
@@ -173,6 +175,18 @@ def source_for(path: Path, root: Path | None = None, prefix: str | None = None) 
             return place
         rel, name = place.removeprefix("~").lstrip("/"), prefix.strip("/")
     return f"{name}/{rel}" if name else rel
+
+
+def _through_link(path: Path, top: Path) -> Path:
+    """`path`, or the file it leads to when a symlink (the file's, or a folder's on the way)
+    takes it elsewhere inside `top`: `CLAUDE.md -> AGENTS.md` imported by either name is
+    one file, so one source and one set of memories, not a copy under each name. A link
+    out of `top` keeps its own name: where it leads is this machine's business (a
+    teammate's link may lead elsewhere), while the link, in the repository, is everyone's."""
+    real, real_top = Path(os.path.realpath(path)), Path(os.path.realpath(top))
+    if not real.is_relative_to(real_top):
+        return path
+    return Path(os.path.abspath(top)) / real.relative_to(real_top)
 
 
 def place_on_this_machine(path: Path) -> str:
@@ -268,7 +282,7 @@ def _origin_url(work_tree: Path) -> str | None:
 
 
 def _relative_to(path: Path, root: Path) -> str:
-    # Lexical, not resolved: a symlink inside the root is recorded where it sits.
+    # Lexical, not resolved: `_through_link` already chose the name a symlink goes by.
     try:
         return Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix()
     except ValueError:

@@ -128,6 +128,25 @@ def test_reimport_from_another_folder_is_idempotent(tmp_path, server):
     assert [m["revision"] for m in live_memories(server, "qa1-proj/docs/deploy.md")] == [1]
 
 
+def test_a_symlinked_claude_md_imported_alone_is_its_target(tmp_path, server):
+    """QA: with CLAUDE.md -> AGENTS.md, `relay import .` made each section once, but
+    `relay import CLAUDE.md` made a second copy of each under acme/widgets/CLAUDE.md."""
+    repo = git_repo(tmp_path / "widgets")
+    subprocess.run(
+        ["git", "-C", str(repo), "remote", "add", "origin", "git@github.com:acme/widgets.git"],
+        check=True,
+    )
+    write(repo / "AGENTS.md", "# Build\nRun make.\n\n# Test\nRun pytest.\n")
+    (repo / "CLAUDE.md").symlink_to("AGENTS.md")
+    done = relay_import(server, repo, ".")
+    assert summary(done) == "imported 2 memories: 2 new or changed, 0 unchanged, 0 retired"
+    for args in (["CLAUDE.md"], ["CLAUDE.md", "AGENTS.md"], ["AGENTS.md"]):
+        again = relay_import(server, repo, *args)
+        assert summary(again) == "imported 2 memories: 0 new or changed, 2 unchanged, 0 retired"
+    assert bodies(server, "acme/widgets/AGENTS.md") == ["Run make.", "Run pytest."]
+    assert bodies(server, "acme/widgets/CLAUDE.md") == []
+
+
 def test_source_prefix_names_the_repository(tmp_path, server):
     clone = git_repo(tmp_path / "my-checkout")
     write(clone / "CLAUDE.md", "# Release\nShip on Tuesdays.\n")

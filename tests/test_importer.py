@@ -610,7 +610,35 @@ def test_source_is_relative_posix_under_a_root(tmp_path):
         source_for(nested, tmp_path / "elsewhere")
     link = tmp_path / "a" / "linked.md"
     link.symlink_to(write(tmp_path / "target.md", "x"))
-    assert source_for(link, tmp_path / "a") == "linked.md"  # recorded where it sits
+    assert source_for(link, tmp_path / "a") == "linked.md"  # leads out of the root: its name
+    assert source_for(link, tmp_path) == "target.md"  # leads inside it: the file it names
+
+
+def test_a_symlink_inside_a_work_tree_is_named_by_the_file_it_leads_to(tmp_path, monkeypatch):
+    """QA: with CLAUDE.md -> AGENTS.md, `relay import .` made one memory per section, but
+    `relay import CLAUDE.md` made a second copy of each under acme/widgets/CLAUDE.md."""
+    repo = tmp_path / "widgets"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    agents = write(repo / "AGENTS.md", "x")
+    (repo / "CLAUDE.md").symlink_to("AGENTS.md")
+    (repo / "docs").mkdir()
+    (repo / "docs" / "AGENTS.md").symlink_to("../AGENTS.md")
+    (repo / "guides").symlink_to("docs", target_is_directory=True)
+    monkeypatch.chdir(repo)
+    for path in ("CLAUDE.md", "docs/AGENTS.md", "guides/AGENTS.md", str(repo / "CLAUDE.md")):
+        assert source_for(Path(path)) == "widgets/AGENTS.md", path
+    assert source_for(agents, prefix="acme") == "acme/AGENTS.md"
+    assert source_for(repo / "CLAUDE.md", prefix="acme") == "acme/AGENTS.md"
+    # Out of the work tree: named where it sits, as each teammate's clone holds it.
+    shared = write(tmp_path / "dotfiles" / "rules.md", "x")
+    (repo / "RULES.md").symlink_to(shared)
+    assert source_for(repo / "RULES.md") == "widgets/RULES.md"
+    # Into a repository inside this one (a submodule): named where it sits here, too.
+    inner = tmp_path / "widgets" / "vendor"
+    subprocess.run(["git", "init", "-q", str(inner)], check=True)
+    write(inner / "NOTES.md", "x")
+    (repo / "NOTES.md").symlink_to("vendor/NOTES.md")
+    assert source_for(repo / "NOTES.md") == "widgets/NOTES.md"
 
 
 def test_a_file_outside_git_is_named_by_its_place_from_any_folder(tmp_path, monkeypatch):

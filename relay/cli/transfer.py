@@ -70,6 +70,8 @@ def import_(
         home folder, else its absolute path (warned about: a teammate's copy
         sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
       - with --root: the path relative to that folder.
+    A symlink to a file in the same work tree (or --root), such as CLAUDE.md ->
+    AGENTS.md, is named by that file: either name makes the same memories.
     Ids derive from the source and the section, so re-importing is idempotent; a
     section keeps its memory wherever it moves in the file, and an edit to it is a
     new revision (a rule rewritten into another is a new memory).
