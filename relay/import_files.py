@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+import subprocess
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 from relay.errors import InvalidRequestError
@@ -212,6 +213,52 @@ def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[st
         if Path(path).is_dir() and git_work_tree(Path(path) / "_") is not None:
             folders[source_for(Path(path) / "_", None, prefix)[:-1]] = Path(path)
     return folders
+
+
+class NoGitAnswer(Exception):
+    """git could not say which files a checkout deleted (not installed, not a repository,
+    too slow); the message says why."""
+
+
+def git_deleted(work_tree: Path, paths: Collection[str]) -> set[str]:
+    """Which of `paths` (POSIX, relative to `work_tree`, none of them on disk) the checkout
+    deleted: held by a commit in the history of HEAD and gone since, by a commit deleting or
+    renaming it or from the work tree. Not a file this branch never held (another branch's,
+    or added after this clone was last pulled), nor one a sparse checkout leaves out: the
+    checkout lacks those, no one deleted them. Two git calls, whatever the number of paths;
+    raises NoGitAnswer when git cannot say."""
+    if not paths:
+        return set()
+    spec = ["--", *sorted(paths)]
+    # A branch with no commit yet has no history: it deleted nothing (--ignore-missing).
+    log = ["log", "--ignore-missing", "HEAD", "--no-renames", "--format=", "--name-only"]
+    history = _git(work_tree, *log, *spec)
+    # `S`: skip-worktree, a file HEAD holds that a sparse checkout leaves out.
+    sparse = {p[2:] for p in _git(work_tree, "ls-files", "-t", *spec) if p.startswith("S ")}
+    return (set(history) & set(paths)) - sparse
+
+
+def _git(work_tree: Path, *args: str) -> list[str]:
+    """The NUL-separated names `git ARGS -z` prints, or NoGitAnswer saying why none. Paths
+    are literal: a file named `*.md` is that file, not a pattern."""
+    command = ["git", "-C", str(work_tree), "--literal-pathspecs", *args[:1], "-z", *args[1:]]
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=GIT_TIMEOUT, check=False)
+    except FileNotFoundError:
+        raise NoGitAnswer("git is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise NoGitAnswer(f"git {args[0]} took over {GIT_TIMEOUT} seconds") from None
+    except OSError as exc:
+        raise NoGitAnswer(f"git did not run: {exc.strerror or exc}") from None
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise NoGitAnswer(said[-1] if said else f"git {args[0]} failed ({done.returncode})")
+    return [name for name in done.stdout.decode("utf-8", "surrogateescape").split("\0") if name]
+
+
+# How long git may take to say which files a checkout deleted (a long history on a slow
+# disk) before the import leaves their memories as they are instead.
+GIT_TIMEOUT = 120
 
 
 def git_work_tree(path: Path) -> Path | None:

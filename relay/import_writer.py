@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import os
 import re
 import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -128,21 +129,53 @@ def owned_memories(client: RelayClient, source: str) -> list[dict]:
     return [m for m in _list(client, {"source": source}) if _IMPORTED_ID.fullmatch(m["id"])]
 
 
-def vanished(
-    client: RelayClient, folders: Mapping[str, Path], parsed: Collection[str]
-) -> dict[str, set[str]]:
-    """The import-made memories of files once imported from under `folders` (source
-    prefix -> the folder on disk) that are no longer there: deleted or renamed since. A
-    file that is there but was not read this time (a folder the walk skips) keeps its."""
-    out: dict[str, set[str]] = {}
+@dataclass
+class Vanished:
+    """What `vanished` found: the memories to retire, by source, and those it leaves."""
+
+    gone: dict[str, set[str]] = field(default_factory=dict)
+    # Memories of files not on disk that this checkout did not delete (another branch's, a
+    # newer clone's, left out of a sparse checkout): left as they are, by source.
+    absent: dict[str, set[str]] = field(default_factory=dict)
+    # Why git could not say which files were deleted (all of `absent`'s, then), or None.
+    unsure: str | None = None
+
+
+def vanished(client: RelayClient, folders: Mapping[str, Path], parsed: Collection[str]) -> Vanished:
+    """The import-made memories of files once imported from under `folders` (source prefix
+    -> the folder on disk, in a git work tree) that the checkout deleted or renamed since,
+    as git says (`git_deleted`). Not on disk is not enough: a teammate's file on another
+    branch, or newer than this clone, is not there either, and retiring it would delete
+    their memories (text and all, a tombstone is all a delete keeps). Without git's answer
+    nothing is retired. A file that is there but was not read this time (a folder the walk
+    skips) keeps its memories."""
+    from relay.import_files import NoGitAnswer, git_deleted, git_work_tree
+
+    found = Vanished()
+    missing: dict[Path, dict[str, str]] = {}  # work tree -> path in it -> source
     for prefix, folder in folders.items():
+        work_tree = git_work_tree(folder / "_")
         for memory in _list(client, {"source_prefix": prefix}):
             source = memory["source"]
             if source in parsed or not _IMPORTED_ID.fullmatch(memory["id"]):
                 continue
-            if not (folder / source[len(prefix) :]).exists():
-                out.setdefault(source, set()).add(memory["id"])
-    return out
+            path = folder / source[len(prefix) :]
+            if work_tree is None or path.exists():
+                continue
+            found.absent.setdefault(source, set()).add(memory["id"])
+            # As git names it: from the real folders, a symlinked one (or work tree) undone.
+            real, top = Path(os.path.realpath(path)), Path(os.path.realpath(work_tree))
+            if real.is_relative_to(top):  # else a folder linked out of it: git has no say
+                missing.setdefault(work_tree, {})[real.relative_to(top).as_posix()] = source
+    for work_tree, sources in missing.items():
+        try:
+            deleted = git_deleted(work_tree, sources)
+        except NoGitAnswer as exc:
+            found.unsure = str(exc)
+            continue
+        for path in deleted:
+            found.gone[sources[path]] = found.absent.pop(sources[path])
+    return found
 
 
 def continued_ids(drafts: Sequence[ImportDraft], live: Sequence[dict]) -> list[ImportDraft]:

@@ -37,12 +37,28 @@ def git_repo(path: Path) -> Path:
     return path
 
 
+def git(repo: Path, *args: str) -> str:
+    """`git ARGS` in `repo`, committing as a test author; its output."""
+    who = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    done = subprocess.run(
+        ["git", "-C", str(repo), *who, *args], check=True, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
 def relay_import(
-    server, cwd: Path, *args: str, key: str | None = None, home: Path | None = None
+    server,
+    cwd: Path,
+    *args: str,
+    key: str | None = None,
+    home: Path | None = None,
+    **extra: str,
 ) -> subprocess.CompletedProcess:
     """`relay import ARGS` run from `cwd`, as the server's admin (or with `key`), with HOME
-    `home` (default: `cwd`)."""
-    env = clean_env(home or cwd, RELAY_URL=server.url, RELAY_API_KEY=key or server.admin_key)
+    `home` (default: `cwd`) and the environment's `extra` variables."""
+    env = clean_env(
+        home or cwd, RELAY_URL=server.url, RELAY_API_KEY=key or server.admin_key, **extra
+    )
     return subprocess.run(
         [RELAY, "import", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
@@ -463,14 +479,20 @@ def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
     repo = git_repo(tmp_path / "qa2-folder")
     runbook = write(repo / "docs" / "runbook.md", "# Paging\nPage the on-call.\n")
     write(repo / "docs" / "guide.md", "# Style\nUse black.\n")
+    write(repo / "docs" / "deploy.md", "# Deploy\nTag from main.\n")
     hidden = write(repo / "docs" / ".private" / "notes.md", "# Keys\nAsk IT.\n")
+    git(repo, "add", "docs")
+    git(repo, "commit", "-q", "-m", "docs")
     summary(relay_import(server, repo, "docs", str(hidden)))
     by_hand = remember(server, body="Runbooks live in docs.", source="qa2-folder/docs/runbook.md")
 
-    runbook.rename(repo / "docs" / "ops.md")
+    runbook.rename(repo / "docs" / "ops.md")  # not committed yet: the work tree says so
+    git(repo, "rm", "-q", "docs/deploy.md")
+    git(repo, "commit", "-q", "-m", "no deploy notes")  # deleted by a commit
     done = relay_import(server, repo, "docs")
-    assert summary(done) == "imported 2 memories: 1 new or changed, 1 unchanged, 1 retired"
+    assert summary(done) == "imported 2 memories: 1 new or changed, 1 unchanged, 2 retired"
     assert bodies(server, "qa2-folder/docs/runbook.md") == ["Runbooks live in docs."]
+    assert bodies(server, "qa2-folder/docs/deploy.md") == []
     assert bodies(server, "qa2-folder/docs/ops.md") == ["Page the on-call."]
     assert history(server, by_hand["id"]) == ["create"]
     # still on disk, only not walked (a hidden folder): kept
@@ -480,6 +502,81 @@ def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
     kept = relay_import(server, repo, "--keep-removed", "docs")
     assert summary(kept) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
     assert bodies(server, "qa2-folder/docs/guide.md") == ["Use black."]
+
+
+def test_a_file_this_checkout_never_had_keeps_its_memories(tmp_path, server):
+    """QA: a runbook committed on another branch and imported from there was retired (text
+    and all: a delete keeps a tombstone) by `relay import .` on the main branch, where it
+    never was. Only a file this branch's history deleted or renamed is retired; one the
+    checkout lacks otherwise (another branch's, newer than this clone, left out of a sparse
+    checkout) is left as it is, and said."""
+    repo = git_repo(tmp_path / "qa-branch")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "ops" / "oncall.md", "# Oncall\nPage the secondary after 15 minutes.\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "agents")
+    main = git(repo, "symbolic-ref", "--short", "HEAD")
+    git(repo, "checkout", "-q", "-b", "old")
+    write(repo / "docs" / "runbook.md", "# Paging\nPage the on-call.\n")
+    git(repo, "add", "docs")
+    git(repo, "commit", "-q", "-m", "runbook")
+    summary(relay_import(server, repo, "."))
+    (runbook,) = live_memories(server, "qa-branch/docs/runbook.md")
+
+    git(repo, "checkout", "-q", main)
+    assert not (repo / "docs" / "runbook.md").exists()
+    done = relay_import(server, repo, ".")
+    assert summary(done) == (
+        "imported 2 memories: 0 new or changed, 2 unchanged, 0 retired; 1 memory comes from a"
+        " file this checkout does not have, left as it is"
+    )
+    assert "qa-branch/docs/runbook.md is not in this checkout" in done.stderr, done.stderr
+    assert history(server, runbook["id"]) == ["create"]
+    assert bodies(server, "qa-branch/docs/runbook.md") == ["Page the on-call."]
+
+    # A sparse checkout leaving ops/ out has not deleted it either.
+    git(repo, "sparse-checkout", "set", "--no-cone", "/AGENTS.md")
+    assert not (repo / "ops").exists()
+    done = relay_import(server, repo, ".")
+    assert summary(done) == (
+        "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired; 2 memories come from"
+        " files this checkout does not have, left as they are"
+    )
+    assert bodies(server, "qa-branch/ops/oncall.md") == ["Page the secondary after 15 minutes."]
+    git(repo, "sparse-checkout", "disable")
+
+    # Merged, then deleted on this branch: now it is retired.
+    git(repo, "merge", "-q", "old")
+    git(repo, "rm", "-q", "docs/runbook.md")
+    git(repo, "commit", "-q", "-m", "runbook moved to the wiki")
+    done = relay_import(server, repo, ".")
+    assert summary(done) == "imported 2 memories: 0 new or changed, 2 unchanged, 1 retired"
+    assert history(server, runbook["id"]) == ["create", "delete"]
+
+
+def test_without_git_a_folder_import_retires_no_file_gone_from_it(tmp_path, server):
+    """Without git to say which files were deleted, a file missing from the folder may be
+    another branch's: its memories are left as they are, and the note says why."""
+    repo = git_repo(tmp_path / "qa-nogit")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    notes = write(repo / "docs" / "notes.md", "# Notes\nKeep them short.\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "docs")
+    summary(relay_import(server, repo, "."))
+    notes.unlink()
+    empty = tmp_path / "no-git-here"
+    empty.mkdir()
+    done = relay_import(server, repo, ".", PATH=str(empty))
+    assert summary(done) == (
+        "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired; 1 memory comes from a"
+        " file this checkout does not have, left as it is"
+    )
+    assert "git could not say whether this branch deleted them (git is not installed)" in (
+        done.stderr
+    )
+    assert bodies(server, "qa-nogit/docs/notes.md") == ["Keep them short."]
+    # With git, the deletion is found.
+    assert summary(relay_import(server, repo, ".")).endswith(", 1 retired")
 
 
 # --- ids that stay with their section -----------------------------------------------------

@@ -740,6 +740,32 @@ def test_repositories_in_groups_that_end_alike_keep_apart(tmp_path):
     assert source_for(repo("f/api", "../api.git")) == "api/AGENTS.md"  # never `..`
 
 
+def test_git_says_which_missing_files_this_branch_deleted(tmp_path):
+    """`relay import FOLDER` retires only the files git says this branch deleted or renamed:
+    two calls for every missing file, names taken literally, and no answer (not a
+    repository) said as such, so that nothing is retired on a guess."""
+    from relay.import_files import NoGitAnswer, git_deleted
+
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    assert git_deleted(repo, {"a.md"}) == set()  # no commit yet: nothing deleted
+    for name in ("a.md", "b.md", "*.md", "docs/c d.md"):
+        write(repo / name, "x")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    subprocess.run([*git, "mv", "a.md", "renamed.md"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "renamed"], check=True)
+    (repo / "docs" / "c d.md").unlink()  # deleted from the work tree, not committed
+    (repo / "*.md").unlink()
+    missing = {"a.md", "docs/c d.md", "*.md", "never.md", "x*.md"}
+    assert git_deleted(repo, missing) == {"a.md", "docs/c d.md", "*.md"}
+    assert git_deleted(repo, set()) == set()
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(NoGitAnswer, match="not a git repository"):
+        git_deleted(tmp_path / "plain", {"a.md"})
+
+
 def test_iter_import_files_expands_directories(tmp_path):
     for rel in [
         "README.md",

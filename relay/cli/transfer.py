@@ -77,9 +77,13 @@ def import_(
     new revision (a rule rewritten into another is a new memory).
     Re-importing a file forgets the memories of sections it no longer has, and
     importing a folder of a git work tree forgets those of its files deleted or renamed
-    since (not with --keep-removed); memories from other files or written by hand are
-    never touched. The file is the source of truth: a relay edit of an imported memory
-    is undone and a section deleted by hand comes back; the summary counts both."""
+    since, as git tells (in the current branch's history, or from the work tree; not
+    with --keep-removed). A file this checkout merely lacks (another branch's, newer
+    than this clone, outside a sparse checkout) keeps its memories, as does every
+    missing file without git; the summary counts them. Memories from other files or
+    written by hand are never touched. The file is the source of truth: a relay edit
+    of an imported memory is undone and a section deleted by hand comes back; the
+    summary counts both."""
     from relay.import_files import (
         folder_prefixes,
         iter_import_files,
@@ -87,7 +91,7 @@ def import_(
         named_by_place,
         source_for,
     )
-    from relay.import_writer import ImportTally, check_drafts, import_files, vanished
+    from relay.import_writer import ImportTally, Vanished, check_drafts, import_files, vanished
     from relay.importer import drafts_from_path
 
     if source_prefix is not None and not source_prefix.isprintable():
@@ -146,8 +150,8 @@ def import_(
             " it with --root FOLDER --source-prefix NAME",
             err=True,
         )
-    gone = (
-        {}
+    found = (
+        Vanished()
         if keep_removed or root
         else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
     )
@@ -162,7 +166,9 @@ def import_(
 
     try:
         with progress_bar(len(drafts), "importing") as bar:
-            import_files(client, drafts_by_source, audiences, keep_removed, bar.update, gone, tally)
+            import_files(
+                client, drafts_by_source, audiences, keep_removed, bar.update, found.gone, tally
+            )
     except KeyboardInterrupt:
         stop_interrupted(done(), "import")
     except RelayError as exc:
@@ -191,7 +197,28 @@ def import_(
             f" file's text over it (relay history {d.id} shows the change)",
             err=True,
         )
+    if found.absent:
+        first, more = min(found.absent), len(found.absent) - 1
+        files = f"{first} and {more} more are" if more else f"{first} is"
+        why = (
+            f"git could not say whether this branch deleted them ({found.unsure})"
+            if found.unsure
+            else "this branch's history never deleted them (another branch's files, files"
+            " newer than this clone, or left out of a sparse checkout)"
+        )
+        click.echo(
+            one_line(
+                f"relay: note: {files} not in this checkout, but {why}: their memories"
+                " are left as they are"
+            ),
+            err=True,
+        )
     also = ""
+    if n := sum(map(len, found.absent.values())):
+        also += (
+            f"; {n} {'memory comes from a file' if n == 1 else 'memories come from files'} this"
+            f" checkout does not have, left as {'it is' if n == 1 else 'they are'}"
+        )
     if n := len(tally.overwritten):
         it = "it was" if n == 1 else "they were"
         also += f"; {n} edited since {it} imported {'was' if n == 1 else 'were'} overwritten"
