@@ -305,8 +305,12 @@ def create_app(services: Services) -> FastAPI:
         for i, item in enumerate(body.items):
             if not item.id:
                 raise InvalidRequestError(f"items.{i}.id: a batch item needs an id", item=i)
-            try:  # judged whole first: a secret-shaped id is refused before a message repeats it
-                draft = writes.draft_from_fields(item.model_dump(), known)
+            # Judged whole first: a secret-shaped id is refused before a message repeats it.
+            # Its audiences are judged by the store, against `known` and the memory's own
+            # (which it reads there): a memory whose role's last key is gone may still be
+            # imported or restored as it is, as `relay edit` may change it.
+            try:
+                draft = writes.draft_from_fields(item.model_dump())
             except RelayError as exc:
                 raise _batch_item(exc, i) from None
             if item.id in first:  # the last would win silently, and count as written twice
@@ -333,6 +337,7 @@ def create_app(services: Services) -> FastAPI:
                 batch=len(items),
                 audiences=auth.management_view(p),
                 expected=expected,
+                known=known,
             )
         except RelayError as exc:
             if exc.item is not None:  # refused by the store's write rules, named the same way

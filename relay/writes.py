@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -294,10 +294,13 @@ def save_many(
     batch: int = 512,
     audiences: frozenset[str] | None = None,
     expected: Mapping[str, int] | None = None,
+    known: Collection[str] | None = None,
 ) -> tuple[int, int]:
     """Bulk write (import, benchmarks): returns (written, unchanged). `expected`: memory id
     -> the revision its writer read it at; the write is refused (ConflictError with
-    `revision`) when another landed since, as an edit's `expected_revision` is."""
+    `revision`) when another landed since, as an edit's `expected_revision` is. `known`:
+    the org's audiences, each item judged against them and its memory's own (the store's
+    `judge_audiences`), as an edit is."""
     written = unchanged = 0
     for start in range(0, len(items), batch):
         chunk = items[start : start + batch]
@@ -310,6 +313,7 @@ def save_many(
                 mode,
                 audiences,
                 expected,
+                known,
             )
         except RelayError as exc:
             if exc.item is not None:  # its place in the chunk, made its place in `items`

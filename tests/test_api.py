@@ -1126,6 +1126,48 @@ def test_a_batch_naming_one_id_twice_is_refused(api):
     assert raw_count(api.services.store, "SELECT count(*) FROM memories") == 0
 
 
+def test_a_batch_keeps_a_memory_s_audience_after_its_role_s_last_key_is_revoked(api):
+    """QA: once the last key with `platform` was revoked, every import or restore touching a
+    `platform` memory was refused ('items.0: unknown audience: platform'), unchanged items
+    too, where `relay edit` of the same memory went through. A batch item may keep the
+    audiences its memory has, and gain none nobody could read."""
+    from relay.auth import mint_key
+
+    h = api.headers("acme_admin")
+    store = api.services.store
+    scopes = frozenset({"memory:read"})
+    ci = mint_key(store, api.orgs["acme"], "platform ci", scopes, frozenset({"platform"}))
+    items = [
+        {"id": "pl-1", "body": "Platform owns the ingress.", "audiences": ["platform"]},
+        {"id": "pl-2", "body": "Everyone reads the runbook first."},
+    ]
+    batch = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    assert batch.json() == {"written": 2, "unchanged": 0}, batch.text
+    revoked = api.client.delete(f"/v1/keys/{ci.key.id}", headers=h)
+    assert revoked.status_code == 200, revoked.text
+
+    again = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    assert again.json() == {"written": 0, "unchanged": 2}, again.text
+    items[0]["body"] = "Platform owns the ingress and the load balancers."
+    edited = api.client.post("/v1/memories/batch", json={"items": items}, headers=h)
+    assert edited.json() == {"written": 1, "unchanged": 1}, edited.text
+    for wider in (
+        {"id": "pl-2", "body": "Everyone reads the runbook first.", "audiences": ["platform"]},
+        {"id": "pl-3", "body": "A new platform memory.", "audiences": ["platform"]},
+        {**items[0], "audiences": ["platform", "payments"]},
+    ):
+        fine = {"id": "pl-0", "body": "Nothing of a refused batch lands."}
+        r = api.client.post("/v1/memories/batch", json={"items": [fine, wider]}, headers=h)
+        error = assert_error(r, 400, "invalid_request")
+        assert error["message"].startswith("items.1: unknown audience"), error
+        assert error["details"]["item"] == 1
+    listed = {m["id"]: m for m in api.client.get("/v1/memories", headers=h).json()["items"]}
+    assert {k: (m["audiences"], m["revision"]) for k, m in listed.items()} == {
+        "pl-1": (["platform"], 2),
+        "pl-2": (["all"], 1),
+    }
+
+
 def test_batch_upsert_is_idempotent(api):
     items = [{"id": f"r{i}", "body": f"rule number {i} about formatting"} for i in range(5)]
     h = api.headers("acme_dev")

@@ -14,6 +14,7 @@ from integration_support import (
     mint,
     relay,
     remember,
+    revoke,
     start_module_server,
     stop_server,
 )
@@ -257,6 +258,31 @@ def test_export_then_restore_into_a_fresh_server(tmp_path, source, target):
     again = run(target, tmp_path, "restore", "-", stdin=backup.read_text())
     assert summary(again) == "restored 3 memories: 0 new or changed, 3 unchanged, 1 expired skipped"
     assert {k: m["revision"] for k, m in listed(target, "rt-").items()} == dict.fromkeys(back, 1)
+
+
+def test_restoring_again_after_a_role_s_last_key_is_revoked_changes_nothing(tmp_path, target):
+    """QA: once the last key with a role was revoked, restoring an unchanged backup into the
+    same server was refused ('unknown audience'): 'restoring the same file again changes
+    nothing' broke. Each memory may keep its own audiences; none may gain one."""
+    key = mint(target.url, target.admin_key, "retired team", ["memory:read"], ["retired-team"])
+    remember(target.url, target.admin_key, id="rv-team", body="Ours.", audiences=["retired-team"])
+    remember(target.url, target.admin_key, id="rv-all", body="Everyone's.")
+    assert run(target, tmp_path, "export", "-o", "all.jsonl").returncode == 0
+    lines = (tmp_path / "all.jsonl").read_text(encoding="utf-8").splitlines()
+    backup = tmp_path / "rv.jsonl"
+    backup.write_text("".join(f"{x}\n" for x in lines if '"id": "rv-' in x), encoding="utf-8")
+    revoke(target.url, target.admin_key, key["id"])
+
+    done = run(target, tmp_path, "restore", "rv.jsonl")
+    assert summary(done) == "restored 2 memories: 0 new or changed, 2 unchanged, 0 expired skipped"
+    widened = backup.read_text(encoding="utf-8").replace(
+        '"audiences": ["all"]', '"audiences": ["retired-team"]'
+    )
+    (tmp_path / "widened.jsonl").write_text(widened, encoding="utf-8")
+    refused = run(target, tmp_path, "restore", "widened.jsonl")
+    assert refused.returncode == 2
+    assert "widened.jsonl:1: unknown audience: retired-team" in refused.stderr, refused.stderr
+    assert listed(target, "rv-")["rv-all"]["audiences"] == ["all"]
 
 
 def exported_line(memory_id: str, **fields) -> str:

@@ -433,6 +433,54 @@ def test_a_batch_creates_edits_and_skips_like_single_writes(store):
 
 
 @pytest.mark.parametrize("linked", [False, True], ids=["batch-path", "one-by-one"])
+def test_a_batch_keeps_a_memory_s_own_audience_once_no_live_key_has_it(store, linked):
+    """QA: once the last key with `platform` was revoked, every import or restore touching
+    a `platform` memory was refused ('unknown audience: platform'), unchanged items too,
+    where `relay edit` of the same memory went through. A batch item may carry the
+    audiences its memory already has, and only those (PostgreSQL: on its batch path, and
+    on the one-by-one path that supersession takes)."""
+    org = store.create_org("acme").id
+    roles = frozenset({"platform"})
+    store.create_key(org, "kp", "h", "n", frozenset({"memory:read"}), roles, None)
+    save(store, org, "z", "zeta fact", seed=9, audiences=("platform",))
+    extra = {"supersedes": ("z",)} if linked else {}
+
+    def item(mid: str, body: str, seed: int, *audiences: str) -> tuple:
+        draft = MemoryDraft(body=body, audiences=audiences or ("all",), **extra)
+        return (mid, draft, passages(body, seed))
+
+    def batch(*items: tuple) -> list[tuple[str, int, bool]]:
+        saved = store.save_memories(
+            org, list(items), "t", "upsert", known=store.known_audiences(org)
+        )
+        return [(m.id, m.revision, changed) for m, changed in saved]
+
+    first = item("a", "alpha fact", 1, "platform", "sre")
+    with pytest.raises(InvalidRequestError, match="^unknown audience: sre") as refused:
+        batch(item("b", "beta fact", 2), first)
+    assert refused.value.item == 1
+    first = item("a", "alpha fact", 1, "platform")
+    assert batch(first, item("b", "beta fact", 2)) == [("a", 1, True), ("b", 1, True)]
+    store.revoke_key(org, "kp")
+    assert store.known_audiences(org) == set()
+
+    assert batch(first) == [("a", 1, False)]  # unchanged: written back as it is
+    edited = item("a", "alpha fact, reworded", 3, "platform")
+    assert batch(edited, item("b", "beta fact", 2)) == [("a", 2, True), ("b", 1, False)]
+    for refused_item in (
+        item("b", "beta fact", 2, "platform"),  # not its audience: nobody could read it
+        item("c", "gamma fact", 4, "platform"),  # a new memory has none of its own
+        item("a", "alpha fact, reworded", 3, "platform", "ops"),  # nor a new one
+    ):
+        with pytest.raises(InvalidRequestError, match="^unknown audience") as refused:
+            batch(edited, refused_item)
+        assert refused.value.item == 1
+    assert store.get_memory(org, "b", None).audiences == ("all",)
+    assert store.current_memory(org, "c") is None
+    assert batch(edited) == [("a", 2, False)]
+
+
+@pytest.mark.parametrize("linked", [False, True], ids=["batch-path", "one-by-one"])
 def test_a_batch_writes_a_memory_only_at_the_revision_its_writer_read(store, linked):
     """An import reads a memory, judges it (its text, its audiences), then writes its
     batch: an edit landing between the two was written over unseen. A batch item's

@@ -301,7 +301,8 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
     Each memory is written back under its id with its title, body, source,
     audiences, tags, valid_until, supersedes and pinned, through the checks every
     write passes: the key writes only what it may, and each audience must be a role
-    some key of the organisation carries. Restoring again changes nothing.
+    some live key of the organisation carries, or one the memory already has here.
+    Restoring again changes nothing.
     Not carried: revision history and authorship. A memory new to the organisation
     starts at revision 1, written by this key, dated now.
     \b

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
@@ -146,6 +146,7 @@ class Store(Protocol):
         mode: SaveMode,
         audiences: frozenset[str] | None = None,
         expected: Mapping[str, int] | None = None,  # memory id -> the revision it must be at
+        known: Collection[str] | None = None,  # `rules.judge_audiences`
     ) -> list[tuple[Memory, bool]]: ...
     def current_memory(self, org_id: str, memory_id: str) -> Memory | None: ...
     def delete_memory(

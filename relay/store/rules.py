@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
+from relay.hygiene import check_audiences
 from relay.models import EVERYONE, Memory, MemoryDraft, Revision
 from relay.store import SaveMode
 
@@ -54,6 +55,19 @@ def judge_write(
             memory_id=memory_id,
             revision=have,
         )
+
+
+def judge_audiences(
+    draft: MemoryDraft, current: Memory | None, known: Collection[str] | None
+) -> None:
+    """Raise unless each of the draft's audiences is a role some live key carries (`known`;
+    None: not judged here) or one the memory already has. Once the last key holding a role
+    is revoked or expires, its memories may still be written back as they are (an import
+    of their file, a restore of their backup), as a `relay edit` may: what they must not
+    gain is an audience nobody could read. Judged where the memory is read for the write,
+    so an audience it has lost meanwhile is not accepted on its account."""
+    if known is not None:
+        check_audiences(draft.audiences, {*known, *(current.audiences if current else ())})
 
 
 def same_content(current: Memory, draft: MemoryDraft) -> bool:

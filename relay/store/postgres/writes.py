@@ -10,7 +10,7 @@ pipelined path (`_save_batch`) with the same checks and rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +25,7 @@ from relay.store.postgres.reads import _as_read, _params, managed_sql
 from relay.store.postgres.rows import _memory
 from relay.store.postgres.totals import _TermDelta
 from relay.store.rules import (
+    judge_audiences,
     judge_cycle,
     judge_replacement,
     judge_write,
@@ -61,10 +62,12 @@ class MemoryWrites(PostgresConnections):
         mode: SaveMode,
         audiences: frozenset[str] | None = None,
         expected: Mapping[str, int] | None = None,
+        known: Collection[str] | None = None,
     ) -> list[tuple[Memory, bool]]:
         """Many writes in one transaction: all land, or none do (a memory of `expected` not
-        at its revision there refuses them all: ConflictError with `revision`)."""
-        return self._save_many(org_id, items, author, mode, expected or {}, audiences)
+        at its revision there refuses them all: ConflictError with `revision`; an audience
+        neither `known` nor the memory's own, InvalidRequestError)."""
+        return self._save_many(org_id, items, author, mode, expected or {}, audiences, known)
 
     def _save_many(
         self,
@@ -74,6 +77,7 @@ class MemoryWrites(PostgresConnections):
         mode: SaveMode,
         expected: Mapping[str, int],
         audiences: frozenset[str] | None,
+        known: Collection[str] | None = None,
     ) -> list[tuple[Memory, bool]]:
         try:
             with self._write(org_id) as conn:
@@ -81,7 +85,7 @@ class MemoryWrites(PostgresConnections):
                 out: list[tuple[Memory, bool]] | None = None
                 if _batchable(items):
                     out = self._save_batch(
-                        conn, terms, org_id, items, author, mode, expected, audiences
+                        conn, terms, org_id, items, author, mode, expected, audiences, known
                     )
                 if out is None:
                     out = []
@@ -99,6 +103,7 @@ class MemoryWrites(PostgresConnections):
                                     mode,
                                     expected.get(mid),
                                     audiences,
+                                    known,
                                 )
                             )
                 if any(changed for _, changed in out):
@@ -123,11 +128,12 @@ class MemoryWrites(PostgresConnections):
         mode: SaveMode,
         expected_revision: int | None,
         audiences: frozenset[str] | None,
+        known: Collection[str] | None = None,
     ) -> tuple[Memory, bool]:
         row = conn.execute(
             "SELECT * FROM memories WHERE org_id = %s AND id = %s", (org_id, memory_id)
         ).fetchone()
-        current = _judge(row, memory_id, draft, mode, expected_revision, audiences)
+        current = _judge(row, memory_id, draft, mode, expected_revision, audiences, known)
         kept = () if current is None else current.supersedes
         draft = _check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and current.superseded_by is not None:
@@ -197,6 +203,7 @@ class MemoryWrites(PostgresConnections):
         mode: SaveMode,
         expected: Mapping[str, int],
         audiences: frozenset[str] | None,
+        known: Collection[str] | None = None,
     ) -> list[tuple[Memory, bool]] | None:
         """Many distinct memories without supersession: the same checks and rows as `_save`,
         in a handful of pipelined statements instead of ten round trips per memory. None
@@ -215,7 +222,9 @@ class MemoryWrites(PostgresConnections):
         writes: list[tuple[int, dict[str, Any], MemoryDraft, Sequence[PassageInput]]] = []
         for i, (mid, draft, passages) in enumerate(items):
             with batch_item(i):
-                current = _judge(rows.get(mid), mid, draft, mode, expected.get(mid), audiences)
+                current = _judge(
+                    rows.get(mid), mid, draft, mode, expected.get(mid), audiences, known
+                )
             if current is not None and same_content(current, draft):
                 out.append((current, False))
                 continue
@@ -358,11 +367,13 @@ def _judge(
     mode: SaveMode,
     expected_revision: int | None,
     audiences: frozenset[str] | None,
+    known: Collection[str] | None = None,
 ) -> Memory | None:
     """The write rules, the same for one memory or a batch: returns the current memory."""
     current = None if row is None else _memory(row)
     deleted = row is not None and row["deleted_at"] is not None
     judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
+    judge_audiences(draft, current, known)
     return current
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from relay.errors import NotFoundError
 from relay.models import Memory, MemoryDraft, PassageInput
 from relay.store import SaveMode, batch_item
 from relay.store.rules import (
+    judge_audiences,
     judge_cycle,
     judge_replacement,
     judge_write,
@@ -59,9 +60,11 @@ class MemoryWrites(SQLiteConnections):
         mode: SaveMode,
         audiences: frozenset[str] | None = None,
         expected: Mapping[str, int] | None = None,
+        known: Collection[str] | None = None,
     ) -> list[tuple[Memory, bool]]:
         """Many writes in one transaction: all land, or none do (a memory of `expected` not
-        at its revision there refuses them all: ConflictError with `revision`)."""
+        at its revision there refuses them all: ConflictError with `revision`; an audience
+        neither `known` nor the memory's own, InvalidRequestError)."""
         expected = expected or {}
         saved = []
         with self._write() as conn:
@@ -78,6 +81,7 @@ class MemoryWrites(SQLiteConnections):
                             mode,
                             expected.get(memory_id),
                             audiences,
+                            known,
                         )
                     )
             shown = _as_read(conn, org_id, [m for m, _ in saved], audiences)
@@ -94,6 +98,7 @@ class MemoryWrites(SQLiteConnections):
         mode: SaveMode,
         expected_revision: int | None = None,
         audiences: frozenset[str] | None = None,
+        known: Collection[str] | None = None,
     ) -> tuple[Memory, bool]:
         now = time.time()
         row = conn.execute(
@@ -102,6 +107,7 @@ class MemoryWrites(SQLiteConnections):
         current = None if row is None else _memory(row)
         deleted = row is not None and row["deleted_at"] is not None
         judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
+        judge_audiences(draft, current, known)
         kept = () if current is None else current.supersedes
         draft = self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and current.superseded_by is not None:
