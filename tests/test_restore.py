@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from integration_support import (
+    RELAY,
     BatchProxy,
     clean_env,
     mint,
@@ -625,6 +629,87 @@ def test_an_export_file_is_its_owners_alone(tmp_path: Path, source):
     done = run(source, tmp_path, "export", "-o", "all.jsonl")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "all.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def test_an_export_writes_through_a_symlink_and_keeps_it(tmp_path: Path, source):
+    """QA: `-o link` replaced the symlink with a file instead of writing the file it names,
+    and a symlink to another file system ended in a traceback (EXDEV: the partial file was
+    made beside the target, renamed over the link)."""
+    remember(source.url, source.admin_key, id="link-1", body="Exports follow symlinks.")
+    (tmp_path / "backups").mkdir()
+    places = [tmp_path / "backups" / "all.jsonl"]
+    shm = Path("/dev/shm")
+    if shm.is_dir() and shm.stat().st_dev != tmp_path.stat().st_dev:
+        places.append(shm / f"relay-export-{os.getpid()}.jsonl")  # another file system
+    try:
+        for place in places:
+            place.write_text("old backup\n", encoding="utf-8")
+            link = tmp_path / "latest.jsonl"
+            link.unlink(missing_ok=True)
+            link.symlink_to(place)
+            done = run(source, tmp_path, "export", "-o", "latest.jsonl")
+            assert done.returncode == 0 and done.stderr == "", done.stderr
+            assert link.is_symlink() and link.resolve() == place, place
+            exported = read_export(place.read_text(encoding="utf-8"), str(place))
+            assert "link-1" in {m.id for m in exported}, place
+            assert not list(place.parent.glob(f".{place.name}.*"))  # no partial left
+        dangling = tmp_path / "next.jsonl"
+        dangling.symlink_to(tmp_path / "backups" / "next.jsonl")
+        assert run(source, tmp_path, "export", "-o", "next.jsonl").returncode == 0
+        assert dangling.is_symlink() and (tmp_path / "backups" / "next.jsonl").stat().st_size
+    finally:
+        for place in places[1:]:
+            place.unlink(missing_ok=True)
+
+
+def test_an_export_to_what_is_not_a_file_is_written_to_directly(tmp_path: Path, source):
+    """QA: `-o FIFO` turned the FIFO into a regular file (its reader got nothing and
+    waited), `-o /dev/null` did the same to /dev/null as root, and `-o /dev/stdout` said
+    'No such file or directory'."""
+    import threading
+
+    remember(source.url, source.admin_key, id="fifo-1", body="Exports reach a pipe's reader.")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    # A daemon: were the FIFO replaced, its reader would wait for ever.
+    reader = threading.Thread(
+        target=lambda: got.append(fifo.read_text(encoding="utf-8")), daemon=True
+    )
+    reader.start()
+    done = run(source, tmp_path, "export", "-o", str(fifo))
+    reader.join(timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert "fifo-1" in {m.id for m in read_export(got[0], "pipe")}
+
+    to_stdout = run(source, tmp_path, "export", "-o", "/dev/stdout")
+    assert to_stdout.returncode == 0, to_stdout.stderr
+    assert "fifo-1" in {m.id for m in read_export(to_stdout.stdout, "stdout")}
+
+    # /dev/stdout opened for appending (`>> log`): appended to, not replaced.
+    log = tmp_path / "log.jsonl"
+    log.write_text(line("earlier") + "\n", encoding="utf-8")
+    env = clean_env(tmp_path, RELAY_URL=source.url, RELAY_API_KEY=source.admin_key)
+    with log.open("a", encoding="utf-8") as out:
+        appended = subprocess.run(
+            [RELAY, "export", "-o", "/dev/stdout"], env=env, stdout=out, stderr=subprocess.PIPE
+        )
+    assert appended.returncode == 0, appended.stderr
+    ids = [m.id for m in read_export(log.read_text(encoding="utf-8"), "log")]
+    assert ids[0] == "earlier" and "fifo-1" in ids
+
+
+def test_an_export_that_cannot_be_written_says_so_in_one_line(tmp_path: Path, source):
+    for output, says in (
+        (tmp_path / "missing" / "all.jsonl", "No such file or directory"),
+        (tmp_path / "loop.jsonl", "Too many levels of symbolic links"),
+    ):
+        if output.name == "loop.jsonl":
+            output.symlink_to(output)
+        done = run(source, tmp_path, "export", "-o", str(output))
+        assert done.returncode != 0
+        assert done.stderr == f"relay: error: cannot write {output}: {says}\n", done.stderr
 
 
 def test_a_piped_restore_draws_no_progress_line(tmp_path: Path, target):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import urllib.parse
 from pathlib import Path
@@ -254,25 +255,71 @@ def export(client, output: Path) -> None:  # noqa: ANN001
 
     Expired and superseded memories are included; deleted ones are not. A file is
     written beside its final name (readable by you alone) and renamed into place at
-    the end: an export that fails midway leaves an earlier backup as it was."""
+    the end: an export that fails midway leaves an earlier backup as it was. A
+    symlink is written through (it stays a link); what is not a file (/dev/stdout, a
+    pipe, <(...)) is written to directly."""
     if str(output) == "-":
         _export_pages(client, sys.stdout)
         return
+    try:
+        _export_to(client, output)
+    except OSError as exc:  # a full disk, a closed pipe, a folder that is not there
+        raise RelayError(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
+def _export_to(client, output: Path) -> None:  # noqa: ANN001
+    """Write the export to `output`: a descriptor or what is not a regular file directly,
+    a file atomically through any symlink to it."""
+    import stat
     import tempfile
 
+    fd = _descriptor(output)
+    if fd is not None:  # the one this process holds: its mode (append) and place kept
+        with os.fdopen(os.dup(fd), "w", encoding="utf-8") as fh:
+            _export_pages(client, fh)
+        return
     try:
-        fd, partial = tempfile.mkstemp(
-            prefix=f".{output.name}.", suffix=".partial", dir=output.resolve().parent
-        )
-    except OSError as exc:
-        raise RelayError(f"cannot write {output}: {exc.strerror or exc}") from None
+        mode = os.stat(output).st_mode  # through symlinks
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        # A FIFO, a device: no file to replace, and a file renamed over one would leave
+        # the FIFO's reader waiting for ever (or turn /dev/null into a file, for root).
+        with open(output, "w", encoding="utf-8") as fh:
+            _export_pages(client, fh)
+        return
+    # Beside the file itself, so that the rename never crosses file systems, and a
+    # symlink stays one, the file it names replaced.
+    target = Path(os.path.realpath(output))
+    fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             _export_pages(client, fh)
-        os.replace(partial, output)
+        os.replace(partial, target)
     except BaseException:
         os.unlink(partial)
         raise
+
+
+# Names of a descriptor this process holds: a file opened there again would be truncated
+# (an append, `>>`, lost) or, for a pipe already read, be another reader's.
+_STANDARD = {"/dev/stdout": 1, "/dev/stderr": 2}
+_OWN_DESCRIPTOR = re.compile(r"/(?:dev/fd|proc/self/fd)/([0-9]+)")
+
+
+def _descriptor(path: Path) -> int | None:
+    """The descriptor `path` names (`/dev/stdout`, `/dev/fd/63` from `>(...)`,
+    `/proc/self/fd/1`, or a symlink to one of them), else None."""
+    name = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on symlinks followed
+        if name in _STANDARD:
+            return _STANDARD[name]
+        if match := _OWN_DESCRIPTOR.fullmatch(name):
+            return int(match.group(1))
+        if not os.path.islink(name):
+            return None
+        name = os.path.normpath(os.path.join(os.path.dirname(name), os.readlink(name)))
+    return None
 
 
 def _export_pages(client, out: TextIO) -> None:  # noqa: ANN001
