@@ -217,6 +217,18 @@ def test_a_usage_error_is_one_line_naming_the_help(tmp_path: Path):
     )
 
 
+@pytest.mark.parametrize("group", [(), ("key",), ("org",), ("skill",)])
+def test_a_group_without_its_command_shows_its_help_as_help_does(tmp_path: Path, group):
+    """QA: `relay` alone, the first thing a new user types, and `relay key` printed the whole
+    help as one line of literal \\n after 'relay: error: Usage:'. Now the help --help
+    prints, on stderr with exit 2 as click itself does for a group run bare."""
+    done = relay(tmp_path, *group)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == relay(tmp_path, *group, "--help").stdout
+    assert "\\n" not in done.stderr and "relay: error" not in done.stderr
+
+
 def test_serve_names_the_next_steps_of_the_readme(tmp_path: Path):
     """The first start's next step was to export RELAY_URL and RELAY_API_KEY, which `relay
     doctor` then warns about; it is the README's: install, remember, doctor, with the

@@ -16,6 +16,10 @@ import click
 from relay import __version__
 from relay.errors import RelayError
 
+# click 8.2+ raises this for a group run without a command (8.1 printed the help and
+# exited 0 itself); a usage error, but its message is the whole help.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
 
 def main() -> None:
     """Entry point: Relay errors become one clear line on stderr and their exit code."""
@@ -24,6 +28,9 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(1)
+    except _NO_ARGS_IS_HELP as exc:  # `relay`, `relay key`: the help as --help shows it, not
+        exc.show()  # one line of escaped line breaks; stderr and exit 2, as click does itself
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:  # a usage error too: one line, its command's help named
         from relay.cli.common import one_line
 
