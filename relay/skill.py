@@ -280,7 +280,7 @@ def skill() -> None:
     "--dir",
     "skills_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Claude Code skills folder (default ~/.claude/skills, or .claude/skills with --project).",
+    help="Claude Code skills folder (default ~/.claude/skills); not with --project.",
 )
 @click.option(
     "--project",
@@ -297,6 +297,13 @@ def skill_install(skills_dir: Path | None, project: Path | None, zip_path: Path 
     """Write SKILL.md for Claude Code and a zip ready to upload to Claude.ai."""
     from relay.install import default_paths, load_manifest, refuse_user_level_project, tilde
 
+    if skills_dir is not None and project is not None:
+        # --project's folder is DIR/.claude/skills: with --dir too, the file went to --dir
+        # while the output offered `relay uninstall --project DIR`, which found nothing.
+        raise click.UsageError(
+            "--dir and --project both say where SKILL.md goes: give --project DIR for"
+            " DIR/.claude/skills, or --dir alone; nothing was written"
+        )
     paths = default_paths(project)
     refuse_user_level_project(paths, "skill install")
     # Recorded absolute and with the folders' links resolved, as install records a

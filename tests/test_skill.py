@@ -257,3 +257,20 @@ def test_a_target_that_is_not_a_file_is_refused_before_anything(tmp_path):
         f"relay: error: {fifo} is there and is not a file: give another path; nothing was written\n"
     )
     assert not (tmp_path / "s").exists()
+
+
+def test_dir_and_project_together_are_refused_before_anything(tmp_path):
+    """QA: --project was ignored next to --dir, yet the output offered `relay uninstall
+    --project P` for "this project's only", which then said "Nothing recorded"."""
+    home, project = tmp_path / "home", tmp_path / "p"
+    home.mkdir()
+    project.mkdir()
+    args = ("--dir", str(tmp_path / "s"), "--project", str(project))
+    done = relay(home, "skill", "install", *args)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr == (
+        "relay: error: --dir and --project both say where SKILL.md goes: give --project DIR for"
+        " DIR/.claude/skills, or --dir alone; nothing was written (see 'relay skill install"
+        " --help')\n"
+    )
+    assert snapshot(tmp_path) == {}
