@@ -221,6 +221,14 @@ def test_key_list_names_its_columns_and_each_keys_expiry_and_revoke_says_when_it
     assert again.exit_code == 0 and again.output.startswith(f"{key_id} was already revoked, at ")
 
 
+def test_key_list_of_an_unknown_org_prints_no_header_before_its_error(api):
+    """QA: `relay key list --org nosuch` printed the table header on stdout, then the error."""
+    done = CliRunner().invoke(cli, ["key", "list", "--org", "nosuch", "--db", database(api)])
+    assert done.stdout == ""
+    assert isinstance(done.exception, RelayError), done.exception
+    assert done.exception.message == "no organisation 'nosuch' (see 'relay org list')"
+
+
 def test_history_says_what_else_each_revision_changed(relay, api):
     """QA: `relay history` printed only the body, so a revision that changed a tag or the
     source looked like the one before it."""

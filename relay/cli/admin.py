@@ -119,8 +119,9 @@ def key_create(
 def key_list(org_name: str, db: str | None) -> None:
     """List an organisation's keys (never their secrets)."""
     store = open_store(db)
+    keys = store.list_keys(_org_id(store, org_name))  # no header before 'no organisation'
     click.echo("id\tstate\tname\tscopes\troles\texpires")
-    for k in store.list_keys(_org_id(store, org_name)):
+    for k in keys:
         state = (
             "revoked"
             if k.revoked_at
