@@ -644,6 +644,17 @@ def trust_instructions(paths: Paths, agent_names: tuple[str, ...], mcp: bool) ->
     return out
 
 
+def _refuse_to_ask_without_a_terminal(url: str | None, key: str | None) -> None:
+    """No terminal (a script, CI, `< /dev/null`): a prompt read EOF and said only 'aborted',
+    and the key's read a pipe with Python's echo warning; name the flags instead."""
+    given = (("--url URL", url), ("--key KEY (or --key-file FILE)", key))
+    missing = [flag for flag, value in given if not value]
+    if missing and not sys.stdin.isatty():
+        raise click.UsageError(
+            f"no terminal to ask on and nothing installed to reuse: pass {' and '.join(missing)}"
+        )
+
+
 # -- commands ------------------------------------------------------------------------------------
 @click.command("install")
 @click.option(
@@ -711,6 +722,7 @@ def install(
         if not key and installed.api_key:
             key = installed.api_key
             click.echo("Key: the one installed (--key or --key-file to change it)")
+    _refuse_to_ask_without_a_terminal(url, key)
     url = (url or click.prompt("Relay server URL", default="http://127.0.0.1:8765")).strip()
     key = (key or click.prompt("API key", hide_input=True)).strip()
     agent_names = agent_names or AGENTS

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from integration_support import (
     BIN,
+    RELAY,
+    clean_env,
     mint,
     old_script,
     registered_command,
@@ -1215,3 +1217,30 @@ def test_install_after_a_broken_config_is_moved_aside_takes_the_recorded_url(tmp
     assert again.returncode == 0, again.stderr
     assert f"Server {server['url']}, as ~/.relay/install.json records" in again.stdout
     assert json.loads(config.read_text())["url"] == server["url"]
+
+
+def test_without_a_terminal_install_names_the_flags_it_would_have_asked_for(tmp_path, server):
+    """QA: `relay install < /dev/null` said `Relay server URL [...]: aborted` and no reason;
+    with a key piped in, Python's GetPassWarning and "Password input may be echoed"."""
+    home = tmp_path / "home"
+    home.mkdir()
+    null = subprocess.run(
+        [RELAY, "install"],
+        env=clean_env(home),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert null.returncode == 2 and null.stdout == "", null.stdout
+    assert null.stderr == (
+        "relay: error: no terminal to ask on and nothing installed to reuse: pass --url URL and"
+        " --key KEY (or --key-file FILE) (see 'relay install --help')\n"
+    )
+    piped = relay(home, "install", "--url", server["url"], stdin=server["key"] + "\n")
+    assert piped.returncode == 2 and piped.stdout == "", piped.stdout
+    assert piped.stderr == (
+        "relay: error: no terminal to ask on and nothing installed to reuse: pass --key KEY (or"
+        " --key-file FILE) (see 'relay install --help')\n"
+    )
+    assert snapshot(home) == {}
