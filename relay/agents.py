@@ -469,9 +469,11 @@ def _no_constant(name: str) -> float:
     raise _NotJSONNumber(name, "no JSON number: the agents cannot read this file")
 
 
-def parse_json(text: str, where: str) -> dict[str, Any]:
-    """A settings file's object. Refused: what is not JSON, and a number past a double's range,
-    which the rewrite would write as `Infinity`, losing the whole file for the agent."""
+def parse_json(text: str, where: str, rerun: str = "relay install") -> dict[str, Any]:
+    """A settings file's object. Refused, in one line naming `where` and the command to
+    `rerun` once the file is fixed (install's, unless uninstall is reading it): what is not
+    JSON, and a number past a double's range, which the rewrite would write as `Infinity`,
+    losing the whole file for the agent."""
     if not text.strip():
         return {}
     try:
@@ -480,11 +482,11 @@ def parse_json(text: str, where: str) -> dict[str, Any]:
         literal, why = exc.args
         raise SettingsFileError(
             f"{where} holds the number {literal}, {why}; write it as a string or a finite"
-            " number, then run relay install again. Nothing was changed"
+            f" number, then run {rerun} again. Nothing was changed"
         ) from None
     except ValueError as exc:
         raise SettingsFileError(
-            f"{where} is not valid JSON ({exc}); fix or move it, then run relay install again. "
+            f"{where} is not valid JSON ({exc}); fix or move it, then run {rerun} again. "
             "Nothing was changed"
         ) from None
     if not isinstance(doc, dict):

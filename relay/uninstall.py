@@ -46,8 +46,12 @@ def _same_json(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return agents.normalise_hooks(a) == agents.normalise_hooks(b)
 
 
-def plan_uninstall(paths: Paths, manifest: dict[str, Any]) -> tuple[list[Change], list[str]]:
-    """The reverse edit of every recorded file; (changes, warnings)."""
+def plan_uninstall(
+    paths: Paths, manifest: dict[str, Any], command: str = "uninstall"
+) -> tuple[list[Change], list[str]]:
+    """The reverse edit of every recorded file; (changes, warnings). A file whose Relay
+    entries cannot be found (not JSON, say) stops it before anything is changed: going on
+    left the agent wired, deleted the record a second run needs, and said Relay was gone."""
     changes, warnings = [], []
     for name, record in manifest.get("files", {}).items():
         path = Path(name)
@@ -64,10 +68,12 @@ def plan_uninstall(paths: Paths, manifest: dict[str, Any]) -> tuple[list[Change]
         created = bool(record.get("created"))
         role = record.get("role")
         try:
-            after = _reverse(role, path, current, original, created)
+            after = _reverse(role, path, current, original, created, f"relay {command}")
         except agents.SettingsFileError as exc:
-            warnings.append(f"{exc.message}; left as it is")
-            continue
+            raise agents.SettingsFileError(
+                f"{command} cannot take the {_reverse_what(role)} out of"
+                f" {tilde(path, paths.home)}, so Relay is still wired in: {exc.message}"
+            ) from None
         change = Change(path, role or "", current, after, _reverse_what(role))
         if role in OWN_FILES and after is not None and after == original:
             _restore_mode(change, record.get("mode"))
@@ -96,7 +102,12 @@ def _restore_mode(change: Change, mode: object) -> None:
 
 
 def _reverse(
-    role: str | None, path: Path, current: bytes, original: bytes | None, created: bool
+    role: str | None,
+    path: Path,
+    current: bytes,
+    original: bytes | None,
+    created: bool,
+    rerun: str,
 ) -> bytes | None:
     if role in ("relay-key", "relay-config", "hook-script"):
         return None if created else original if original is not None else current
@@ -111,8 +122,8 @@ def _reverse(
         ):
             return original
         return stripped.encode()
-    doc = agents.parse_json(text, str(path))
-    orig_doc = agents.parse_json(orig_text, str(path)) if original is not None else {}
+    doc = agents.parse_json(text, str(path), rerun)
+    orig_doc = agents.parse_json(orig_text, str(path), rerun) if original is not None else {}
     if role == "claude-mcp":
         stripped_doc = agents.strip_mcp_server(doc, orig_doc)
     else:
@@ -337,7 +348,8 @@ def _uninstall_project(
         )
         click.echo(f"Nothing recorded for {where}: {why}. Nothing was changed.")
         return
-    changes, warnings = plan_uninstall(paths, part)
+    command = f"uninstall --project {shlex.quote(str(project))}"
+    changes, warnings = plan_uninstall(paths, part, command)
     changes += skill.plan_removal(part["skills"])
     if dry_run:
         _dry_run(changes, paths)
@@ -345,7 +357,6 @@ def _uninstall_project(
         return
     for warning in warnings:
         click.echo(f"  warning: {warning}", err=True)
-    command = f"uninstall --project {shlex.quote(str(project))}"
     refuse_blocked(command, blockers(changes, paths, _leftovers(paths, part)))
     apply_uninstall(changes, paths, part, click.echo, keep=rest, command=command)
     click.echo(

@@ -333,9 +333,14 @@ def test_a_number_json_cannot_carry_is_refused_and_nothing_changes(
     path = tmp_path / where
     path.write_text(path.read_text().replace("{", number_in, 1))
     edited = path.read_bytes()
-    done = relay(tmp_path, "uninstall")
-    assert (done.returncode, done.stderr) == (0, f"  warning: {why}; left as it is\n")
-    assert path.read_bytes() == edited
+    before = snapshot(tmp_path)
+    done = relay(tmp_path, "uninstall")  # stops before changing anything, and says so
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("relay: error: uninstall cannot take the ")
+    assert done.stderr.endswith(
+        f"so Relay is still wired in: {why.replace('relay install', 'relay uninstall')}\n"
+    )
+    assert path.read_bytes() == edited and snapshot(tmp_path) == before
 
 
 def test_settings_holding_lone_surrogates_and_line_separators_are_kept(tmp_path, server):
@@ -1244,3 +1249,40 @@ def test_without_a_terminal_install_names_the_flags_it_would_have_asked_for(tmp_
         " --key-file FILE) (see 'relay install --help')\n"
     )
     assert snapshot(home) == {}
+
+
+@pytest.mark.parametrize("project", [False, True])
+def test_uninstall_refuses_a_settings_file_it_cannot_read_and_changes_nothing(
+    tmp_path, server, project
+):
+    """QA: with ~/.claude/settings.json no longer JSON, uninstall left Relay's hooks in it,
+    removed the rest and the record a second run needs, printed "Relay is no longer wired
+    into the agents on this machine." with exit 0, and its warning said to run `relay
+    install` again."""
+    home = tmp_path / "home"
+    home.mkdir()
+    args: tuple[str, ...] = ()
+    if project:
+        (tmp_path / "p").mkdir()
+        args = ("--project", str(tmp_path / "p"))
+    assert install(home, server, *args).returncode == 0
+    settings = (tmp_path / "p/.claude" if project else home / ".claude") / "settings.json"
+    with settings.open("a") as f:
+        f.write("{broken\n")
+    before = snapshot(tmp_path)
+    done = relay(home, "uninstall", *args)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    command = f"uninstall --project {tmp_path / 'p'}" if project else "uninstall"
+    shown = str(settings) if project else "~/.claude/settings.json"
+    assert done.stderr.startswith(
+        f"relay: error: {command} cannot take the Relay hooks out of {shown}, so Relay is still"
+        f" wired in: {settings} is not valid JSON (Extra data: "
+    ), done.stderr
+    assert done.stderr.endswith(
+        f"; fix or move it, then run relay {command} again. Nothing was changed\n"
+    ), done.stderr
+    assert snapshot(tmp_path) == before
+    settings.write_text(settings.read_text().replace("{broken\n", ""))
+    again = relay(home, "uninstall", *args)
+    assert again.returncode == 0, again.stderr
+    assert "settings.json  (Relay hooks)" in again.stdout
