@@ -150,6 +150,12 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     )
 
 
+def _pass(flag: str, variable: str, flags: bool) -> str:
+    """How to give a missing setting: the flag only where the command takes it."""
+    given = f"pass {flag}, set {variable}," if flags else f"set {variable}"
+    return f"{given} or run 'relay install'"
+
+
 class NotConfiguredError(errors.InvalidRequestError):
     """This machine has no server to ask: nothing was sent anywhere."""
 
@@ -158,12 +164,13 @@ class RelayClient:
     # Why the configured key cannot be used (a key file missing, unreadable, with a
     # byte-order mark or a character no HTTP header takes), when it is the reason for no key.
     key_problem: str | None = None
+    # Whether the command running takes --url and --key: `relay stats --send` has neither
+    # (it sends with the hook's settings), so it must not be told to pass them.
+    flags = True
 
     def __init__(self, url: str, api_key: str, timeout: float = 30.0) -> None:
         if not url:
-            raise NotConfiguredError(
-                "no server URL: pass --url, set RELAY_URL, or run 'relay install'"
-            )
+            raise NotConfiguredError(f"no server URL: {_pass('--url', 'RELAY_URL', True)}")
         parts = urllib.parse.urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise NotConfiguredError(
@@ -174,8 +181,11 @@ class RelayClient:
         self.timeout = timeout
 
     @classmethod
-    def from_config(cls, url: str | None = None, api_key: str | None = None) -> RelayClient:
-        """Flags first, then RELAY_URL / RELAY_API_KEY(_FILE), then ~/.relay/config.json."""
+    def from_config(
+        cls, url: str | None = None, api_key: str | None = None, flags: bool = True
+    ) -> RelayClient:
+        """Flags first, then RELAY_URL / RELAY_API_KEY(_FILE), then ~/.relay/config.json.
+        `flags`: whether the command takes --url and --key, for what a refusal says."""
         cfg = hook_config.load()
         if url and not api_key and cfg.api_key and cfg.url and _origin(url) != _origin(cfg.url):
             # The installed key is for the installed server: sent to whatever --url names
@@ -189,7 +199,10 @@ class RelayClient:
             problem = hook_config.file_problem(hook_config.config_path(os.environ))
             if problem:
                 raise NotConfiguredError(problem)
+        if not url:
+            raise NotConfiguredError(f"no server URL: {_pass('--url', 'RELAY_URL', flags)}")
         client = cls(url, api_key)
+        client.flags = flags
         if not api_key:  # a key given and unusable is not the same as none: say what is wrong
             unsent = key_source.key_problem(cfg)
             client.key_problem = str(unsent) if unsent else None
@@ -201,10 +214,8 @@ class RelayClient:
         if not self.api_key and self.key_problem:
             raise NotConfiguredError(self.key_problem)
         if not self.api_key:
-            raise NotConfiguredError(
-                "no API key: pass --key, set RELAY_API_KEY (or RELAY_API_KEY_FILE), or run"
-                " 'relay install'"
-            )
+            where = "RELAY_API_KEY (or RELAY_API_KEY_FILE)"
+            raise NotConfiguredError(f"no API key: {_pass('--key', where, self.flags)}")
         return self
 
     def request(self, method: str, path: str, body: Any = None) -> Any:

@@ -84,7 +84,7 @@ def read_entries(state_dir: str, since: float | None = None) -> Iterator[dict]:
             with open(name, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     try:
-                        entry = json.loads(line)
+                        entry = json.loads(line, parse_float=_finite, parse_constant=_no_number)
                     except ValueError:
                         continue  # a torn line from a crash is not worth failing over
                     if not isinstance(entry, dict):
@@ -95,6 +95,19 @@ def read_entries(state_dir: str, since: float | None = None) -> Iterator[dict]:
                     yield entry
         except OSError:
             continue
+
+
+def _finite(text: str) -> float:
+    """A number the hook could have written: 1e400 reads as infinity, which made the
+    percentiles infinite and --json print Infinity, no JSON; such a line is corrupt."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is no finite number")
+    return value
+
+
+def _no_number(text: str) -> float:
+    raise ValueError(f"{text} is not JSON")  # NaN, Infinity: Python's, never the hook's
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -320,7 +333,9 @@ def render(summary: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
     "--state-dir",
-    type=click.Path(file_okay=False),
+    # A directory that is not there has no hook state: it read as 0 prompts and a closed
+    # breaker for the configured URL, a report about nothing.
+    type=click.Path(file_okay=False, exists=True),
     default=None,
     help="The hook's state directory (default: RELAY_STATE_DIR or ~/.relay/state).",
 )
@@ -339,15 +354,17 @@ def stats(
         since_s = None if since.strip().lower() == "all" else parse_since(since)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
-    summary = summarise(state_dir or hook_config.load().state_dir, since_s)
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-    else:
-        click.echo(render(summary))
-    if send:
+    client = None
+    if send:  # before the report: with no server to send to, the error alone
         from relay.client import RelayClient
 
-        client = RelayClient.from_config().require_key()
+        client = RelayClient.from_config(flags=False).require_key()
+    summary = summarise(state_dir or hook_config.load().state_dir, since_s)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, allow_nan=False))
+    else:
+        click.echo(render(summary))
+    if client is not None:
         answer = client.post("/v1/hook-outcomes", report(summary, developer))
         click.echo(f"sent to {client.url} as {answer['developer']}", err=True)
 

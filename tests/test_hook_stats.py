@@ -193,3 +193,45 @@ def test_a_streak_speaks_only_of_the_configured_server(tmp_path):
         f" that the server at {there} is up and reachable from here (relay doctor checks each"
         " link)"
     ]
+
+
+def test_a_number_beyond_a_float_is_a_corrupt_line_and_json_stays_json(tmp_path):
+    """QA: a log line with "total": 1e400 read as infinity: the percentiles were infinite and
+    `relay stats --json` printed Infinity, which no JSON parser takes."""
+    good = {"ts": "2026-11-29T00:00:00.000Z", "outcome": "hit", "ms": {"total": 12.5}}
+    lines = [
+        json.dumps(good),
+        '{"ts": "2026-11-29T00:00:01.000Z", "outcome": "hit", "ms": {"total": 1e400}}',
+        '{"ts": "2026-11-29T00:00:02.000Z", "outcome": "hit", "ms": {"total": NaN}}',
+    ]
+    (tmp_path / "outcomes.jsonl").write_text("\n".join(lines) + "\n")
+    done = CliRunner().invoke(stats, ["--state-dir", str(tmp_path), "--since", "all", "--json"])
+    assert done.exit_code == 0, done.output
+    assert "Infinity" not in done.output and "NaN" not in done.output
+    summary = json.loads(done.output, parse_constant=lambda c: pytest.fail(c))
+    assert summary["invocations"] == 1 and summary["hook_ms"]["p99"] == 12.5
+
+
+def test_a_state_dir_that_is_not_there_is_refused(tmp_path):
+    """QA: `relay stats --state-dir /nonexistent` exited 0 with 0 prompts and a "breaker
+    closed for http://..." line it made up."""
+    gone = tmp_path / "nonexistent"
+    done = CliRunner().invoke(stats, ["--state-dir", str(gone)])
+    assert done.exit_code == 2, done.output
+    assert f"Directory '{gone}' does not exist" in done.output and "breaker" not in done.output
+
+
+def test_send_without_a_server_names_what_stats_takes(tmp_path):
+    """QA: `relay stats --send` on a machine without an install said "pass --url", which
+    stats has no option for; and it printed the whole report before the error."""
+    from integration_support import relay
+
+    done = relay(tmp_path, "stats", "--send")
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr == "relay: error: no server URL: set RELAY_URL or run 'relay install'\n"
+    done = relay(tmp_path, "stats", "--send", RELAY_URL="http://127.0.0.1:9")
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr == (
+        "relay: error: no API key: set RELAY_API_KEY (or RELAY_API_KEY_FILE) or run"
+        " 'relay install'\n"
+    )
