@@ -126,7 +126,8 @@ class RequestTimeoutError(RelayError):
 
 
 class ConflictError(RelayError):
-    """The write lost a race (a stale `expected_revision`) or names an id already taken."""
+    """The write lost a race (a stale `expected_revision`), names an id already taken, or
+    would revoke an organisation's last live admin key."""
 
     status = 409
     code = "conflict"

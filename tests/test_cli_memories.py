@@ -476,3 +476,39 @@ def test_the_installed_key_is_not_sent_to_another_server_named_by_url(tmp_path):
         relay(tmp_path, "search", "foo", "--url", installed.url)  # the same server: sent
         relay(tmp_path, "search", "foo", "--url", other.url, "--key", key)  # its own key
         assert (installed.connections, other.connections) == (1, 1)
+
+
+def test_an_org_keeps_an_admin_key_over_http_and_in_the_cli(tmp_path):
+    """QA: `DELETE /v1/keys/<own id>` with the org's only admin key answered 200, and the
+    next request 401: no key could make or revoke keys again. Refused (409) over HTTP and
+    in `relay key revoke` alike, until another admin key exists."""
+    import httpx
+    from conftest import start_server
+    from integration_support import mint, relay
+
+    server = start_server(tmp_path / "relay.db")
+    try:
+        own = server.admin_key.split("_")[1]
+        headers = {"Authorization": f"Bearer {server.admin_key}"}
+        said = (
+            f"key {own} is this organisation's last live admin key: without it no key could"
+            " create or revoke keys; create another admin key first, then revoke this one"
+        )
+        answer = httpx.delete(f"{server.url}/v1/keys/{own}", headers=headers, timeout=30)
+        assert answer.status_code == 409, answer.text
+        assert answer.json()["error"]["message"] == said
+        assert httpx.get(f"{server.url}/v1/keys", headers=headers, timeout=30).status_code == 200
+        args = ("key", "revoke", "--org", "acme", "--db", str(server.db), own)
+        done = relay(tmp_path, *args)
+        assert done.returncode == 5 and done.stdout == "", done.stdout
+        assert done.stderr == f"relay: error: {said}\n"
+        second = mint(server.url, server.admin_key, "second admin", ["admin"])
+        assert relay(tmp_path, *args).stdout == f"revoked {own}\n"
+        answer = httpx.delete(
+            f"{server.url}/v1/keys/{second['id']}",
+            headers={"Authorization": f"Bearer {second['secret']}"},
+            timeout=30,
+        )
+        assert answer.status_code == 409, answer.text
+    finally:
+        server.stop()

@@ -114,7 +114,8 @@ def test_a_rerun_brings_the_target_up_to_date(tmp_path: Path, pg_url: str, pg_st
 
     # The SQLite server kept taking writes after the first copy.
     src = SQLiteStore(db)
-    src.revoke_key(acme, "k0b")
+    src.create_key(acme, "k0c", "hash-c", "ci 2", frozenset({"admin"}), frozenset(), None)
+    src.revoke_key(acme, "k0b")  # not acme's last admin key now: that one is never revoked
     src.save_memory(
         acme, "m0", MemoryDraft(body="Fact 0, rewritten"), "bob", _passages("x", 20), "upsert"
     )

@@ -786,3 +786,66 @@ def test_a_sqlite_time_stored_past_year_9999_reads_as_the_latest_time(tmp_path):
         assert store.next_expiry(org, datetime.now(UTC)) == LATEST_TIME
     finally:
         store.close()
+
+
+def test_the_last_live_admin_key_of_an_org_is_never_revoked(store):
+    """QA: an admin key revoked itself (DELETE /v1/keys/<own id>: 200, then 401), and the
+    org had no key left to make or revoke keys. An expired or revoked admin key, or another
+    org's, does not count as one left."""
+    a, b = store.create_org("acme").id, store.create_org("globex").id
+    admin, every = frozenset({"admin"}), frozenset({"memory:read", "memory:write"})
+    past = datetime.now(UTC) - timedelta(days=1)
+    store.create_key(a, "k_admin", "h1", "admin", admin, frozenset(), None)
+    store.create_key(a, "k_old", "h2", "old admin", admin, frozenset(), past)
+    store.create_key(a, "k_gone", "h3", "gone admin", admin, frozenset(), None)
+    store.create_key(a, "k_dev", "h4", "dev", every, frozenset(), None)
+    store.create_key(b, "k_other", "h5", "globex admin", admin, frozenset(), None)
+    store.revoke_key(a, "k_gone")
+    with pytest.raises(ConflictError) as refused:
+        store.revoke_key(a, "k_admin")
+    assert refused.value.message == (
+        "key k_admin is this organisation's last live admin key: without it no key could"
+        " create or revoke keys; create another admin key first, then revoke this one"
+    )
+    assert store.key_for_auth("k_admin")[0].revoked_at is None
+    store.revoke_key(a, "k_dev")  # any other key goes, as does an expired admin key
+    assert store.revoke_key(a, "k_old").revoked_at is not None
+    store.create_key(a, "k_new", "h6", "new admin", admin, frozenset(), None)
+    assert store.revoke_key(a, "k_admin").revoked_at is not None
+    assert store.revoke_key(a, "k_admin").revoked_at is not None  # again: already done
+    with pytest.raises(ConflictError):
+        store.revoke_key(a, "k_new")
+
+
+def test_two_admin_keys_revoked_at_once_leave_one(store):
+    """The rule is judged in the revoking write transaction: two admins revoking each
+    other at the same moment must not both pass and leave none."""
+    import threading
+
+    admin = frozenset({"admin"})
+    for round_ in range(5):
+        org = store.create_org(f"acme{round_}").id
+        ids = [f"k{round_}a", f"k{round_}b"]
+        for n, key_id in enumerate(ids):
+            store.create_key(org, key_id, f"h{round_}{n}", key_id, admin, frozenset(), None)
+        start, outcomes = threading.Barrier(2), []
+        threads = [
+            threading.Thread(target=_revoke_when, args=(store, org, k, start, outcomes))
+            for k in ids
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(outcomes) == ["refused", "revoked"]
+        assert sum(k.revoked_at is None for k in store.list_keys(org)) == 1
+
+
+def _revoke_when(store, org: str, key_id: str, start, outcomes: list[str]) -> None:  # noqa: ANN001
+    """Revoke `key_id` once every thread is at `start`; note whether it was refused."""
+    start.wait()
+    try:
+        store.revoke_key(org, key_id)
+        outcomes.append("revoked")
+    except ConflictError:
+        outcomes.append("refused")

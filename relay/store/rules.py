@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
 from relay.hygiene import check_audiences
-from relay.models import EVERYONE, Memory, MemoryDraft, Revision
+from relay.models import EVERYONE, ApiKey, Memory, MemoryDraft, Revision
 from relay.store import SaveMode
 
 Read = TypeVar("Read", Memory, Revision)
@@ -68,6 +69,27 @@ def judge_audiences(
     so an audience it has lost meanwhile is not accepted on its account."""
     if known is not None:
         check_audiences(draft.audiences, {*known, *(current.audiences if current else ())})
+
+
+def judge_revoke(keys: Iterable[ApiKey], key_id: str) -> None:
+    """Raise unless `key_id` may be revoked among the org's `keys`, read in the revoking
+    write transaction (so two revokes at once cannot both pass): never its last live admin
+    key, which would leave no key able to make or revoke keys (an admin revoking itself
+    over HTTP did). Live is by this process's clock, as `auth.authorize` judges a key."""
+    now = datetime.now(UTC)
+    live_admins = {
+        k.id
+        for k in keys
+        if "admin" in k.scopes
+        and k.revoked_at is None
+        and (k.expires_at is None or k.expires_at > now)
+    }
+    if live_admins == {key_id}:
+        raise ConflictError(
+            f"key {key_id} is this organisation's last live admin key: without it no key could"
+            " create or revoke keys; create another admin key first, then revoke this one",
+            key_id=key_id,
+        )
 
 
 def same_content(current: Memory, draft: MemoryDraft) -> bool:

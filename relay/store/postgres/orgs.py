@@ -15,6 +15,7 @@ from relay.models import ApiKey, Org
 from relay.store import check_org_name
 from relay.store.postgres.connection import PostgresConnections, _bump
 from relay.store.postgres.rows import _key, _org
+from relay.store.rules import judge_revoke
 
 
 class OrgsAndKeys(PostgresConnections):
@@ -121,6 +122,8 @@ class OrgsAndKeys(PostgresConnections):
             if row is None:
                 raise NotFoundError(f"no key {key_id!r} in this organisation")
             if row["revoked_at"] is None:
+                org_keys = conn.execute("SELECT * FROM api_keys WHERE org_id = %s", (org_id,))
+                judge_revoke(map(_key, org_keys), key_id)
                 row = conn.execute(
                     "UPDATE api_keys SET revoked_at = now() WHERE id = %s AND org_id = %s"
                     " RETURNING *",

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from relay.errors import ConflictError, NotFoundError
 from relay.models import ApiKey, Org
 from relay.store import check_org_name
+from relay.store.rules import judge_revoke
 from relay.store.sqlite.connection import SQLiteConnections, _bump, translate_errors
 from relay.store.sqlite.rows import _key, _org, _ts
 
@@ -126,6 +127,8 @@ class OrgsAndKeys(SQLiteConnections):
             if row is None:
                 raise NotFoundError(f"no key {key_id!r} in this organisation")
             if row["revoked_at"] is None:
+                org_keys = conn.execute("SELECT * FROM api_keys WHERE org_id = ?", (org_id,))
+                judge_revoke(map(_key, org_keys), key_id)
                 conn.execute(
                     "UPDATE api_keys SET revoked_at = ? WHERE id = ?", (time.time(), key_id)
                 )
