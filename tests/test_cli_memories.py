@@ -390,8 +390,9 @@ def test_a_server_answering_json_200_to_everything_is_not_relays(tmp_path):
             (("search", "foo"), "POST {}/v1/search"),
             (("remember", "a fact"), "POST {}/v1/memories"),
             (("export", "-o", str(tmp_path / "out.jsonl")), "GET {}/v1/memories"),
-            # reviewer: forget said "forgot abc" (a DELETE answers 204, no body, at Relay)
-            (("forget", "abc"), "DELETE {}/v1/memories/abc"),
+            # reviewer: forget said "forgot abc" (a DELETE answers 204, no body, at Relay);
+            # it reads the memory first (what it supersedes), so that is what is refused
+            (("forget", "abc"), "GET {}/v1/memories/abc"),
             (("stats", "--send"), "POST {}/v1/hook-outcomes"),
         ):
             given = {"RELAY_URL": other.url, "RELAY_API_KEY": "relay_k_" + "x" * 16}
@@ -512,3 +513,54 @@ def test_an_org_keeps_an_admin_key_over_http_and_in_the_cli(tmp_path):
         assert answer.status_code == 409, answer.text
     finally:
         server.stop()
+
+
+def test_forget_says_which_memories_it_brings_back_into_recall(tmp_path, live_server):
+    """QA: `relay forget B`, B superseding A, printed only "forgot B": A was back in recall
+    without a word. A memory another still supersedes stays out, and goes unnamed."""
+    from integration_support import relay
+
+    given = ("--url", live_server.url, "--key", live_server.admin_key)
+
+    def remember(body: str, *args: str) -> str:
+        done = relay(tmp_path, "remember", body, *args, *given)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()[1]
+
+    old = remember("Forget-test: the release train leaves on Tuesdays.")
+    new = remember("Forget-test: the release train leaves on Wednesdays.", "--supersedes", old)
+    done = relay(tmp_path, "forget", new, *given)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        f"forgot {new}; {old}, which it superseded, is back in recall (forget it too if it is"
+        " out of date)\n"
+    )
+    found = relay(tmp_path, "search", "Forget-test release train", "--json", *given)
+    assert old in [r["id"] for r in json.loads(found.stdout)["results"]]
+
+    gone, kept = remember("Forget-test: staging is red."), remember("Forget-test: QA is blue.")
+    first = remember("Forget-test: staging is green.", "--supersedes", gone, "--supersedes", kept)
+    remember("Forget-test: QA is green.", "--supersedes", kept)
+    done = relay(tmp_path, "forget", first, *given)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        f"forgot {first}; {gone}, which it superseded, is back in recall (forget it too if it"
+        " is out of date)\n"
+    )
+
+
+@pytest.mark.parametrize("command", [("remember", "A fact."), ("edit", "mem_x")])
+def test_pinned_and_not_pinned_together_are_refused(tmp_path, command):
+    """QA: `relay remember --pinned --not-pinned` was taken (the last won), while other
+    contradictory flags are refused."""
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    with FakeRelay() as server:
+        args = (*command, "--pinned", "--not-pinned", "--url", server.url, "--key", "relay_k_x")
+        done = relay(tmp_path, *args)
+        assert server.connections == 0
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"relay: error: give --pinned or --not-pinned, not both (see 'relay {command[0]} --help')\n"
+    )

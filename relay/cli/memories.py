@@ -17,9 +17,11 @@ from relay.errors import InvalidRequestError
 
 
 def _memory_fields(
-    title, source, audiences, tags, valid_until, supersedes, pinned
+    title, source, audiences, tags, valid_until, supersedes, pinned, not_pinned
 ) -> dict[str, Any]:  # noqa: ANN001
     fields: dict[str, Any] = {}
+    if pinned and not_pinned:  # one --pinned/--not-pinned option let the last one win
+        raise click.UsageError("give --pinned or --not-pinned, not both")
     if valid_until is not None and not valid_until.strip():
         raise click.UsageError(
             "--valid-until needs an ISO 8601 date or time, like 2027-01-31 or "
@@ -31,8 +33,8 @@ def _memory_fields(
     for name, value in (("audiences", audiences), ("tags", tags), ("supersedes", supersedes)):
         if value:
             fields[name] = list(value)
-    if pinned is not None:
-        fields["pinned"] = pinned
+    if pinned or not_pinned:
+        fields["pinned"] = bool(pinned)
     return fields
 
 
@@ -91,9 +93,13 @@ def _memory_options(
             "Remove its supersedes links (links to memories this key cannot read stay).",
         ),
         click.option(
-            "--pinned/--not-pinned",
-            default=None,
-            help="Part of the team profile shown at session start.",
+            "--pinned", is_flag=True, help="Part of the team profile shown at session start."
+        ),
+        click.option(
+            "--not-pinned",
+            is_flag=True,
+            help="Not part of the team profile"
+            + (" (takes it out)." if clears else " (the default)."),
         ),
     ]
     for opt in reversed([o for o in options if o]):
@@ -179,9 +185,45 @@ def edit(
 @click.argument("memory_id")
 @client_options
 def forget(client, memory_id: str) -> None:  # noqa: ANN001
-    """Delete a memory everywhere at once (its history keeps a tombstone, not the text)."""
+    """Delete a memory everywhere at once (its history keeps a tombstone, not the text).
+    A memory it superseded comes back into recall, unless another still supersedes it:
+    each that does is named."""
+    replaced = _read(client, memory_id)
     client.request("DELETE", _memory_path(memory_id))
-    click.echo(f"forgot {memory_id}")
+    # Asked after the delete: the server relinks what it superseded to any other memory
+    # that still supersedes it (and a link this key cannot read shows here as none).
+    back = []
+    for target in replaced.get("supersedes", []) if replaced else []:
+        memory = _read(client, target)
+        if memory and memory.get("superseded_by") is None and _current(memory):
+            back.append(target)
+    line = f"forgot {memory_id}"
+    if back:
+        again = "forget it too if it is" if len(back) == 1 else "forget each too that is"
+        line += (
+            f"; {', '.join(back)}, which it superseded, {'is' if len(back) == 1 else 'are'} back"
+            f" in recall ({again} out of date)"
+        )
+    click.echo(line)
+
+
+def _read(client, memory_id: str) -> dict[str, Any] | None:  # noqa: ANN001
+    """The memory as this key reads it; None when gone or not for this key to read (a
+    write-only key may still forget: what it superseded then goes unsaid)."""
+    from relay.errors import ForbiddenError, NotFoundError
+
+    try:
+        return client.get(_memory_path(memory_id))
+    except (ForbiddenError, NotFoundError):
+        return None
+
+
+def _current(memory: dict[str, Any]) -> bool:
+    """Not past its valid_until: recall returns it."""
+    from datetime import UTC, datetime
+
+    until = memory.get("valid_until")
+    return until is None or datetime.fromisoformat(until.replace("Z", "+00:00")) > datetime.now(UTC)
 
 
 @click.command()
