@@ -51,7 +51,8 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
     """Every check of one install, in the order of the chain; each part in its own module."""
 
     def __init__(self, project: Path | None = None, environ: dict[str, str] | None = None) -> None:
-        from relay.install import default_paths, load_manifest
+        from relay.install_files import load_manifest
+        from relay.install_paths import default_paths
 
         self.environ = dict(os.environ if environ is None else environ)
         self.paths = default_paths(project)
@@ -67,7 +68,7 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
         self.findings.append(Finding(level, area, message, fix))
 
     def home(self, path: Path | str) -> str:
-        from relay.install import tilde
+        from relay.install_paths import tilde
 
         return tilde(Path(path), self.paths.home)
 
@@ -188,7 +189,7 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
     def _note_gone(self, area: str, roles: tuple[str, ...]) -> None:
         """A note for each recorded file of `roles` gone with its folder, and the command
         that drops its record: `relay uninstall --project` on the folder deleted."""
-        from relay.install import tilde
+        from relay.install_paths import tilde
 
         manifest = self.home(self.paths.manifest)
         for path, role in self._gone_records.items():

@@ -18,7 +18,7 @@ from relay import key_source, knob_script
 from relay.hook import config as hook_config
 
 if TYPE_CHECKING:
-    from relay.install import Paths
+    from relay.install_paths import Paths
 
 
 class ConfigChecks:

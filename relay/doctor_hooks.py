@@ -22,7 +22,7 @@ from relay.hook import config as hook_config
 
 if TYPE_CHECKING:
     from relay.doctor import Finding
-    from relay.install import Paths
+    from relay.install_paths import Paths
 
 # Claude Code's managed settings, deployed by an organisation: they beat every other file.
 MANAGED_SETTINGS = Path(

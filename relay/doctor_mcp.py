@@ -17,7 +17,7 @@ from relay import agents
 from relay.errors import RelayError
 
 if TYPE_CHECKING:
-    from relay.install import Paths
+    from relay.install_paths import Paths
 
 
 class McpChecks:

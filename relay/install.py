@@ -6,34 +6,42 @@ content in memory (a file that is not valid JSON or TOML stops the plan: nothing
 written) -> check that every file it changes can be (nothing is written otherwise) ->
 back up each file it changes -> write each one atomically -> print what changed, file by
 file -> record in `~/.relay/install.json` which files it created and where the originals
-are, for uninstall.
+are, for uninstall. Where things live is `relay.install_paths`; planned changes, backups, atomic
+writes and the record, shared with uninstall and the skill, are `relay.install_files`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
 import re
 import shlex
-import shutil
 import sys
-import tempfile
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
 from relay import agents
-from relay.errors import InvalidRequestError, RelayError
+from relay.errors import InvalidRequestError
 from relay.hook import config as hook_config
+from relay.install_files import (
+    Change,
+    apply,
+    blockers,
+    file_text,
+    load_manifest,
+    read_bytes,
+    refuse_blocked,
+)
+from relay.install_paths import (
+    Paths,
+    default_paths,
+    executables,
+    refuse_user_level_project,
+    tilde,
+)
 from relay.knob_script import SCRIPT_KNOBS, deadline_after_install, hook_script, knob_value
 
-MANIFEST_VERSION = 1
 # Knobs written into config.json at their defaults (re-running install restores them); the
 # script's own are not: it hands them to the hook in the environment, which beats the file.
 CONFIG_KNOBS = (
@@ -48,147 +56,6 @@ CONFIG_KNOBS = (
 )
 AGENTS = ("claude-code", "codex")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-OWN_FILES = ("relay-key", "relay-config", "hook-script")  # Relay's files: permissions enforced
-
-
-# -- where things live -------------------------------------------------------------
-@dataclass
-class Paths:
-    home: Path
-    project: Path | None = None
-    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-
-    @property
-    def relay_dir(self) -> Path:
-        return self.home / ".relay"
-
-    @property
-    def config(self) -> Path:
-        custom = self.environ.get("RELAY_CONFIG")
-        return Path(os.path.expanduser(custom)) if custom else self.relay_dir / "config.json"
-
-    @property
-    def key(self) -> Path:
-        return self.relay_dir / "key"
-
-    @property
-    def script(self) -> Path:
-        return self.relay_dir / agents.SCRIPT_NAME
-
-    @property
-    def manifest(self) -> Path:
-        return self.relay_dir / "install.json"
-
-    @property
-    def backups(self) -> Path:
-        return self.relay_dir / "backups"
-
-    @property
-    def claude_dir(self) -> Path:
-        custom = self.environ.get("CLAUDE_CONFIG_DIR")
-        return Path(os.path.expanduser(custom)) if custom else self.home / ".claude"
-
-    @property
-    def claude_settings(self) -> Path:
-        base = self.project / ".claude" if self.project else self.claude_dir
-        return base / "settings.json"
-
-    @property
-    def claude_json(self) -> Path:
-        custom = self.environ.get("CLAUDE_CONFIG_DIR")
-        return (
-            Path(os.path.expanduser(custom)) / ".claude.json"
-            if custom
-            else self.home / ".claude.json"
-        )
-
-    @property
-    def codex_dir(self) -> Path:
-        custom = self.environ.get("CODEX_HOME")
-        return Path(os.path.expanduser(custom)) if custom else self.home / ".codex"
-
-    @property
-    def codex_hooks(self) -> Path:
-        base = self.project / ".codex" if self.project else self.codex_dir
-        return base / "hooks.json"
-
-    @property
-    def codex_config(self) -> Path:
-        return self.codex_dir / "config.toml"
-
-    @property
-    def skills_dir(self) -> Path:
-        """Where `relay skill install` puts the skill's folder unless given --dir."""
-        return (self.project / ".claude" if self.project else self.claude_dir) / "skills"
-
-    @property
-    def skill_zip(self) -> Path:
-        return self.relay_dir / "relay-skill.zip"
-
-    def script_in_command(self) -> str:
-        """User settings name the script by absolute path; project settings, shared by a
-        team, by `$HOME` so the same line works for every teammate who ran relay install."""
-        if self.project is None:
-            return str(self.script)
-        return f'"$HOME/.relay/{agents.SCRIPT_NAME}"'
-
-
-def default_paths(project: Path | None = None) -> Paths:
-    return Paths(Path(os.path.expanduser("~")), project.resolve() if project else None)
-
-
-def refuse_user_level_project(paths: Paths, command: str) -> None:
-    """Refuse a --project that is, or holds, the home folder or the agents' user-level
-    folders, or whose .claude/ or .codex/ leads to them: install would write the user's
-    settings as a project's, and `relay uninstall --project` would take out the
-    user-level install (and every project under it) while saying they stay."""
-    project = paths.project
-    if project is None:
-        return
-    home = paths.home.resolve()
-    why = None
-    if home == project:
-        why = "is your home folder, whose .claude/ and .codex/ are the user-level install"
-    elif home.is_relative_to(project):
-        why = "holds your home folder, and with it the user-level install"
-    else:
-        for folder, user in ((".claude", paths.claude_dir), (".codex", paths.codex_dir)):
-            user = user.resolve()
-            if (project / folder).resolve() == user:
-                why = f"has the user-level {tilde(user, home)} as its {folder}/"
-            elif user.is_relative_to(project):
-                why = f"holds the user-level {tilde(user, home)}"
-            if why:
-                break
-    if why:
-        raise InvalidRequestError(
-            f"--project {tilde(project, home)} {why}: name the project's own folder, or run"
-            f" `relay {command}` without --project for the user-level one; nothing was changed"
-        )
-
-
-def tilde(path: Path, home: Path) -> str:
-    if path == home:
-        return "~"
-    try:
-        return "~/" + str(path.relative_to(home))
-    except ValueError:
-        return str(path)
-
-
-def executables() -> tuple[str, str]:
-    """Absolute paths of `relay-hook` and `relay` beside this interpreter (no PATH, no shims)."""
-    bin_dir = Path(os.path.abspath(sys.executable)).parent  # not resolved: keep the venv's path
-    found = []
-    for name in ("relay-hook", "relay"):
-        candidate = bin_dir / name
-        if not os.access(candidate, os.X_OK):
-            which = shutil.which(name)
-            if which is None:
-                raise InvalidRequestError(f"cannot find the {name!r} command next to {bin_dir}")
-            candidate = Path(os.path.abspath(which))
-        found.append(str(candidate))
-    return found[0], found[1]
 
 
 # -- file contents (the hook script's own: relay/knob_script.py) ---------------------
@@ -243,40 +110,6 @@ def dump_json_like(doc: dict[str, Any], original: str | None) -> bytes:
 
 
 # -- planning ----------------------------------------------------------------------------
-@dataclass
-class Change:
-    path: Path
-    role: str
-    before: bytes | None
-    after: bytes | None
-    what: str
-    mode: int = 0o644
-    notes: list[str] = field(default_factory=list)
-    force_mode: bool = False  # uninstall: Relay's own file gets back the original's mode
-
-    @property
-    def changed(self) -> bool:
-        return self.before != self.after
-
-
-def read_bytes(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise agents.SettingsFileError(f"cannot read {path}: {exc.strerror}") from None
-
-
-def file_text(raw: bytes | None, path: Path) -> str:
-    if raw is None:
-        return ""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise agents.SettingsFileError(f"{path} is not UTF-8 text; nothing was changed") from None
-
-
 def _json_change(path: Path, role: str, what: str, edit, mode: int = 0o644) -> Change:  # noqa: ANN001
     before = read_bytes(path)
     text = file_text(before, path)
@@ -418,163 +251,6 @@ def _codex_server(text: str, paths: Paths) -> bool:
 def _with_note(result: tuple[dict[str, Any], str]) -> tuple[dict[str, Any], list[str]]:
     doc, note = result
     return doc, [note] if note else []
-
-
-# -- applying ------------------------------------------------------------------------------
-def ensure_dir(path: Path, created: list[str]) -> None:
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        private = d.name in (".relay", "backups")  # keys and their backups live there
-        d.mkdir(mode=0o700 if private else 0o777)
-        created.append(str(d))
-
-
-def write_atomic(path: Path, data: bytes, mode: int, force_mode: bool = False) -> None:
-    """Replace `path`'s content in one step; a symlinked file stays a symlink. An existing
-    file keeps its permissions unless `force_mode` (the key file, the hook script)."""
-    target = Path(os.path.realpath(path))
-    if not force_mode:
-        with contextlib.suppress(FileNotFoundError):
-            mode = target.stat().st_mode & 0o777
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def load_manifest(paths: Paths) -> dict[str, Any]:
-    """The install record: "files" (what install changed), "dirs" (folders Relay made) and,
-    since `relay skill install` records there too, "skills". A key a record lacks means
-    none, so a record an older Relay wrote loads as it is: MANIFEST_VERSION stays 1."""
-    try:
-        data = json.loads(paths.manifest.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
-        return {}
-    for key, empty in (("files", {}), ("dirs", []), ("skills", {})):
-        data.setdefault(key, empty)
-    return data
-
-
-def new_manifest() -> dict[str, Any]:
-    return {"version": MANIFEST_VERSION, "files": {}, "dirs": [], "skills": {}}
-
-
-def save_manifest(paths: Paths, manifest: dict[str, Any]) -> None:
-    ensure_dir(paths.relay_dir, manifest["dirs"])
-    data = (json.dumps(manifest, indent=2) + "\n").encode()
-    write_atomic(paths.manifest, data, 0o600, force_mode=True)
-
-
-def back_up(paths: Paths, path: Path, data: bytes, created_dirs: list[str], stamp: str) -> Path:
-    """Keep `data`, what `path` held before a write, as `~/.relay/backups/<name>.<stamp>`
-    (a number added if taken), mode 600: uninstall puts an original back from there."""
-    ensure_dir(paths.backups, created_dirs)
-    backup = paths.backups / f"{path.name}.{stamp}"
-    n = 0
-    while backup.exists():
-        n += 1
-        backup = paths.backups / f"{path.name}.{stamp}.{n}"
-    write_atomic(backup, data, 0o600)
-    return backup
-
-
-def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> list[str]:
-    """Back up, write and record every change (and whether the MCP server was registered,
-    for `relay doctor`); one report line per file."""
-    manifest = load_manifest(paths) or new_manifest()
-    created_dirs: list[str] = manifest["dirs"]
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    lines = []
-    for c in changes:
-        label = tilde(c.path, paths.home)
-        if not c.changed:
-            lines.append(f"  unchanged  {label}  ({c.what})")
-            continue
-        ensure_dir(c.path.parent, created_dirs)
-        record = manifest["files"].get(str(c.path))
-        backup = None
-        # A key an earlier install wrote is not kept: uninstall restores only the original,
-        # and a secret replaced (say by a key with fewer rights) must not linger on disk.
-        if c.before is not None and not (c.role == "relay-key" and record is not None):
-            backup = back_up(paths, c.path, c.before, created_dirs, stamp)
-        if record is None:
-            record = {"role": c.role, "created": c.before is None, "original": None}
-            record["original"] = str(backup) if backup else None
-            if backup and c.role in OWN_FILES:  # its mode is forced below: uninstall restores it
-                record["mode"] = os.stat(c.path).st_mode & 0o777
-            manifest["files"][str(c.path)] = record
-        record.setdefault("backups", []).append(str(backup) if backup else None)
-        assert c.after is not None
-        write_atomic(c.path, c.after, c.mode, force_mode=c.role in OWN_FILES)
-        verb = "created" if c.before is None else "updated"
-        extra = f"; backup {tilde(backup, paths.home)}" if backup else ""
-        lines.append(f"  {verb:<9}  {label}  ({c.what}{extra})")
-    for c in changes:
-        lines += [f"  note: {tilde(c.path, paths.home)}: {n}" for n in c.notes]
-    manifest["url"] = url
-    manifest["mcp"] = mcp
-    save_manifest(paths, manifest)
-    return lines
-
-
-# -- checks before writing ---------------------------------------------------------------
-def why_unchangeable(path: Path, remove: bool) -> str | None:
-    """Why `path` could not be replaced (or removed), found without changing it; None if it can.
-
-    Replacing and removing both need the folder writable; neither needs the file itself
-    writable, but both fail on an immutable or append-only file (chattr), which opening it
-    for writing (no truncation, nothing written) reveals as EPERM.
-    """
-    target = path if remove else Path(os.path.realpath(path))
-    if target != path and not target.parent.exists():
-        return f"it is a link to {target}, in a folder that does not exist"
-    folder = target.parent  # or, for a file in a folder still to be made, where it will be
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"its folder {folder} is not writable"
-    try:
-        os.close(os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
-    except OSError as exc:
-        if exc.errno in (errno.EPERM, errno.EROFS):
-            return f"{exc.strerror} (read-only, or marked immutable: see lsattr)"
-    return None
-
-
-def blockers(changes: list[Change], paths: Paths, removing: Sequence[Path] = ()) -> list[str]:
-    """Every file install or uninstall would change, or remove (`removing`: uninstall's
-    backups and record), that it cannot, found before it changes any."""
-    targets = [(c.path, c.after is None) for c in changes if c.changed]
-    targets += [(p, True) for p in removing if p.exists()]
-    out = []
-    for path, remove in targets:
-        why = why_unchangeable(path, remove)
-        if why:
-            out.append(f"{tilde(path, paths.home)}: {why}")
-    return out
-
-
-def refuse_blocked(command: str, blocked: list[str]) -> None:
-    """Stop `relay install` or `relay uninstall` before it writes, naming what blocks it."""
-    if blocked:
-        raise RelayError(
-            f"{command} cannot change {'; '.join(blocked)}. Nothing was changed; fix that,"
-            f" then run `relay {command}` again"
-        )
 
 
 # -- verification -----------------------------------------------------------------------------

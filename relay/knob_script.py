@@ -317,7 +317,7 @@ def set_script_knobs(script: Path, settings: dict[str, Any]) -> bool:
     """Write `settings`' values of the script's knobs into an installed hook script, whose
     values beat the config file's (`relay eval replay --apply`): each into the first line
     the script reads it from. False without a script."""
-    from relay.install import write_atomic
+    from relay.install_files import write_atomic
 
     try:
         text = script.read_text(encoding="utf-8")

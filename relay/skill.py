@@ -33,7 +33,8 @@ import click
 from relay.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from relay.install import Change, Paths
+    from relay.install_files import Change
+    from relay.install_paths import Paths
 
 NAME = "relay"
 DESCRIPTION_LIMIT = 1024  # Agent Skills spec; Claude Code's listing allows 1,536
@@ -149,7 +150,7 @@ def _write(
     """Write `data` to `path`: (created, updated or unchanged; the backup of what it
     replaced, or None). What is replaced is backed up unless it is what skill install
     recorded writing there (`recorded`): a newer skill over an older one keeps nothing."""
-    from relay.install import back_up, ensure_dir, read_bytes, write_atomic
+    from relay.install_files import back_up, ensure_dir, read_bytes, write_atomic
 
     before = read_bytes(path)
     if before == data:
@@ -174,7 +175,7 @@ def record(
     made the file); a backup made later (a Relay skill the user edited) is added to its
     `backups`. False, and nothing written, when a record is there that this Relay cannot
     read (another version)."""
-    from relay.install import load_manifest, new_manifest, save_manifest
+    from relay.install_files import load_manifest, new_manifest, save_manifest
 
     manifest = load_manifest(paths)
     if not manifest and paths.manifest.exists():
@@ -206,7 +207,7 @@ def plan_removal(records: dict[str, dict[str, Any]]) -> list[Change]:
     hash differs), kept with a note. A file already gone needs nothing. Other backups (a
     Relay skill the user had edited, replaced by a later install) are kept, with a note:
     they hold the user's words. A record an older Relay wrote names no backups."""
-    from relay.install import Change, read_bytes
+    from relay.install_files import Change, read_bytes
 
     out = []
     for name, rec in records.items():
@@ -241,7 +242,7 @@ def _backup_bytes(name: str | None) -> bytes | None:
     """A recorded backup's bytes; None when there is none, or it is gone or unreadable (an
     uninstall does not stop over a backup: the skill's own file is what it undoes)."""
     from relay.agents import SettingsFileError
-    from relay.install import read_bytes
+    from relay.install_files import read_bytes
 
     if not name:
         return None
@@ -254,7 +255,7 @@ def _backup_bytes(name: str | None) -> bytes | None:
 def plan_unrecorded_removal(paths: Paths) -> list[Change]:
     """No record: the skill's files in their default places, if byte for byte what this
     Relay writes; anything else there stays, with a note."""
-    from relay.install import Change, read_bytes
+    from relay.install_files import Change, read_bytes
 
     out = []
     for path, role, data in (
@@ -295,7 +296,8 @@ def skill() -> None:
 )
 def skill_install(skills_dir: Path | None, project: Path | None, zip_path: Path | None) -> None:
     """Write SKILL.md for Claude Code and a zip ready to upload to Claude.ai."""
-    from relay.install import default_paths, load_manifest, refuse_user_level_project, tilde
+    from relay.install_files import load_manifest
+    from relay.install_paths import default_paths, refuse_user_level_project, tilde
 
     if skills_dir is not None and project is not None:
         # --project's folder is DIR/.claude/skills: with --dir too, the file went to --dir

@@ -24,22 +24,19 @@ import click
 
 from relay import agents
 from relay.errors import RelayError
-from relay.install import (
+from relay.install import dump_json_like
+from relay.install_files import (
     OWN_FILES,
     Change,
-    Paths,
     blockers,
-    default_paths,
-    dump_json_like,
     file_text,
     load_manifest,
     read_bytes,
     refuse_blocked,
-    refuse_user_level_project,
     save_manifest,
-    tilde,
     write_atomic,
 )
+from relay.install_paths import Paths, default_paths, refuse_user_level_project, tilde
 
 
 def _same_json(a: dict[str, Any], b: dict[str, Any]) -> bool:

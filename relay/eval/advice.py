@@ -467,7 +467,7 @@ def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> li
     returns the files written. A symlinked config is written through to its target, which
     keeps its permissions (a new file is its owner's alone)."""
     from relay.agents import SCRIPT_NAME
-    from relay.install import write_atomic
+    from relay.install_files import write_atomic
     from relay.knob_script import set_script_knobs
 
     path = apply_target(environ)
