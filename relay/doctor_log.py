@@ -1,6 +1,7 @@
 """`relay doctor`'s reading of the hook's own outcome log (through `relay.hook_stats`):
 rejected keys, a server away, a deadline too short for this machine, the circuit breaker,
-and the hook's time over the last 24 hours.
+and the hook's time over the last 24 hours; first, whether the hook can write its state
+folder at all (where that log, the sessions and the breaker live).
 
 `LogChecks` is a part of `relay.doctor.Doctor`, kept apart to keep each module readable
 in one sitting; it records its findings with the Doctor's `add`.
@@ -8,6 +9,7 @@ in one sitting; it records its findings with the Doctor's `add`.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from relay.hook import config as hook_config
@@ -35,6 +37,7 @@ class LogChecks:
         from relay import hook_stats
 
         cfg = self.cfg or hook_config.load(self.environ)
+        self._check_state_dir(cfg.state_dir)
         summary = hook_stats.summarise(cfg.state_dir, 86400, cfg=cfg)
         if summary["invocations"] == 0 and not self._relay_entries():
             self.add(
@@ -128,6 +131,90 @@ class LogChecks:
             f"raise {self.deadline_source()} (the default is "
             f"{hook_config.DEFAULTS['deadline_ms']} ms)",
         )
+
+    def _check_state_dir(self, state_dir: str) -> None:
+        """A state folder the hook cannot write (root's after `sudo claude`, a file in its
+        place): the hook still answers prompts, but with no session throttle or ledger (so
+        records repeat), no breaker, and its log in a fallback folder."""
+        from relay.hook.outcome_log import fallback_dir
+
+        shown = self.home(state_dir)
+        effect = (
+            "every prompt is searched without its session's throttle and ledger (records "
+            "repeat), with no circuit breaker, and the hook logs to "
+            f"{fallback_dir(self.environ)} instead"
+        )
+        user = _user_name()
+        where, why = _unwritable(state_dir) or (state_dir, None)
+        if why == "not a folder":
+            there = self.home(where)
+            self.add(
+                "fail",
+                "state",
+                f"the hook's state folder {shown} cannot be made: {there} is not a folder: "
+                + effect,
+                f"move it aside (`mv {there} {there}.bak`); the hook makes a new folder",
+            )
+        elif why is not None:
+            self.add(
+                "fail",
+                "state",
+                f"the hook cannot write its state folder {shown} ({why}): {effect}",
+                f"`sudo chown -R {user} {shown}` (left by an agent run with sudo?)",
+            )
+        else:
+            foreign = _foreign_files(state_dir)
+            if foreign:
+                self.add(
+                    "warn",
+                    "state",
+                    f"{len(foreign)} files in the hook's state folder {shown} belong to "
+                    f"another user (e.g. {self.home(foreign[0])}): the sessions they hold get "
+                    "no throttle or ledger, and a log or breaker file among them is not written",
+                    f"`sudo chown -R {user} {shown}` (left by an agent run with sudo?)",
+                )
+
+
+def _unwritable(state_dir: str) -> tuple[str, str] | None:
+    """(where, why) the hook could not create files in `state_dir` or its `sessions/` (for
+    one missing, in the nearest folder there, where it would create it); None when it could."""
+    for path in (state_dir, os.path.join(state_dir, "sessions")):
+        while not os.path.lexists(path):
+            path = os.path.dirname(path)
+        if not os.path.isdir(path):
+            return path, "not a folder"
+        probe = os.path.join(path, f".relay-doctor-{os.getpid()}")
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.unlink(probe)
+        except OSError as exc:
+            return path, exc.strerror or type(exc).__name__
+    return None
+
+
+def _foreign_files(state_dir: str) -> list[str]:
+    """Files of the state folder (and its sessions) another user owns, at most 1000 looked at."""
+    uid, found = os.getuid(), []
+    for folder in (state_dir, os.path.join(state_dir, "sessions")):
+        try:
+            with os.scandir(folder) as entries:
+                for n, entry in enumerate(entries):
+                    if n >= 1000:
+                        break
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        found.append(entry.path)
+        except OSError:
+            continue
+    return found
+
+
+def _user_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def _searches(n: int) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from relay.hook import config as hook_config
-from relay.hook.outcome_log import LOG_NAME
+from relay.hook.outcome_log import LOG_NAME, fallback_dir
 
 OUTCOMES = (
     "hit",
@@ -72,8 +72,24 @@ def _ts(entry: dict) -> float | None:
 
 
 def read_entries(state_dir: str, since: float | None = None) -> Iterator[dict]:
-    """Log entries, oldest first across rotated files, at or after `since` (epoch seconds)."""
-    path = os.path.join(state_dir, LOG_NAME)
+    """Log entries, oldest first across rotated files, at or after `since` (epoch seconds):
+    those in `state_dir`, and those a hook that could not write `state_dir` logged in its
+    fallback folder (`outcome_log.fallback_dir`), merged by time."""
+    import heapq
+
+    own = _read_log(os.path.join(state_dir, LOG_NAME), since)
+    mine = os.path.abspath(os.path.expanduser(state_dir))
+    elsewhere = (
+        entry
+        for entry in _read_log(os.path.join(fallback_dir(os.environ), LOG_NAME), since)
+        if isinstance(entry.get("state_dir"), str) and os.path.abspath(entry["state_dir"]) == mine
+    )
+    # ISO 8601 UTC stamps of one format sort as text.
+    yield from heapq.merge(own, elsewhere, key=lambda entry: str(entry.get("ts", "")))
+
+
+def _read_log(path: str, since: float | None) -> Iterator[dict]:
+    """One log's entries, oldest first across its rotated files, at or after `since`."""
     rotated = []
     n = 1
     while os.path.exists(f"{path}.{n}"):
@@ -194,7 +210,10 @@ def summarise(
     reasons: dict[str, int] = {}
     totals, hit_totals = [], []
     records = tokens = dupes = 0
+    state_errors: dict[str, int] = {}
     for entry in entries:
+        if isinstance(entry.get("state_error"), str):
+            state_errors[entry["state_error"]] = state_errors.get(entry["state_error"], 0) + 1
         outcome = entry.get("outcome")
         if outcome in counts:
             counts[outcome] += 1
@@ -239,6 +258,8 @@ def summarise(
             "tokens_per_hit": round(tokens / counts["hit"], 1) if counts["hit"] else 0.0,
         },
         "duplicates_avoided": dupes,
+        # Runs that could not write the state folder, by why: no throttle and no ledger.
+        "state_errors": state_errors,
         "unauthorized_streak": _streak(entries, ("unauthorized",), cfg.url),
         "unavailable_streak": _streak(entries, ("timeout", "unavailable"), cfg.url),
         "breaker": breaker_state(state_dir, cfg),
@@ -268,6 +289,14 @@ def problems(summary: dict) -> list[str]:
     breaker = summary["breaker"]
     if breaker["state"] != "closed":
         out.append(f"the hook's circuit breaker for {breaker['url']} is {breaker['state']}")
+    failed = summary["state_errors"]
+    if failed:
+        why = ", ".join(f"{reason} {n}" for reason, n in sorted(failed.items()))
+        out.append(
+            f"{sum(failed.values())} runs could not write the hook's state folder "
+            f"{summary['state_dir']} ({why}): each prompt is searched without its session's "
+            "throttle and ledger, so records repeat; `relay doctor` says how to fix it"
+        )
     return out
 
 

@@ -4,6 +4,7 @@ database is down and a missing hook."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -331,6 +332,64 @@ def test_a_breaker_left_by_another_url_is_not_reported(tmp_path, server):
     assert breaker["url"] == elsewhere and breaker["opened_at"]
     done = doctor(tmp_path)
     assert "circuit breaker" not in done.stdout, done.stdout
+
+
+def test_a_state_folder_the_hook_cannot_write_fails_and_its_prompts_are_counted(tmp_path, server):
+    """QA: with ~/.relay/state unusable (`mv ~/.relay/state ~/.relay/state.bak; echo x >
+    ~/.relay/state`, as root-owned after `sudo claude`), recall went quiet for every
+    session, doctor said "wired up, 0 warnings" and relay stats counted 0 prompts."""
+    installed(tmp_path, server.url, server.admin_key)
+    state = tmp_path / ".relay/state"
+    if state.exists():
+        state.rename(tmp_path / ".relay/state.bak")
+    state.write_text("x\n")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    command = registered_command(tmp_path / ".claude/settings.json", "UserPromptSubmit")
+    payload = {
+        "session_id": "sudo-left",
+        "prompt_id": "p",
+        "hook_event_name": "UserPromptSubmit",
+        "prompt": "how do we deploy the billing service to staging?",
+    }
+    # The hook of this checkout (a worktree's tests set PYTHONPATH), with its temporary folder.
+    env = {"TMPDIR": str(temp), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    run = run_registered(command, tmp_path, payload, extra_env=env)
+    assert run.returncode == 0, run
+    done = doctor(tmp_path, TMPDIR=str(temp))
+    assert done.returncode == 1, done.stdout
+    (finding,) = [f for f in findings(tmp_path, TMPDIR=str(temp)) if f["area"] == "state"]
+    assert finding["level"] == "fail"
+    assert finding["message"].startswith(
+        "the hook's state folder ~/.relay/state cannot be made: ~/.relay/state is not a folder:"
+    ), finding
+    assert finding["fix"] == "move it aside (`mv ~/.relay/state ~/.relay/state.bak`); " + (
+        "the hook makes a new folder"
+    )
+    assert "last 24 h: 1 runs, 0 hits, 1 no match" in done.stdout  # it searched
+    stats = json.loads(relay(tmp_path, "stats", "--json", TMPDIR=str(temp)).stdout)
+    assert stats["invocations"] == 1 and stats["outcomes"]["no_match"] == 1
+    assert stats["state_errors"] == {"Not a directory": 1}
+    assert any("could not write the hook's state folder" in p for p in stats["problems"])
+    state.unlink()
+    assert not [f for f in findings(tmp_path, TMPDIR=str(temp)) if f["area"] == "state"]
+
+
+def test_state_files_another_user_owns_are_named(tmp_path, server):
+    """Files `sudo claude` left in a state folder this user can still write: the sessions
+    they hold get no state, and a log or breaker among them is not written."""
+    installed(tmp_path, server.url, server.admin_key)
+    sessions = tmp_path / ".relay/state/sessions"
+    sessions.mkdir(parents=True, exist_ok=True)
+    (sessions / "root-made.lock").write_text("")
+    os.chown(sessions / "root-made.lock", 65534, 65534)
+    (finding,) = [f for f in findings(tmp_path) if f["area"] == "state"]
+    assert finding["level"] == "warn"
+    assert finding["message"].startswith(
+        "1 files in the hook's state folder ~/.relay/state belong to another user (e.g. "
+        "~/.relay/state/sessions/root-made.lock)"
+    ), finding
+    assert finding["fix"].startswith("`sudo chown -R ")
 
 
 def test_a_deadline_this_machine_cannot_search_in_fails(tmp_path, server):

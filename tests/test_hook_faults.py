@@ -335,11 +335,59 @@ def test_sigint_mid_request_still_exits_zero_silently(tmp_path):
     assert out == b""
 
 
-def test_unusable_state_dir_still_exits_zero_silently(tmp_path):
+def test_a_state_folder_that_cannot_be_written_still_answers_and_logs_why(tmp_path):
+    """QA: with ~/.relay/state unusable (a file in its place; root's after `sudo claude`),
+    every prompt with a session id printed nothing and logged nothing, while the same
+    prompt without one worked. It is answered as without a session id, and logged in the
+    fallback folder, naming the state folder and why."""
     (tmp_path / "state").write_text("a file where the state directory should be")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url, TMPDIR=str(temp))
+        assert "mem_a" in assert_hit_contract(hook.prompt(PROMPT))
+        start = hook.session_start("startup")
+        assert "mem_a" in assert_hit_contract(start, "SessionStart")
+    (folder,) = temp.iterdir()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    logged = [json.loads(line) for line in (folder / "outcomes.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["outcome"]) for e in logged] == [
+        ("prompt", "hit"),
+        ("session_start", "hit"),
+    ]
+    for entry in logged:
+        assert entry["session"] == "sess-1"
+        assert entry["state_error"] == "Not a directory"
+        assert entry["state_dir"] == str(tmp_path / "state")
+    assert (tmp_path / "state").read_text() == "a file where the state directory should be"
+
+
+def test_a_session_whose_lock_cannot_be_opened_is_answered_without_its_state(tmp_path):
+    """A session's lock file the hook cannot open (another user's, after `sudo claude`; here
+    a folder in its place, which root cannot open for writing either) is not a busy session:
+    the prompt is answered without the session's state, and the log says why."""
     with FakeRelay(reply(200, results(record("mem_a")))) as server:
         hook = Hook(tmp_path, server.url)
-        assert_silent(hook.prompt(PROMPT))
+        (tmp_path / "state" / "sessions" / "sess-1.lock").mkdir(parents=True)
+        assert "mem_a" in assert_hit_contract(hook.prompt(PROMPT))
+    entry = hook.last()
+    assert entry["outcome"] == "hit" and entry["state_error"] == "Is a directory"
+
+
+def test_a_fallback_folder_someone_else_made_gets_no_log(tmp_path):
+    """The fallback folder is in a shared temporary directory: one open to others (made in
+    advance by another user) is not written, and the prompt is answered all the same."""
+    (tmp_path / "state").write_text("not a folder")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with FakeRelay(reply(200, results(record("mem_a")))) as server:
+        hook = Hook(tmp_path, server.url, TMPDIR=str(temp))
+        hook.prompt("a first prompt to learn where the fallback folder is")
+        (folder,) = temp.iterdir()
+        (folder / "outcomes.jsonl").unlink()
+        folder.chmod(0o777)
+        assert "mem_a" in assert_hit_contract(hook.prompt(PROMPT))
+    assert list(folder.iterdir()) == []
 
 
 def test_kill_switch_and_missing_configuration_are_silent(tmp_path):

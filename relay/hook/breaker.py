@@ -60,7 +60,9 @@ def admit(state_dir: str, url: str, cooldown_s: float, until: float) -> tuple[bo
         return False, False
     with Lock(lock_path, until) as lock:
         if not lock.held:
-            return False, False
+            # A state folder this user cannot write keeps no breaker (no probe could be
+            # claimed, nor the breaker closed): search, rather than skip every prompt for good.
+            return lock.error is not None, False
         state = _read(path, url)
         if state["opened_at"] is None:
             return True, False

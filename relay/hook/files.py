@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import time
 
 from relay.hook import codec
@@ -21,8 +23,22 @@ def private_dir(path: str) -> str:
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
-            if not os.path.isdir(path):
-                raise
+            if not os.path.isdir(path):  # a file in its place: say so, not "File exists"
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+    return path
+
+
+def own_dir(path: str) -> str:
+    """`path` as a folder of this user's alone, created if missing; OSError when it is
+    anything else (another user's, open to others, a symlink): in a shared temporary
+    directory, a folder made in advance by someone else must not receive this user's log."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a private folder of this user's")
     return path
 
 
@@ -72,7 +88,9 @@ def write_atomic(path: str, data: bytes) -> None:
 class Lock:
     """An exclusive flock on `path`, waited for no later than `until` (time.monotonic()).
 
-    `held` tells whether it was taken; callers decide what to do without it. The
+    `held` tells whether it was taken; callers decide what to do without it. `error` is the
+    OSError that kept the lock file from being opened (a state folder this user cannot
+    write), None when it was only busy: unwritable state is not contention. The
     wait polls a non-blocking flock because a blocking one cannot be bounded. A lock
     file may be removed (only by a process holding it: the session sweep), so a lock
     taken on a file no longer at `path` is dropped and the one there now is taken:
@@ -84,13 +102,15 @@ class Lock:
         self.until = until
         self.fd = -1
         self.held = False
+        self.error: OSError | None = None
 
     def __enter__(self) -> Lock:
         delay = 0.0005
         while True:
             try:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            except OSError:
+            except OSError as exc:
+                self.error = exc
                 return self
             while True:
                 try:

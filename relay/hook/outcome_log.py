@@ -34,6 +34,13 @@ def timestamp(now: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{millis:03d}Z"
 
 
+def fallback_dir(environ) -> str:
+    """Where a hook that cannot write its state folder logs instead (each line naming the
+    folder it was given), so `relay stats` and `relay doctor` still see its runs: a private
+    folder of this user's in the temporary directory."""
+    return os.path.join(environ.get("TMPDIR") or "/tmp", f"relay-hook-{os.getuid()}")
+
+
 def append(state_dir: str, entry: dict, max_bytes: int, keep: int) -> None:
     path = os.path.join(state_dir, LOG_NAME)
     line = (codec.dumps(entry) + "\n").encode()

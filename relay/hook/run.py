@@ -15,7 +15,7 @@ import time
 
 from relay.hook import breaker, codec, config, gate, state
 from relay.hook.client import HookFailure, parse_url, request
-from relay.hook.outcome_log import append, sha256_hex, timestamp
+from relay.hook.outcome_log import append, fallback_dir, sha256_hex, timestamp
 from relay.hook.pack import (
     PROFILE_INTRO,
     PROMPT_INTRO,
@@ -154,12 +154,25 @@ class Invocation:
         if reason:
             self.log["reason"] = reason
 
+    def state_failed(self, exc: OSError) -> None:
+        """The session's state could not be kept (the run goes on without it): say why."""
+        self.log["state_error"] = exc.strerror or type(exc).__name__
+
     def write_log(self) -> None:
         self.ms["total"] = _ms(time.monotonic() - self.start)
         entry = {"ts": timestamp(), **self.log, "ms": self.ms}
-        from relay.hook.files import private_dir
+        from relay.hook.files import own_dir, private_dir
 
-        append(private_dir(self.cfg.state_dir), entry, self.cfg.log_max_bytes, self.cfg.log_keep)
+        cfg = self.cfg
+        try:
+            append(private_dir(cfg.state_dir), entry, cfg.log_max_bytes, cfg.log_keep)
+            return
+        except OSError as exc:
+            entry.setdefault("state_error", exc.strerror or type(exc).__name__)
+        # The state folder cannot be written: log where `relay stats` and `relay doctor` look
+        # next, naming the folder, rather than nowhere.
+        entry["state_dir"] = cfg.state_dir
+        append(own_dir(fallback_dir(self.environ)), entry, cfg.log_max_bytes, cfg.log_keep)
 
 
 def run(argv: list[str], t_main: float, environ=None) -> None:
@@ -447,9 +460,10 @@ def _inject(inv, session_id, records, max_records, max_tokens, intros, event_nam
 
 
 def _session(inv: Invocation, session_id: str | None):
-    """The session's locked state; an unsaved scratch state when the agent sent no session id."""
+    """The session's locked state; an unsaved scratch state when the agent sent no session id
+    (and, through state.Session, when the state folder cannot be written)."""
     if session_id:
-        return state.Session(inv.cfg.state_dir, session_id, inv.until)
+        return state.Session(inv.cfg.state_dir, session_id, inv.until, inv.state_failed)
     return _Scratch()
 
 

@@ -58,11 +58,21 @@ def session_file_stem(state_dir: str, session_id: str) -> str:
 
 
 class Session:
-    """`with Session(...) as s:` holds the lock; `s.data` is the state, `s.save()` stores it."""
+    """`with Session(...) as s:` holds the lock; `s.data` is the state, `s.save()` stores it.
 
-    def __init__(self, state_dir: str, session_id: str, until: float) -> None:
+    A state folder this user cannot write (`~/.relay/state` left root-owned by `sudo claude`,
+    or a file in its place) is not a busy session: the prompt is handled on a scratch state,
+    as without a session id, and `error` says why (the run logs it), rather than recall
+    going quiet for every session with nothing said."""
+
+    def __init__(self, state_dir: str, session_id: str, until: float, on_error=None) -> None:
         self.session_id = session_id
-        private_dir(os.path.join(state_dir, "sessions"))
+        self.error: OSError | None = None
+        self.on_error = on_error  # called with the OSError when the state cannot be kept
+        try:
+            private_dir(os.path.join(state_dir, "sessions"))
+        except OSError as exc:
+            self.error = exc
         stem = session_file_stem(state_dir, session_id)
         self.path = stem + ".json"
         self.lock = Lock(stem + ".lock", until)
@@ -70,11 +80,18 @@ class Session:
 
     @property
     def held(self) -> bool:
-        return self.lock.held
+        return self.lock.held or self.error is not None
 
     def __enter__(self) -> Session:
-        self.lock.__enter__()
-        self.data = _load(self.path, self.session_id) if self.lock.held else {}
+        if self.error is None:
+            self.lock.__enter__()
+            self.error = self.lock.error
+        if self.error is not None:
+            self.data = fresh(self.session_id)
+            if self.on_error is not None:
+                self.on_error(self.error)
+        else:
+            self.data = _load(self.path, self.session_id) if self.lock.held else {}
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -93,7 +110,12 @@ class Session:
             held -= 1 if type(entry) is int else max(1, len(entry[1]))
         self.data["keywords"] = self.data["keywords"][:KEYWORDS_MAX]
         self.data["updated"] = int(time.time())
-        write_atomic(self.path, codec.dumps(self.data).encode())
+        try:
+            write_atomic(self.path, codec.dumps(self.data).encode())
+        except OSError as exc:  # a full disk, say: this prompt is answered all the same
+            self.error = exc
+            if self.on_error is not None:
+                self.on_error(exc)
 
 
 def _load(path: str, session_id: str) -> dict:
