@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 from hook_support import (
+    HOOK,
     FakeRelay,
     Hook,
     assert_hit_contract,
@@ -107,6 +109,37 @@ def test_first_substantive_prompt_always_searches(tmp_path):
         assert_silent(hook.prompt("where is the staging database configured?"))
         assert hook.last()["outcome"] == "no_match"
         assert len(server.requests) == 1
+
+
+def test_an_answer_the_server_ran_out_of_time_for_is_a_timeout_and_leaves_the_topic_open(
+    tmp_path,
+):
+    """QA: the server's answer to a search it had no time for (`stages: [], degraded: true,
+    results: []`, what it sends for deadline_ms 1-5 or under load) was logged as a healthy
+    no_match and its keywords kept, so a rephrasing of the topic was `same_topic` for the
+    rest of the session. A lexical-only degraded answer with results is a hit as before."""
+    starved = {"results": [], "stages": [], "degraded": True, "cached": False, "took_ms": 0.2}
+    lexical_only = {**results(record("mem_deploy")), "stages": ["lexical"], "degraded": True}
+    answers = [starved, lexical_only]
+    with FakeRelay(lambda conn, request: reply(200, answers.pop(0))(conn, request)) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0")
+        assert_silent(hook.prompt("how do we deploy the billing service to staging?"))
+        entry = hook.last()
+        assert (entry["outcome"], entry["reason"]) == ("timeout", "server_out_of_time")
+        assert hook.session_state()["keywords"] == []
+        run = hook.prompt("how do we deploy the billing service to staging, step by step?")
+        assert "mem_deploy" in assert_hit_contract(run)
+        assert len(server.requests) == 2
+    stats = json.loads(
+        subprocess.run(
+            [str(HOOK.parent / "relay"), "stats", "--json", "--state-dir", str(hook.state_dir)],
+            capture_output=True,
+            env=hook.env,
+            check=True,
+        ).stdout
+    )
+    assert stats["searched"]["timeout"] == 1 and stats["searched"]["no_match"] == 0
+    assert stats["skip_reasons"]["timeout:server_out_of_time"] == 1
 
 
 def test_search_request_carries_query_k_deadline_and_key(tmp_path):

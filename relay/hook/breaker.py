@@ -3,9 +3,10 @@
 Closed: requests go through. After `breaker_failures` consecutive
 timeout/unavailable outcomes it opens: prompts skip retrieval (outcome
 `circuit_open`) for `breaker_cooldown_s`. Then exactly one process claims the
-probe under the lock; its success (any HTTP answer) closes the breaker, its
-failure re-opens it for another cool-down. A probe whose process died is
-considered lost after PROBE_LOST_S and the next prompt probes instead.
+probe under the lock; its success (any HTTP answer but the server's saying it ran out of
+time, a `timeout`) closes the breaker, its failure re-opens it for another cool-down. A
+probe whose process died is considered lost after PROBE_LOST_S and the next prompt probes
+instead.
 The healthy path costs one failed open(): the file exists only while failing.
 """
 

@@ -112,6 +112,14 @@ def validate(payload: object) -> list[dict]:
     return records
 
 
+def starved(payload: dict, records: list[dict]) -> bool:
+    """Whether a validated answer is the server running out of time before any stage could
+    search (`degraded`, no `stages`, nothing found: what it answers a deadline of a few ms,
+    or under load). It says nothing about the prompt's topic, so it is a timeout, not a
+    `no_match`; a degraded answer a stage ran for (lexical only) is an answer."""
+    return not records and payload.get("degraded") is True and payload.get("stages") == []
+
+
 def label_attribute(value: str, limit: int = 200) -> str:
     """A value fit for a label's quoted attribute: printable, no quote or angle bracket."""
     cleaned = "".join(ch for ch in value[:limit] if ch.isprintable() and ch not in '"<>')

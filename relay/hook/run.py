@@ -22,6 +22,7 @@ from relay.hook.pack import (
     PROMPT_REMINDER,
     ledger_add,
     pack,
+    starved,
     tokens,
     validate,
 )
@@ -404,6 +405,10 @@ def _fetch(
         if took is not None:
             inv.log["server_ms"] = took
         inv.ms["parse"] = _ms(time.monotonic() - t)
+        if starved(payload, records):  # type: ignore[arg-type]
+            # Not "nothing on this topic": the topic stays unsearched, and a run of these
+            # counts towards the breaker and the streaks of relay stats and relay doctor.
+            raise HookFailure("timeout", "server_out_of_time")
         return records
     except HookFailure as failure:
         outcome = failure.outcome
