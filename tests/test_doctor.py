@@ -449,6 +449,22 @@ def test_doctor_says_which_knobs_the_hook_ignores(tmp_path, server):
     ]
 
 
+def test_a_token_budget_claude_code_would_cut_is_named_with_why(tmp_path, server):
+    """QA: profile_max_tokens=8000 was accepted, and a SessionStart context of 23,986
+    characters went to Claude Code, which keeps 10,000 and shows the model a preview."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "profile_max_tokens": 8000}))
+    (finding,) = [f for f in findings(tmp_path) if "profile_max_tokens" in f["message"]]
+    assert finding["level"] == "warn"
+    assert finding["message"] == (
+        f"the hook ignores profile_max_tokens 8000 in {config} (outside 152..3000:"
+        " Claude Code cuts hook output over 10,000 characters to a 2,000-character preview,"
+        " so the hook never prints more than 9,500, about 3000 tokens) and uses the value"
+        " below it (docs/hook.md)"
+    ), finding
+
+
 def test_knob_lines_the_script_cannot_use_are_named(tmp_path, server):
     """A knob line is data to the script now: a name it does not know sets nothing, and a
     comment after a value is part of the value, which the hook then ignores."""

@@ -6,6 +6,7 @@ import json
 import subprocess
 import time
 
+import pytest
 from hook_support import (
     HOOK,
     FakeRelay,
@@ -325,6 +326,48 @@ def test_a_pinned_memory_shown_cut_at_session_start_leaves_its_passages_to_later
         assert 'id="mem_runbook" revision="4" part="10 of 10"' in context and tail in context
         assert hook.last()["outcome"] == "hit" and hook.last()["duplicates"] == 0
         assert hook.session_state()["ledger"] == {"mem_short": 1, "mem_runbook": [4, [9]]}
+
+
+@pytest.mark.parametrize("budget", ["8000", "3000"])
+def test_what_the_hook_prints_stays_under_what_claude_code_keeps_whole(tmp_path, budget):
+    """QA: profile_max_tokens=8000 and long pinned memories made a SessionStart context of
+    23,986 characters; Claude Code keeps 10,000 characters of hook output and shows the
+    model a 2,000-character preview of more. A budget over 3000 is out of range (ignored, as
+    any bad value); within it, text that JSON writes long (beyond ASCII, quotes) is cut."""
+    long = "Sécurité: déploiement « vérifié » avant la mise en production. " * 60
+    pinned = results(*(record(f"mem_{n}", 1, f'"{n}" {long}', passage=0) for n in range(5)))
+    search = results(*(record(f"mem_{n}", 1, long, passage=1, passages=2) for n in range(5)))
+
+    def handler(conn, request):
+        reply(200, pinned if request.path == "/v1/profile" else search)(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(
+            tmp_path,
+            server.url,
+            RELAY_PROFILE_MAX_TOKENS=budget,
+            RELAY_MAX_TOKENS=budget,
+            RELAY_MAX_RECORDS="5",
+        )
+        start = hook.session_start("startup")
+        assert "[truncated]" in assert_hit_contract(start, "SessionStart")
+        prompt = hook.prompt("how do we verify a deploy before production?")
+        assert "[truncated]" in assert_hit_contract(prompt)
+    for run in (start, prompt):
+        assert len(run.out) <= 9_500, len(run.out)
+        assert run.out.isascii()  # so its characters are its bytes
+
+
+@pytest.mark.parametrize("length", [9_000, 40_000])
+def test_a_single_long_ascii_record_is_cut_to_the_output_cap(tmp_path, length):
+    """Plain text with many newlines and quotes, each two characters in JSON."""
+    text = ('He said "run it"\n' * (length // 17))[:length]
+    with FakeRelay(reply(200, results(record("mem_a", 1, text)))) as server:
+        hook = Hook(tmp_path, server.url, RELAY_MAX_TOKENS="3000")
+        run = hook.prompt("what did he say about running it?")
+        assert "[truncated]" in assert_hit_contract(run)
+    assert len(run.out) <= 9_500
+    assert hook.last()["records"] == 1
 
 
 def test_event_name_on_stdin_selects_session_start(tmp_path):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from relay.hook import codec, config, gate, outcome_log, state
 from relay.hook.client import HookFailure, parse_url
 from relay.hook.pack import (
+    MAX_BUDGET_TOKENS,
     PROFILE_INTRO,
     PROMPT_INTRO,
     PROMPT_REMINDER,
@@ -353,7 +354,28 @@ def test_the_least_token_budget_is_one_that_can_inject_and_the_docs_say_so(knob)
     assert config.load({**env, variable: str(floor)})[knob] == floor
     docs = (Path(__file__).parent.parent / "docs/hook.md").read_text()
     (row,) = [line for line in docs.splitlines() if line.startswith(f"| `{knob}`")]
-    assert f"{floor}..8000" in row
+    assert f"{floor}..{MAX_BUDGET_TOKENS}" in row
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.builds(
+            rec,
+            rid=st.sampled_from(["a", "b", "c", "d"]),
+            rev=st.integers(1, 2),
+            text=st.text(min_size=0, max_size=6000),
+        ),
+        max_size=5,
+    ),
+    st.integers(200, 9000),
+)
+def test_pack_never_writes_more_than_max_chars_as_json(records, max_chars):
+    """Characters beyond ASCII take six or twelve in the hook's JSON, quotes and newlines
+    two: the context as written stays within `max_chars` whatever the token budget."""
+    context, _, _ = pack(records, {}, 5, MAX_BUDGET_TOKENS, PROMPT_INTRO, max_chars=max_chars)
+    if context is not None:
+        assert len(codec.dumps(context)) - 2 <= max_chars
 
 
 def test_settings_table_has_help_and_env_names_for_every_knob():

@@ -45,7 +45,15 @@ from relay.errors import ForbiddenError, InvalidRequestError, NotFoundError, Una
 from relay.hook import codec, gate, state
 from relay.hook import config as hook_config
 from relay.hook.client import HookFailure
-from relay.hook.pack import MIN_BUDGET_TOKENS, PROMPT_INTRO, pack, tokens, validate
+from relay.hook.pack import (
+    MAX_BUDGET_TOKENS,
+    MIN_BUDGET_TOKENS,
+    PROMPT_INTRO,
+    context_room,
+    pack,
+    tokens,
+    validate,
+)
 from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
 from relay.models import ApiKey, Principal, iso
@@ -138,7 +146,9 @@ class Preview(_Body):
     prompt: str = Field(max_length=100_000)
     key_id: str | None = Field(None, max_length=64)
     max_records: int = Field(int(hook_config.DEFAULTS["max_records"]), ge=1, le=20)  # type: ignore[call-overload]
-    max_tokens: int = Field(int(hook_config.DEFAULTS["max_tokens"]), ge=MIN_BUDGET_TOKENS, le=8000)  # type: ignore[call-overload]
+    max_tokens: int = Field(  # type: ignore[call-overload]
+        int(hook_config.DEFAULTS["max_tokens"]), ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS
+    )
     min_score: float = Field(float(hook_config.DEFAULTS.get("min_score", 0.0)), ge=0.0, le=1.0)  # type: ignore[arg-type]
     deadline_ms: int = Field(HOOK_SERVER_MS, ge=20, le=10_000)
 
@@ -236,6 +246,7 @@ def build_routers(
                 "max_records": hook_config.DEFAULTS["max_records"],
                 "max_tokens": hook_config.DEFAULTS["max_tokens"],
                 "max_tokens_min": MIN_BUDGET_TOKENS,
+                "max_tokens_max": MAX_BUDGET_TOKENS,
                 "min_score": hook_config.DEFAULTS.get("min_score", 0.0),
                 "deadline_ms": HOOK_SERVER_MS,
             },
@@ -412,7 +423,10 @@ def build_routers(
             return {**out, "outcome": failure.outcome, "reason": failure.detail, "server": payload}
         if body.min_score:  # as relay.hook.run._prompt, before packing
             records = [r for r in records if (r.get("score") or 0.0) >= body.min_score]
-        context, injected, _ = pack(records, {}, body.max_records, body.max_tokens, PROMPT_INTRO)
+        room = context_room("UserPromptSubmit")  # the hook's stdout cap
+        context, injected, _ = pack(
+            records, {}, body.max_records, body.max_tokens, PROMPT_INTRO, max_chars=room
+        )
         out["server"] = payload
         if context is None:
             return {**out, "outcome": "no_match", "context": None, "tokens": 0, "injected": []}

@@ -70,6 +70,16 @@ def dumps(value: object) -> str:
     return "".join(parts)
 
 
+def escaped_len(text: str) -> int:
+    """How many characters `text` takes in what `dumps` writes (its quotes left out): each
+    newline or quote takes two, each character beyond ASCII six or twelve."""
+    if _json is None:  # pragma: no cover
+        import json
+
+        return len(json.dumps(text)) - 2
+    return len(_json.encode_basestring_ascii(text)) - 2
+
+
 def _write(value: object, out: list[str]) -> None:
     if isinstance(value, str):
         out.append(_json.encode_basestring_ascii(value))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from relay.hook import codec
-from relay.hook.pack import MIN_BUDGET_TOKENS
+from relay.hook.pack import MAX_BUDGET_TOKENS, MIN_BUDGET_TOKENS, OUTPUT_MAX_CHARS
 
 TYPE_CHECKING = False  # `import typing` would cost the hook a few milliseconds
 if TYPE_CHECKING:
@@ -62,6 +62,22 @@ def _float(low: float, high: float):
         return value
 
     return parse
+
+
+def _budget(raw: object) -> int:
+    """A token budget: MIN_BUDGET_TOKENS..MAX_BUDGET_TOKENS, and why when it is not."""
+    value = _int(0, 1 << 62)(raw)
+    if value < MIN_BUDGET_TOKENS:
+        raise ValueError(
+            f"outside {MIN_BUDGET_TOKENS}..{MAX_BUDGET_TOKENS}: less could never carry a record"
+        )
+    if value > MAX_BUDGET_TOKENS:
+        raise ValueError(
+            f"outside {MIN_BUDGET_TOKENS}..{MAX_BUDGET_TOKENS}: Claude Code cuts hook output"
+            " over 10,000 characters to a 2,000-character preview, so the hook never prints"
+            f" more than {OUTPUT_MAX_CHARS:,}, about {MAX_BUDGET_TOKENS} tokens"
+        )
+    return value
 
 
 def _text(raw: object) -> str:
@@ -121,18 +137,19 @@ SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
     (
         "max_tokens",
         600,
-        _int(MIN_BUDGET_TOKENS, 8000),
-        "Most tokens injected per prompt, labels included; less than"
-        f" {MIN_BUDGET_TOKENS} could never carry a record.",
+        _budget,
+        f"Most tokens injected per prompt, labels included, {MIN_BUDGET_TOKENS}.."
+        f"{MAX_BUDGET_TOKENS}: less could never carry a record, and the hook's output stays"
+        f" under {OUTPUT_MAX_CHARS:,} characters (Claude Code cuts longer output to a preview).",
     ),
     ("profile", True, _bool, "SessionStart injects the team profile (pinned memories)."),
     ("profile_max_records", 5, _int(1, 20), "Most pinned records injected at SessionStart."),
     (
         "profile_max_tokens",
         800,
-        _int(MIN_BUDGET_TOKENS, 8000),
-        "Most tokens injected at SessionStart; less than"
-        f" {MIN_BUDGET_TOKENS} could never carry a record.",
+        _budget,
+        f"Most tokens injected at SessionStart, {MIN_BUDGET_TOKENS}..{MAX_BUDGET_TOKENS} like"
+        " max_tokens.",
     ),
     (
         "breaker_failures",

@@ -8,6 +8,7 @@ provenance included. English prose runs about 4 bytes per token and code about
 from __future__ import annotations
 
 from relay.hook.client import HookFailure
+from relay.hook.codec import dumps, escaped_len
 
 MAX_RESULTS = 100
 MAX_TEXT_CHARS = 100_000
@@ -44,6 +45,21 @@ def tokens(text: str) -> int:
 # The least budget that can carry a record: the longer preamble and its newline, then the
 # room a record is cut down to at the least, and its newline. Less injects nothing, ever.
 MIN_BUDGET_TOKENS = max(tokens(PROMPT_INTRO), tokens(PROFILE_INTRO)) + 1 + MIN_TRUNCATED_TOKENS + 1
+# Claude Code keeps at most 10,000 characters of a hook's output in the conversation; past
+# that it saves the output to a file and shows the model a 2,000-character preview and the
+# path (anthropics/claude-code#94358): a long context loses all but its first records. So the
+# hook's whole stdout stays under this many characters, whatever the token budgets say.
+OUTPUT_MAX_CHARS = 9_500
+# The most a budget may be: at 3 bytes a token, this many tokens of plain ASCII context, in
+# its JSON envelope, still fit OUTPUT_MAX_CHARS. A larger budget could never be spent.
+MAX_BUDGET_TOKENS = 3_000
+
+
+def context_room(event_name: str) -> int:
+    """How many characters of JSON the context may take in the hook's stdout for
+    `event_name`: what OUTPUT_MAX_CHARS leaves beside the envelope."""
+    envelope = {"hookSpecificOutput": {"hookEventName": event_name, "additionalContext": ""}}
+    return OUTPUT_MAX_CHARS - len(dumps(envelope))
 
 
 def _bad(what: str) -> HookFailure:
@@ -176,27 +192,50 @@ def _render(record: dict, body: str) -> str:
     return f"<{_TAG} {attrs}>\n{body}\n</{_TAG}>"
 
 
-def _truncate(record: dict, room_tokens: int) -> str | None:
-    """The record fitted into room_tokens, its passage cut and marked; None when too tight."""
+def _truncate(record: dict, room_tokens: int, room_chars: float) -> str | None:
+    """The record fitted into room_tokens and, written as JSON, room_chars; its passage cut
+    and marked; None when too tight."""
     frame = _render(record, " [truncated]")
     budget_bytes = (room_tokens - tokens(frame)) * 3
-    if room_tokens < MIN_TRUNCATED_TOKENS or budget_bytes <= 0:
+    budget_chars = room_chars - escaped_len(frame)
+    if room_tokens < MIN_TRUNCATED_TOKENS or room_chars < MIN_TRUNCATED_TOKENS * 3:
+        return None
+    if budget_bytes <= 0 or budget_chars <= 0:
         return None
     raw = _body(record).encode("utf-8")[:budget_bytes]
-    cut = raw.decode("utf-8", "ignore").rstrip()
+    cut = _within(raw.decode("utf-8", "ignore"), budget_chars).rstrip()
     block = _render(record, cut + " [truncated]")
-    return block if tokens(block) <= room_tokens and cut else None
+    fits = tokens(block) <= room_tokens and escaped_len(block) <= room_chars
+    return block if fits and cut else None
 
 
-def _cut_for_good(record: dict, max_tokens: int, intro: str) -> bool:
-    """Whether `record`, shown cut, could never be shown whole within `max_tokens` after
-    `intro` (the shortest a context of this budget opens with): a passage that long is cut
-    the same way every time, so a later hit would show nothing new. Only a passage: a
-    record without a passage number may be a whole memory (the profile's), whose passages
-    can come in whole with later prompts."""
+def _within(text: str, chars: float) -> str:
+    """The longest start of `text` that takes at most `chars` characters written as JSON."""
+    if escaped_len(text) <= chars:
+        return text
+    low, high = 0, min(len(text), int(chars))  # a character takes at least one
+    while low < high:
+        mid = (low + high + 1) // 2
+        if escaped_len(text[:mid]) <= chars:
+            low = mid
+        else:
+            high = mid - 1
+    return text[:low]
+
+
+def _cut_for_good(record: dict, max_tokens: int, max_chars: float, intro: str) -> bool:
+    """Whether `record`, shown cut, could never be shown whole within `max_tokens` and
+    `max_chars` after `intro` (the shortest a context of this budget opens with): a passage
+    that long is cut the same way every time, so a later hit would show nothing new. Only a
+    passage: a record without a passage number may be a whole memory (the profile's), whose
+    passages can come in whole with later prompts."""
     if record.get("passage") is None:
         return False
-    return tokens(intro) + 1 + tokens(_render(record, _body(record))) + 1 > max_tokens
+    whole = _render(record, _body(record))
+    return (
+        tokens(intro) + 1 + tokens(whole) + 1 > max_tokens
+        or escaped_len(intro) + 2 + escaped_len(whole) > max_chars
+    )
 
 
 def _groups(records: list[dict]) -> list[list[dict]]:
@@ -288,8 +327,11 @@ def pack(
     max_tokens: int,
     intro: str,
     later_intro: str | None = None,
+    max_chars: float = float("inf"),
 ) -> tuple[str | None, list[dict], int]:
-    """(context or None, records injected, ledger duplicates dropped) within the limits.
+    """(context or None, records injected, ledger duplicates dropped) within the limits:
+    `max_records`, `max_tokens`, and `max_chars` characters of the context written as JSON
+    (the hook's stdout cap, OUTPUT_MAX_CHARS, less its envelope).
 
     The context opens with `intro`, or with `later_intro` when given and the ledger already
     holds something: the session was shown a full preamble with it.
@@ -314,6 +356,7 @@ def pack(
     if later_intro is not None and ledger:
         intro = later_intro
     used = tokens(intro) + 1
+    size = escaped_len(intro)  # characters of the context written as JSON
     blocks: list[str] = []
     injected: list[dict] = []
     for group in _groups(fresh):
@@ -328,19 +371,22 @@ def pack(
         else:
             text = _render(group[0], _body(group[0]))
         cost = tokens(text) + 1
-        if used + cost > max_tokens:
+        room = escaped_len(text) + 2  # with the newline before it, `\n` in JSON
+        if used + cost > max_tokens or size + room > max_chars:
             if len(group) > 1:
                 continue  # both sides or neither
-            cut = _truncate(group[0], max_tokens - used - 1)
+            cut = _truncate(group[0], max_tokens - used - 1, max_chars - size - 2)
             if cut is None:
                 continue
             text = cut
             cost = tokens(text) + 1
-            if not _cut_for_good(group[0], max_tokens, later_intro or intro):
+            room = escaped_len(text) + 2
+            if not _cut_for_good(group[0], max_tokens, max_chars, later_intro or intro):
                 group = [{**group[0], "cut": True}]
         blocks.append(text)
         injected.extend(group)
         used += cost
+        size += room
     if not blocks:
         return None, [], dupes
     return intro + "\n" + "\n".join(blocks), injected, dupes

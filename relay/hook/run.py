@@ -20,6 +20,7 @@ from relay.hook.pack import (
     PROFILE_INTRO,
     PROMPT_INTRO,
     PROMPT_REMINDER,
+    context_room,
     ledger_add,
     pack,
     starved,
@@ -439,7 +440,15 @@ def _inject(inv, session_id, records, max_records, max_tokens, intros, event_nam
         if not session.held:
             return inv.finish("skipped", "state_busy")
         data = session.data
-        context, injected, dupes = pack(records, data["ledger"], max_records, max_tokens, *intros)
+        # The whole stdout stays under OUTPUT_MAX_CHARS, whatever the token budget.
+        context, injected, dupes = pack(
+            records,
+            data["ledger"],
+            max_records,
+            max_tokens,
+            *intros,
+            max_chars=context_room(event_name),
+        )
         inv.ms["pack"] = _ms(time.monotonic() - t)
         inv.log["duplicates"] = dupes
         inv.log["records"] = inv.log["tokens"] = 0

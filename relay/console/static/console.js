@@ -605,7 +605,7 @@ async function pagePreview(params) {
     field('Prompt', prompt),
     field('As key', select('key_id', keyOptions, ''), 'Recall uses the key\'s own roles; an admin key sees no more than its roles in recall.'),
     field('Max records', h('input', { name: 'max_records', type: 'number', min: '1', max: '20', value: String(session.hook.max_records) })),
-    field('Max tokens', h('input', { name: 'max_tokens', type: 'number', min: String(session.hook.max_tokens_min), max: '8000', value: String(session.hook.max_tokens) })),
+    field('Max tokens', h('input', { name: 'max_tokens', type: 'number', min: String(session.hook.max_tokens_min), max: String(session.hook.max_tokens_max), value: String(session.hook.max_tokens) })),
     field('Min score', h('input', { name: 'min_score', type: 'number', min: '0', max: '1', step: '0.01', value: String(session.hook.min_score) }), 'The hook\'s min_score knob: results the server scored below it are dropped (0: the server\'s threshold only).'),
     h('button', { type: 'submit' }, 'Show what the agent would see'),
   );
