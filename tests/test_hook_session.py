@@ -243,6 +243,39 @@ def test_each_passage_of_a_revision_is_shown_once_and_a_newer_revision_supersede
         assert 'revision="4" part="2" source=' in assert_hit_contract(ask(revision=4, passage=1))
 
 
+def test_a_revision_that_shows_the_same_text_is_not_injected_again(tmp_path):
+    """QA: `relay edit` of a tag or the pin writes a revision with identical text, and the
+    hook injected that text again in the same session (the ledger is keyed by revision).
+    Identical title and text is a duplicate; changed text comes in as before; and so for the
+    profile at a resume."""
+    fact = "Deploys go through `make deploy`; never push to main on Fridays."
+    answer = {"revision": 1, "text": fact}
+    pinned = {"revision": 1, "text": "Code review needs two approvals."}
+
+    def handler(conn, request):
+        if request.path == "/v1/profile":
+            reply(200, results(record("mem_pin", passage=0, **pinned)))(conn, request)
+        else:
+            reply(200, results(record("mem_deploy", **answer)))(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        assert "mem_pin" in assert_hit_contract(hook.session_start("startup"), "SessionStart")
+        assert fact in assert_hit_contract(hook.prompt("how do we deploy the billing service?"))
+        answer["revision"] = 2  # tagged: same title, same text
+        assert_silent(hook.prompt("how do we deploy the worker service?"))
+        assert (hook.last()["outcome"], hook.last()["duplicates"]) == ("no_match", 1)
+        answer.update(revision=3, text=fact + " Tuesdays too.")  # the text changed
+        context = assert_hit_contract(hook.prompt("how do we deploy the cron service?"))
+        assert 'id="mem_deploy" revision="3"' in context and "Tuesdays too." in context
+        pinned["revision"] = 2  # unpinned and pinned again: the same text
+        assert_silent(hook.session_start("resume"))
+        assert (hook.last()["outcome"], hook.last()["duplicates"]) == ("no_match", 1)
+        state = hook.session_state()
+    assert state["ledger"] == {"mem_pin": 1, "mem_deploy": 3}  # its format as before
+    assert len(state["shown"]) == 3 and all(len(key) == 12 for key in state["shown"])
+
+
 def test_a_ledger_written_before_passages_keeps_its_dedupe(tmp_path):
     """A state file whose ledger holds bare revisions (one passage shown, which one unknown)
     still drops every passage of that revision, and takes a newer one."""

@@ -33,7 +33,15 @@ from relay.eval.conversations import (
 )
 from relay.hook import config as hook_config
 from relay.hook import gate, state
-from relay.hook.pack import PROMPT_INTRO, PROMPT_REMINDER, ledger_add, pack, tokens, validate
+from relay.hook.pack import (
+    PROMPT_INTRO,
+    PROMPT_REMINDER,
+    ledger_add,
+    pack,
+    shown_add,
+    tokens,
+    validate,
+)
 from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import SEARCHED
 
@@ -181,10 +189,12 @@ def simulate(
                     cfg.max_tokens,
                     PROMPT_INTRO,
                     PROMPT_REMINDER,
+                    shown=data["shown"],
                 )
                 data["keywords"] = words
                 for record in injected:
                     ledger_add(data["ledger"], record)
+                    shown_add(data["shown"], record)
                     held.add(record["id"])
                 if context:
                     cumulative += kept_in_history(tokens(context), turn.no, length)

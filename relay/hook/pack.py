@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from relay.hook.client import HookFailure
 from relay.hook.codec import dumps, escaped_len
+from relay.hook.outcome_log import sha256_hex
 
 MAX_RESULTS = 100
 MAX_TEXT_CHARS = 100_000
@@ -279,6 +280,29 @@ def _groups(records: list[dict]) -> list[list[dict]]:
 # (`_cut_for_good`): a later hit could only show the same cut, so it counts as shown.
 
 
+# Beside the ledger, `shown`: a short hash of each text it showed (title and passage text,
+# `shown_key`), newest last. A new revision whose text is one the conversation holds (a
+# `relay edit` of a tag or the pin writes a revision with the same text) shows nothing new,
+# so it is a duplicate too; one whose text changed comes in as before. Hashes, not texts,
+# keep the state file small: 12 hex digits, no collision to fear among a session's 400.
+SHOWN_KEY_HEX = 12
+
+
+def shown_key(record: dict) -> str:
+    """The hash of what a record shows the model: its title and its text."""
+    text = f"{record['title']}\x00{record['text']}".encode("utf-8", "surrogatepass")
+    return sha256_hex(text)[:SHOWN_KEY_HEX]
+
+
+def shown_add(shown: list[str], record: dict) -> None:
+    """Record the text of `record` as shown, as `ledger_add` does its revision."""
+    if not record.get("cut"):
+        key = shown_key(record)
+        if key in shown:
+            shown.remove(key)
+        shown.append(key)
+
+
 def ledger_entry(entry: int | list) -> tuple[int, list[int] | None]:
     """(revision, passages shown, or None for all of it) of one ledger entry."""
     if isinstance(entry, int):
@@ -328,6 +352,7 @@ def pack(
     intro: str,
     later_intro: str | None = None,
     max_chars: float = float("inf"),
+    shown: list[str] | None = None,
 ) -> tuple[str | None, list[dict], int]:
     """(context or None, records injected, ledger duplicates dropped) within the limits:
     `max_records`, `max_tokens`, and `max_chars` characters of the context written as JSON
@@ -337,18 +362,20 @@ def pack(
     holds something: the session was shown a full preamble with it.
 
     A record is a duplicate when the ledger holds its passage of its revision, or a newer
-    revision (see `ledger_holds`). Of one answer, only the best-ranked passage of each
-    (id, revision) is kept (the server sends one a memory); a later passage of the same
-    revision in it is not counted as a duplicate of the conversation. A record shown cut
-    comes back as a copy marked `cut` (which `ledger_add` does not record), unless no later
-    context could show more of it.
+    revision (see `ledger_holds`), or when its text is one `shown` holds (`shown_key`). Of
+    one answer, only the best-ranked passage of each (id, revision) is kept (the server sends
+    one a memory); a later passage of the same revision in it is not counted as a duplicate
+    of the conversation. A record shown cut comes back as a copy marked `cut` (which
+    `ledger_add` and `shown_add` do not record), unless no later context could show more
+    of it.
     """
     seen: set[tuple[str, int]] = set()
     fresh = []
     dupes = 0
+    texts = set(shown or ())
     for record in records:
         pair = (record["id"], record["revision"])
-        if ledger_holds(ledger, record):
+        if ledger_holds(ledger, record) or (texts and shown_key(record) in texts):
             dupes += 1
         elif pair not in seen:
             seen.add(pair)

@@ -23,6 +23,7 @@ from relay.hook.pack import (
     context_room,
     ledger_add,
     pack,
+    shown_add,
     starved,
     tokens,
     validate,
@@ -448,6 +449,7 @@ def _inject(inv, session_id, records, max_records, max_tokens, intros, event_nam
             max_tokens,
             *intros,
             max_chars=context_room(event_name),
+            shown=data["shown"],
         )
         inv.ms["pack"] = _ms(time.monotonic() - t)
         inv.log["duplicates"] = dupes
@@ -470,6 +472,7 @@ def _inject(inv, session_id, records, max_records, max_tokens, intros, event_nam
             inv.log["injected"] = [[r["id"], r["revision"]] for r in injected]
             for record in injected:
                 ledger_add(data["ledger"], record)
+                shown_add(data["shown"], record)
         session.save()
 
 

@@ -40,6 +40,7 @@ def fresh(session_id: str) -> dict:
         "last_search": 0,
         "keywords": [],
         "ledger": {},
+        "shown": [],  # short hashes of the texts the ledger's records showed (pack.shown_key)
         "told_unauthorized": False,
         "last_prompt_id": None,
         "last_prompt": None,  # {"sha", "at", "count"} of the last prompt counted
@@ -108,6 +109,7 @@ class Session:
                 break
             entry = ledger.pop(key)
             held -= 1 if type(entry) is int else max(1, len(entry[1]))
+        self.data["shown"] = self.data["shown"][-LEDGER_MAX:]
         self.data["keywords"] = self.data["keywords"][:KEYWORDS_MAX]
         self.data["updated"] = int(time.time())
         try:
@@ -133,6 +135,9 @@ def _load(path: str, session_id: str) -> dict:
     ledger = stored.get("ledger")
     if isinstance(ledger, dict):
         state["ledger"] = {k: v for k, v in ledger.items() if _ledger_entry(v)}
+    shown = stored.get("shown")  # absent from a file written before texts were hashed
+    if isinstance(shown, list) and all(isinstance(h, str) and len(h) <= 16 for h in shown):
+        state["shown"] = shown[-LEDGER_MAX:]
     state["told_unauthorized"] = stored.get("told_unauthorized") is True
     if isinstance(stored.get("last_prompt_id"), str):
         state["last_prompt_id"] = stored["last_prompt_id"]
