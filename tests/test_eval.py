@@ -424,8 +424,12 @@ def test_a_teams_prompts_replay_against_the_server_every_client_command_uses(
     done = relay(home, *replay, "--json", str(tmp_path / "f.json"))
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "f.json").read_text())["turns"] == 1
-    # flags still come first
+    # flags still come first, and the installed key goes to the installed server only
     done = relay(home, *replay, "--url", down)
+    assert one_error_line(done).startswith(
+        f"relay: error: {down} is not the server this machine's key is for"
+    )
+    done = relay(home, *replay, "--url", down, "--key", team_server.admin_key)
     assert one_error_line(done).startswith(f"relay: error: cannot reach the Relay server at {down}")
 
     bench = CliRunner().invoke(
