@@ -599,7 +599,10 @@ def test_replay_counts_a_passage_shown_again_as_a_duplicate_and_another_passage_
     with FakeRelay(handler) as server:
         hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
         for no, seq in enumerate((0, 21), 1):
-            answer.update(revision=1, passage=seq, passages=22)
+            # each passage its own text, as a long memory's are (the same text again under
+            # another passage would be a duplicate to the hook, which keys what it showed by it)
+            text = f"Passage {seq} of the operations handbook on failover drills."
+            answer.update(revision=1, passage=seq, passages=22, text=text)
             run = hook.prompt(prompt)
             outs.append(run.out)
             turn = Turn("c", no, prompt, "needs_memory", ("mem_long",))
