@@ -215,6 +215,23 @@ def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[st
     return folders
 
 
+def former_prefix(path: Path, root: Path | None, prefix: str | None) -> str | None:
+    """What `source_for(path, root, prefix)` was given as `prefix` to name `path` as an
+    import did before the whole remote path named repositories, when that differs; else
+    None."""
+    work_tree = git_work_tree(path) if root is None and prefix is None else None
+    return former_repository_name(work_tree) if work_tree is not None else None
+
+
+def former_folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[str, Path]:
+    """`folder_prefixes` for the folders whose prefix was another before today's naming."""
+    folders = {}
+    for path in paths:
+        if Path(path).is_dir() and (was := former_prefix(Path(path) / "_", None, prefix)):
+            folders[source_for(Path(path) / "_", None, was)[:-1]] = Path(path)
+    return folders
+
+
 class NoGitAnswer(Exception):
     """git could not say which files a checkout deleted (not installed, not a repository,
     too slow); the message says why."""
@@ -280,15 +297,35 @@ def repository_name(work_tree: Path) -> str:
 
     The host is left out: teammates reach one repository under different hosts (an ssh
     alias such as `github-work:acme/api`, a mirror, https or ssh), and each must name it
-    alike; and GitHub's sources stay `owner/repo/...`, as they always were."""
+    alike; and GitHub's sources stay `owner/repo/...`, as they always were. A remote that
+    is a folder (`/srv/git/api.git`, `file://...`, `../api.git`) keeps its last two parts
+    (`git/api`), as every remote did before: its whole path is where it sits on one
+    machine (`/home/alice/...`, a teammate's name in a shared source)."""
     url = _origin_url(work_tree)
-    if url:
-        path = re.sub(r"^[a-z+]+://[^/]*/|^[^/:]+:", "", url.strip()).removesuffix(".git")
-        # `.` and `..` (a remote given as a relative folder) would step out of the name.
-        parts = [part for part in path.rstrip("/").split("/") if part not in ("", ".", "..")]
-        if parts:
-            return "/".join(parts)
+    parts, local = _remote_parts(url) if url else ([], True)
+    if parts:
+        return "/".join(parts[-2:] if local else parts)
     return work_tree.name
+
+
+def former_repository_name(work_tree: Path) -> str | None:
+    """The name an import before the whole remote path named repositories gave this one
+    (the remote's last two parts: `infra/terraform`), when it differs from today's; else
+    None. An import continues the memories stored under it (`import_writer.Former`)."""
+    url = _origin_url(work_tree)
+    parts, local = _remote_parts(url) if url else ([], True)
+    return "/".join(parts[-2:]) if len(parts) > 2 and not local else None
+
+
+def _remote_parts(url: str) -> tuple[list[str], bool]:
+    """The parts of a remote's path, without its host, and whether it is a folder on this
+    machine (git's own rule: no `scheme://` nor `host:` before the path, or `file://`)."""
+    url = url.strip()
+    scheme = re.match(r"([a-z+]+)://", url)
+    local = scheme.group(1) == "file" if scheme else not re.match(r"[^/:]+:", url)
+    path = re.sub(r"^[a-z+]+://[^/]*/|^[^/:]+:", "", url).removesuffix(".git")
+    # `.` and `..` (a remote given as a relative folder) would step out of the name.
+    return [part for part in path.rstrip("/").split("/") if part not in ("", ".", "..")], local
 
 
 def named_by_folder(path: Path, root: Path | None, prefix: str | None) -> Path | None:

@@ -123,6 +123,58 @@ def test_two_gitlab_repositories_named_alike_in_different_groups_stay_apart(tmp_
     assert bodies(server, "infra/terraform/AGENTS.md") == []
 
 
+def test_an_upgrade_continues_the_memories_a_subgroup_had_under_its_former_name(tmp_path, server):
+    """Review: a remote of more than two parts (a GitLab subgroup) was named by its last two
+    (`infra/tf-up`) before the whole path named it (`ops/infra/tf-up`), so re-importing
+    after the upgrade wrote a second set of memories and never retired the first, stale
+    copies that came back in recall. The import continues the memories under the former
+    name, each keeping its id and history with today's source; of the files under the
+    former name it retires only those git says this work tree deleted: another
+    repository's (the former name was shared) are left as they are."""
+    repo = git_repo(tmp_path / "ops" / "tf-up")
+    remote = "git@gitlab.example.com:ops/infra/tf-up.git"
+    git(repo, "remote", "add", "origin", remote)
+    write(repo / "AGENTS.md", AGENTS)
+    write(repo / "docs" / "kept.md", "## Kept\nStays.\n")
+    write(repo / "docs" / "gone.md", "## Gone\nDeleted later.\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "docs")
+    other = git_repo(tmp_path / "data" / "tf-up")
+    write(other / "NOTES.md", "## Other\nNot ops'.\n")
+    # What a release before today wrote: every source under the remote's last two parts.
+    for folder, args in ((repo, ("AGENTS.md", "docs")), (other, ("NOTES.md",))):
+        summary(relay_import(server, folder, "--source-prefix", "infra/tf-up", *args))
+    before = {
+        m["source"]: {m["title"]: m["id"] for m in live_memories(server, m["source"])}
+        for m in every_memory(server)
+        if m["source"].startswith("infra/tf-up/")
+    }
+    assert set(before) == {
+        f"infra/tf-up/{f}" for f in ("AGENTS.md", "docs/kept.md", "docs/gone.md", "NOTES.md")
+    }
+    (theirs,) = live_memories(server, "infra/tf-up/NOTES.md")
+
+    git(repo, "rm", "-q", "docs/gone.md")
+    git(repo, "commit", "-q", "-m", "gone")
+    write(repo / "AGENTS.md", AGENTS.replace("Run make.", "Run ninja."))  # Build, edited
+    done = relay_import(server, repo, "AGENTS.md", "docs")
+    assert summary(done) == "imported 4 memories: 4 new or changed, 0 unchanged, 1 retired"
+    assert "note:" not in done.stderr, done.stderr
+
+    after = {m["title"]: m for m in live_memories(server, "ops/infra/tf-up/AGENTS.md")}
+    assert {t: m["id"] for t, m in after.items()} == before["infra/tf-up/AGENTS.md"]
+    assert after["Build"]["body"] == "Run ninja."
+    assert {m["revision"] for m in after.values()} == {2}  # the same memories, history kept
+    (kept,) = live_memories(server, "ops/infra/tf-up/docs/kept.md")
+    assert kept["id"] == before["infra/tf-up/docs/kept.md"]["Kept"]
+    for source in ("AGENTS.md", "docs/kept.md", "docs/gone.md"):
+        assert live_memories(server, f"infra/tf-up/{source}") == []
+    assert live_memories(server, "ops/infra/tf-up/docs/gone.md") == []
+    assert live_memories(server, "infra/tf-up/NOTES.md") == [theirs]  # not ops': untouched
+    done = relay_import(server, repo, "AGENTS.md", "docs")
+    assert summary(done) == "imported 4 memories: 0 new or changed, 4 unchanged, 0 retired"
+
+
 def test_reimport_from_another_folder_is_idempotent(tmp_path, server):
     repo = git_repo(tmp_path / "qa1-proj")
     write(repo / "AGENTS.md", "# Build\nRun make.\n\n# Test\nRun pytest.\n")

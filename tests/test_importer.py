@@ -740,6 +740,36 @@ def test_repositories_in_groups_that_end_alike_keep_apart(tmp_path):
     assert source_for(repo("f/api", "../api.git")) == "api/AGENTS.md"  # never `..`
 
 
+def test_a_remote_that_is_a_folder_keeps_its_last_two_parts(tmp_path):
+    """Review: the whole path of a remote that is a folder (`/home/alice/src/api`) is where
+    it sits on one machine: it put a teammate's name in a shared source, different on each
+    machine, and renamed (`git/api` -> `srv/git/api`) what an earlier release had imported.
+    A folder keeps the last two parts, as every remote did; a URL's whole path names it,
+    and the name before that (for a path of more than two parts) is known to continue."""
+    from relay.import_files import former_repository_name
+
+    def repo(folder: str, remote: str) -> Path:
+        root = tmp_path / folder
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        subprocess.run(["git", "-C", str(root), "remote", "add", "origin", remote], check=True)
+        return root
+
+    for n, (remote, name, former) in enumerate(
+        (
+            ("/srv/git/api.git", "git/api", None),
+            ("/home/alice/src/api", "src/api", None),
+            ("file:///srv/git/api.git", "git/api", None),
+            ("../../shared/api.git", "shared/api", None),
+            ("git@github.com:acme/api.git", "acme/api", None),
+            ("https://gitlab.example.com/platform/infra/tf.git", "platform/infra/tf", "infra/tf"),
+            ("git@gitlab.example.com:org/project/_git/api", "org/project/_git/api", "_git/api"),
+        )
+    ):
+        root = repo(f"r{n}/api", remote)
+        assert source_for(write(root / "AGENTS.md", "x")) == f"{name}/AGENTS.md", remote
+        assert former_repository_name(root) == former, remote
+
+
 def test_git_says_which_missing_files_this_branch_deleted(tmp_path):
     """`relay import FOLDER` retires only the files git says this branch deleted or renamed:
     two calls for every missing file, names taken literally, and no answer (not a

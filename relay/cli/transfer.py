@@ -87,12 +87,21 @@ def import_(
     summary counts both."""
     from relay.import_files import (
         folder_prefixes,
+        former_folder_prefixes,
+        former_prefix,
         iter_import_files,
         named_by_folder,
         named_by_place,
         source_for,
     )
-    from relay.import_writer import ImportTally, Vanished, check_drafts, import_files, vanished
+    from relay.import_writer import (
+        Former,
+        ImportTally,
+        Vanished,
+        check_drafts,
+        import_files,
+        vanished,
+    )
     from relay.importer import drafts_from_path
 
     if source_prefix is not None and not source_prefix.isprintable():
@@ -105,6 +114,7 @@ def import_(
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
     placed: list[str] = []  # sources of files named by where they sit on this machine
     files_by_source: dict[str, Path] = {}
+    former: dict[str, Former] = {}  # the files an import before today named otherwise
     for f in iter_import_files(paths):
         work_tree = named_by_folder(f, root, source_prefix)
         if work_tree is not None:
@@ -127,6 +137,11 @@ def import_(
         if named_by_place(f, root):
             placed.append(source)
         drafts_by_source[source] = drafts
+        if was := former_prefix(f, root, source_prefix):
+            # The same sections as under the former source, in the same order.
+            before = drafts_from_path(f, root, was)
+            ids = {d.id: b.id for d, b in zip(drafts, before, strict=True)}
+            former[source] = Former(source_for(f, root, was), ids)
         if not drafts:
             click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
     if not drafts_by_source and not failed:
@@ -154,7 +169,12 @@ def import_(
     found = (
         Vanished()
         if keep_removed or root
-        else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
+        else vanished(
+            client,
+            folder_prefixes(paths, source_prefix),
+            drafts_by_source,
+            former_folder_prefixes(paths, source_prefix),
+        )
     )
     tally = ImportTally()
 
@@ -168,7 +188,14 @@ def import_(
     try:
         with progress_bar(len(drafts), "importing") as bar:
             import_files(
-                client, drafts_by_source, audiences, keep_removed, bar.update, found.gone, tally
+                client,
+                drafts_by_source,
+                audiences,
+                keep_removed,
+                bar.update,
+                found.gone,
+                tally,
+                former,
             )
     except KeyboardInterrupt:
         stop_interrupted(done(), "import")
