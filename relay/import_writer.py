@@ -338,7 +338,7 @@ def _upsert(
 ) -> tuple[dict, list[tuple[ImportDraft, ImportDraft]], list[ImportDraft]]:
     """The batch written: (the server's counts, (draft, as sent) for each written: a section
     deleted before goes at its id's next generation, and the drafts left unwritten because
-    their memory moved past the revision `read` holds)."""
+    their memory moved past the revision `read` holds, or out of this key's sight)."""
     pairs = [(d, d) for d in batch]
     changed: list[ImportDraft] = []
     while pairs:
@@ -350,7 +350,11 @@ def _upsert(
             taken = exc.details.get("memory_id")
             if not any(d.id == taken for _, d in pairs):
                 raise
-            if "revision" in exc.details:  # changed since it was read: left as it is
+            # Changed since it was read: left as it is. A memory read live is changed too
+            # when refused as one this key may not read (narrowed meanwhile to a role the
+            # key lacks; the 409 names no revision): written at the next generation, it
+            # would be a copy for the wider audiences read before.
+            if "revision" in exc.details or taken in read:
                 changed += [was for was, d in pairs if d.id == taken]
                 pairs = [(was, d) for was, d in pairs if d.id != taken]
                 continue

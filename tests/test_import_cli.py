@@ -802,6 +802,41 @@ def test_an_edit_made_while_an_import_runs_is_kept_and_named(tmp_path, server):
 # --- structured data -------------------------------------------------------------------------
 
 
+def test_an_audience_narrowed_away_from_the_importing_key_meanwhile_is_kept(tmp_path, server):
+    """Review: a memory narrowed, while an import ran, to a role the importing key lacks
+    was refused with the 409 of a memory the key may not read, which names no revision;
+    the import took that for a new section's id taken and wrote a new copy at the id's
+    next generation, for the wider audiences it had read: what the narrowing hid was open
+    to everyone again. A memory the import read live is left as it is, named."""
+    from integration_support import mint, relay
+
+    mint(server.url, server.admin_key, "qa-narrow-sre", ["memory:read"], ["sre"])
+    dev = mint(server.url, server.admin_key, "qa-narrow-dev", ["memory:read", "memory:write"])
+    repo = git_repo(tmp_path / "qa-narrow")
+    write(repo / "AGENTS.md", AGENTS)
+    summary(relay_import(server, repo, "AGENTS.md", key=dev["secret"]))
+    ids = {m["title"]: m["id"] for m in live_memories(server, "qa-narrow/AGENTS.md")}
+    direct = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+
+    def narrow_meanwhile() -> None:
+        done = relay(tmp_path, "edit", ids["Build"], "--audience", "sre", **direct)
+        assert done.returncode == 0, done.stderr
+
+    with BatchProxy(server.url, nth=1, act=narrow_meanwhile) as proxy:
+        env = clean_env(repo, RELAY_URL=proxy.url, RELAY_API_KEY=dev["secret"])
+        code, out, err = proxy.run(["import", "AGENTS.md"], env, repo)
+    assert code == 0, err
+    builds = [m for m in live_memories(server, "qa-narrow/AGENTS.md") if m["title"] == "Build"]
+    assert [(m["id"], m["audiences"], m["revision"]) for m in builds] == [
+        (ids["Build"], ["sre"], 2)
+    ]
+    assert out.strip() == (
+        "imported 3 memories: 0 new or changed, 2 unchanged, 0 retired; 1 changed while this"
+        " import ran was left as it is"
+    )
+    assert f"relay history {ids['Build']} shows the change" in err
+
+
 def test_an_export_file_is_refused_and_nothing_is_written(tmp_path, server):
     """QA: `relay import memories-backup.jsonl` printed `imported 2 memories`, and a reader
     key then found the payments-only memory in the raw JSONL, stored for everyone."""
