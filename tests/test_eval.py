@@ -902,3 +902,20 @@ def test_one_read_key_is_refused_for_a_teams_replay(team_server, tmp_path):
         tmp_path, "eval", "replay", str(prompts), "--url", team_server.url, "--key", reader
     )
     assert "pass --key 3 times" in one_error_line(done) and done.returncode == 2
+
+
+def test_apply_replays_every_mode_at_the_runs_deadline_not_the_scripts(tmp_path, monkeypatch):
+    """Review: for --apply, the `on` mode took the installed script's DEADLINE_MS while the
+    others, and over_deadline, went by --deadline-ms: `on` was measured at another deadline.
+    The script's other knobs are still the ones the advice starts from."""
+    from relay.eval.advice import current_knobs, knob_environ
+
+    script = tmp_path / ".relay" / "relay-autosearch-hook.sh"
+    script.parent.mkdir()
+    text = hook_script("/usr/bin/relay-hook").replace("DEADLINE_MS=400\n", "DEADLINE_MS=900\n")
+    script.write_text(text.replace("MIN_PROMPT_LEN=15\n", "MIN_PROMPT_LEN=33\n"))
+    monkeypatch.setenv("RELAY_CONFIG", str(tmp_path / ".relay" / "config.json"))
+    monkeypatch.delenv("RELAY_DEADLINE_MS", raising=False)
+    environ = knob_environ(None, True)
+    assert "RELAY_DEADLINE_MS" not in environ, environ
+    assert current_knobs(environ)["min_prompt_len"] == 33

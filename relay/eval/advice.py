@@ -115,7 +115,8 @@ def knob_environ(config: Path | None, installed: bool) -> dict[str, str]:
     """Where the replay's `on` mode takes its knobs, as the hook's variables: --config; else,
     for --apply, the hook as it runs now (the config --apply writes, beneath the knobs of the
     script `relay install` put beside it), so the advice starts from the user's own knobs and
-    its changes are the ones it writes; else the defaults."""
+    its changes are the ones it writes; else the defaults. Never the script's DEADLINE_MS:
+    every mode runs at the replay's --deadline-ms, which over_deadline is judged by."""
     if config is not None:
         return {"RELAY_CONFIG": str(config)}
     if not installed:
@@ -125,7 +126,9 @@ def knob_environ(config: Path | None, installed: bool) -> dict[str, str]:
 
     path = Path(hook_config.config_path(os.environ))
     reading = read_file(path.with_name(SCRIPT_NAME))
-    return reading.handed({"RELAY_CONFIG": str(path)}) if reading else {"RELAY_CONFIG": str(path)}
+    environ = reading.handed({"RELAY_CONFIG": str(path)}) if reading else {}
+    environ.pop("RELAY_DEADLINE_MS", None)
+    return {**environ, "RELAY_CONFIG": str(path)}
 
 
 def current_knobs(environ: dict[str, str] | None = None) -> dict[str, Any]:
