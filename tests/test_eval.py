@@ -904,6 +904,71 @@ def test_one_read_key_is_refused_for_a_teams_replay(team_server, tmp_path):
     assert "pass --key 3 times" in one_error_line(done) and done.returncode == 2
 
 
+def _live_eval_keys(server) -> list[str]:  # noqa: ANN001
+    keys = httpx.get(
+        f"{server.url}/v1/keys", headers={"Authorization": f"Bearer {server.admin_key}"}
+    ).json()["items"]
+    return [k["id"] for k in keys if k["name"].startswith("relay-eval-") and not k["revoked_at"]]
+
+
+def test_per_mode_keys_are_exactly_three_and_minted_ones_revoked_whatever_fails(
+    team_server, tmp_path
+):
+    """Review: `--key a --key b --key c --key a` passed the check of three different keys
+    and died in a ValueError traceback; keys minted before the work folder was made stayed
+    live when making it failed (in a traceback: now one line naming --workdir)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand"}\n')
+    replay = ("eval", "replay", str(prompts), "--url", team_server.url)
+    admin = team_server.admin_key
+    done = relay(tmp_path, *replay, *("--key", admin, "--key", "b", "--key", "c", "--key", admin))
+    assert one_error_line(done).startswith("relay: error: --key: give 3 different keys")
+
+    (tmp_path / "file").write_text("")
+    before = _live_eval_keys(team_server)
+    done = relay(tmp_path, *replay, "--key", admin, "--workdir", str(tmp_path / "file" / "sub"))
+    assert one_error_line(done).startswith(f"relay: error: --workdir {tmp_path}")
+    assert _live_eval_keys(team_server) == before
+
+
+def test_keys_a_replay_could_not_revoke_are_named(team_server, capsys):
+    """Review: revoking the keys a replay minted ignored a refusal, and a garbled answer
+    (http.client.HTTPException) in that `finally` took the place of the error being raised:
+    the ids are named, as they are left to expire in a day."""
+    import socket
+    import threading
+
+    from relay.client import RelayClient
+    from relay.eval.commands import _revoke
+
+    _revoke(RelayClient(team_server.url, team_server.admin_key), {"_minted": "key_nope,"})
+    assert capsys.readouterr().err == (
+        "relay: warning: could not revoke the keys this replay minted: key_nope (HTTP 404);"
+        " they expire in a day\n"
+    )
+
+    garbled = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = garbled.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"not http\r\n\r\n")
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    url = f"http://127.0.0.1:{garbled.getsockname()[1]}"
+    try:
+        _revoke(RelayClient(url, team_server.admin_key), {"_minted": "key_a,"})
+    finally:
+        thread.join(10)
+        garbled.close()
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "relay: warning: could not revoke the keys this replay minted: key_a ("
+    ), err
+
+
 def test_apply_replays_every_mode_at_the_runs_deadline_not_the_scripts(tmp_path, monkeypatch):
     """Review: for --apply, the `on` mode took the installed script's DEADLINE_MS while the
     others, and over_deadline, went by --deadline-ms: `on` was measured at another deadline.

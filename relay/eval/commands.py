@@ -146,7 +146,7 @@ def _mode_keys(client: RelayClient, who: dict[str, Any], more: tuple[str, ...]) 
     mine = who.get("key") or {}
     if more:
         given = (client.api_key, *more)
-        if len(set(given)) != len(SEARCHING):
+        if len(given) != len(SEARCHING) or len(set(given)) != len(given):
             raise InvalidRequestError(
                 f"--key: give {len(SEARCHING)} different keys, one for each mode that searches "
                 f"({', '.join(SEARCHING)}), or one admin key"
@@ -193,14 +193,27 @@ def _mode_keys(client: RelayClient, who: dict[str, Any], more: tuple[str, ...]) 
 
 
 def _revoke(client: RelayClient, keys: dict[str, str]) -> None:
-    """Revoke the keys `_mode_keys` minted (they expire in a day should this fail)."""
+    """Revoke the keys `_mode_keys` minted, naming those it could not (they expire in a
+    day). Never raises: it runs in a `finally`, where it would hide the error on its way."""
+    import http.client
+
     from relay.eval.harness import api
 
+    left = []
     for key_id in filter(None, keys.get("_minted", "").split(",")):
         try:
-            api(client.url, "DELETE", f"/v1/keys/{key_id}", client.api_key)
-        except OSError:
-            pass
+            status, _ = api(client.url, "DELETE", f"/v1/keys/{key_id}", client.api_key)
+        except (OSError, http.client.HTTPException) as exc:
+            left.append(f"{key_id} ({type(exc).__name__})")
+            continue
+        if not 200 <= status < 300:
+            left.append(f"{key_id} (HTTP {status})")
+    if left:
+        click.echo(
+            f"relay: warning: could not revoke the keys this replay minted: {', '.join(left)};"
+            " they expire in a day",
+            err=True,
+        )
 
 
 def _folder_option(name: str, help_text: str):  # noqa: ANN202
@@ -361,12 +374,12 @@ def replay_command(
         adv.apply_target()  # and a config it could not read back or write, the same
     knobs = adv.knob_environ(config, apply_)
     team_keys: dict[str, str] = {}
-    if client is not None:
-        team_keys = _mode_keys(client, _check_server(client), key[1:])
     stores = {c.store for c in conversations}
-    work, tmp = make_workdir(workdir, "relay-eval-replay-")
-    server = None
+    server = tmp = None
     try:
+        if client is not None:  # minted in here, so whatever fails next revokes them
+            team_keys = _mode_keys(client, _check_server(client), key[1:])
+        work, tmp = make_workdir(workdir, "relay-eval-replay-")
         with _stoppable():
             if bench:
                 keys = load_database(

@@ -374,7 +374,14 @@ class Hook:
 
 def workdir(keep: Path | None, prefix: str) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
     if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
+        try:
+            keep.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            from relay.errors import InvalidRequestError
+
+            raise InvalidRequestError(
+                f"--workdir {keep}: cannot make it: {exc.strerror or exc}"
+            ) from None
         return keep, None
     tmp = tempfile.TemporaryDirectory(prefix=prefix)
     return Path(tmp.name), tmp
