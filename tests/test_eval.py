@@ -984,3 +984,38 @@ def test_apply_replays_every_mode_at_the_runs_deadline_not_the_scripts(tmp_path,
     environ = knob_environ(None, True)
     assert "RELAY_DEADLINE_MS" not in environ, environ
     assert current_knobs(environ)["min_prompt_len"] == 33
+
+
+def test_a_report_names_the_retrieval_code_measured_ranking_included(tmp_path):
+    """Review: the report's hash of "the retrieval code as measured" was search.py's alone,
+    and the features, models and preselection had moved to ranking.py and late.py: a
+    change there measured under the same hash. It covers all three now, as documented."""
+    from relay.eval.harness import RETRIEVAL_CODE, git_commit
+
+    repo = git_repo_with(tmp_path, {path: f"# {path}\n" for path in RETRIEVAL_CODE})
+    first = git_commit(repo)
+    piped = subprocess.run(
+        f"git hash-object {' '.join(RETRIEVAL_CODE)} | sha256sum",
+        shell=True,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert first["retrieval_code"] == piped.stdout.split()[0]
+    (repo / "relay" / "ranking.py").write_text("# the gate, retuned\n")
+    second = git_commit(repo)
+    assert second["uncommitted"] == ["relay/ranking.py"]
+    assert second["retrieval_code"] != first["retrieval_code"]
+
+
+def git_repo_with(root, files: dict[str, str]):  # noqa: ANN001, ANN201
+    """A git repository at `root` with `files` (path -> text) committed."""
+    who = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    subprocess.run(["git", "-C", str(root), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(root), *who, "commit", "-q", "-m", "x"], check=True)
+    return root

@@ -387,15 +387,23 @@ def workdir(keep: Path | None, prefix: str) -> tuple[Path, tempfile.TemporaryDir
     return Path(tmp.name), tmp
 
 
-def git_commit() -> dict[str, Any]:
-    """Which code was measured: HEAD, and whether the files that decide recall were edited."""
-    repo = Path(__file__).resolve().parent.parent.parent
+# The modules whose code decides what a search returns: the attempt and its stages, the
+# late interaction choosing which candidates to read, and the ranker and gate judging them.
+RETRIEVAL_CODE = ("relay/search.py", "relay/late.py", "relay/ranking.py")
+
+
+def git_commit(repo: Path | None = None) -> dict[str, Any]:
+    """Which code was measured: HEAD, and whether the files that decide recall were edited.
+    `repo`: this checkout's."""
+    import hashlib
+
+    repo = repo or Path(__file__).resolve().parent.parent.parent
 
     def git(*args: str) -> str:
         try:
             return subprocess.run(
                 ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10
-            ).stdout.strip()
+            ).stdout.rstrip()  # not strip: porcelain's first line begins " M"
         except (OSError, subprocess.SubprocessError):
             return ""
 
@@ -404,11 +412,14 @@ def git_commit() -> dict[str, Any]:
         for line in git("status", "--porcelain", "--", "relay").splitlines()
         if line[3:].endswith(".py")
     ]
+    blobs = git("hash-object", *RETRIEVAL_CODE)
     return {
         "head": git("rev-parse", "HEAD"),
         "uncommitted": sorted(dirty),
-        # the retrieval code as measured, committed or not (`git hash-object relay/search.py`)
-        "search_py": git("hash-object", "relay/search.py"),
+        # The retrieval code as measured, committed or not, one hash for RETRIEVAL_CODE:
+        # `git hash-object relay/search.py relay/late.py relay/ranking.py | sha256sum`.
+        # (Reports before it held `search_py`, search.py's alone, when ranking was in it.)
+        "retrieval_code": hashlib.sha256(f"{blobs}\n".encode()).hexdigest() if blobs else "",
     }
 
 
