@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relay.errors import InvalidRequestError
+from relay.hook.codec import NotJSONNumber, finite, no_constant
 
 SCRIPT_NAME = "relay-autosearch-hook.sh"
 HOOK_NAME = "relay-hook"  # the console script the knob script execs
@@ -450,25 +451,6 @@ def codex_hooks_enabled(config: dict[str, Any]) -> bool | None:
 
 
 # -- JSON helpers ---------------------------------------------------------------------
-class _NotJSONNumber(ValueError):
-    """A number in a settings file that no rewrite could write back as JSON: args are the
-    literal and why."""
-
-
-def _finite(literal: str) -> float:
-    value = float(literal)
-    if math.isinf(value):  # 1e400: JSON.parse reads it as Infinity, which JSON cannot spell
-        raise _NotJSONNumber(
-            literal, "past a double's range: read, it is infinity, which JSON cannot write back"
-        )
-    return value
-
-
-def _no_constant(name: str) -> float:
-    # Python's json reads NaN and Infinity; JSON.parse, as the agents read, does not
-    raise _NotJSONNumber(name, "no JSON number: the agents cannot read this file")
-
-
 def parse_json(text: str, where: str, rerun: str = "relay install") -> dict[str, Any]:
     """A settings file's object. Refused, in one line naming `where` and the command to
     `rerun` once the file is fixed (install's, unless uninstall is reading it): what is not
@@ -477,9 +459,14 @@ def parse_json(text: str, where: str, rerun: str = "relay install") -> dict[str,
     if not text.strip():
         return {}
     try:
-        doc = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
-    except _NotJSONNumber as exc:
-        literal, why = exc.args
+        doc = json.loads(text, parse_float=finite, parse_constant=no_constant)
+    except NotJSONNumber as exc:
+        literal, infinite = exc.args
+        why = (
+            "past a double's range: read, it is infinity, which JSON cannot write back"
+            if infinite  # JSON.parse reads 1e400 as Infinity, which JSON cannot spell
+            else "no JSON number: the agents cannot read this file"
+        )
         raise SettingsFileError(
             f"{where} holds the number {literal}, {why}; write it as a string or a finite"
             f" number, then run {rerun} again. Nothing was changed"

@@ -41,9 +41,11 @@ class TextBody(BaseModel):
     @classmethod
     def _unicode_text(cls, value: Any, info: ValidationInfo) -> Any:
         if not _holds_bodies(cls.model_fields[str(info.field_name)].annotation):
-            problem = _surrogate_in(value)
-            if problem:
-                raise ValueError(problem)
+            found = hygiene.surrogate_in(value)
+            if found:
+                where, text = found
+                problem = hygiene.unpaired_surrogate(text)
+                raise ValueError(f"{where} {problem}" if where else problem)
         return value  # a nested body (a batch's items) is checked by its own model
 
 
@@ -52,24 +54,6 @@ def _holds_bodies(annotation: Any) -> bool:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return True
     return any(_holds_bodies(arg) for arg in get_args(annotation))
-
-
-def _surrogate_in(value: Any) -> str | None:
-    """What is wrong with the first string in `value` (a string, or lists and objects of
-    them, keys included) that holds a lone surrogate, or None."""
-    if isinstance(value, str):
-        return hygiene.unpaired_surrogate(value)
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            if found := _surrogate_in(item):
-                return f"item {i} {found}"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if found := _surrogate_in(key):
-                return f"a key {found}"
-            if found := _surrogate_in(item):
-                return f"the value of {key!r} {found}"
-    return None
 
 
 class _Body(TextBody):

@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from relay.hook import config as hook_config
+from relay.hook.codec import finite, no_constant
 from relay.hook.outcome_log import LOG_NAME, fallback_dir
 
 OUTCOMES = (
@@ -100,7 +101,7 @@ def _read_log(path: str, since: float | None) -> Iterator[dict]:
             with open(name, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     try:
-                        entry = json.loads(line, parse_float=_finite, parse_constant=_no_number)
+                        entry = json.loads(line, parse_float=finite, parse_constant=no_constant)
                     except ValueError:
                         continue  # a torn line from a crash is not worth failing over
                     if not isinstance(entry, dict):
@@ -111,19 +112,6 @@ def _read_log(path: str, since: float | None) -> Iterator[dict]:
                     yield entry
         except OSError:
             continue
-
-
-def _finite(text: str) -> float:
-    """A number the hook could have written: 1e400 reads as infinity, which made the
-    percentiles infinite and --json print Infinity, no JSON; such a line is corrupt."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is no finite number")
-    return value
-
-
-def _no_number(text: str) -> float:
-    raise ValueError(f"{text} is not JSON")  # NaN, Infinity: Python's, never the hook's
 
 
 def percentiles(values: list[float]) -> dict[str, float]:

@@ -80,6 +80,27 @@ def unpaired_surrogate(text: str) -> str | None:
     )
 
 
+def surrogate_in(value: object, root: str = "the value") -> tuple[str, str] | None:
+    """(where, the string) of the first string in `value` (a string, or lists and objects
+    of them, keys included) holding a lone surrogate, or None. `where` is a path
+    (`params.query`, `items[2]`; "" for `value` itself), or `a key in PATH` (`root` for
+    `value`'s own keys). Walked without recursion: json.loads nests deeper than a recursive
+    walk could go."""
+    stack: list[tuple[object, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return where, item
+        elif isinstance(item, dict):
+            values = [(v, f"{where}.{k}" if where else str(k)) for k, v in item.items()]
+            keys = [(k, f"a key in {where or root}") for k in item]
+            stack.extend(reversed(keys + values))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(v, f"{where}[{i}]") for i, v in enumerate(item)]))
+    return None
+
+
 def check_filter(name: str, value: str | None) -> str | None:
     """A list filter's value (`source`, `source_prefix`, `tag`): no stored value has control
     characters, and PostgreSQL refuses a NUL in a query where SQLite matched nothing, so one

@@ -16,7 +16,10 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from io import TextIOWrapper
-from typing import TYPE_CHECKING, BinaryIO, NoReturn, cast
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+from relay.hook.codec import no_constant
+from relay.hygiene import surrogate_in
 
 if TYPE_CHECKING:
     import anyio
@@ -26,35 +29,10 @@ if TYPE_CHECKING:
     from mcp_types import JSONRPCError
 
 
-def _reject_constant(name: str) -> NoReturn:
-    """NaN and Infinity: Python's json reads them, JSON (and the SDK) does not."""
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def _request_id(doc: object) -> str | int | None:
     """The id of a request as JSON-RPC reads it (a string or a whole number); else None."""
     ident = doc.get("id") if isinstance(doc, dict) else None
     return ident if isinstance(ident, str | int) and not isinstance(ident, bool) else None
-
-
-def _lone_surrogate(doc: object) -> tuple[str, str] | None:
-    """(where, the surrogate) of the first string, key or value, holding half a UTF-16 pair;
-    walked without recursion, as json.loads nests deeper than a recursive walk could."""
-    stack: list[tuple[object, str]] = [(doc, "")]
-    while stack:
-        value, where = stack.pop()
-        if isinstance(value, str):
-            half = next((ch for ch in value if "\ud800" <= ch <= "\udfff"), None)
-            if half:
-                where = where or "the message"
-                return (where if len(where) <= 60 else where[:57] + "..."), half
-        elif isinstance(value, dict):
-            items = [(v, f"{where}.{k}" if where else k) for k, v in value.items()]
-            keys = [(k, f"a key in {where or 'the message'}") for k in value]
-            stack.extend(reversed(keys + items))
-        elif isinstance(value, list):
-            stack.extend(reversed([(v, f"{where}[{i}]") for i, v in enumerate(value)]))
-    return None
 
 
 def answer_to(line: str) -> JSONRPCError | None:
@@ -77,7 +55,7 @@ def answer_to(line: str) -> JSONRPCError | None:
     except ValidationError:
         pass
     try:
-        doc = json.loads(line, parse_constant=_reject_constant)
+        doc = json.loads(line, parse_constant=no_constant)
     except (ValueError, RecursionError) as exc:
         why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         return JSONRPCError(
@@ -85,9 +63,11 @@ def answer_to(line: str) -> JSONRPCError | None:
         )
     if isinstance(doc, dict) and "method" not in doc and ("result" in doc or "error" in doc):
         return None
-    surrogate = _lone_surrogate(doc)
+    surrogate = surrogate_in(doc, "the message")
     if surrogate is not None:
-        where, half = surrogate
+        where, text = surrogate[0] or "the message", surrogate[1]
+        where = where if len(where) <= 60 else where[:57] + "..."
+        half = next(ch for ch in text if "\ud800" <= ch <= "\udfff")
         message = (
             f"Parse error: {where} holds a lone surrogate, \\u{ord(half):04x}: half of a UTF-16 "
             "pair, no character, so the message cannot be read as text; send the character "

@@ -811,3 +811,40 @@ def test_an_invisible_source_is_none_and_an_invisible_tag_is_refused(blank):
 def test_text_with_something_to_see_is_not_blank():
     for text in ("e\u0301", "\u200bx", "\U0001f44d\ufe0f", "\u3164a"):
         assert check_body(text)
+
+
+def test_one_walker_finds_a_lone_surrogate_in_nested_json_keys_included():
+    """The API's request models and `relay mcp`'s stdio transport each walked JSON for a
+    lone surrogate their own way; one walker serves both, without recursion (json.loads
+    nests deeper than a recursive walk could go)."""
+    import json
+
+    from relay.hygiene import surrogate_in
+
+    assert surrogate_in({"a": ["ok", {"b": "x\ud800"}]}) == ("a[1].b", "x\ud800")
+    assert surrogate_in({"k\udc00": 1}) == ("a key in the value", "k\udc00")
+    assert surrogate_in({"p": {"k\udc00": 1}}, "the message") == ("a key in p", "k\udc00")
+    assert surrogate_in("\ud800") == ("", "\ud800")
+    paired = json.loads('{"a": "\U0001f600", "b": [1, null, "pair \\ud83d\\ude00"]}')
+    assert surrogate_in(paired) is None  # JSON's escaped pair is one character
+    deep: object = "\ud800"
+    for _ in range(100_000):
+        deep = [deep]
+    assert surrogate_in(deep) == ("[0]" * 100_000, "\ud800")
+
+
+def test_one_json_number_check_for_every_reader():
+    """NaN, Infinity and 1e400 (read as infinity) are no JSON: one pair of json.loads hooks,
+    in the hook's own stdlib-only codec, refuses them for the settings files, the outcome
+    logs and relay mcp alike."""
+    import json
+
+    from relay.hook.codec import NotJSONNumber, finite, loads, no_constant
+
+    for text, infinite in (("[1e400]", True), ("[-1E+999]", True), ("[NaN]", False)):
+        with pytest.raises(NotJSONNumber) as exc:
+            json.loads(text, parse_float=finite, parse_constant=no_constant)
+        assert exc.value.args[1] is infinite
+    assert json.loads("[1.5, 2]", parse_float=finite, parse_constant=no_constant) == [1.5, 2]
+    with pytest.raises(ValueError, match="-Infinity is no JSON number"):
+        loads('{"a": -Infinity}')

@@ -8,7 +8,12 @@ on an interpreter that lacks it. Only plain JSON is accepted: no NaN/Infinity.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # `import typing` would cost the hook a few milliseconds
+if TYPE_CHECKING:
+    from typing import NoReturn
+
 _WHITESPACE = " \t\n\r"
+_INFINITY = float("inf")
 
 try:
     import _json
@@ -27,8 +32,31 @@ class _Context:
     memo: dict = {}
 
     @staticmethod
-    def parse_constant(name: str) -> None:
-        raise ValueError(f"non-standard JSON constant {name}")
+    def parse_constant(name: str) -> NoReturn:
+        no_constant(name)
+
+
+class NotJSONNumber(ValueError):
+    """A number Python's json reads that JSON has none for: args are the literal and
+    whether it is one that reads as infinity (`1e400`), else a constant (NaN, Infinity)."""
+
+    def __str__(self) -> str:
+        return f"{self.args[0]} is no JSON number"
+
+
+def no_constant(name: str) -> NoReturn:
+    """`json.loads(parse_constant=)`: NaN and Infinity, which Python's json reads and JSON
+    (JSON.parse, this hook, the MCP SDK) does not."""
+    raise NotJSONNumber(name, False)
+
+
+def finite(literal: str) -> float:
+    """`json.loads(parse_float=)`: a number past a double's range (`1e400`) reads as
+    infinity, which JSON cannot write back (Python's json writes `Infinity`)."""
+    value = float(literal)
+    if value in (_INFINITY, -_INFINITY):
+        raise NotJSONNumber(literal, True)
+    return value
 
 
 # typeshed types the context as a JSONDecoder; _json reads only the attributes above.
