@@ -66,7 +66,9 @@ def import_(
     \b
     Each memory's source names its file the same way from any folder:
       - in a git work tree: <repository>/<path in the repository>, the repository
-        named by its origin remote (acme/shop-backend/AGENTS.md), else by its folder;
+        named by its origin remote's path (acme/shop-backend/AGENTS.md; a remote
+        that is a folder by its last two parts), else by its folder; memories
+        imported when a remote's last two parts named it are continued;
       - elsewhere: where it sits on this machine, ~/notes/CLAUDE.md under your
         home folder, else its absolute path (warned about: a teammate's copy
         sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
