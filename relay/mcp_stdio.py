@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 def _request_id(doc: object) -> str | int | None:
     """The id of a request as JSON-RPC reads it (a string or a whole number); else None."""
     ident = doc.get("id") if isinstance(doc, dict) else None
+    if isinstance(ident, str) and surrogate_in(ident, "id"):
+        return None  # echoed back, an id no encoder takes killed the server: null, as unread
     return ident if isinstance(ident, str | int) and not isinstance(ident, bool) else None
 
 

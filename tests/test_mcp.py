@@ -254,6 +254,8 @@ def test_stdio_server_answers_every_line_it_cannot_read(tmp_path, server):
         '{"jsonrpc": "2.0", "id": 4}',
         "[" * 100_000,  # deeper than json.loads goes: an answer, not a dead server
         '{"jsonrpc": "2.0", "id": 6, "result": "a response"}',  # malformed, but never answered
+        # QA: an id holding a lone half was echoed into the answer, which killed the server
+        '{"jsonrpc": "2.0", "id": "a\\udc00b", "method": "ping"}',
         '{"jsonrpc": "2.0", "id": 5, "method": "tools/list"}',
     ]
     assert "\\ud800" in lines[3] and "\\ud83d\\ude80" in lines[4]  # a lone half; a whole pair
@@ -272,7 +274,7 @@ def test_stdio_server_answers_every_line_it_cannot_read(tmp_path, server):
         try:
             proc.stdin.write("".join(line + "\n" for line in lines).encode())
             proc.stdin.flush()
-            while len(got) < 7:
+            while len(got) < 8:
                 got.append(answers.get(timeout=30))  # the bug: no answer, ever
         finally:
             proc.stdin.close()
@@ -286,7 +288,9 @@ def test_stdio_server_answers_every_line_it_cannot_read(tmp_path, server):
     assert [(e["code"], e["message"].split(":")[0]) for e in unread] == [
         (-32700, "Parse error"),
         (-32700, "Parse error"),
+        (-32700, "Parse error"),
     ]
+    assert unread[2]["message"].startswith("Parse error: id holds a lone surrogate, \\udc00")
     assert unread[0]["message"].startswith("Parse error: Expecting value")
     assert unread[1]["message"] == "Parse error: nested too deeply"
     assert by_id[2]["error"] == {
