@@ -136,7 +136,7 @@ def _route(method: str, path: str) -> tuple[tuple[str, ...] | None, bool]:
     return (), method not in ("GET", "HEAD")
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
+def origin(url: str) -> tuple[str, str, int | None]:
     """Scheme, host and port of `url` (a default port spelled out or not: the same origin)."""
     parts = urllib.parse.urlsplit(url.strip())
     try:
@@ -148,6 +148,19 @@ def _origin(url: str) -> tuple[str, str, int | None]:
         (parts.hostname or "").lower(),
         port or {"http": 80, "https": 443}.get(parts.scheme),
     )
+
+
+def elsewhere(cfg: hook_config.Config, url: str) -> str | None:
+    """Why `cfg`'s key must not go to `url` ("URL is not the server this machine's key is
+    for (INSTALLED)"), for the caller to add how to give that server's key; None when it
+    may. The installed key is for the installed server: sent to whatever --url names (a
+    typo, a pasted link), it would hand that host the team's memories. A key this shell's
+    environment names (RELAY_API_KEY_FILE) is the user's own choice for it, so it goes."""
+    if not cfg.api_key or not cfg.url or origin(url) == origin(cfg.url):
+        return None
+    if cfg.origin.get(cfg.key_setting) == "RELAY_" + cfg.key_setting.upper():
+        return None
+    return f"{url.strip()} is not the server this machine's key is for ({cfg.url})"
 
 
 def _pass(flag: str, variable: str, flags: bool) -> str:
@@ -187,12 +200,10 @@ class RelayClient:
         """Flags first, then RELAY_URL / RELAY_API_KEY(_FILE), then ~/.relay/config.json.
         `flags`: whether the command takes --url and --key, for what a refusal says."""
         cfg = hook_config.load()
-        if url and not api_key and cfg.api_key and cfg.url and _origin(url) != _origin(cfg.url):
-            # The installed key is for the installed server: sent to whatever --url names
-            # (a typo, a pasted link), it would hand that host the team's memories.
+        refusal = elsewhere(cfg, url) if url and not api_key else None
+        if refusal:
             raise NotConfiguredError(
-                f"{url.strip()} is not the server this machine's key is for ({cfg.url}):"
-                " pass --key (or set RELAY_API_KEY) for that server"
+                f"{refusal}: pass --key (or set RELAY_API_KEY) for that server"
             )
         url, api_key = url or cfg.url, api_key or cfg.api_key
         if cfg.bad_file and not (url and api_key):  # what is missing may be in the broken file

@@ -341,7 +341,7 @@ def _refuse_to_ask_without_a_terminal(url: str | None, key: str | None) -> None:
 @click.option(
     "--key",
     envvar="RELAY_API_KEY",
-    help="API key (default: the one installed before; else asked for).",
+    help="API key (default: the one installed before, if for the same server; else asked for).",
 )
 @click.option(
     "--key-file",
@@ -383,6 +383,7 @@ def install(
             raise click.UsageError("give --key or --key-file, not both")
         key = read_key_file(key_file)  # beats RELAY_API_KEY, as a flag beats the environment
     if not url or not key:  # run again to repair or change one thing: keep the rest
+        from relay.client import elsewhere
         from relay.hook import config as hook_config
 
         installed = hook_config.load()
@@ -395,7 +396,14 @@ def install(
             url = recorded
             shown = tilde(paths.manifest, paths.home)
             click.echo(f"Server {url}, as {shown} records (--url to change it)")
-        if not key and installed.api_key:
+        refusal = elsewhere(installed, url) if url and not key else None
+        if refusal and not sys.stdin.isatty():  # not even to whoami, nor under --dry-run
+            raise click.UsageError(
+                f"{refusal}: pass --key KEY (or --key-file FILE) for that server"
+            )
+        if refusal:
+            click.echo(f"{refusal}: give that server's key")
+        elif not key and installed.api_key:
             key = installed.api_key
             click.echo("Key: the one installed (--key or --key-file to change it)")
     _refuse_to_ask_without_a_terminal(url, key)

@@ -479,6 +479,31 @@ def test_the_installed_key_is_not_sent_to_another_server_named_by_url(tmp_path):
         assert (installed.connections, other.connections) == (1, 1)
 
 
+def test_a_key_file_named_in_the_environment_goes_to_the_server_url_names(tmp_path):
+    """Review: `--url OTHER` was refused with RELAY_API_KEY_FILE naming the key in this
+    shell, the user's own choice for it, and the refusal said to set RELAY_API_KEY. Only
+    the installed config's key is kept to the installed server."""
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    installed_key, chosen = "relay_k_" + "x" * 24, "relay_c_" + "y" * 24
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/key").write_text(installed_key + "\n")
+    (tmp_path / "chosen.key").write_text(chosen + "\n")
+    with FakeRelay() as installed, FakeRelay() as other:
+        config = {"url": installed.url, "api_key_file": str(tmp_path / ".relay/key")}
+        (tmp_path / ".relay/config.json").write_text(json.dumps(config))
+        by_env = {"RELAY_API_KEY_FILE": str(tmp_path / "chosen.key")}
+        done = relay(tmp_path, "search", "foo", "--url", other.url, **by_env)
+        assert done.returncode == 0, done.stderr
+        assert [r.headers["authorization"] for r in other.requests] == [f"Bearer {chosen}"]
+        refused = relay(tmp_path, "search", "foo", "--url", other.url)  # the installed key
+        assert refused.returncode == 2 and "is not the server this machine's key is for" in (
+            refused.stderr
+        )
+        assert (installed.connections, other.connections) == (0, 1)
+
+
 def test_an_org_keeps_an_admin_key_over_http_and_in_the_cli(tmp_path):
     """QA: `DELETE /v1/keys/<own id>` with the org's only admin key answered 200, and the
     next request 401: no key could make or revoke keys again. Refused (409) over HTTP and

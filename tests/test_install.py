@@ -1224,6 +1224,69 @@ def test_install_after_a_broken_config_is_moved_aside_takes_the_recorded_url(tmp
     assert json.loads(config.read_text())["url"] == server["url"]
 
 
+def test_install_with_another_url_does_not_send_the_installed_key_there(tmp_path):
+    """Review: `relay install --url OTHER` reused the installed key and sent it to OTHER's
+    /v1/whoami, under --dry-run too. The installed key goes only to the installed server:
+    without a terminal install refuses, on one it asks for OTHER's key."""
+    import pty
+
+    from hook_support import FakeRelay, reply
+
+    who = {"org": {"name": "acme"}, "key": {"id": "k1", "scopes": ["memory:read"]}}
+    key, typed, chosen = ("relay_k_" + c * 24 for c in "xyz")
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/key").write_text(key + "\n")
+    with FakeRelay(reply(200, who)) as installed, FakeRelay(reply(200, who)) as other:
+        config = {"url": installed.url, "api_key_file": str(tmp_path / ".relay/key")}
+        (tmp_path / ".relay/config.json").write_text(json.dumps(config))
+        done = relay(tmp_path, "install", "--url", other.url, "--dry-run", stdin="")
+        assert other.connections == 0
+        assert done.returncode == 2 and done.stdout == "", done.stdout
+        assert done.stderr == (
+            f"relay: error: {other.url} is not the server this machine's key is for"
+            f" ({installed.url}): pass --key KEY (or --key-file FILE) for that server"
+            " (see 'relay install --help')\n"
+        )
+        # On a terminal it asks for that server's key, and sends only the key typed. A new
+        # session has no /dev/tty, so the key is read from the terminal given as stdin; it
+        # is typed once the prompt shows (turning echo off flushes what came before).
+        leader, follower = pty.openpty()
+        asked = subprocess.Popen(
+            [RELAY, "install", "--url", other.url, "--dry-run"],
+            env=clean_env(tmp_path),
+            stdin=follower,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            os.close(follower)
+            prompt = b""
+            while not prompt.endswith(b"API key: "):
+                chunk = os.read(asked.stderr.fileno(), 100)
+                assert chunk, prompt
+                prompt += chunk
+            os.write(leader, (typed + "\n").encode())
+            out, err = asked.communicate(timeout=60)
+        finally:
+            asked.kill()
+            asked.wait()
+            os.close(leader)
+        assert asked.returncode == 0, err
+        assert f"{other.url} is not the server this machine's key is for" in out.decode()
+        assert [r.headers["authorization"] for r in other.requests] == [f"Bearer {typed}"]
+        # A key file this shell names is the user's choice for it, as for every command.
+        (tmp_path / "chosen.key").write_text(chosen + "\n")
+        by_env = {"RELAY_API_KEY_FILE": str(tmp_path / "chosen.key")}
+        done = relay(tmp_path, "install", "--url", other.url, "--dry-run", stdin="", **by_env)
+        assert done.returncode == 0, done.stderr
+        assert other.requests[-1].headers["authorization"] == f"Bearer {chosen}"
+        # The installed server, spelled with a slash, still gets the installed key.
+        done = relay(tmp_path, "install", "--url", installed.url + "/", "--dry-run", stdin="")
+        assert done.returncode == 0, done.stderr
+        assert [r.headers["authorization"] for r in installed.requests] == [f"Bearer {key}"]
+
+
 def test_without_a_terminal_install_names_the_flags_it_would_have_asked_for(tmp_path, server):
     """QA: `relay install < /dev/null` said `Relay server URL [...]: aborted` and no reason;
     with a key piped in, Python's GetPassWarning and "Password input may be echoed"."""
