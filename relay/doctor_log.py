@@ -179,7 +179,10 @@ def _unwritable(state_dir: str) -> tuple[str, str] | None:
     """(where, why) the hook could not create files in `state_dir` or its `sessions/` (for
     one missing, in the nearest folder there, where it would create it); None when it could."""
     for path in (state_dir, os.path.join(state_dir, "sessions")):
-        while not os.path.lexists(path):
+        # Climbed as given, a relative folder ("relstate") reaches "", whose parent is "":
+        # doctor never finished. Absolute, the climb stops at "/" (or any fixed point).
+        path = os.path.abspath(path)
+        while not os.path.lexists(path) and os.path.dirname(path) != path:
             path = os.path.dirname(path)
         if not os.path.isdir(path):
             return path, "not a folder"

@@ -375,6 +375,25 @@ def test_a_state_folder_the_hook_cannot_write_fails_and_its_prompts_are_counted(
     assert not [f for f in findings(tmp_path, TMPDIR=str(temp)) if f["area"] == "state"]
 
 
+def test_a_relative_state_folder_does_not_hang_doctor(tmp_path, server):
+    """Review: with RELAY_STATE_DIR=relstate, doctor looked for the nearest folder there
+    by climbing "relstate" to "", whose parent is "" again, and never finished."""
+    import subprocess
+
+    from integration_support import RELAY, clean_env
+
+    installed(tmp_path, server.url, server.admin_key)
+    env = clean_env(tmp_path, RELAY_STATE_DIR="relstate")
+    args = [RELAY, "doctor", "--json"]
+    done = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stdout
+    assert not [f for f in json.loads(done.stdout) if f["area"] == "state"]
+    (tmp_path / "relstate").write_text("x\n")  # then it is named as any other
+    done = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, timeout=60)
+    (finding,) = [f for f in json.loads(done.stdout) if f["area"] == "state"]
+    assert "relstate is not a folder" in finding["message"], finding
+
+
 def test_state_files_another_user_owns_are_named(tmp_path, server):
     """Files `sudo claude` left in a state folder this user can still write: the sessions
     they hold get no state, and a log or breaker among them is not written."""
