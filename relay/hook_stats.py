@@ -20,6 +20,7 @@ import click
 
 from relay.hook import config as hook_config
 from relay.hook.codec import finite, no_constant
+from relay.hook.files import is_own_dir
 from relay.hook.outcome_log import LOG_NAME, fallback_dir
 
 OUTCOMES = (
@@ -80,9 +81,12 @@ def read_entries(state_dir: str, since: float | None = None) -> Iterator[dict]:
 
     own = _read_log(os.path.join(state_dir, LOG_NAME), since)
     mine = os.path.abspath(os.path.expanduser(state_dir))
+    fallback = fallback_dir(os.environ)
+    # Only a folder the hook would log in: one another user made there is none of our runs.
+    found = _read_log(os.path.join(fallback, LOG_NAME), since) if is_own_dir(fallback) else ()
     elsewhere = (
         entry
-        for entry in _read_log(os.path.join(fallback_dir(os.environ), LOG_NAME), since)
+        for entry in found
         if isinstance(entry.get("state_dir"), str) and os.path.abspath(entry["state_dir"]) == mine
     )
     # ISO 8601 UTC stamps of one format sort as text.

@@ -235,3 +235,31 @@ def test_send_without_a_server_names_what_stats_takes(tmp_path):
         "relay: error: no API key: set RELAY_API_KEY (or RELAY_API_KEY_FILE) or run"
         " 'relay install'\n"
     )
+
+
+def test_a_fallback_log_folder_that_is_not_this_users_alone_is_not_read(tmp_path, monkeypatch):
+    """Review: `relay stats` read the hook's fallback log folder ($TMPDIR/relay-hook-UID)
+    whatever it was, so another user could plant runs there (a folder made in advance, open
+    to others, or a symlink); the hook itself logs only in a folder of this user's alone."""
+    import os
+
+    from relay.hook.outcome_log import LOG_NAME, fallback_dir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    state = tmp_path / "state"
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o700)
+    entry = {"ts": "2026-01-01T00:00:00.000Z", "outcome": "hit", "state_dir": str(state)}
+    (planted / LOG_NAME).write_text(json.dumps(entry) + "\n")
+    fallback = fallback_dir(os.environ)
+    os.rename(planted, fallback)
+    assert summarise(str(state), since_s=None)["invocations"] == 1  # this user's: read
+    os.chmod(fallback, 0o733)
+    assert summarise(str(state), since_s=None)["invocations"] == 0  # open to others
+    os.chmod(fallback, 0o700)
+    os.chown(fallback, 65534, 65534)
+    assert summarise(str(state), since_s=None)["invocations"] == 0  # another user's
+    os.chown(fallback, os.getuid(), os.getgid())
+    os.rename(fallback, planted)
+    os.symlink(planted, fallback)
+    assert summarise(str(state), since_s=None)["invocations"] == 0  # a link to elsewhere

@@ -36,10 +36,20 @@ def own_dir(path: str) -> str:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    found = os.lstat(path)
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+    if not is_own_dir(path):
         raise PermissionError(f"{path} is not a private folder of this user's")
     return path
+
+
+def is_own_dir(path: str) -> bool:
+    """Whether `path` is a folder (no symlink) of this user's, closed to group and others:
+    the one rule for the folders in a shared temporary directory the hook writes and
+    `relay stats` reads (entries another user planted there are not this user's runs)."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and not found.st_mode & 0o077
 
 
 def read_bytes(path: str, limit: int) -> bytes | None:
