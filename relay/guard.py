@@ -10,6 +10,7 @@ included, 503 for as long as they stalled (uvicorn bounds no body's time).
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import anyio
@@ -24,7 +25,12 @@ from relay.errors import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    # Told of each request the guard answers itself: (scope, status, seconds taken).
+    Observe = Callable[[Scope, int, float], None]
 
 BODY_TIMEOUT_S = 10  # `relay serve --body-timeout`: 256 KiB, the default body cap, at 26 KB/s
 
@@ -45,17 +51,22 @@ class GuardMiddleware:
         max_inflight: int,
         max_body_bytes: int,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        observe: Observe | None = None,
     ) -> None:
         self.app = app
         self.max_inflight = max_inflight
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        # The app measures what it answers; what the guard refuses never reaches it, so
+        # probing without a key or stalling bodies would not show in /metrics otherwise.
+        self.observe = observe
         self.inflight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        start = time.perf_counter()
         try:
             self._check_head(scope)
             body = await self._read_body(receive)
@@ -67,6 +78,8 @@ class GuardMiddleware:
             if refused.status != 503:  # the body may be unread: nothing else can follow it
                 response.headers["Connection"] = "close"
             await response(scope, receive, send)
+            if self.observe is not None:
+                self.observe(scope, refused.status, time.perf_counter() - start)
             return
         self.inflight += 1
         try:

@@ -528,4 +528,10 @@ def asgi_app(
     body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> ASGIApp:
     """The app behind its guard (load shedding, body cap and deadline): what `relay serve` runs."""
-    return GuardMiddleware(create_app(services), max_inflight, max_body_bytes, body_timeout_s)
+    app = create_app(services)
+
+    def observe(scope: Scope, status: int, seconds: float) -> None:
+        route = _route_label(app, scope)
+        services.metrics.observe_request(route, scope["method"], status, seconds)
+
+    return GuardMiddleware(app, max_inflight, max_body_bytes, body_timeout_s, observe)

@@ -140,3 +140,31 @@ def test_a_body_that_does_not_arrive_in_time_is_408_and_holds_no_slot_meanwhile(
             for sock in stalled:
                 sock.close()
     served_meanwhile(server)
+
+
+def test_requests_the_guard_answers_itself_are_counted_in_metrics(server):
+    """Review: the app's own measuring runs inside the guard, so its 401s without a key and
+    408s of stalled bodies never reached /metrics: probing and slow clients went unseen."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counted() -> dict[str, float]:
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        (family,) = [
+            f for f in text_string_to_metric_families(text) if f.name == "relay_http_requests"
+        ]
+        return {
+            s.labels["status"]: s.value
+            for s in family.samples
+            if s.name.endswith("_total") and s.labels["route"] == "/v1/search"
+            if s.labels["method"] == "POST"
+        }
+
+    before = counted()
+    keyless = httpx.post(f"{server.url}/v1/search", json={"query": "staging?"}, timeout=10)
+    assert keyless.status_code == 401
+    keyed = {"Authorization": f"Bearer {server.admin_key}"}
+    status, _, body = answer(stall(server.url, "/v1/search", keyed), BODY_TIMEOUT_S + 10)
+    assert_error(status, body, "request_timeout", 408)
+    after = counted()
+    assert after.get("401", 0) == before.get("401", 0) + 1, (before, after)
+    assert after.get("408", 0) == before.get("408", 0) + 1, (before, after)
