@@ -88,8 +88,9 @@ class ConfigChecks:
         # The settings the hook runs with: the script's knobs beat the config file.
         script = self._script_reading if self._script_in_use() else None
         ignored: list[str] = []
+        capped: list[str] = []
         handed = script.handed(self.environ) if script else self.environ
-        self.cfg = cfg = hook_config.load(handed, ignored)
+        self.cfg = cfg = hook_config.load(handed, ignored, capped)
         if script is not None:
             for problem in script.problems(self.home(self.paths.script)):
                 self.add("warn", "config", problem.message, problem.fix)
@@ -104,6 +105,14 @@ class ConfigChecks:
                 "config",
                 f"the hook ignores {what} and uses the value below it (docs/hook.md)",
                 "fix the value (RELAY_<NAME> in the environment or in the hook script, else"
+                " config.json)",
+            )
+        for what in capped:  # not a knob of the script: no value from it to leave out
+            self.add(
+                "warn",
+                "config",
+                f"the hook caps {what}",
+                "lower the value to the cap or below (RELAY_<NAME> in the environment, else"
                 " config.json)",
             )
         for var in ("RELAY_URL", "RELAY_API_KEY", "RELAY_API_KEY_FILE"):

@@ -476,11 +476,10 @@ def test_a_token_budget_claude_code_would_cut_is_named_with_why(tmp_path, server
     config.write_text(json.dumps({**json.loads(config.read_text()), "profile_max_tokens": 8000}))
     (finding,) = [f for f in findings(tmp_path) if "profile_max_tokens" in f["message"]]
     assert finding["level"] == "warn"
-    assert finding["message"] == (
-        f"the hook ignores profile_max_tokens 8000 in {config} (outside 152..3000:"
-        " Claude Code cuts hook output over 10,000 characters to a 2,000-character preview,"
-        " so the hook never prints more than 9,500, about 3000 tokens) and uses the value"
-        " below it (docs/hook.md)"
+    assert finding["message"] == (  # capped, not the default of 800 (review)
+        f"the hook caps profile_max_tokens 8000 in {config} at 3000 (Claude Code cuts hook"
+        " output over 10,000 characters to a 2,000-character preview, so the hook never"
+        " prints more than 9,500, about 3000 tokens)"
     ), finding
 
 

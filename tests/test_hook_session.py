@@ -365,8 +365,8 @@ def test_a_pinned_memory_shown_cut_at_session_start_leaves_its_passages_to_later
 def test_what_the_hook_prints_stays_under_what_claude_code_keeps_whole(tmp_path, budget):
     """QA: profile_max_tokens=8000 and long pinned memories made a SessionStart context of
     23,986 characters; Claude Code keeps 10,000 characters of hook output and shows the
-    model a 2,000-character preview of more. A budget over 3000 is out of range (ignored, as
-    any bad value); within it, text that JSON writes long (beyond ASCII, quotes) is cut."""
+    model a 2,000-character preview of more. A budget over 3000 is capped at 3000; within
+    it, text that JSON writes long (beyond ASCII, quotes) is cut."""
     long = "Sécurité: déploiement « vérifié » avant la mise en production. " * 60
     pinned = results(*(record(f"mem_{n}", 1, f'"{n}" {long}', passage=0) for n in range(5)))
     search = results(*(record(f"mem_{n}", 1, long, passage=1, passages=2) for n in range(5)))

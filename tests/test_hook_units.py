@@ -357,6 +357,21 @@ def test_the_least_token_budget_is_one_that_can_inject_and_the_docs_say_so(knob)
     assert f"{floor}..{MAX_BUDGET_TOKENS}" in row
 
 
+@pytest.mark.parametrize("knob", ["max_tokens", "profile_max_tokens"])
+def test_a_token_budget_past_what_the_hook_can_print_is_capped_not_dropped(knob):
+    """Review: max_tokens=8000 fell back to the default 600, a fifth of what the hook can
+    print, when its user asked for more: it is capped at 3000, and relay doctor says so."""
+    env = {"RELAY_CONFIG": "/nonexistent/config.json", "RELAY_" + knob.upper(): "8000"}
+    ignored: list[str] = []
+    capped: list[str] = []
+    assert config.load(env, ignored, capped)[knob] == MAX_BUDGET_TOKENS
+    assert ignored == [] and len(capped) == 1
+    assert capped[0].startswith(f"{knob} '8000' in RELAY_{knob.upper()} at {MAX_BUDGET_TOKENS} (")
+    docs = (Path(__file__).parent.parent / "docs/hook.md").read_text()
+    (row,) = [line for line in docs.splitlines() if line.startswith(f"| `{knob}`")]
+    assert f"capped at {MAX_BUDGET_TOKENS}" in row
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(

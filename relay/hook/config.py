@@ -4,7 +4,8 @@ The config file is JSON, at `$RELAY_CONFIG` or else `~/.relay/config.json`, with
 the setting names below as keys (`{"url": "http://relay:8080", "api_key_file":
 "~/.relay/key"}`). Each setting is overridden by `RELAY_<NAME>` in the
 environment. A value that does not parse, or is out of range, falls back to the
-default: a typo in a knob must never break a prompt.
+default: a typo in a knob must never break a prompt. A token budget past what the hook
+can print is capped instead.
 """
 
 from __future__ import annotations
@@ -64,18 +65,28 @@ def _float(low: float, high: float):
     return parse
 
 
+class Capped(ValueError):
+    """A value past its setting's ceiling: the setting takes `value`, the ceiling, not the
+    layer below (more of a budget cannot be spent; a default would be far less)."""
+
+    def __init__(self, value: object, why: str) -> None:
+        super().__init__(why)
+        self.value = value
+
+
 def _budget(raw: object) -> int:
-    """A token budget: MIN_BUDGET_TOKENS..MAX_BUDGET_TOKENS, and why when it is not."""
+    """A token budget: MIN_BUDGET_TOKENS..MAX_BUDGET_TOKENS (more is capped), and why."""
     value = _int(0, 1 << 62)(raw)
     if value < MIN_BUDGET_TOKENS:
         raise ValueError(
             f"outside {MIN_BUDGET_TOKENS}..{MAX_BUDGET_TOKENS}: less could never carry a record"
         )
     if value > MAX_BUDGET_TOKENS:
-        raise ValueError(
-            f"outside {MIN_BUDGET_TOKENS}..{MAX_BUDGET_TOKENS}: Claude Code cuts hook output"
-            " over 10,000 characters to a 2,000-character preview, so the hook never prints"
-            f" more than {OUTPUT_MAX_CHARS:,}, about {MAX_BUDGET_TOKENS} tokens"
+        raise Capped(
+            MAX_BUDGET_TOKENS,
+            "Claude Code cuts hook output over 10,000 characters to a 2,000-character preview,"
+            f" so the hook never prints more than {OUTPUT_MAX_CHARS:,}, about"
+            f" {MAX_BUDGET_TOKENS} tokens",
         )
     return value
 
@@ -139,8 +150,9 @@ SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
         600,
         _budget,
         f"Most tokens injected per prompt, labels included, {MIN_BUDGET_TOKENS}.."
-        f"{MAX_BUDGET_TOKENS}: less could never carry a record, and the hook's output stays"
-        f" under {OUTPUT_MAX_CHARS:,} characters (Claude Code cuts longer output to a preview).",
+        f"{MAX_BUDGET_TOKENS}: less could never carry a record, and more is capped at"
+        f" {MAX_BUDGET_TOKENS}, as the hook's output stays under {OUTPUT_MAX_CHARS:,} characters"
+        " (Claude Code cuts longer output to a preview).",
     ),
     ("profile", True, _bool, "SessionStart injects the team profile (pinned memories)."),
     ("profile_max_records", 5, _int(1, 20), "Most pinned records injected at SessionStart."),
@@ -293,9 +305,14 @@ def file_problem(path: str) -> str | None:
     return None
 
 
-def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = None) -> Config:
+def load(
+    environ: Mapping[str, str] | None = None,
+    ignored: list[str] | None = None,
+    capped: list[str] | None = None,
+) -> Config:
     """Defaults, then the config file, then RELAY_* variables; a bad value keeps the layer
-    below, and is described in `ignored` when given (`relay doctor` shows them)."""
+    below, and is described in `ignored` when given, one past its ceiling takes the ceiling,
+    described in `capped` (`relay doctor` shows them)."""
     environ = os.environ if environ is None else environ
     path = config_path(environ)
     from_file, bad_file = _read_file(path)
@@ -310,10 +327,15 @@ def load(environ: Mapping[str, str] | None = None, ignored: list[str] | None = N
                 continue
             try:
                 value = parse(layer)
-                resolved.origin[name] = where
+            except Capped as exc:
+                value = exc.value
+                if capped is not None:
+                    capped.append(f"{name} {layer!r} in {where} at {value} ({exc})")
             except (ValueError, TypeError, OverflowError) as exc:
                 if ignored is not None:
                     ignored.append(f"{name} {layer!r} in {where} ({exc})")
+                continue
+            resolved.origin[name] = where
         resolved[name] = value
     resolved["state_dir"] = os.path.expanduser(resolved["state_dir"] or "~/.relay/state")
     resolved["api_key"] = _resolve_key(resolved)
