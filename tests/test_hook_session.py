@@ -273,7 +273,74 @@ def test_a_revision_that_shows_the_same_text_is_not_injected_again(tmp_path):
         assert (hook.last()["outcome"], hook.last()["duplicates"]) == ("no_match", 1)
         state = hook.session_state()
     assert state["ledger"] == {"mem_pin": 1, "mem_deploy": 3}  # its format as before
-    assert len(state["shown"]) == 3 and all(len(key) == 12 for key in state["shown"])
+    # per memory, the hash of the latest text shown (whole revisions: no passage numbered)
+    assert set(state["shown"]) == {"mem_pin", "mem_deploy"}
+    assert all(type(key) is str and len(key) == 12 for key in state["shown"].values())
+
+
+def test_an_edit_reverted_to_a_text_shown_before_is_injected_again(tmp_path):
+    """QA: Thursday (revision 1), edited to Wednesday (2), edited back to Thursday (3): the
+    hook dropped revision 3 as a duplicate (a text it had shown once), and the newest copy
+    the model held said Wednesday. Only the latest text shown for a memory is a duplicate:
+    a tag-only edit after that (4, Thursday again) still injects nothing."""
+    fact = "The release freeze starts on {} at noon."
+    answer = {"revision": 1, "text": fact.format("Thursday")}
+
+    def handler(conn, request):
+        reply(200, results(record("mem_freeze", passage=0, passages=1, **answer)))(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        for revision, day, prompt in (
+            (1, "Thursday", "when does the release freeze start?"),
+            (2, "Wednesday", "when exactly is the release freeze?"),
+            (3, "Thursday", "remind me about the release freeze day"),
+        ):
+            answer.update(revision=revision, text=fact.format(day))
+            context = assert_hit_contract(hook.prompt(prompt))
+            assert f'revision="{revision}"' in context and fact.format(day) in context
+        answer["revision"] = 4  # tagged: the text the model holds as the newest
+        assert_silent(hook.prompt("is the release freeze still on for this week?"))
+        assert (hook.last()["outcome"], hook.last()["duplicates"]) == ("no_match", 1)
+    assert [e["injected"] for e in hook.outcomes()[:3]] == [[["mem_freeze", n]] for n in (1, 2, 3)]
+    shown = hook.session_state()["shown"]  # the latest text of passage 0 alone
+    assert list(shown) == ["mem_freeze"] and shown["mem_freeze"].startswith("0:")
+    assert len(shown["mem_freeze"]) == 14
+
+
+def test_a_state_file_holding_a_list_of_text_hashes_is_read_without_them(tmp_path):
+    """A hook kept the hash of every text shown in a `shown` list for a while: such a file
+    is read (its ledger keeps its dedupe) and the list, which says not which text is a
+    memory's latest, is dropped; the text shown next is kept the new way."""
+    fact = "The release freeze starts on Thursday at noon."
+    answer = {"revision": 2, "text": fact}
+
+    def handler(conn, request):
+        reply(200, results(record("mem_freeze", **answer)))(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+        folder = hook.state_dir / "sessions"
+        folder.mkdir(parents=True, mode=0o700)
+        old = {
+            "v": 1,
+            "session": "sess-1",
+            "count": 2,
+            "last_search": 1,
+            "keywords": [],
+            "ledger": {"mem_freeze": 2},
+            "shown": ["0123456789ab", "ba9876543210"],
+            "told_unauthorized": False,
+            "last_prompt_id": "p-old",
+            "start": None,
+        }
+        (folder / "sess-1.json").write_text(json.dumps(old))
+        assert_silent(hook.prompt("when does the release freeze start?"))
+        assert (hook.last()["outcome"], hook.last()["duplicates"]) == ("no_match", 1)
+        answer.update(revision=3, text=fact.replace("Thursday", "Friday"))
+        assert "Friday" in assert_hit_contract(hook.prompt("when is the release freeze now?"))
+        state = hook.session_state()
+    assert state["ledger"] == {"mem_freeze": 3} and list(state["shown"]) == ["mem_freeze"]
 
 
 def test_a_ledger_written_before_passages_keeps_its_dedupe(tmp_path):

@@ -21,6 +21,8 @@ from relay.hook.pack import (
     PROMPT_REMINDER,
     ledger_add,
     pack,
+    shown_holds,
+    shown_key,
     tokens,
     validate,
 )
@@ -208,6 +210,38 @@ def test_a_passage_shown_cut_is_not_recorded_unless_it_could_never_be_shown_whol
     _, injected, _ = pack([rec("d", 2, "word " * 400)], {}, 3, 320, PROFILE_INTRO)
     ledger_add(ledger, injected[0])
     assert "d" not in ledger
+
+
+def test_shown_holds_the_latest_text_of_each_passage_not_every_text_ever_shown():
+    """A text is a duplicate only as the latest one shown for its memory and passage: an
+    edit reverted comes in; a passage shown cut leaves no text to match; the older side of
+    a conflict, shown beside the newer, is not the memory's latest."""
+
+    def part(rev, seq, text, **extra):
+        return {**rec("a", rev, text), "passage": seq, "passages": 2, **extra}
+
+    ledger: dict = {}
+    shown: dict = {}
+    for record in (part(1, 0, "Thursday"), part(1, 1, "noon"), part(2, 0, "Wednesday")):
+        ledger_add(ledger, record, shown)
+    assert not shown_holds(shown, part(3, 0, "Thursday"))  # reverted: the model has Wednesday
+    assert shown_holds(shown, part(3, 0, "Wednesday")) and shown_holds(shown, part(3, 1, "noon"))
+    context, injected, dupes = pack(
+        [part(3, 0, "Thursday"), part(4, 1, "noon")], ledger, 3, 600, PROMPT_INTRO, shown=shown
+    )
+    assert [r["revision"] for r in injected] == [3] and dupes == 1
+    ledger_add(ledger, part(1, 1, "midnight"), shown)  # the older side of a conflict
+    assert shown_holds(shown, part(3, 1, "noon"))
+    assert shown == {
+        "a": f"0:{shown_key(part(2, 0, 'Wednesday'))} 1:{shown_key(part(1, 1, 'noon'))}"
+    }
+    ledger_add(ledger, part(3, 1, "noon", cut=True), shown)  # shown in part
+    assert not shown_holds(shown, part(3, 1, "noon")) and shown_holds(
+        shown, part(3, 0, "Wednesday")
+    )
+    ledger_add(ledger, {**rec("a", 5, "all of it"), "passage": None}, shown)  # a whole revision
+    assert shown == {"a": shown_key(rec("a", 5, "all of it"))}
+    assert shown_holds(shown, part(6, 0, "all of it"))
 
 
 def test_pack_labels_each_record_with_provenance():

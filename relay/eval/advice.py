@@ -38,7 +38,6 @@ from relay.hook.pack import (
     PROMPT_REMINDER,
     ledger_add,
     pack,
-    shown_add,
     tokens,
     validate,
 )
@@ -196,8 +195,7 @@ def simulate(
                 )
                 data["keywords"] = words
                 for record in injected:
-                    ledger_add(data["ledger"], record)
-                    shown_add(data["shown"], record)
+                    ledger_add(data["ledger"], record, data["shown"])
                     held.add(record["id"])
                 if context:
                     cumulative += kept_in_history(tokens(context), turn.no, length)

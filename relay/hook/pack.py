@@ -280,11 +280,16 @@ def _groups(records: list[dict]) -> list[list[dict]]:
 # (`_cut_for_good`): a later hit could only show the same cut, so it counts as shown.
 
 
-# Beside the ledger, `shown`: a short hash of each text it showed (title and passage text,
-# `shown_key`), newest last. A new revision whose text is one the conversation holds (a
-# `relay edit` of a tag or the pin writes a revision with the same text) shows nothing new,
-# so it is a duplicate too; one whose text changed comes in as before. Hashes, not texts,
-# keep the state file small: 12 hex digits, no collision to fear among a session's 400.
+# Beside the ledger, `shown`: per memory, a short hash (`shown_key`) of the latest title and
+# text it showed, oldest first like the ledger: `{id: "hash"}` for a record that stands for
+# its whole revision (the profile, a server that numbers no passages), `{id: "0:hash 3:hash"}`
+# for passages (a string, not a dict: a full session's state loads and saves ~250 us sooner).
+# A new revision whose text is the latest the conversation holds for that memory and passage
+# (a `relay edit` of a tag or the pin writes a revision with the same text) shows nothing
+# new, so it is a duplicate too. Only the latest counts: an edit reverted (Thursday, then
+# Wednesday, then Thursday again) must come in, the model's newest copy saying otherwise.
+# Hashes, not texts, keep the state file small: 12 hex digits, no collision to fear among
+# one memory's passages.
 SHOWN_KEY_HEX = 12
 
 
@@ -294,13 +299,38 @@ def shown_key(record: dict) -> str:
     return sha256_hex(text)[:SHOWN_KEY_HEX]
 
 
-def shown_add(shown: list[str], record: dict) -> None:
-    """Record the text of `record` as shown, as `ledger_add` does its revision."""
-    if not record.get("cut"):
-        key = shown_key(record)
-        if key in shown:
-            shown.remove(key)
-        shown.append(key)
+def shown_holds(shown: dict, record: dict) -> bool:
+    """Whether the latest text the conversation was shown for this record's memory and
+    passage is this record's (a whole revision's text stands for each of its passages)."""
+    entry = shown.get(record["id"])
+    if entry is None:
+        return False
+    if ":" not in entry:
+        return entry == shown_key(record)
+    seq = record.get("passage")
+    return seq is not None and f"{seq}:{shown_key(record)}" in entry.split()
+
+
+def _shown_add(shown: dict, ledger: dict, record: dict) -> None:
+    """Record the text of `record` as the latest shown for its memory and passage, moved
+    last; called before `ledger_add` updates `ledger`."""
+    rid, seq = record["id"], record.get("passage")
+    held = ledger.get(rid)
+    if held is not None and ledger_entry(held)[0] > record["revision"]:
+        return  # an older side of a conflict, shown beside the newer: not the latest text
+    entry = shown.pop(rid, "")
+    # passage -> hash; a whole revision's hash is dropped by any passage shown after it
+    parts = dict(p.partition(":")[::2] for p in entry.split()) if ":" in entry else {}
+    if record.get("cut"):
+        # Shown in part: the model's latest copy is not a whole text, so none matches it.
+        parts.pop(str(seq), None)
+    elif seq is None:
+        shown[rid] = shown_key(record)
+        return
+    else:
+        parts[str(seq)] = shown_key(record)
+    if seq is not None and parts:
+        shown[rid] = " ".join(f"{k}:{v}" for k, v in parts.items())
 
 
 def ledger_entry(entry: int | list) -> tuple[int, list[int] | None]:
@@ -323,9 +353,12 @@ def ledger_holds(ledger: dict, record: dict) -> bool:
     return shown is None or seq is None or seq in shown
 
 
-def ledger_add(ledger: dict, record: dict) -> None:
+def ledger_add(ledger: dict, record: dict, shown: dict | None = None) -> None:
     """Record `record` as shown; its entry moves last (the ledger drops the oldest first).
-    A record `pack` returned marked `cut` was shown in part only, and marks nothing."""
+    A record `pack` returned marked `cut` was shown in part only, and marks nothing. With
+    `shown`, its text is recorded there as its memory's latest (`shown_holds`)."""
+    if shown is not None:
+        _shown_add(shown, ledger, record)
     if record.get("cut"):
         return
     rid, revision, seq = record["id"], record["revision"], record.get("passage")
@@ -352,7 +385,7 @@ def pack(
     intro: str,
     later_intro: str | None = None,
     max_chars: float = float("inf"),
-    shown: list[str] | None = None,
+    shown: dict | None = None,
 ) -> tuple[str | None, list[dict], int]:
     """(context or None, records injected, ledger duplicates dropped) within the limits:
     `max_records`, `max_tokens`, and `max_chars` characters of the context written as JSON
@@ -362,20 +395,19 @@ def pack(
     holds something: the session was shown a full preamble with it.
 
     A record is a duplicate when the ledger holds its passage of its revision, or a newer
-    revision (see `ledger_holds`), or when its text is one `shown` holds (`shown_key`). Of
-    one answer, only the best-ranked passage of each (id, revision) is kept (the server sends
-    one a memory); a later passage of the same revision in it is not counted as a duplicate
-    of the conversation. A record shown cut comes back as a copy marked `cut` (which
-    `ledger_add` and `shown_add` do not record), unless no later context could show more
-    of it.
+    revision (see `ledger_holds`), or when its text is the latest `shown` holds for its
+    memory and passage (`shown_holds`). Of one answer, only the best-ranked passage of each
+    (id, revision) is kept (the server sends one a memory); a later passage of the same
+    revision in it is not counted as a duplicate of the conversation. A record shown cut
+    comes back as a copy marked `cut` (which `ledger_add` does not record), unless no later
+    context could show more of it.
     """
     seen: set[tuple[str, int]] = set()
     fresh = []
     dupes = 0
-    texts = set(shown or ())
     for record in records:
         pair = (record["id"], record["revision"])
-        if ledger_holds(ledger, record) or (texts and shown_key(record) in texts):
+        if ledger_holds(ledger, record) or (shown and shown_holds(shown, record)):
             dupes += 1
         elif pair not in seen:
             seen.add(pair)

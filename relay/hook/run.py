@@ -23,7 +23,6 @@ from relay.hook.pack import (
     context_room,
     ledger_add,
     pack,
-    shown_add,
     starved,
     tokens,
     validate,
@@ -471,8 +470,7 @@ def _inject(inv, session_id, records, max_records, max_tokens, intros, event_nam
             inv.log["tokens"] = tokens(context)
             inv.log["injected"] = [[r["id"], r["revision"]] for r in injected]
             for record in injected:
-                ledger_add(data["ledger"], record)
-                shown_add(data["shown"], record)
+                ledger_add(data["ledger"], record, data["shown"])
         session.save()
 
 

@@ -20,6 +20,7 @@ from relay.hook.files import Lock, private_dir, read_bytes, read_owned_object, w
 
 LEDGER_MAX = 400  # passages remembered, a whole revision counting as one
 KEYWORDS_MAX = 64
+SHOWN_ENTRY_MAX = 64 * 1024  # one memory's "passage:hash" pairs, space-separated
 STATE_MAX_BYTES = 256 * 1024
 SESSION_TTL_S = 7 * 24 * 3600
 SESSIONS_MAX = 500
@@ -40,7 +41,7 @@ def fresh(session_id: str) -> dict:
         "last_search": 0,
         "keywords": [],
         "ledger": {},
-        "shown": [],  # short hashes of the texts the ledger's records showed (pack.shown_key)
+        "shown": {},  # per memory, short hashes of the latest texts shown (pack.shown_holds)
         "told_unauthorized": False,
         "last_prompt_id": None,
         "last_prompt": None,  # {"sha", "at", "count"} of the last prompt counted
@@ -101,15 +102,9 @@ class Session:
     def save(self) -> None:
         if not self.lock.held:
             return
-        ledger = self.data["ledger"]
         # At most LEDGER_MAX passages (a whole revision counts as one), the oldest dropped.
-        held = sum(1 if type(entry) is int else max(1, len(entry[1])) for entry in ledger.values())
-        for key in list(ledger):
-            if held <= LEDGER_MAX:
-                break
-            entry = ledger.pop(key)
-            held -= 1 if type(entry) is int else max(1, len(entry[1]))
-        self.data["shown"] = self.data["shown"][-LEDGER_MAX:]
+        _trim(self.data["ledger"], lambda entry: 1 if type(entry) is int else max(1, len(entry[1])))
+        _trim(self.data["shown"], lambda entry: entry.count(" ") + 1)  # passages' hashes
         self.data["keywords"] = self.data["keywords"][:KEYWORDS_MAX]
         self.data["updated"] = int(time.time())
         try:
@@ -135,9 +130,11 @@ def _load(path: str, session_id: str) -> dict:
     ledger = stored.get("ledger")
     if isinstance(ledger, dict):
         state["ledger"] = {k: v for k, v in ledger.items() if _ledger_entry(v)}
-    shown = stored.get("shown")  # absent from a file written before texts were hashed
-    if isinstance(shown, list) and all(isinstance(h, str) and len(h) <= 16 for h in shown):
-        state["shown"] = shown[-LEDGER_MAX:]
+    # Absent from a file written before texts were hashed. A list (a hook kept the hash of
+    # every text shown for a while) says not which text is a memory's latest: dropped.
+    shown = stored.get("shown")
+    if isinstance(shown, dict):
+        state["shown"] = {k: v for k, v in shown.items() if _shown_entry(v)}
     state["told_unauthorized"] = stored.get("told_unauthorized") is True
     if isinstance(stored.get("last_prompt_id"), str):
         state["last_prompt_id"] = stored["last_prompt_id"]
@@ -159,6 +156,21 @@ def _repeat_mark(value: object, key: str) -> dict | None:
     ):
         return {k: value[k] for k in (key, "at", "count")}
     return None
+
+
+def _trim(mapping: dict, size) -> None:
+    """Drop the oldest entries of `mapping` until the sizes of the rest sum to LEDGER_MAX."""
+    held = sum(size(entry) for entry in mapping.values())
+    for key in list(mapping):
+        if held <= LEDGER_MAX:
+            break
+        held -= size(mapping.pop(key))
+
+
+def _shown_entry(value: object) -> bool:
+    """A well-formed `shown` entry (relay.hook.pack.shown_holds): a text's hash, or
+    "passage:hash ..." (read leniently there, so only its type and size are checked)."""
+    return type(value) is str and 0 < len(value) <= SHOWN_ENTRY_MAX
 
 
 def _ledger_entry(value: object) -> bool:
