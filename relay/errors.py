@@ -150,6 +150,15 @@ class UnavailableError(RelayError):
     exit_code = 8
 
 
+# A search answer with no stage run and nothing found, `degraded` (relay.hook.pack.starved):
+# the server had no time to search at all, which says nothing of what is recorded. MCP and
+# `relay search` raise it as an UnavailableError, never "nothing relevant".
+SEARCH_OUT_OF_TIME = (
+    "the Relay server ran out of time before it could search, so nothing was searched"
+    " (it may be busy)"
+)
+
+
 class StoreError(RelayError):
     """The database refused or failed a query (not a lost connection: see UnavailableError)."""
 

@@ -173,12 +173,14 @@ class LocalBackend:
 def render_search(response: dict[str, Any], k: int) -> str:
     """The hook's validation and packing, without a conversation ledger."""
     from relay.hook.client import HookFailure
-    from relay.hook.pack import pack, validate
+    from relay.hook.pack import pack, starved, validate
 
     try:
         records = validate(response)
     except HookFailure as exc:
         raise errors.RelayError(f"the Relay server sent a malformed answer ({exc})") from None
+    if starved(response, records):  # not "nothing relevant": nothing was looked at
+        raise errors.UnavailableError(errors.SEARCH_OUT_OF_TIME)
     context, _, _ = pack(records, {}, k, SEARCH_TOKENS, SEARCH_INTRO)
     if context is None:
         return NOTHING_FOUND

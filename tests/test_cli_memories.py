@@ -354,6 +354,30 @@ def test_a_key_file_named_in_the_config_file_is_named_with_its_setting(tmp_path)
     )
 
 
+def test_search_says_when_the_server_had_no_time_to_search(tmp_path):
+    """QA: `relay search` printed "nothing relevant", exit 0, for the server's answer to a
+    search it had no time for (`degraded`, no stages, no results): one line on stderr and
+    exit 8, as for a server away; a lexical-only answer with results is still listed."""
+    from hook_support import FakeRelay, record, reply
+    from integration_support import relay
+
+    starved = {"results": [], "stages": [], "degraded": True, "cached": False, "took_ms": 0.1}
+    with FakeRelay(reply(200, starved)) as server:
+        done = relay(tmp_path, "search", "staging", "--url", server.url, "--key", "relay_k_x")
+    assert (done.returncode, done.stdout) == (8, ""), done.stderr
+    assert done.stderr == (
+        "relay: error: the Relay server ran out of time before it could search, so nothing"
+        " was searched (it may be busy)\n"
+    )
+    lexical = {**starved, "stages": ["lexical"], "results": [record("mem_a", text="Blue.")]}
+    with FakeRelay(reply(200, lexical)) as server:
+        done = relay(tmp_path, "search", "staging", "--url", server.url, "--key", "relay_k_x")
+    assert done.returncode == 0 and "mem_a rev 1" in done.stdout and "Blue." in done.stdout
+    with FakeRelay(reply(200, {**starved, "degraded": False, "stages": ["lexical"]})) as server:
+        done = relay(tmp_path, "search", "staging", "--url", server.url, "--key", "relay_k_x")
+    assert (done.returncode, done.stdout) == (0, "nothing relevant\n"), done.stderr
+
+
 def test_a_url_that_is_not_the_servers_root_says_so(tmp_path, live_server):
     """QA: `relay search foo --url http://host:port/v1` said "relay: error: Not Found" (exit
     4): the route missing, not a memory. As `relay install` says it, with what to give."""

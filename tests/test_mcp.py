@@ -223,6 +223,35 @@ def test_stdio_server_without_a_configured_server_says_so(tmp_path, server):
     assert "rejected" not in text(result) and "carry on without it" in text(result)
 
 
+def test_stdio_server_says_when_the_server_had_no_time_to_search(tmp_path, server):
+    """QA: the server's answer to a search it had no time for (`degraded`, no stages, no
+    results) was told to the model as "nothing relevant is recorded". It is memory being
+    unavailable this time; a lexical-only answer with results is still an answer."""
+    from hook_support import FakeRelay, record, reply
+
+    params = stdio_params(tmp_path, server, "reader")
+    config = tmp_path / "reader/.relay/config.json"
+    doc = json.loads(config.read_text())
+    starved = {"results": [], "stages": [], "degraded": True, "cached": False, "took_ms": 0.1}
+    lexical = {**starved, "stages": ["lexical"], "results": [record("mem_a", text=CLUSTERS)]}
+
+    async def main():
+        async with Client(params) as client:
+            return await client.call_tool("team_memory_search", {"query": "staging cluster"})
+
+    for answer in (starved, lexical):
+        with FakeRelay(reply(200, answer)) as fake:
+            config.write_text(json.dumps({**doc, "url": fake.url}))  # read on every call
+            result = anyio.run(main)
+            assert fake.requests[-1].path == "/v1/search"
+        said = text(result)
+        if answer is starved:
+            assert result.is_error and "ran out of time before it could search" in said, said
+            assert "nothing relevant" not in said and "carry on without it" in said
+        else:
+            assert not result.is_error and "blue cluster" in said and "keywords only" in said
+
+
 def test_stdio_server_answers_every_line_it_cannot_read(tmp_path, server):
     """QA: `relay mcp` never answered a line that is not JSON, nor a tools/call holding
     "\\ud800" (the SDK's stdio transport drops both, python-sdk#2751), so the client waited

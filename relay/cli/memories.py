@@ -13,7 +13,7 @@ from relay.cli.common import (
     client_options,
     echo_json,
 )
-from relay.errors import InvalidRequestError
+from relay.errors import SEARCH_OUT_OF_TIME, InvalidRequestError, UnavailableError
 
 
 def _memory_fields(
@@ -291,6 +291,10 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
         echo_json(response)
         return
     if not response["results"]:
+        from relay.hook.pack import starved
+
+        if starved(response, response["results"]):  # nothing was looked at: no answer
+            raise UnavailableError(SEARCH_OUT_OF_TIME)
         click.echo("nothing relevant")
     for r in response["results"]:
         head = f"[{r['score']:.2f}] {r['id']} rev {r['revision']}  {r['source'] or ''}"
