@@ -432,6 +432,29 @@ def test_a_batch_creates_edits_and_skips_like_single_writes(store):
         )
 
 
+def test_an_expected_revision_of_a_memory_that_is_not_there_says_so(store):
+    """QA: a batch item with `expected_revision` for an id no memory has was refused as
+    "memory 'imp_…' is at revision None, not 1"; a deleted one says it was deleted."""
+    org = store.create_org("acme").id
+    save(store, org, "gone", "A fact deleted since it was read", seed=1)
+    store.delete_memory(org, "gone", "t", None)
+    for mid, said in (
+        ("imp_absent", "memory 'imp_absent' does not exist (expected at revision 1)"),
+        ("gone", "memory 'gone' was deleted; its id cannot be reused"),
+    ):
+        items = [(mid, MemoryDraft(body="a fact"), passages("a fact"))]
+        with pytest.raises(ConflictError) as refused:
+            store.save_memories(org, items, "t", "upsert", expected={mid: 1})
+        assert refused.value.message == said
+    save(store, org, "here", "A fact edited since it was read", seed=2)
+    save(store, org, "here", "A fact edited since it was read, twice", seed=2)
+    items = [("here", MemoryDraft(body="a fact"), passages("a fact"))]
+    with pytest.raises(ConflictError) as refused:
+        store.save_memories(org, items, "t", "upsert", expected={"here": 1})
+    assert refused.value.message == "memory 'here' is at revision 2, not 1"
+    assert refused.value.details == {"memory_id": "here", "revision": 2}
+
+
 @pytest.mark.parametrize("linked", [False, True], ids=["batch-path", "one-by-one"])
 def test_a_batch_keeps_a_memory_s_own_audience_once_no_live_key_has_it(store, linked):
     """QA: once the last key with `platform` was revoked, every import or restore touching

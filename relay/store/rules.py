@@ -50,9 +50,15 @@ def judge_write(
         raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
     if expected_revision is not None and (current is None or current.revision != expected_revision):
         have = None if current is None else current.revision
+        # (A deleted memory was refused above, "was deleted", as any write to its id is.)
+        said = (
+            f"does not exist (expected at revision {expected_revision})"
+            if have is None
+            else f"is at revision {have}, not {expected_revision}"
+        )
         # `revision` tells this refusal from a taken id's (the batch's writer re-reads it).
         raise ConflictError(
-            f"memory {memory_id!r} is at revision {have}, not {expected_revision}",
+            f"memory {memory_id!r} {said}",
             memory_id=memory_id,
             revision=have,
         )
