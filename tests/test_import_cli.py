@@ -98,7 +98,7 @@ def test_same_file_name_in_two_repositories_stays_apart(tmp_path, server):
     for repo, rule in (("shop-backend", "Use black."), ("shop-frontend", "Use prettier.")):
         write(git_repo(tmp_path / repo) / "AGENTS.md", f"## Code style\n{rule}\n")
         done = relay_import(server, tmp_path / repo, "AGENTS.md")
-        assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+        assert summary(done) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
 
     (backend,) = live_memories(server, "shop-backend/AGENTS.md")
     (frontend,) = live_memories(server, "shop-frontend/AGENTS.md")
@@ -116,7 +116,7 @@ def test_two_gitlab_repositories_named_alike_in_different_groups_stay_apart(tmp_
         subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", remote], check=True)
         write(repo / "AGENTS.md", f"## Terraform\n{rule}\n")
         done = relay_import(server, repo, "AGENTS.md")
-        assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+        assert summary(done) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
 
     assert bodies(server, "platform/infra/terraform/AGENTS.md") == ["Plan before apply."]
     assert bodies(server, "data/infra/terraform/AGENTS.md") == ["Apply from CI only."]
@@ -219,7 +219,7 @@ def test_source_prefix_names_the_repository(tmp_path, server):
     clone = git_repo(tmp_path / "my-checkout")
     write(clone / "CLAUDE.md", "# Release\nShip on Tuesdays.\n")
     done = relay_import(server, clone, "--source-prefix", "billing", "CLAUDE.md")
-    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert summary(done) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
     assert [m["body"] for m in live_memories(server, "billing/CLAUDE.md")] == ["Ship on Tuesdays."]
     assert live_memories(server, "my-checkout/CLAUDE.md") == []
     assert "no origin remote" not in done.stderr
@@ -262,7 +262,7 @@ def test_files_outside_git_keep_apart_whatever_the_folder(tmp_path, server):
     x = write(t / "x" / "notes.md", "# A\n\nFact x.\n")
     y = write(t / "y" / "notes.md", "# B\n\nFact y.\n")
     (t / "z").mkdir()
-    new = "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    new = "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
     assert summary(relay_import(server, t / "projA", "CLAUDE.md", home=home)) == new
     assert summary(relay_import(server, t / "projB", "CLAUDE.md", home=home)) == new
     assert summary(relay_import(server, t / "z", str(x), home=home)) == new
@@ -285,10 +285,10 @@ def test_a_file_under_home_is_named_from_home(tmp_path, server):
     home = tmp_path / "me"
     notes = write(home / "notes" / "AGENTS.md", "# Style\nUse black.\n")
     first = relay_import(server, home / "notes", "AGENTS.md", home=home)
-    assert summary(first) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert summary(first) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
     assert "(~/notes/AGENTS.md)" in first.stderr  # warned: another home differs
     again = relay_import(server, tmp_path, str(notes), home=home)
-    assert summary(again) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
+    assert summary(again) == "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired"
     assert [m["body"] for m in live_memories(server, "~/notes/AGENTS.md")] == ["Use black."]
     named = relay_import(
         server, tmp_path, "--root", str(home), "--source-prefix", "team", str(notes), home=home
@@ -401,7 +401,7 @@ def test_keep_removed_keeps_them(tmp_path, server):
     summary(relay_import(server, repo, "AGENTS.md"))
     agents.write_text("# Build\nRun make.\n", encoding="utf-8")
     done = relay_import(server, repo, "--keep-removed", "AGENTS.md")
-    assert summary(done) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
+    assert summary(done) == "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired"
     assert bodies(server, "qa2-keep/AGENTS.md") == ["Run make.", "Run pytest.", "Tag from main."]
 
 
@@ -491,7 +491,7 @@ def test_importing_again_without_audience_keeps_each_memorys_audiences(tmp_path,
     assert audiences == {"Paging": ["ops"], "Build": ["all"], "Deploy": ["ops"]}
     # --audience, given, is for every memory the import writes
     done = relay_import(server, repo, "--audience", "all", "ops.md", key=ops["secret"])
-    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert summary(done) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
     assert [m["audiences"] for m in live_memories(server, "qa-aud/ops.md")] == [["all"]]
 
 
@@ -552,7 +552,7 @@ def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
     # --keep-removed keeps a gone file's memories too
     (repo / "docs" / "guide.md").unlink()
     kept = relay_import(server, repo, "--keep-removed", "docs")
-    assert summary(kept) == "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired"
+    assert summary(kept) == "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired"
     assert bodies(server, "qa2-folder/docs/guide.md") == ["Use black."]
 
 
@@ -591,7 +591,7 @@ def test_a_file_this_checkout_never_had_keeps_its_memories(tmp_path, server):
     assert not (repo / "ops").exists()
     done = relay_import(server, repo, ".")
     assert summary(done) == (
-        "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired; 2 memories come from"
+        "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired; 2 memories come from"
         " files this checkout does not have, left as they are"
     )
     assert bodies(server, "qa-branch/ops/oncall.md") == ["Page the secondary after 15 minutes."]
@@ -620,7 +620,7 @@ def test_without_git_a_folder_import_retires_no_file_gone_from_it(tmp_path, serv
     empty.mkdir()
     done = relay_import(server, repo, ".", PATH=str(empty))
     assert summary(done) == (
-        "imported 1 memories: 0 new or changed, 1 unchanged, 0 retired; 1 memory comes from a"
+        "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired; 1 memory comes from a"
         " file this checkout does not have, left as it is"
     )
     assert "git could not say whether this branch deleted them (git is not installed)" in (
@@ -663,7 +663,7 @@ def test_namesake_sections_keep_their_own_memories(tmp_path, server):
 
     guide.write_text("## Testing\nRun the suite in CI.\n", encoding="utf-8")
     done = relay_import(server, repo, "AGENTS.md")
-    assert summary(done) == "imported 1 memories: 0 new or changed, 1 unchanged, 1 retired"
+    assert summary(done) == "imported 1 memory: 0 new or changed, 1 unchanged, 1 retired"
     guide.write_text(both, encoding="utf-8")
     back = relay_import(server, repo, "AGENTS.md")
     assert summary(back) == (
@@ -916,7 +916,7 @@ def test_without_a_terminal_there_is_no_progress_line(tmp_path, server):
     repo = git_repo(tmp_path / "qa-quiet")
     write(repo / "AGENTS.md", "# Build\nRun make.\n")
     done = relay_import(server, repo, "--source-prefix", "qa-quiet", "AGENTS.md")
-    assert summary(done) == "imported 1 memories: 1 new or changed, 0 unchanged, 0 retired"
+    assert summary(done) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
     assert done.stderr == ""
     done = relay_import(server, repo, "--source-prefix", "qa-quiet", "AGENTS.md", key="nope")
     assert done.returncode == 3 and done.stderr.startswith("relay: error: ")
@@ -1016,7 +1016,7 @@ def test_an_unreadable_file_among_others_ends_in_a_relay_error(tmp_path, server)
     (repo / "bad.md").write_bytes("# Caf\xe9\nTh\xe9.\n".encode("latin-1"))
     done = relay_import(server, repo, "--source-prefix", "qa-latin1", "good.md", "bad.md")
     assert done.returncode == 2, done.stderr
-    assert done.stdout.startswith("imported 1 memories")
+    assert done.stdout.startswith("imported 1 memory:")
     assert done.stderr.splitlines() == [
         "relay: skipped bad.md: bad.md is not UTF-8 text",
         "relay: error: 1 file(s) could not be imported (see above)",

@@ -461,9 +461,7 @@ def test_links_to_memories_not_in_the_file(tmp_path, source, target):
         "\n".join(json.dumps(m) for m in exported if m["id"] == "ln-new") + "\n"
     )
     kept = run(source, tmp_path, "restore", "new.jsonl", key=dev)
-    assert summary(kept) == (
-        "restored 1 memories: 0 new or changed, 1 unchanged, 0 expired skipped"
-    )
+    assert summary(kept) == ("restored 1 memory: 0 new or changed, 1 unchanged, 0 expired skipped")
     assert get(source, "/v1/memories/ln-new").json()["supersedes"] == ["ln-old-ops"]
 
     # The admin's export names ln-old-ops on ln-new: restored by the dev key, the link it
@@ -478,7 +476,7 @@ def test_links_to_memories_not_in_the_file(tmp_path, source, target):
     )
     unseen = run(source, tmp_path, "restore", "admin-new.jsonl", key=dev)
     assert summary(unseen) == (
-        "restored 1 memories: 0 new or changed, 1 unchanged, 0 expired skipped, 1 supersedes"
+        "restored 1 memory: 0 new or changed, 1 unchanged, 0 expired skipped, 1 supersedes"
         " link(s) to memories this key cannot read left as the server holds them"
     )
     assert get(source, "/v1/memories/ln-new").json()["supersedes"] == ["ln-old-ops"]
@@ -488,11 +486,11 @@ def test_links_to_memories_not_in_the_file(tmp_path, source, target):
         "\n".join(json.dumps(m) for m in exported if m["id"] == "ln-newer") + "\n"
     )
     done = run(source, tmp_path, "restore", "newer.jsonl", key=dev)
-    assert summary(done) == "restored 1 memories: 0 new or changed, 1 unchanged, 0 expired skipped"
+    assert summary(done) == "restored 1 memory: 0 new or changed, 1 unchanged, 0 expired skipped"
     assert get(source, "/v1/memories/ln-newer").json()["supersedes"] == ["ln-gone"]
     elsewhere = run(target, tmp_path, "restore", "newer.jsonl")
     assert summary(elsewhere) == (
-        "restored 1 memories: 1 new or changed, 0 unchanged, 0 expired skipped,"
+        "restored 1 memory: 1 new or changed, 0 unchanged, 0 expired skipped,"
         " 1 supersedes link(s) to memories not here dropped"
     )
     assert get(target, "/v1/memories/ln-newer").json()["supersedes"] == []

@@ -263,7 +263,8 @@ def import_(
             f" {'was left as it is' if n == 1 else 'were left as they are'}"
         )
     click.echo(
-        f"imported {len(drafts)} memories: {tally.written} new or changed,"
+        f"imported {len(drafts)} {'memory' if len(drafts) == 1 else 'memories'}:"
+        f" {tally.written} new or changed,"
         f" {tally.unchanged} unchanged, {tally.retired} retired{also}"
     )
     if failed:  # the others are written: said last, as an error, with the first one's exit code
@@ -438,6 +439,7 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
         ]
     )
     click.echo(
-        f"restored {tally.restored} memories: {tally.written} new or changed,"
+        f"restored {tally.restored} {'memory' if tally.restored == 1 else 'memories'}:"
+        f" {tally.written} new or changed,"
         f" {tally.unchanged} unchanged, {tally.expired} expired skipped{links}"
     )
