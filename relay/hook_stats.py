@@ -187,6 +187,10 @@ def breaker_state(state_dir: str, cfg: dict) -> dict[str, Any]:
     return out
 
 
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
 def summarise(
     state_dir: str,
     since_s: float | None = 86400,
@@ -283,9 +287,9 @@ def problems(summary: dict) -> list[str]:
         out.append(f"the hook's circuit breaker for {breaker['url']} is {breaker['state']}")
     failed = summary["state_errors"]
     if failed:
-        why = ", ".join(f"{reason} {n}" for reason, n in sorted(failed.items()))
+        why = ", ".join(f"{reason}: {_runs(n)}" for reason, n in sorted(failed.items()))
         out.append(
-            f"{sum(failed.values())} runs could not write the hook's state folder "
+            f"{_runs(sum(failed.values()))} could not write the hook's state folder "
             f"{summary['state_dir']} ({why}): each prompt is searched without its session's "
             "throttle and ledger, so records repeat; `relay doctor` says how to fix it"
         )

@@ -370,7 +370,8 @@ def test_a_state_folder_the_hook_cannot_write_fails_and_its_prompts_are_counted(
     stats = json.loads(relay(tmp_path, "stats", "--json", TMPDIR=str(temp)).stdout)
     assert stats["invocations"] == 1 and stats["outcomes"]["no_match"] == 1
     assert stats["state_errors"] == {"Not a directory": 1}
-    assert any("could not write the hook's state folder" in p for p in stats["problems"])
+    (said,) = [p for p in stats["problems"] if "could not write the hook's state folder" in p]
+    assert said.startswith("1 run could not write") and "(Not a directory: 1 run)" in said
     state.unlink()
     assert not [f for f in findings(tmp_path, TMPDIR=str(temp)) if f["area"] == "state"]
 
