@@ -211,4 +211,5 @@ def test_a_fact_remembered_twice_is_injected_once(tmp_path, org):
     hook = Hook(tmp_path, org["url"], RELAY_API_KEY=org["admin"])
     context = assert_hit_contract(hook.prompt("where is the payments on-call rota kept?"))
     assert context.count("payments-primary") == 1, context
-    assert f'id="{ids[0]}"' in context and ids[1] not in context
+    # one of the two, whichever scored better (their sources differ, so may their scores)
+    assert sum(f'id="{i}"' in context for i in ids) == 1, context
