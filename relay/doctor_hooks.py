@@ -469,6 +469,19 @@ class HookChecks:
                 "run `relay install` to restore it, if that was not on purpose",
             )
             return False
+        if script.resolve() != self.paths.script.resolve():
+            # It runs, so recall works, but with that script's knobs (and any key or config
+            # they name): editing this HOME's, or deleting it to turn recall off, does nothing.
+            self.add(
+                "warn",
+                "hooks",
+                f"{label}: {self.home(path)} runs {script}, not this HOME's "
+                f"{self.home(self.paths.script)} (settings copied from another machine or "
+                "user?): the agent runs with that script's knobs (and any key or config they "
+                f"name); editing the knobs in {self.home(self.paths.script)}, or deleting it to "
+                "turn recall off, does not reach it",
+                f"run `relay install`: it registers {self.home(self.paths.script)} instead",
+            )
         if not self._script_parses(script):
             return False
         reading = self._reading_of(script)

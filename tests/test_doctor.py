@@ -213,6 +213,41 @@ def test_a_hook_naming_another_homes_script_fails_and_install_fixes_it(tmp_path,
     assert f"{tmp_path}/.relay/" in registered_command(settings, "UserPromptSubmit")
 
 
+def test_a_hook_running_another_homes_working_script_is_named(tmp_path, server):
+    """QA: an entry running another HOME's script that exists and runs passed with 0
+    warnings, though this HOME's knobs and its off switch (deleting ~/.relay's script) do
+    not reach it; the same script named through a link to this HOME's folder is this one."""
+    home, other = tmp_path / "me", tmp_path / "other"
+    installed(home, server.url, server.admin_key)
+    installed(other, server.url, server.admin_key)
+    settings = home / ".claude/settings.json"
+    foreign = other / ".relay/relay-autosearch-hook.sh"
+    settings.write_text(settings.read_text().replace(f"{home}/.relay/", f"{other}/.relay/"))
+    assert str(foreign) in registered_command(settings, "UserPromptSubmit")
+    done = doctor(home)
+    assert done.returncode == 0, done.stdout
+    assert "Recall is wired up. 1 warning(s)." in done.stdout
+    (warned,) = [f for f in findings(home) if f["level"] != "ok"]
+    assert (warned["level"], warned["area"], warned["message"], warned["fix"]) == (
+        "warn",
+        "hooks",
+        f"Claude Code: ~/.claude/settings.json runs {foreign}, not this HOME's "
+        "~/.relay/relay-autosearch-hook.sh (settings copied from another machine or user?): "
+        "the agent runs with that script's knobs (and any key or config they name); editing "
+        "the knobs in ~/.relay/relay-autosearch-hook.sh, or deleting it to turn recall off, "
+        "does not reach it",
+        "run `relay install`: it registers ~/.relay/relay-autosearch-hook.sh instead",
+    )
+    assert relay(home, "install").returncode == 0  # the fix it gives clears it
+    assert "0 warning(s)" in doctor(home).stdout
+    # This HOME's script by another name (a link to its folder) is this HOME's.
+    (home / "linked").symlink_to(home / ".relay")
+    settings.write_text(settings.read_text().replace(f"{home}/.relay/", f"{home}/linked/"))
+    assert f"{home}/linked/" in registered_command(settings, "UserPromptSubmit")
+    done = doctor(home)
+    assert done.returncode == 0 and "0 warning(s)" in done.stdout, done.stdout
+
+
 def test_no_install_at_all(tmp_path):
     done = doctor(tmp_path)
     assert done.returncode == 1
