@@ -87,7 +87,8 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
         """CLAUDE_CONFIG_DIR or CODEX_HOME set in this shell, naming a folder `relay install`
         did not write to: an agent started from here reads its hooks and MCP servers there
         (Claude Code `settings.json` and `.claude.json`, Codex `hooks.json` and
-        `config.toml`), not in ~/.claude or ~/.codex, and so runs without Relay."""
+        `config.toml`), not in ~/.claude or ~/.codex, and so runs without Relay. Unset, with
+        install having written where it named: see `_check_folders_install_wrote`."""
         if not self.manifest.get("files"):
             return  # never installed: the hooks check names what is missing where they look
         recorded = {Path(p) for p in self.manifest["files"]}
@@ -111,6 +112,7 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
             ),
         ):
             if not self.environ.get(var):
+                self._check_folders_install_wrote(var, label, hooks, mcp, recorded | expected)
                 continue
             lacking = []
             # A hooks file the hooks check expects hooks in has its own failure.
@@ -139,6 +141,55 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
                 f"run `relay install` with {var} set (it writes there), or unset {var} unless "
                 "you mean it",
             )
+
+    def _check_folders_install_wrote(
+        self, var: str, label: str, hooks: Path, mcp: Path, checked: set[Path]
+    ) -> None:
+        """`relay install` run with `var` set wrote the agent's files in that folder, and
+        this shell does not set it: an agent started without it reads the usual `hooks` and
+        `mcp`, and runs without Relay if they lack its hooks (when install expects hooks
+        there, the hooks check fails it already)."""
+        if hooks in checked or _registers_hooks(hooks):
+            return
+        folders = [
+            self.home(folder) for folder in self._folders_install_wrote(var) if folder.is_dir()
+        ]
+        if not folders:
+            return
+        lacking = "Relay's hooks"
+        if self.manifest.get("mcp", True) and not self._registers_server(mcp):
+            lacking += " and the `relay` MCP server"
+        self.add(
+            "warn",
+            "hooks",
+            f"`relay install` wrote {label}'s files in {' and '.join(folders)} ({var} set "
+            f"then), but {var} is not set in this shell: {label} started without it reads "
+            f"{self.home(hooks)} and {self.home(mcp)}, which lack {lacking}: no automatic "
+            "recall in those sessions",
+            f"set {var}={folders[0]} where you start {label}, or run `relay install` without "
+            f"{var} (it writes {self.home(hooks)})",
+        )
+
+    def _folders_install_wrote(self, var: str) -> list[Path]:
+        """The folders the install record shows `var` named when install ran: the parent of
+        a recorded MCP file other than the usual one (only `var` moves it), or of a hooks
+        file outside a `.claude` or `.codex` folder (a project's are inside one)."""
+        usual_mcp, own = (
+            (self.paths.home / ".claude.json", "claude-mcp")
+            if var == "CLAUDE_CONFIG_DIR"
+            else (self.paths.home / ".codex" / "config.toml", "codex-config")
+        )
+        hooks_name, project_dir = (
+            ("settings.json", ".claude") if var == "CLAUDE_CONFIG_DIR" else ("hooks.json", ".codex")
+        )
+        folders: dict[Path, None] = {}
+        for name, record in self.manifest.get("files", {}).items():
+            path, role = Path(name), record.get("role")
+            if (role == own and path != usual_mcp) or (
+                role == "hooks-json" and path.name == hooks_name and path.parent.name != project_dir
+            ):
+                folders[path.parent] = None
+        return list(folders)
 
     def _registers_server(self, path: Path) -> bool:
         """Whether an agent's MCP file registers a `relay` server (or cannot be read: its own

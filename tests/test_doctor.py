@@ -885,6 +885,50 @@ def test_doctor_checks_the_files_install_wrote_wherever_they_are(tmp_path, serve
     )
 
 
+def test_agent_folders_install_wrote_that_this_shell_does_not_set_are_named(tmp_path, server):
+    """QA: installed with CLAUDE_CONFIG_DIR and CODEX_HOME set, doctor run in a shell
+    without them said "Recall is wired up", though agents started from it read ~/.claude
+    and ~/.codex, which have no Relay hooks."""
+    shell = {"CLAUDE_CONFIG_DIR": str(tmp_path / "cc"), "CODEX_HOME": str(tmp_path / "cx")}
+    (tmp_path / "cx").mkdir()
+    done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key, **shell)
+    assert done.returncode == 0, done.stderr
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert "Recall is wired up. 2 warning(s)." in done.stdout
+    warned = [(f["area"], f["message"], f["fix"]) for f in findings(tmp_path) if f["level"] != "ok"]
+    assert warned == [
+        (
+            "hooks",
+            "`relay install` wrote Claude Code's files in ~/cc (CLAUDE_CONFIG_DIR set then), but "
+            "CLAUDE_CONFIG_DIR is not set in this shell: Claude Code started without it reads "
+            "~/.claude/settings.json and ~/.claude.json, which lack Relay's hooks and the "
+            "`relay` MCP server: no automatic recall in those sessions",
+            "set CLAUDE_CONFIG_DIR=~/cc where you start Claude Code, or run `relay install` "
+            "without CLAUDE_CONFIG_DIR (it writes ~/.claude/settings.json)",
+        ),
+        (
+            "hooks",
+            "`relay install` wrote Codex's files in ~/cx (CODEX_HOME set then), but CODEX_HOME "
+            "is not set in this shell: Codex started without it reads ~/.codex/hooks.json and "
+            "~/.codex/config.toml, which lack Relay's hooks and the `relay` MCP server: no "
+            "automatic recall in those sessions",
+            "set CODEX_HOME=~/cx where you start Codex, or run `relay install` without "
+            "CODEX_HOME (it writes ~/.codex/hooks.json)",
+        ),
+    ]
+    # Either fix it gives clears it: the variables set where the agents start,
+    done = doctor(tmp_path, **shell)
+    assert done.returncode == 0 and "0 warning(s)" in done.stdout, done.stdout
+    # or install without them, after which the usual files have Relay's hooks too.
+    assert relay(tmp_path, "install").returncode == 0
+    done = doctor(tmp_path)
+    assert done.returncode == 0 and "0 warning(s)" in done.stdout, done.stdout
+    assert "Claude Code: UserPromptSubmit and SessionStart in ~/.claude/settings.json" in (
+        done.stdout
+    )
+
+
 def test_agent_folders_set_in_this_shell_that_install_did_not_write_are_named(tmp_path, server):
     """QA: installed without them, then doctor run with CLAUDE_CONFIG_DIR (an empty folder)
     and CODEX_HOME set: every check ok, "Recall is wired up", though agents started from
