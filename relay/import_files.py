@@ -152,7 +152,9 @@ def _enter_dir(parent: Path, name: str) -> bool:
     return not name.startswith(".") or name in ALLOWED_HIDDEN
 
 
-def source_for(path: Path, root: Path | None = None, prefix: str | None = None) -> str:
+def source_for(
+    path: Path, root: Path | None = None, prefix: str | None = None, follow_links: bool = True
+) -> str:
     """The provenance recorded for `path`, POSIX style, the same from any working directory.
 
     A file in a git work tree is `<repository>/<path in the repository>`, the repository
@@ -162,12 +164,14 @@ def source_for(path: Path, root: Path | None = None, prefix: str | None = None) 
     `root` makes the path relative to that folder instead, with no name before it;
     `prefix`, when given, replaces the repository's name, or the `~` or `/` before the
     path (an empty prefix drops it). A symlink to a file in the same work tree (or under
-    `root`) is named by that file (`_through_link`).
+    `root`) is named by that file (`_through_link`); `follow_links=False` names it by its
+    own path, as imports did before (`link_names`).
     """
+    through = _through_link if follow_links else lambda path, _: path
     if root is not None:
-        rel, name = _relative_to(_through_link(path, root), root), (prefix or "").strip("/")
+        rel, name = _relative_to(through(path, root), root), (prefix or "").strip("/")
     elif (repo := git_work_tree(path)) is not None:
-        target = _through_link(path, repo)
+        target = through(path, repo)
         rel = _relative_to(target if git_work_tree(target) == repo else path, repo)
         name = repository_name(repo) if prefix is None else prefix.strip("/")
     else:
@@ -188,6 +192,26 @@ def _through_link(path: Path, top: Path) -> Path:
     if not real.is_relative_to(real_top):
         return path
     return Path(os.path.abspath(top)) / real.relative_to(real_top)
+
+
+def link_names(
+    paths: Iterable[Path], root: Path | None = None, prefix: str | None = None
+) -> dict[str, str]:
+    """The files among `paths` (folders walked, links and all) that `source_for` names by
+    another file they lead to, by their own path's source -> that file's source. An import
+    before links were named by their target (or of `CLAUDE.md` when it was a copy) left
+    memories under the link's own name, which an import now retires: the link's path
+    exists, so nothing else would, and once the target changed the stale copy would keep
+    coming back in recall beside it."""
+    names = {}
+    for path in map(Path, paths):
+        for file in _walk(path) if path.is_dir() else [path] if path.is_file() else []:
+            if os.path.realpath(file) == os.path.abspath(file):  # no link on the way: itself
+                continue
+            own, named = source_for(file, root, prefix, False), source_for(file, root, prefix)
+            if own != named:
+                names[own] = named
+    return names
 
 
 def place_on_this_machine(path: Path) -> str:

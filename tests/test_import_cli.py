@@ -215,6 +215,70 @@ def test_a_symlinked_claude_md_imported_alone_is_its_target(tmp_path, server):
     assert bodies(server, "acme/widgets/CLAUDE.md") == []
 
 
+def test_memories_under_a_links_own_name_are_retired_once_it_is_named_by_its_target(
+    tmp_path, server
+):
+    """QA: memories imported under CLAUDE.md's own name (a copy of AGENTS.md then, or an
+    import through the link by an older release) were never retired once the link was
+    named by its target: its path exists, so nothing retired it, and after AGENTS.md
+    changed the stale copy came back in recall above the current text."""
+    repo = git_repo(tmp_path / "gizmos")
+    git(repo, "remote", "add", "origin", "git@github.com:acme/gizmos.git")
+    agents = write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "CLAUDE.md", "# Build\nRun make.\n")  # a copy, before the link
+    outside = write(tmp_path / "shared" / "CLAUDE.md", "# Review\nTwo approvals.\n")
+    (repo / "docs").mkdir()
+    (repo / "docs" / "CLAUDE.md").symlink_to(outside)  # leads out: keeps its own name
+    write(repo / "api" / "CLAUDE.md", "# Build\nRun make.\n")  # a regular file, same text
+    summary(relay_import(server, repo, "."))
+    (stale,) = live_memories(server, "acme/gizmos/CLAUDE.md")
+    (kept,) = live_memories(server, "acme/gizmos/AGENTS.md")
+
+    (repo / "CLAUDE.md").unlink()
+    (repo / "CLAUDE.md").symlink_to("AGENTS.md")
+    agents.write_text("# Build\nRun make ci.\n", encoding="utf-8")
+    done = relay_import(server, repo, ".")
+    assert summary(done) == "imported 3 memories: 1 new or changed, 2 unchanged, 1 retired"
+    assert (
+        "relay: note: acme/gizmos/CLAUDE.md leads to acme/gizmos/AGENTS.md and is named by it"
+        " now: the memory imported under its own name was retired (acme/gizmos/AGENTS.md's"
+        " hold its text)"
+    ) in done.stderr, done.stderr
+    assert history(server, stale["id"]) == ["create", "delete"]
+    assert [(m["id"], m["body"]) for m in live_memories(server, "acme/gizmos/AGENTS.md")] == [
+        (kept["id"], "Run make ci.")
+    ]
+    assert bodies(server, "acme/gizmos/docs/CLAUDE.md") == ["Two approvals."]
+    assert bodies(server, "acme/gizmos/api/CLAUDE.md") == ["Run make."]
+
+    # Imported through the link alone by an older release: the file import retires it too.
+    old = imported_by_hand(server, "imp_" + "0" * 16, "Run make.", "acme/gizmos/CLAUDE.md")
+    by_hand = remember(server, body="CLAUDE.md is a link.", source="acme/gizmos/CLAUDE.md")
+    done = relay_import(server, repo, "CLAUDE.md")
+    assert summary(done) == "imported 1 memory: 0 new or changed, 1 unchanged, 1 retired"
+    assert history(server, old["id"]) == ["create", "delete"]
+    assert bodies(server, "acme/gizmos/CLAUDE.md") == ["CLAUDE.md is a link."]
+    assert history(server, by_hand["id"]) == ["create"]
+    # --keep-removed keeps them, as it keeps every other retired section.
+    again = imported_by_hand(server, "imp_" + "1" * 16, "Run make.", "acme/gizmos/CLAUDE.md")
+    kept_again = relay_import(server, repo, "--keep-removed", "CLAUDE.md")
+    assert summary(kept_again).endswith(", 0 retired")
+    assert history(server, again["id"]) == ["create"]
+
+
+def imported_by_hand(server, memory_id: str, body: str, source: str) -> dict:
+    """A memory as an import by an older release wrote it (an importer's id)."""
+    item = {"id": memory_id, "body": body, "title": "Build", "source": source, "tags": []}
+    written = httpx.post(
+        f"{server.url}/v1/memories/batch",
+        json={"items": [item]},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    assert written.status_code == 200, written.text
+    return item
+
+
 def test_source_prefix_names_the_repository(tmp_path, server):
     clone = git_repo(tmp_path / "my-checkout")
     write(clone / "CLAUDE.md", "# Release\nShip on Tuesdays.\n")

@@ -74,7 +74,8 @@ def import_(
         sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
       - with --root: the path relative to that folder.
     A symlink to a file in the same work tree (or --root), such as CLAUDE.md ->
-    AGENTS.md, is named by that file: either name makes the same memories.
+    AGENTS.md, is named by that file: either name makes the same memories, and
+    those an import made under the link's own name are retired.
     Ids derive from the source and the section, so re-importing is idempotent; a
     section keeps its memory wherever it moves in the file, and an edit to it is a
     new revision (a rule rewritten into another is a new memory).
@@ -92,6 +93,7 @@ def import_(
         former_folder_prefixes,
         former_prefix,
         iter_import_files,
+        link_names,
         named_by_folder,
         named_by_place,
         source_for,
@@ -102,6 +104,7 @@ def import_(
         Vanished,
         check_drafts,
         import_files,
+        owned_memories,
         vanished,
     )
     from relay.importer import drafts_from_path
@@ -178,6 +181,15 @@ def import_(
             former_folder_prefixes(paths, source_prefix),
         )
     )
+    # A link named by its target now: the memories an import made under its own name are
+    # a stale copy of the target's (not another file's: a source this import writes stays).
+    relinked = {
+        own: (named, ids)
+        for own, named in ({} if keep_removed else link_names(paths, root, source_prefix)).items()
+        if named in drafts_by_source and own not in drafts_by_source
+        if (ids := {m["id"] for m in owned_memories(client, own)})
+    }
+    found.gone.update({own: ids for own, (_, ids) in relinked.items()})
     tally = ImportTally()
 
     def done(exc: BaseException | None = None) -> str:
@@ -218,6 +230,14 @@ def import_(
             f"relay: note: {d.source} › {d.title or d.id}: its id {was} is taken (its memory"
             " was deleted, by relay forget or when it left the file, or is one this key cannot"
             f" read); imported again as {d.id}",
+            err=True,
+        )
+    for own, (named, ids) in sorted(relinked.items()):
+        n = len(ids)
+        click.echo(
+            f"relay: note: {own} leads to {named} and is named by it now: the"
+            f" {'memory' if n == 1 else f'{n} memories'} imported under its own name"
+            f" {'was' if n == 1 else 'were'} retired ({named}'s hold its text)",
             err=True,
         )
     for d in tally.changed:
