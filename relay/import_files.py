@@ -229,14 +229,15 @@ def place_on_this_machine(path: Path) -> str:
 
 
 def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[str, Path]:
-    """Each named folder inside a git work tree, by the source prefix of the files under
-    it (`acme/api/docs/`). Only there does a source name one file on every machine, so
-    only there may a file missing from the folder retire what was imported from it."""
-    folders = {}
-    for path in paths:
-        if Path(path).is_dir() and git_work_tree(Path(path) / "_") is not None:
-            folders[source_for(Path(path) / "_", None, prefix)[:-1]] = Path(path)
-    return folders
+    """Each named folder, by the source prefix of the files under it (`acme/api/docs/`,
+    `~/notes/`). Only in a git work tree does a source name one file on every machine, and
+    git tell a deleted file from a moved one, so only there may a file missing from the
+    folder retire what was imported from it; elsewhere its memories are only counted."""
+    return {
+        source_for(Path(path) / "_", None, prefix)[:-1]: Path(path)
+        for path in paths
+        if Path(path).is_dir()
+    }
 
 
 def former_prefix(path: Path, root: Path | None, prefix: str | None) -> str | None:

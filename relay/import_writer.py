@@ -162,6 +162,9 @@ class Vanished:
     absent: dict[str, set[str]] = field(default_factory=dict)
     # Why git could not say which files were deleted (all of `absent`'s, then), or None.
     unsure: str | None = None
+    # Memories of files missing from a folder outside any git work tree: with no history to
+    # tell a deleted file from one moved (or a teammate's, not here yet), left, by source.
+    outside_git: dict[str, set[str]] = field(default_factory=dict)
 
 
 def vanished(
@@ -171,12 +174,12 @@ def vanished(
     former: Mapping[str, Path] | None = None,
 ) -> Vanished:
     """The import-made memories of files once imported from under `folders` (source prefix
-    -> the folder on disk, in a git work tree) that the checkout deleted or renamed since,
+    -> the folder on disk) that the checkout deleted or renamed since,
     as git says (`git_deleted`). Not on disk is not enough: a teammate's file on another
     branch, or newer than this clone, is not there either, and retiring it would delete
     their memories (text and all, a tombstone is all a delete keeps). Without git's answer
-    nothing is retired. A file that is there but was not read this time (a folder the walk
-    skips) keeps its memories.
+    nothing is retired, nor outside a git work tree (`outside_git`). A file that is there
+    but was not read this time (a folder the walk skips) keeps its memories.
 
     `former` names the same folders by their prefix before today's naming of repositories
     (`import_files.former_repository_name`). Another repository may share that prefix (the
@@ -195,7 +198,10 @@ def vanished(
             if source in parsed or not _IMPORTED_ID.fullmatch(memory["id"]):
                 continue
             path = folder / source[len(prefix) :]
-            if work_tree is None or path.exists():
+            if path.exists():
+                continue
+            if work_tree is None:
+                found.outside_git.setdefault(source, set()).add(memory["id"])
                 continue
             found.absent.setdefault(source, set()).add(memory["id"])
             if was:

@@ -695,6 +695,49 @@ def test_without_git_a_folder_import_retires_no_file_gone_from_it(tmp_path, serv
     assert summary(relay_import(server, repo, ".")).endswith(", 1 retired")
 
 
+def test_outside_git_a_file_gone_from_a_folder_is_counted_and_named_not_retired(tmp_path, server):
+    """QA: the help promised that a file missing from a folder outside git keeps its
+    memories and is counted in the summary; nothing was counted, so a user never learnt
+    that their deleted file's memories were still recalled. They stay (nothing tells a
+    deleted file from a moved one there), counted, and a note names the file and the
+    ids for relay forget."""
+    home = tmp_path / "home"
+    home.mkdir()
+    notes = tmp_path / "notes"
+    write(notes / "keep.md", "# Style\nUse black.\n")
+    old = write(notes / "sub" / "old.md", "# Paging\nPage the on-call.\n\n# Pager\nUse PD.\n")
+    summary(relay_import(server, tmp_path, "notes", home=home))
+    ids = sorted(m["id"] for m in live_memories(server, placed(old)))
+    assert len(ids) == 2
+
+    old.unlink()
+    done = relay_import(server, tmp_path, "notes", home=home)
+    assert summary(done) == (
+        "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired; 2 memories come from"
+        " files missing outside git, left as they are"
+    )
+    assert (
+        f"relay: note: {placed(old)} is gone from its folder, and outside a git work tree"
+        " relay cannot tell a deleted file from one moved or not there yet: its 2 memories"
+        " are left as they are, still recalled; if the file was deleted, relay forget ID"
+        f" removes each: {ids[0]} {ids[1]}"
+    ) in done.stderr, done.stderr
+    assert bodies(server, placed(old)) == ["Page the on-call.", "Use PD."]
+    # As the note says: forgotten, they are no longer counted.
+    for memory_id in ids:
+        forgot = subprocess.run(
+            [RELAY, "forget", memory_id],
+            env=clean_env(home, RELAY_URL=server.url, RELAY_API_KEY=server.admin_key),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert forgot.returncode == 0, forgot.stderr
+    again = relay_import(server, tmp_path, "notes", home=home)
+    assert summary(again) == "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired"
+    assert "is gone from its folder" not in again.stderr
+
+
 # --- ids that stay with their section -----------------------------------------------------
 
 

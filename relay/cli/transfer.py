@@ -84,10 +84,13 @@ def import_(
     since, as git tells (in the current branch's history, or from the work tree; not
     with --keep-removed). A file this checkout merely lacks (another branch's, newer
     than this clone, outside a sparse checkout) keeps its memories, as does every
-    missing file without git; the summary counts them. Memories from other files or
-    written by hand are never touched. The file is the source of truth: a relay edit
-    of an imported memory is undone and a section deleted by hand comes back; the
-    summary counts both."""
+    missing file when git cannot tell; the summary counts them. Outside a git work
+    tree no file missing from a folder is retired (nothing tells a deleted file from a
+    moved one): the summary counts its memories and a note names it with their ids,
+    for relay forget ID. With --root, missing files are not looked for. Memories from
+    other files or written by hand are never touched. The file is the source of truth:
+    a relay edit of an imported memory is undone and a section deleted by hand comes
+    back; the summary counts both."""
     from relay.import_files import (
         folder_prefixes,
         former_folder_prefixes,
@@ -263,7 +266,22 @@ def import_(
             ),
             err=True,
         )
+    for source, ids in sorted(found.outside_git.items()):
+        n = len(ids)
+        click.echo(
+            f"relay: note: {source} is gone from its folder, and outside a git work tree"
+            " relay cannot tell a deleted file from one moved or not there yet: its"
+            f" {'memory is' if n == 1 else f'{n} memories are'} left as"
+            f" {'it is' if n == 1 else 'they are'}, still recalled; if the file was deleted,"
+            f" relay forget ID removes {'it' if n == 1 else 'each'}: {' '.join(sorted(ids))}",
+            err=True,
+        )
     also = ""
+    if n := sum(map(len, found.outside_git.values())):
+        also += (
+            f"; {n} {'memory comes from a file' if n == 1 else 'memories come from files'}"
+            f" missing outside git, left as {'it is' if n == 1 else 'they are'}"
+        )
     if n := sum(map(len, found.absent.values())):
         also += (
             f"; {n} {'memory comes from a file' if n == 1 else 'memories come from files'} this"
