@@ -248,15 +248,6 @@ def former_prefix(path: Path, root: Path | None, prefix: str | None) -> str | No
     return former_repository_name(work_tree) if work_tree is not None else None
 
 
-def former_folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[str, Path]:
-    """`folder_prefixes` for the folders whose prefix was another before today's naming."""
-    folders = {}
-    for path in paths:
-        if Path(path).is_dir() and (was := former_prefix(Path(path) / "_", None, prefix)):
-            folders[source_for(Path(path) / "_", None, was)[:-1]] = Path(path)
-    return folders
-
-
 class NoGitAnswer(Exception):
     """git could not say which files a checkout deleted (not installed, not a repository,
     too slow); the message says why."""
@@ -336,7 +327,8 @@ def repository_name(work_tree: Path) -> str:
 def former_repository_name(work_tree: Path) -> str | None:
     """The name an import before the whole remote path named repositories gave this one
     (the remote's last two parts: `infra/terraform`), when it differs from today's; else
-    None. An import continues the memories stored under it (`import_writer.Former`)."""
+    None. An import names the memories stored under it, and leaves them: they may be this
+    repository's old copies, or another repository's that bears that name today."""
     url = _origin_url(work_tree)
     parts, local = _remote_parts(url) if url else ([], True)
     return "/".join(parts[-2:]) if len(parts) > 2 and not local else None

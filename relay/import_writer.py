@@ -12,11 +12,6 @@ generation of its id (`imp_....2`), and later imports find it there among the fi
 memories. The id is taken by its tombstone once the section was retired, or by a memory
 this key may not read: the file imported before for an audience the key lacks, live or
 retired there (the server does not say which, nor does this).
-
-A file imported before its repository was named by the whole path of its remote (a GitLab
-subgroup's `platform/infra/terraform`, once `infra/terraform`) has its memories under that
-former source (`Former`): the import continues them as its own, each written over its id
-with today's source, so nothing is duplicated and each memory keeps its history.
 """
 
 from __future__ import annotations
@@ -61,15 +56,6 @@ class ImportTally:
     in_flight: int = 0
 
 
-@dataclass(frozen=True)
-class Former:
-    """A file's source as an import before today's naming of repositories recorded it,
-    and its drafts' ids under that source (draft id under today's source -> former id)."""
-
-    source: str
-    ids: Mapping[str, str] = field(default_factory=dict)
-
-
 def import_files(
     client: RelayClient,
     drafts_by_source: Mapping[str, Sequence[ImportDraft]],
@@ -78,24 +64,15 @@ def import_files(
     on_batch: Callable[[int], None] = lambda _: None,
     gone: Mapping[str, set[str]] | None = None,
     tally: ImportTally | None = None,
-    former: Mapping[str, Former] | None = None,
 ) -> ImportTally:
     """Upsert every file's drafts, then retire what each file no longer holds, and the
-    memories of files `gone` from a named folder (`vanished`). A file's memories under its
-    `former` source are its own too. `tally` counts as it goes, so a caller interrupted
-    midway can say what was done."""
-    former = former or {}
-    owned = {
-        source: owned_memories(client, source)
-        + (owned_memories(client, former[source].source) if source in former else [])
-        for source in drafts_by_source
-    }
+    memories of files `gone` from a named folder (`vanished`). `tally` counts as it goes,
+    so a caller interrupted midway can say what was done."""
+    owned = {source: owned_memories(client, source) for source in drafts_by_source}
     drafts = [
         draft
         for source, file_drafts in drafts_by_source.items()
-        for draft in continued_ids(
-            file_drafts, owned[source], former[source].ids if source in former else {}
-        )
+        for draft in continued_ids(file_drafts, owned[source])
     ]
     from relay.client import batches
 
@@ -171,7 +148,6 @@ def vanished(
     client: RelayClient,
     folders: Mapping[str, Path],
     parsed: Collection[str],
-    former: Mapping[str, Path] | None = None,
 ) -> Vanished:
     """The import-made memories of files once imported from under `folders` (source prefix
     -> the folder on disk) that the checkout deleted or renamed since,
@@ -179,19 +155,12 @@ def vanished(
     branch, or newer than this clone, is not there either, and retiring it would delete
     their memories (text and all, a tombstone is all a delete keeps). Without git's answer
     nothing is retired, nor outside a git work tree (`outside_git`). A file that is there
-    but was not read this time (a folder the walk skips) keeps its memories.
-
-    `former` names the same folders by their prefix before today's naming of repositories
-    (`import_files.former_repository_name`). Another repository may share that prefix (the
-    reason it changed), so of the files under it only those git says this work tree
-    deleted are retired, and the others are neither retired nor counted as absent."""
+    but was not read this time (a folder the walk skips) keeps its memories."""
     from relay.import_files import NoGitAnswer, git_deleted, git_work_tree
 
     found = Vanished()
     missing: dict[Path, dict[str, str]] = {}  # work tree -> path in it -> source
-    shared: set[str] = set()  # sources under a former prefix, perhaps another repository's
-    named = [(prefix, folder, False) for prefix, folder in folders.items()]
-    for prefix, folder, was in named + [(p, f, True) for p, f in (former or {}).items()]:
+    for prefix, folder in folders.items():
         work_tree = git_work_tree(folder / "_")
         for memory in _list(client, {"source_prefix": prefix}):
             source = memory["source"]
@@ -204,8 +173,6 @@ def vanished(
                 found.outside_git.setdefault(source, set()).add(memory["id"])
                 continue
             found.absent.setdefault(source, set()).add(memory["id"])
-            if was:
-                shared.add(source)
             # As git names it: from the real folders, a symlinked one (or work tree) undone.
             real, top = Path(os.path.realpath(path)), Path(os.path.realpath(work_tree))
             if real.is_relative_to(top):  # else a folder linked out of it: git has no say
@@ -218,14 +185,10 @@ def vanished(
             continue
         for path in deleted:
             found.gone[sources[path]] = found.absent.pop(sources[path])
-    for source in shared:
-        found.absent.pop(source, None)
     return found
 
 
-def continued_ids(
-    drafts: Sequence[ImportDraft], live: Sequence[dict], former: Mapping[str, str] | None = None
-) -> list[ImportDraft]:
+def continued_ids(drafts: Sequence[ImportDraft], live: Sequence[dict]) -> list[ImportDraft]:
     """Each draft under the id of the live memory (of its file) it continues, so that a
     section keeps its memory wherever it moves in the file, whatever id an older release
     gave it, and a memory no draft continues is retired. In order, a draft continues:
@@ -237,9 +200,7 @@ def continued_ids(
     4. the most alike memory under its title, if at least `ALIKE`: a rule or a section
        among namesakes, reworded.
 
-    Any other draft is new, under its own id. A draft's own id is also the one it had
-    under the file's former source (`former`: draft id -> that id), when only that has
-    a memory.
+    Any other draft is new, under its own id.
     """
     # Oldest generation first: of two live generations of one section (keys for different
     # audiences imported the file), the oldest is the one that continues.
@@ -265,8 +226,7 @@ def continued_ids(
     own: dict[str, str] = {}
     for memory_id in free:
         own.setdefault(_base_id(memory_id), memory_id)
-    former = former or {}
-    mine = [own.get(d.id) or own.get(former.get(d.id, "")) for d in drafts]
+    mine = [own.get(d.id) for d in drafts]
     for i, d in enumerate(drafts):
         if mine[i] in free and _text(free[mine[i]]) == _text(d):
             claim(i, mine[i])

@@ -123,56 +123,32 @@ def test_two_gitlab_repositories_named_alike_in_different_groups_stay_apart(tmp_
     assert bodies(server, "infra/terraform/AGENTS.md") == []
 
 
-def test_an_upgrade_continues_the_memories_a_subgroup_had_under_its_former_name(tmp_path, server):
-    """Review: a remote of more than two parts (a GitLab subgroup) was named by its last two
-    (`infra/tf-up`) before the whole path named it (`ops/infra/tf-up`), so re-importing
-    after the upgrade wrote a second set of memories and never retired the first, stale
-    copies that came back in recall. The import continues the memories under the former
-    name, each keeping its id and history with today's source; of the files under the
-    former name it retires only those git says this work tree deleted: another
-    repository's (the former name was shared) are left as they are."""
-    repo = git_repo(tmp_path / "ops" / "tf-up")
-    remote = "git@gitlab.example.com:ops/infra/tf-up.git"
-    git(repo, "remote", "add", "origin", remote)
-    write(repo / "AGENTS.md", AGENTS)
-    write(repo / "docs" / "kept.md", "## Kept\nStays.\n")
-    write(repo / "docs" / "gone.md", "## Gone\nDeleted later.\n")
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "docs")
-    other = git_repo(tmp_path / "data" / "tf-up")
-    write(other / "NOTES.md", "## Other\nNot ops'.\n")
-    # What a release before today wrote: every source under the remote's last two parts.
-    for folder, args in ((repo, ("AGENTS.md", "docs")), (other, ("NOTES.md",))):
-        summary(relay_import(server, folder, "--source-prefix", "infra/tf-up", *args))
-    before = {
-        m["source"]: {m["title"]: m["id"] for m in live_memories(server, m["source"])}
-        for m in every_memory(server)
-        if m["source"].startswith("infra/tf-up/")
-    }
-    assert set(before) == {
-        f"infra/tf-up/{f}" for f in ("AGENTS.md", "docs/kept.md", "docs/gone.md", "NOTES.md")
-    }
-    (theirs,) = live_memories(server, "infra/tf-up/NOTES.md")
+def test_memories_under_a_repositorys_former_two_part_name_are_named_never_taken(tmp_path, server):
+    """Review: an import continued the memories under a remote's former two-part name (a
+    GitLab subgroup's ops/infra/tfz was named infra/tfz before the whole path named it), so
+    it took over and retired another repository's, whose name that is today (its remote
+    infra/tfz.git), on every import, each side undoing the other. Nothing can tell a
+    repository's old copies from another repository's, so they are named and left alone."""
+    a = git_repo(tmp_path / "a" / "tfz")
+    git(a, "remote", "add", "origin", "git@gitlab.example.com:infra/tfz.git")
+    write(a / "AGENTS.md", "## Secrets\nIn vault.\n\n## Build\nRun make.\n")
+    b = git_repo(tmp_path / "b" / "tfz")
+    git(b, "remote", "add", "origin", "git@gitlab.example.com:ops/infra/tfz.git")
+    write(b / "AGENTS.md", "## Build\nRun ninja.\n")
+    first = relay_import(server, a, "AGENTS.md")
+    assert summary(first) == "imported 2 memories: 2 new or changed, 0 unchanged, 0 retired"
+    before = live_memories(server, "infra/tfz/AGENTS.md")
 
-    git(repo, "rm", "-q", "docs/gone.md")
-    git(repo, "commit", "-q", "-m", "gone")
-    write(repo / "AGENTS.md", AGENTS.replace("Run make.", "Run ninja."))  # Build, edited
-    done = relay_import(server, repo, "AGENTS.md", "docs")
-    assert summary(done) == "imported 4 memories: 4 new or changed, 0 unchanged, 1 retired"
-    assert "note:" not in done.stderr, done.stderr
-
-    after = {m["title"]: m for m in live_memories(server, "ops/infra/tf-up/AGENTS.md")}
-    assert {t: m["id"] for t, m in after.items()} == before["infra/tf-up/AGENTS.md"]
-    assert after["Build"]["body"] == "Run ninja."
-    assert {m["revision"] for m in after.values()} == {2}  # the same memories, history kept
-    (kept,) = live_memories(server, "ops/infra/tf-up/docs/kept.md")
-    assert kept["id"] == before["infra/tf-up/docs/kept.md"]["Kept"]
-    for source in ("AGENTS.md", "docs/kept.md", "docs/gone.md"):
-        assert live_memories(server, f"infra/tf-up/{source}") == []
-    assert live_memories(server, "ops/infra/tf-up/docs/gone.md") == []
-    assert live_memories(server, "infra/tf-up/NOTES.md") == [theirs]  # not ops': untouched
-    done = relay_import(server, repo, "AGENTS.md", "docs")
-    assert summary(done) == "imported 4 memories: 0 new or changed, 4 unchanged, 0 retired"
+    done = relay_import(server, b, "AGENTS.md")
+    assert summary(done) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
+    assert "2 memories are under infra/tfz/AGENTS.md, the name relay import gave" in done.stderr
+    assert all(m["id"] in done.stderr for m in before), done.stderr
+    assert live_memories(server, "infra/tfz/AGENTS.md") == before  # ids, text, revisions
+    (mine,) = live_memories(server, "ops/infra/tfz/AGENTS.md")
+    assert mine["body"] == "Run ninja." and mine["id"] not in {m["id"] for m in before}
+    again = relay_import(server, a, "AGENTS.md")
+    assert summary(again) == "imported 2 memories: 0 new or changed, 2 unchanged, 0 retired"
+    assert live_memories(server, "ops/infra/tfz/AGENTS.md") == [mine]
 
 
 def test_reimport_from_another_folder_is_idempotent(tmp_path, server):

@@ -68,7 +68,7 @@ def import_(
       - in a git work tree: <repository>/<path in the repository>, the repository
         named by its origin remote's path (acme/shop-backend/AGENTS.md; a remote
         that is a folder by its last two parts), else by its folder; memories
-        imported when a remote's last two parts named it are continued;
+        imported when a remote's last two parts named it are named, left alone;
       - elsewhere: where it sits on this machine, ~/notes/CLAUDE.md under your
         home folder, else its absolute path (warned about: a teammate's copy
         sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
@@ -93,7 +93,6 @@ def import_(
     back; the summary counts both."""
     from relay.import_files import (
         folder_prefixes,
-        former_folder_prefixes,
         former_prefix,
         iter_import_files,
         link_names,
@@ -102,7 +101,6 @@ def import_(
         source_for,
     )
     from relay.import_writer import (
-        Former,
         ImportTally,
         Vanished,
         check_drafts,
@@ -122,7 +120,7 @@ def import_(
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
     placed: list[str] = []  # sources of files named by where they sit on this machine
     files_by_source: dict[str, Path] = {}
-    former: dict[str, Former] = {}  # the files an import before today named otherwise
+    former: dict[str, str] = {}  # source -> the source an import before today gave the file
     for f in iter_import_files(paths):
         work_tree = named_by_folder(f, root, source_prefix)
         if work_tree is not None:
@@ -146,10 +144,7 @@ def import_(
             placed.append(source)
         drafts_by_source[source] = drafts
         if was := former_prefix(f, root, source_prefix):
-            # The same sections as under the former source, in the same order.
-            before = drafts_from_path(f, root, was)
-            ids = {d.id: b.id for d, b in zip(drafts, before, strict=True)}
-            former[source] = Former(source_for(f, root, was), ids)
+            former[source] = source_for(f, root, was)
         if not drafts:
             click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
     if not drafts_by_source and not failed:
@@ -177,12 +172,7 @@ def import_(
     found = (
         Vanished()
         if keep_removed or root
-        else vanished(
-            client,
-            folder_prefixes(paths, source_prefix),
-            drafts_by_source,
-            former_folder_prefixes(paths, source_prefix),
-        )
+        else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
     )
     # A link named by its target now: the memories an import made under its own name are
     # a stale copy of the target's (not another file's: a source this import writes stays).
@@ -212,7 +202,6 @@ def import_(
                 bar.update,
                 found.gone,
                 tally,
-                former,
             )
     except KeyboardInterrupt:
         stop_interrupted(done(), "import")
@@ -228,6 +217,23 @@ def import_(
             f" imported; the file's text replaced the edit (relay history {d.id} shows it)",
             err=True,
         )
+    # A repository named by its remote's last two parts before today (a GitLab subgroup's
+    # platform/infra/terraform was infra/terraform): memories under that former name may be
+    # this repository's, or another's whose name it is today. Nothing here can tell which,
+    # so they are named for the user to judge, never taken over or retired.
+    for source, was in former.items():
+        kept = [m["id"] for m in owned_memories(client, was)]
+        if kept:
+            click.echo(
+                one_line(
+                    f"relay: note: {len(kept)} memor{'y is' if len(kept) == 1 else 'ies are'}"
+                    f" under {was}, the name relay import gave {source} before repositories"
+                    " were named by their remote's whole path, or another repository's file of"
+                    " that name: left as they are; if they are this file's old copy, relay"
+                    f" forget each: {' '.join(kept[:20])}{' ...' if len(kept) > 20 else ''}"
+                ),
+                err=True,
+            )
     for d, was in tally.revived:
         click.echo(
             f"relay: note: {d.source} › {d.title or d.id}: its id {was} is taken (its memory"
