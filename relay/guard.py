@@ -10,6 +10,7 @@ included, 503 for as long as they stalled (uvicorn bounds no body's time).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
     # Told of each request the guard answers itself: (scope, status, seconds taken).
     Observe = Callable[[Scope, int, float], None]
+
+log = logging.getLogger("relay.server")
 
 BODY_TIMEOUT_S = 10  # `relay serve --body-timeout`: 256 KiB, the default body cap, at 26 KB/s
 
@@ -77,15 +80,25 @@ class GuardMiddleware:
             response = error_response(refused)
             if refused.status != 503:  # the body may be unread: nothing else can follow it
                 response.headers["Connection"] = "close"
-            await response(scope, receive, send)
-            if self.observe is not None:
-                self.observe(scope, refused.status, time.perf_counter() - start)
+            try:
+                await response(scope, receive, send)
+            finally:  # counted even when the client left while it was told (slow clients do)
+                self._observe(scope, refused.status, time.perf_counter() - start)
             return
         self.inflight += 1
         try:
             await self.app(scope, _replay(body, receive), send)
         finally:
             self.inflight -= 1
+
+    def _observe(self, scope: Scope, status: int, seconds: float) -> None:
+        """Count a refusal in /metrics; a failure to count is logged, never the answer's."""
+        if self.observe is None:
+            return
+        try:
+            self.observe(scope, status, seconds)
+        except Exception:  # noqa: BLE001 - the refusal was sent; metrics must not turn it into an error
+            log.exception("could not count a refused request in /metrics")
 
     def _check_head(self, scope: Scope) -> None:
         """What the request line and headers already decide, before any body is read."""

@@ -693,8 +693,9 @@ def test_outside_git_a_file_gone_from_a_folder_is_counted_and_named_not_retired(
         " files missing outside git, left as they are"
     )
     assert (
-        f"relay: note: {placed(old)} is gone from its folder, and outside a git work tree"
-        " relay cannot tell a deleted file from one moved or not there yet: its 2 memories"
+        f"relay: note: {placed(old)} is not in its folder on this machine, and outside a git"
+        " work tree relay cannot tell a deleted file from one moved, not there yet, or"
+        " another machine's (a teammate's ~/ is theirs): its 2 memories"
         " are left as they are, still recalled; if the file was deleted, relay forget ID"
         f" removes each: {ids[0]} {ids[1]}"
     ) in done.stderr, done.stderr
@@ -711,7 +712,7 @@ def test_outside_git_a_file_gone_from_a_folder_is_counted_and_named_not_retired(
         assert forgot.returncode == 0, forgot.stderr
     again = relay_import(server, tmp_path, "notes", home=home)
     assert summary(again) == "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired"
-    assert "is gone from its folder" not in again.stderr
+    assert "is not in its folder" not in again.stderr
 
 
 # --- ids that stay with their section -----------------------------------------------------

@@ -275,8 +275,9 @@ def import_(
     for source, ids in sorted(found.outside_git.items()):
         n = len(ids)
         click.echo(
-            f"relay: note: {source} is gone from its folder, and outside a git work tree"
-            " relay cannot tell a deleted file from one moved or not there yet: its"
+            f"relay: note: {source} is not in its folder on this machine, and outside a git"
+            " work tree relay cannot tell a deleted file from one moved, not there yet, or"
+            " another machine's (a teammate's ~/ is theirs): its"
             f" {'memory is' if n == 1 else f'{n} memories are'} left as"
             f" {'it is' if n == 1 else 'they are'}, still recalled; if the file was deleted,"
             f" relay forget ID removes {'it' if n == 1 else 'each'}: {' '.join(sorted(ids))}",
