@@ -399,13 +399,18 @@ def install(
         refusal = elsewhere(installed, url) if url and not key else None
         if refusal and not sys.stdin.isatty():  # not even to whoami, nor under --dry-run
             raise click.UsageError(
-                f"{refusal}: pass --key KEY (or --key-file FILE) for that server"
+                f"{refusal}: pass --key KEY or --key-file FILE (or set RELAY_API_KEY_FILE)"
+                " for that server"
             )
         if refusal:
             click.echo(f"{refusal}: give that server's key")
         elif not key and installed.api_key:
             key = installed.api_key
-            click.echo("Key: the one installed (--key or --key-file to change it)")
+            # Said as the hook reads it: this shell's RELAY_API_KEY(_FILE), or the installed
+            # one; install then writes that key as the installed one.
+            named = installed.origin.get(installed.key_setting, "")
+            given = f"from {named}" if named.startswith("RELAY_") else "the one installed"
+            click.echo(f"Key: {given} (--key or --key-file to change it)")
     _refuse_to_ask_without_a_terminal(url, key)
     url = (url or click.prompt("Relay server URL", default="http://127.0.0.1:8765")).strip()
     key = (key or click.prompt("API key", hide_input=True)).strip()

@@ -1244,7 +1244,8 @@ def test_install_with_another_url_does_not_send_the_installed_key_there(tmp_path
         assert done.returncode == 2 and done.stdout == "", done.stdout
         assert done.stderr == (
             f"relay: error: {other.url} is not the server this machine's key is for"
-            f" ({installed.url}): pass --key KEY (or --key-file FILE) for that server"
+            f" ({installed.url}): pass --key KEY or --key-file FILE (or set RELAY_API_KEY_FILE)"
+            " for that server"
             " (see 'relay install --help')\n"
         )
         # On a terminal it asks for that server's key, and sends only the key typed. A new
@@ -1281,6 +1282,8 @@ def test_install_with_another_url_does_not_send_the_installed_key_there(tmp_path
         done = relay(tmp_path, "install", "--url", other.url, "--dry-run", stdin="", **by_env)
         assert done.returncode == 0, done.stderr
         assert other.requests[-1].headers["authorization"] == f"Bearer {chosen}"
+        # ... and said to be that file's, not "the one installed" (review)
+        assert "Key: from RELAY_API_KEY_FILE (--key or --key-file to change it)" in done.stdout
         # The installed server, spelled with a slash, still gets the installed key.
         done = relay(tmp_path, "install", "--url", installed.url + "/", "--dry-run", stdin="")
         assert done.returncode == 0, done.stderr
