@@ -202,16 +202,32 @@ def link_names(
     before links were named by their target (or of `CLAUDE.md` when it was a copy) left
     memories under the link's own name, which an import now retires: the link's path
     exists, so nothing else would, and once the target changed the stale copy would keep
-    coming back in recall beside it."""
+    coming back in recall beside it. A link this machine alone made (the repository records
+    a regular file at that path: a local type change) is left out: the team's imports of
+    that file would write its memories again, and this machine's retire them, in turn."""
     names = {}
     for path in map(Path, paths):
         for file in _walk(path) if path.is_dir() else [path] if path.is_file() else []:
             if os.path.realpath(file) == os.path.abspath(file):  # no link on the way: itself
                 continue
             own, named = source_for(file, root, prefix, False), source_for(file, root, prefix)
-            if own != named:
+            if own != named and not _committed_as_a_file(file):
                 names[own] = named
     return names
+
+
+def _committed_as_a_file(file: Path) -> bool:
+    """Whether git's index holds `file` as a regular file while it is a link here. Untracked,
+    or without git's answer: False (the link is all there is to go by)."""
+    work_tree = git_work_tree(file)
+    if work_tree is None:
+        return False
+    rel = Path(os.path.abspath(file)).relative_to(work_tree).as_posix()
+    try:
+        entries = _git(work_tree, "ls-files", "-s", "--", rel)
+    except NoGitAnswer:
+        return False
+    return any(not entry.startswith("120000 ") for entry in entries)
 
 
 def place_on_this_machine(path: Path) -> str:

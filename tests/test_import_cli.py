@@ -151,6 +151,30 @@ def test_memories_under_a_repositorys_former_two_part_name_are_named_never_taken
     assert live_memories(server, "ops/infra/tfz/AGENTS.md") == [mine]
 
 
+def test_a_link_only_this_machine_made_leaves_the_files_memories(tmp_path, server):
+    """Review: a repository committing a regular CLAUDE.md, turned into a link on one
+    machine (an uncommitted type change), had that machine's imports retire the memories
+    the team imports from the file, and the team's write them again, in turn."""
+    repo = git_repo(tmp_path / "sprockets")
+    git(repo, "remote", "add", "origin", "git@github.com:acme/sprockets.git")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "CLAUDE.md", "# Review\nTwo approvals.\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "both files")
+    summary(relay_import(server, repo, "."))
+    (team,) = live_memories(server, "acme/sprockets/CLAUDE.md")
+    (repo / "CLAUDE.md").unlink()
+    (repo / "CLAUDE.md").symlink_to("AGENTS.md")  # this machine only: git records a file
+    done = relay_import(server, repo, ".")
+    assert summary(done) == "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired"
+    assert live_memories(server, "acme/sprockets/CLAUDE.md") == [team]
+    git(repo, "add", "CLAUDE.md")
+    git(repo, "commit", "-q", "-m", "CLAUDE.md is a link now")  # the team's: retired
+    done = relay_import(server, repo, ".")
+    assert summary(done) == "imported 1 memory: 0 new or changed, 1 unchanged, 1 retired"
+    assert live_memories(server, "acme/sprockets/CLAUDE.md") == []
+
+
 def test_reimport_from_another_folder_is_idempotent(tmp_path, server):
     repo = git_repo(tmp_path / "qa1-proj")
     write(repo / "AGENTS.md", "# Build\nRun make.\n\n# Test\nRun pytest.\n")
