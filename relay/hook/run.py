@@ -53,20 +53,28 @@ UNAUTHORIZED_MESSAGE = (
 )
 
 
-def process_start(now: float) -> float:
-    """Process start on the time.monotonic() clock, from /proc; `now` when unknown.
+def process_start(fallback: float) -> float:
+    """Process start on the time.monotonic() clock, from /proc; `fallback` when unknown.
 
     /proc counts in clock ticks (10 ms), so this errs early, never late: the
-    budget shrinks by up to one tick rather than overrunning.
+    budget shrinks by up to one tick rather than overrunning. The age is taken
+    against a monotonic reading made beside it: subtracting it from a reading
+    made earlier (the hook's import) moved the start back by the time between
+    the two, which every prompt lost from its deadline and added to its logged time.
     """
     try:
         with open("/proc/self/stat", "rb") as fh:
             stat = fh.read()
         start_ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
-        elapsed = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+        for _ in range(3):  # a reading pair split by a preemption is taken again
+            now = time.monotonic()
+            boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+            if time.monotonic() - now < 0.001:
+                break
+        elapsed = boot - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
-        return now
-    return now - elapsed if 0.0 <= elapsed < 1.0 else now
+        return fallback
+    return now - elapsed if 0.0 <= elapsed < 1.0 else fallback
 
 
 def _ms(seconds: float) -> float:
