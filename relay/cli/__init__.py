@@ -55,9 +55,10 @@ def _register() -> None:
     """The commands, each in the module of the concept it serves."""
     from relay.cli.admin import key, org
     from relay.cli.bench import bench
+    from relay.cli.importing import import_
     from relay.cli.memories import edit, forget, history, remember, search
     from relay.cli.serve import serve
-    from relay.cli.transfer import export, import_, restore
+    from relay.cli.transfer import export, restore
     from relay.doctor import doctor
     from relay.drills import drill
     from relay.eval.commands import eval_group

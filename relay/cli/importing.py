@@ -1,0 +1,311 @@
+"""`relay import`: instruction files in as memories, over HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from relay.cli.common import (
+    client_options,
+    failed_midway,
+    maybe_written,
+    one_line,
+    progress_bar,
+    stop_interrupted,
+)
+from relay.errors import InvalidRequestError, RelayError
+
+
+@click.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Make sources relative to this folder instead (no repository name).",
+)
+@click.option(
+    "--source-prefix",
+    metavar="NAME",
+    help="Name that starts every source, in place of the repository's (or of ~ or /"
+    " outside a git work tree; '' for none).",
+)
+@click.option(
+    "--audience",
+    "audiences",
+    multiple=True,
+    help="Audience for every memory written (repeatable; default: a memory imported before"
+    " keeps its own, a new one is for all).",
+)
+@click.option(
+    "--keep-removed",
+    is_flag=True,
+    help="Keep the memories of sections no longer in a file (default: forget them).",
+)
+@client_options
+def import_(
+    client,  # noqa: ANN001
+    paths: tuple[Path, ...],
+    root: Path | None,
+    source_prefix: str | None,
+    audiences: tuple[str, ...],
+    keep_removed: bool,
+) -> None:
+    """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
+    section or rule (a section over 16,000 characters: several, titled "(part N)").
+
+    Any other text file named explicitly (CONVENTIONS.txt, .windsurfrules) is read as
+    Markdown. Structured data (JSON, JSON lines, CSV, TSV, YAML, TOML, XML) is refused
+    and nothing is imported.
+
+    \b
+    Each memory's source names its file the same way from any folder:
+      - in a git work tree: <repository>/<path in the repository>, the repository
+        named by its origin remote's path (acme/shop-backend/AGENTS.md; a remote
+        that is a folder by its last two parts), else by its folder; memories
+        imported when a remote's last two parts named it are named, left alone;
+      - elsewhere: where it sits on this machine, ~/notes/CLAUDE.md under your
+        home folder, else its absolute path (warned about: a teammate's copy
+        sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
+      - with --root: the path relative to that folder.
+    A symlink to a file in the same work tree (or --root), such as CLAUDE.md ->
+    AGENTS.md, is named by that file: either name makes the same memories, and
+    those an import made under the link's own name are retired.
+    Ids derive from the source and the section, so re-importing is idempotent; a
+    section keeps its memory wherever it moves in the file, and an edit to it is a
+    new revision (a rule rewritten into another is a new memory).
+    Re-importing a file forgets the memories of sections it no longer has, and
+    importing a folder of a git work tree forgets those of its files deleted or renamed
+    since, as git tells (in the current branch's history, or from the work tree; not
+    with --keep-removed). A file this checkout merely lacks (another branch's, newer
+    than this clone, outside a sparse checkout) keeps its memories, as does every
+    missing file when git cannot tell; the summary counts them. Outside a git work
+    tree no file missing from a folder is retired (nothing tells a deleted file from a
+    moved one): the summary counts its memories and a note names it with their ids,
+    for relay forget ID. With --root, missing files are not looked for. Memories from
+    other files or written by hand are never touched. The file is the source of truth:
+    a relay edit of an imported memory is undone and a section deleted by hand comes
+    back; the summary counts both."""
+    from relay.import_files import (
+        folder_prefixes,
+        former_prefix,
+        iter_import_files,
+        link_names,
+        named_by_folder,
+        named_by_place,
+        source_for,
+    )
+    from relay.import_writer import (
+        ImportTally,
+        Vanished,
+        check_drafts,
+        import_files,
+        owned_memories,
+        vanished,
+    )
+    from relay.importer import drafts_from_path
+
+    if source_prefix is not None and not source_prefix.isprintable():
+        raise InvalidRequestError(
+            f"--source-prefix {source_prefix!r} holds a line break or another control"
+            " character: a source is one line, like docs/deploy.md"
+        )
+    drafts_by_source: dict[str, list] = {}
+    failed: list[RelayError] = []
+    unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
+    placed: list[str] = []  # sources of files named by where they sit on this machine
+    files_by_source: dict[str, Path] = {}
+    former: dict[str, str] = {}  # source -> the source an import before today gave the file
+    for f in iter_import_files(paths):
+        work_tree = named_by_folder(f, root, source_prefix)
+        if work_tree is not None:
+            unnamed[work_tree] = None
+        try:
+            drafts = drafts_from_path(f, root, source_prefix)
+        except RelayError as exc:  # one unreadable file must not sink the rest
+            failed.append(exc)
+            click.echo(one_line(f"relay: skipped {f}: {exc.message}"), err=True)
+            continue
+        source = source_for(f, root, source_prefix)
+        if source in files_by_source:  # one would overwrite and retire the other's memories
+            raise InvalidRequestError(
+                f"{files_by_source[source]} and {f} would both be recorded as {source}, and"
+                " importing one would overwrite and retire the other's memories; nothing was"
+                " imported: import them apart, each with its own --source-prefix",
+                path=str(f),
+            )
+        files_by_source[source] = f
+        if named_by_place(f, root):
+            placed.append(source)
+        drafts_by_source[source] = drafts
+        if was := former_prefix(f, root, source_prefix):
+            former[source] = source_for(f, root, was)
+        if not drafts:
+            click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
+    if not drafts_by_source and not failed:
+        raise click.UsageError("no importable files found")
+    drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]
+    check_drafts(drafts, audiences)
+    for work_tree in unnamed:  # said once everything is checked, just before writing
+        click.echo(
+            f"relay: warning: {work_tree} has no origin remote, so its sources are named by"
+            f" its folder ({work_tree.name}/...): another repository in a folder of that name"
+            " would share them, and importing it would overwrite and retire these; name it"
+            " with --source-prefix",
+            err=True,
+        )
+    if placed:
+        more = f" and {len(placed) - 1} more" if len(placed) > 1 else ""
+        click.echo(
+            "relay: warning: outside any git work tree, a source names where the file sits"
+            f" on this machine ({placed[0]}{more}): a teammate's copy elsewhere becomes"
+            " memories of its own, and a different file at that place on their machine would"
+            " overwrite and retire these; to name a folder the same on every machine, import"
+            " it with --root FOLDER --source-prefix NAME",
+            err=True,
+        )
+    found = (
+        Vanished()
+        if keep_removed or root
+        else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
+    )
+    # A link named by its target now: the memories an import made under its own name are
+    # a stale copy of the target's (not another file's: a source this import writes stays).
+    relinked = {
+        own: (named, ids)
+        for own, named in ({} if keep_removed else link_names(paths, root, source_prefix)).items()
+        if named in drafts_by_source and own not in drafts_by_source
+        if (ids := {m["id"] for m in owned_memories(client, own)})
+    }
+    found.gone.update({own: ids for own, (_, ids) in relinked.items()})
+    tally = ImportTally()
+
+    def done(exc: BaseException | None = None) -> str:
+        return (
+            f"{tally.written + tally.unchanged} of {len(drafts)} memories imported"
+            f" ({tally.written} new or changed, {tally.unchanged} unchanged) and"
+            f" {tally.retired} retired{maybe_written(tally.in_flight, exc)}"
+        )
+
+    try:
+        with progress_bar(len(drafts), "importing") as bar:
+            import_files(
+                client,
+                drafts_by_source,
+                audiences,
+                keep_removed,
+                bar.update,
+                found.gone,
+                tally,
+            )
+    except KeyboardInterrupt:
+        stop_interrupted(done(), "import")
+    except RelayError as exc:
+        if maybe_written(tally.in_flight, exc) or tally.written or tally.unchanged or tally.retired:
+            raise failed_midway(exc, done(exc)) from None
+        raise
+
+    # Not errors (the file is the source of truth), but neither should come as a surprise.
+    for d in tally.overwritten:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: edited since this text was"
+            f" imported; the file's text replaced the edit (relay history {d.id} shows it)",
+            err=True,
+        )
+    # A repository named by its remote's last two parts before today (a GitLab subgroup's
+    # platform/infra/terraform was infra/terraform): memories under that former name may be
+    # this repository's, or another's whose name it is today. Nothing here can tell which,
+    # so they are named for the user to judge, never taken over or retired.
+    for source, was in former.items():
+        kept = [m["id"] for m in owned_memories(client, was)]
+        if kept:
+            click.echo(
+                one_line(
+                    f"relay: note: {len(kept)} memor{'y is' if len(kept) == 1 else 'ies are'}"
+                    f" under {was}, the name relay import gave {source} before repositories"
+                    " were named by their remote's whole path, or another repository's file of"
+                    " that name: left as they are; if they are this file's old copy, relay"
+                    f" forget each: {' '.join(kept[:20])}{' ...' if len(kept) > 20 else ''}"
+                ),
+                err=True,
+            )
+    for d, was in tally.revived:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: its id {was} is taken (its memory"
+            " was deleted, by relay forget or when it left the file, or is one this key cannot"
+            f" read); imported again as {d.id}",
+            err=True,
+        )
+    for own, (named, ids) in sorted(relinked.items()):
+        n = len(ids)
+        click.echo(
+            f"relay: note: {own} leads to {named} and is named by it now: the"
+            f" {'memory' if n == 1 else f'{n} memories'} imported under its own name"
+            f" {'was' if n == 1 else 'were'} retired ({named}'s hold its text)",
+            err=True,
+        )
+    for d in tally.changed:
+        click.echo(
+            f"relay: note: {d.source} › {d.title or d.id}: changed (relay edit, or another"
+            " import) after this import read it, so left as it is; import again to write the"
+            f" file's text over it (relay history {d.id} shows the change)",
+            err=True,
+        )
+    if found.absent:
+        first, more = min(found.absent), len(found.absent) - 1
+        files = f"{first} and {more} more are" if more else f"{first} is"
+        why = (
+            f"git could not say whether this branch deleted them ({found.unsure})"
+            if found.unsure
+            else "this branch's history never deleted them (another branch's files, files"
+            " newer than this clone, or left out of a sparse checkout)"
+        )
+        click.echo(
+            one_line(
+                f"relay: note: {files} not in this checkout, but {why}: their memories"
+                " are left as they are"
+            ),
+            err=True,
+        )
+    for source, ids in sorted(found.outside_git.items()):
+        n = len(ids)
+        click.echo(
+            f"relay: note: {source} is not in its folder on this machine, and outside a git"
+            " work tree relay cannot tell a deleted file from one moved, not there yet, or"
+            " another machine's (a teammate's ~/ is theirs): its"
+            f" {'memory is' if n == 1 else f'{n} memories are'} left as"
+            f" {'it is' if n == 1 else 'they are'}, still recalled; if the file was deleted,"
+            f" relay forget ID removes {'it' if n == 1 else 'each'}: {' '.join(sorted(ids))}",
+            err=True,
+        )
+    also = ""
+    if n := sum(map(len, found.outside_git.values())):
+        also += (
+            f"; {n} {'memory comes from a file' if n == 1 else 'memories come from files'}"
+            f" missing outside git, left as {'it is' if n == 1 else 'they are'}"
+        )
+    if n := sum(map(len, found.absent.values())):
+        also += (
+            f"; {n} {'memory comes from a file' if n == 1 else 'memories come from files'} this"
+            f" checkout does not have, left as {'it is' if n == 1 else 'they are'}"
+        )
+    if n := len(tally.overwritten):
+        it = "it was" if n == 1 else "they were"
+        also += f"; {n} edited since {it} imported {'was' if n == 1 else 'were'} overwritten"
+    if n := len(tally.revived):
+        also += (
+            f"; {n} deleted before (or hidden from this key)"
+            f" {'was' if n == 1 else 'were'} imported again"
+        )
+    if n := len(tally.changed):
+        also += (
+            f"; {n} changed while this import ran"
+            f" {'was left as it is' if n == 1 else 'were left as they are'}"
+        )
+    click.echo(
+        f"imported {len(drafts)} {'memory' if len(drafts) == 1 else 'memories'}:"
+        f" {tally.written} new or changed,"
+        f" {tally.unchanged} unchanged, {tally.retired} retired{also}"
+    )
+    if failed:  # the others are written: said last, as an error, with the first one's exit code
+        raise type(failed[0])(f"{len(failed)} file(s) could not be imported (see above)")
