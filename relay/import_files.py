@@ -2,19 +2,22 @@
 
 Directories are walked for supported files (Markdown, `.cursorrules`, `.mdc`), skipping
 `.git`, `node_modules`, virtualenvs and hidden folders other than `.github` and
-`.cursor/rules`; structured data (JSON, CSV, a `relay export` file) is refused before
-anything is written. `source` names a file the same from any working directory: a file in
-a git work tree is `<repository>/<path in the repository>`, the repository named by its
-`origin` remote; any other file where it sits on this machine (`~/notes/CLAUDE.md`).
+`.cursor/rules`, and, in a git work tree, what git ignores (`GitIgnored`); structured data
+(JSON, CSV, a `relay export` file) is refused before anything is written. `source` names
+a file the same from any working directory: a file in a git work tree is
+`<repository>/<path in the repository>`, the repository named by its `origin` remote; any
+other file where it sits on this machine (`~/notes/CLAUDE.md`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import subprocess
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.errors import InvalidRequestError
@@ -52,21 +55,27 @@ def is_supported(path: Path) -> bool:
     return not name.startswith(".") and path.suffix.lower() in MARKDOWN_SUFFIXES | RULE_SUFFIXES
 
 
-def iter_import_files(paths: Iterable[Path]) -> Iterator[Path]:
+def iter_import_files(paths: Iterable[Path], ignored: GitIgnored | None = None) -> Iterator[Path]:
     """Yield the files to import: files as given, directories expanded recursively.
 
     Directories yield supported files only, in sorted order, skipping `.git`,
     `node_modules`, virtualenvs and hidden directories other than `.github` and
-    `.cursor/rules`. Symlinked directories are not followed. A file named explicitly is
-    yielded whatever its name (it is read as Markdown), unless it holds structured data:
-    then, as for any file that turns out to hold JSON, `refuse_structured` raises before
-    the caller has written anything. Each file is yielded once.
+    `.cursor/rules`, and in a git work tree what git ignores (`ignored` records it).
+    Symlinked directories are not followed. A file named explicitly is yielded whatever
+    its name (it is read as Markdown) and whether git ignores it or not (`ignored.named`),
+    unless it holds structured data: then, as for any file that turns out to hold JSON,
+    `refuse_structured` raises before the caller has written anything. Each file is
+    yielded once.
     """
+    paths = [Path(path) for path in paths]
+    if ignored is None:
+        ignored = GitIgnored()
+    else:  # only said: one more git call, for a caller that says it
+        ignored.named += _ignored_files([path for path in paths if path.is_file()])
     seen: set[Path] = set()
     for path in paths:
-        path = Path(path)
         if path.is_dir():
-            candidates: Iterable[Path] = _walk(path)
+            candidates: Iterable[Path] = _walk(path, ignored)
         elif path.is_file():
             candidates = [path]
         elif path.exists():  # /dev/null, a pipe such as <(cat notes.md), a socket
@@ -131,17 +140,107 @@ def _json_kind(path: Path) -> str | None:
     return "JSON"
 
 
-def _walk(top: Path) -> Iterator[Path]:
+@dataclass
+class GitIgnored:
+    """What git's ignore rules (`.gitignore`, `.git/info/exclude`, `core.excludesFile`)
+    did to a folder's walk: in a git work tree (or a repository met in the folder, a
+    submodule or a nested clone, by its own rules) a walk leaves out what git ignores, as
+    `git status` does; a tracked file is never ignored. What the user names is taken as
+    named: a file, or a folder git ignores as a whole (walked as outside git)."""
+
+    # Every path git ignores in the work trees walked (absolute, lexical): a folder
+    # stands for what it holds.
+    paths: set[str] = field(default_factory=set)
+    # What a walk left out only because git ignores it: folders it would have entered and
+    # files it would have read, each once.
+    skipped: dict[str, Path] = field(default_factory=dict)
+    # Paths named on the command line that git ignores: imported as named.
+    named: list[Path] = field(default_factory=list)
+    # Work trees whose ignore rules git could not give (not installed, too slow), and why:
+    # walked whole, as outside git.
+    unsure: dict[Path, str] = field(default_factory=dict)
+
+    def covers(self, path: Path) -> bool:
+        """Whether git ignores `path`, by its own name or a folder's on the way."""
+        name = os.path.abspath(path)
+        while name not in self.paths:
+            if (parent := os.path.dirname(name)) == name:
+                return False
+            name = parent
+        return True
+
+    def ask_git(self, folder: Path) -> None:
+        """Learn what git ignores under `folder`; a folder ignored as a whole is named."""
+        try:
+            # --directory: an ignored folder as one line, never walked by git either.
+            listed = _git(
+                folder, "ls-files", "--others", "--ignored", "--exclude-standard", "--directory"
+            )
+        except NoGitAnswer as exc:
+            self.unsure[folder] = str(exc)
+            return
+        if "./" in listed:
+            self.named.append(folder)
+            return
+        listed.sort()
+        base = os.path.abspath(folder)
+        for entry, after in itertools.pairwise([*listed, ""]):
+            # A folder listed with what it holds is one whose every file is ignored, not a
+            # folder ignored: its files stand for themselves.
+            if not (entry.endswith("/") and after.startswith(entry)):
+                self.paths.add(os.path.join(base, entry.rstrip("/")))
+
+
+def _walk(top: Path, ignored: GitIgnored | None = None) -> Iterator[Path]:
+    ignored = GitIgnored() if ignored is None else ignored
     found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(top):
         here = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if _enter_dir(here, d)]
+        # A work tree's top (`.git` a folder, or a file in a submodule or linked worktree)
+        # has its own rules; the folder named is asked too when inside one.
+        if os.path.lexists(here / ".git") or (here == top and git_work_tree(here / "_")):
+            ignored.ask_git(here)
+        base = os.path.abspath(here)
+        entered = [d for d in dirnames if _enter_dir(here, d)]
+        dirnames[:] = _unless_ignored(here, base, entered, ignored)
         if here.name != ".cursor":  # .cursor holds settings too; only its rules are memories
             # Regular files only: reading a FIFO named notes.md would wait for ever.
-            found.extend(
-                here / f for f in filenames if is_supported(here / f) and (here / f).is_file()
-            )
+            files = [f for f in filenames if is_supported(here / f) and (here / f).is_file()]
+            found.extend(here / f for f in _unless_ignored(here, base, files, ignored))
     yield from sorted(found, key=lambda p: p.relative_to(top).as_posix())
+
+
+def _unless_ignored(here: Path, base: str, names: list[str], ignored: GitIgnored) -> list[str]:
+    """`names` (in `here`, whose absolute path is `base`) but those git ignores, recorded."""
+    kept = []
+    for name in names:
+        full = os.path.join(base, name)
+        if full in ignored.paths:
+            ignored.skipped.setdefault(full, here / name)
+        else:
+            kept.append(name)
+    return kept
+
+
+def _ignored_files(files: list[Path]) -> list[Path]:
+    """Those of `files` that git ignores, one git call per work tree; none when git cannot
+    say (they are imported as named either way: this is only said)."""
+    by_tree: dict[Path, dict[str, Path]] = {}
+    for file in files:
+        if (work_tree := git_work_tree(file)) is not None:
+            rel = os.path.relpath(os.path.abspath(file), work_tree)
+            by_tree.setdefault(work_tree, {})[Path(rel).as_posix()] = file
+    named = []
+    for work_tree, rels in by_tree.items():
+        try:
+            args = ("--others", "--ignored", "--exclude-standard", "--", *rels)
+            listed = _git(work_tree, "ls-files", *args)
+        except NoGitAnswer:
+            continue
+        # A repository cloned inside an ignored folder is listed as that folder.
+        folders = tuple(entry for entry in listed if entry.endswith("/"))
+        named += [file for rel, file in rels.items() if rel in listed or rel.startswith(folders)]
+    return named
 
 
 def _enter_dir(parent: Path, name: str) -> bool:

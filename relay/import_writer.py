@@ -33,6 +33,7 @@ from relay.importer import draft_label
 
 if TYPE_CHECKING:
     from relay.client import RelayClient
+    from relay.import_files import GitIgnored
     from relay.importer import ImportDraft
 
 _IMPORTED_ID = re.compile(r"(imp_[0-9a-f]{16})(?:\.[0-9]+)?")
@@ -142,12 +143,17 @@ class Vanished:
     # Memories of files missing from a folder outside any git work tree: with no history to
     # tell a deleted file from one moved (or a teammate's, not here yet), left, by source.
     outside_git: dict[str, set[str]] = field(default_factory=dict)
+    # Memories of files on disk that git ignores (imported before imports followed git's
+    # ignore rules, named since, or ignored since): a walk no longer reads them, but the
+    # file is there, so they are left as they are unless the user asks (--retire-ignored).
+    ignored: dict[str, set[str]] = field(default_factory=dict)
 
 
 def vanished(
     client: RelayClient,
     folders: Mapping[str, Path],
     parsed: Collection[str],
+    ignored: GitIgnored | None = None,
 ) -> Vanished:
     """The import-made memories of files once imported from under `folders` (source prefix
     -> the folder on disk) that the checkout deleted or renamed since,
@@ -155,7 +161,8 @@ def vanished(
     branch, or newer than this clone, is not there either, and retiring it would delete
     their memories (text and all, a tombstone is all a delete keeps). Without git's answer
     nothing is retired, nor outside a git work tree (`outside_git`). A file that is there
-    but was not read this time (a folder the walk skips) keeps its memories."""
+    but was not read this time (a folder the walk skips) keeps its memories; those of a
+    file git ignores (as the walk learnt, `ignored`) are set apart in `ignored`."""
     from relay.import_files import NoGitAnswer, git_deleted, git_work_tree
 
     found = Vanished()
@@ -168,6 +175,8 @@ def vanished(
                 continue
             path = folder / source[len(prefix) :]
             if path.exists():
+                if ignored is not None and ignored.covers(path):
+                    found.ignored.setdefault(source, set()).add(memory["id"])
                 continue
             if work_tree is None:
                 found.outside_git.setdefault(source, set()).add(memory["id"])

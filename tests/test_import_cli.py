@@ -739,6 +739,98 @@ def test_outside_git_a_file_gone_from_a_folder_is_counted_and_named_not_retired(
     assert "is not in its folder" not in again.stderr
 
 
+# --- what git ignores --------------------------------------------------------------------
+
+
+def test_a_folder_import_leaves_out_what_git_ignores_and_takes_what_is_named(tmp_path, server):
+    """QA: inside a git work tree `relay import .` read every file, so a build's copy of
+    the docs and notes git ignores became everyone's memory. A folder's import reads what
+    git does not ignore (a tracked file never is) and counts what it skipped; a file named
+    is imported as named, and said to be one git ignores."""
+    repo = git_repo(tmp_path / "gi-walk")
+    git(repo, "remote", "add", "origin", "git@github.com:acme/gi-walk.git")
+    write(repo / ".gitignore", "build/\ndist/\n*.local.md\n")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "build" / "docs" / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "dist" / "CHANGES.md", "# Changes\nTracked though ignored.\n")
+    notes = write(repo / "sp ace" / "ünï notes.local.md", "# Mine\nMy notes.\n")
+    write(repo / "sp ace" / "ünï code.md", "# Unicode\nKept.\n")
+    git(repo, "add", ".gitignore", "AGENTS.md")
+    git(repo, "add", "-f", "dist/CHANGES.md")
+    git(repo, "commit", "-q", "-m", "agents")
+
+    done = relay_import(server, repo, ".")
+    assert summary(done) == (
+        "imported 3 memories: 3 new or changed, 0 unchanged, 0 retired; skipped 1 folder and"
+        " 1 file git ignores"
+    )
+    sources = {m["source"] for m in every_memory(server) if "gi-walk/" in m["source"]}
+    assert sources == {
+        "acme/gi-walk/AGENTS.md",
+        "acme/gi-walk/dist/CHANGES.md",
+        "acme/gi-walk/sp ace/ünï code.md",
+    }
+    assert "git ignores" not in done.stderr, done.stderr
+
+    named = relay_import(server, repo, str(notes))
+    assert summary(named) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
+    assert f"relay: note: git ignores {notes}, named here: imported as named" in named.stderr
+    assert bodies(server, "acme/gi-walk/sp ace/ünï notes.local.md") == ["My notes."]
+
+
+def test_a_file_git_ignores_keeps_its_memories_unless_retire_ignored_is_asked(tmp_path, server):
+    """A file imported before git ignored it (or before imports followed git's ignore
+    rules, or named), still on disk: a folder's import no longer reads it, and must not
+    take its memories on that alone (an ignore rule is no deletion); they are counted and
+    named, and --retire-ignored retires them."""
+    repo = git_repo(tmp_path / "gi-retire")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "notes" / "draft.md", "# Draft\nShip on Friday.\n")
+    git(repo, "add", "AGENTS.md")
+    git(repo, "commit", "-q", "-m", "agents")
+    summary(relay_import(server, repo, "."))  # untracked, not ignored: read
+    (draft,) = live_memories(server, "gi-retire/notes/draft.md")
+
+    write(repo / ".gitignore", "notes/\n")
+    done = relay_import(server, repo, ".")
+    assert summary(done) == (
+        "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired; 1 memory comes from a"
+        " file git ignores, left as it is; skipped 1 folder git ignores"
+    )
+    assert (
+        "relay: note: gi-retire/notes/draft.md is a file git ignores, still there: its memory"
+        " is left as it is, still recalled"
+    ) in done.stderr, done.stderr
+    assert "--retire-ignored to retire them" in done.stderr
+    assert live_memories(server, "gi-retire/notes/draft.md") == [draft]
+
+    refused = relay_import(server, repo, ".", "--retire-ignored", "--keep-removed")
+    assert refused.returncode == 2, refused.stderr
+    assert "--retire-ignored retires what --keep-removed keeps" in refused.stderr
+    done = relay_import(server, repo, "--retire-ignored", ".")
+    assert summary(done) == (
+        "imported 1 memory: 0 new or changed, 1 unchanged, 1 retired; skipped 1 folder git ignores"
+    )
+    assert history(server, draft["id"]) == ["create", "delete"]
+
+
+def test_without_git_a_folder_is_read_whole_and_said(tmp_path, server):
+    """Where git cannot say what it ignores (not installed), a folder is read as outside
+    git, ignored files included, and a warning says so rather than nothing."""
+    repo = git_repo(tmp_path / "gi-nogit")
+    write(repo / ".gitignore", "build/\n")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "build" / "AGENTS.md", "# Build\nRun make.\n")
+    empty = tmp_path / "no-git-here"
+    empty.mkdir()
+    done = relay_import(server, repo, ".", PATH=str(empty))
+    assert summary(done) == "imported 2 memories: 2 new or changed, 0 unchanged, 0 retired"
+    assert (
+        "relay: warning: git could not say what . ignores (git is not installed): its files"
+        " are read as outside git, those it ignores included"
+    ) in done.stderr, done.stderr
+
+
 # --- ids that stay with their section -----------------------------------------------------
 
 

@@ -914,3 +914,80 @@ def test_a_folder_walk_takes_regular_files_only(tmp_path):
     os.mkfifo(tmp_path / "docs" / "fifo.md")
     (tmp_path / "docs" / "gone.md").symlink_to(tmp_path / "nowhere.md")
     assert list(iter_import_files([tmp_path / "docs"])) == [good]
+
+
+def test_a_folder_walk_in_a_git_work_tree_leaves_out_what_git_ignores(tmp_path):
+    """QA: inside a git work tree a folder's walk read every file, so build copies, vendored
+    rule files and personal notes git ignores became team memory. It reads what git does
+    not ignore: tracked files, and untracked ones no rule matches, each repository (a
+    submodule, a clone inside) by its own rules; names with spaces and accents as git
+    gives them. A path named is taken as named, a folder git ignores as a whole too."""
+    from relay.import_files import GitIgnored
+
+    def git(repo: Path, *args: str) -> None:
+        who = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.file.allow=always"]
+        subprocess.run(["git", "-C", str(repo), *who, *args], check=True, capture_output=True)
+
+    library = tmp_path / "library"
+    subprocess.run(["git", "init", "-q", str(library)], check=True)
+    write(library / ".gitignore", "generated.md\n")
+    write(library / "README.md", "# Library\n")
+    git(library, "add", ".")
+    git(library, "commit", "-q", "-m", "library")
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    write(repo / ".gitignore", "build/\ndist/\n*.local.md\nvendor/\n")
+    for rel in (
+        "AGENTS.md",
+        "build/docs/README.md",  # a build's copy
+        "dist/CHANGES.md",  # tracked, though its folder is ignored: never ignored
+        "dist/README.md",
+        "docs/notes.local.md",
+        "sp ace/é/ünï code.md",
+        "sp ace/é/x.local.md",
+        "vendor/rules/.cursorrules",  # a clone inside an ignored folder
+        "tools/README.md",  # a clone inside, not ignored: its own rules
+        "tools/scratch.md",
+    ):
+        write(repo / rel, "# x\ny\n")
+    subprocess.run(["git", "init", "-q", str(repo / "vendor" / "rules")], check=True)
+    subprocess.run(["git", "init", "-q", str(repo / "tools")], check=True)
+    write(repo / "tools" / ".gitignore", "scratch.md\n")
+    git(repo, "add", ".gitignore", "AGENTS.md")
+    git(repo, "add", "-f", "dist/CHANGES.md")
+    git(repo, "submodule", "add", "-q", str(library), "lib")
+    write(repo / "lib" / "generated.md", "# Generated\n")  # ignored by the submodule's rules
+
+    ignored = GitIgnored()
+    found = [p.relative_to(repo).as_posix() for p in iter_import_files([repo], ignored)]
+    assert found == [
+        "AGENTS.md",
+        "dist/CHANGES.md",
+        "lib/README.md",
+        "sp ace/é/ünï code.md",
+        "tools/README.md",
+    ]
+    assert sorted(p.relative_to(repo).as_posix() for p in ignored.skipped.values()) == [
+        "build",
+        "dist/README.md",
+        "docs/notes.local.md",
+        "lib/generated.md",
+        "sp ace/é/x.local.md",
+        "tools/scratch.md",
+        "vendor",
+    ]
+    assert ignored.covers(repo / "vendor" / "rules" / ".cursorrules")
+    assert not ignored.covers(repo / "dist" / "CHANGES.md")
+    assert (ignored.named, ignored.unsure) == ([], {})
+
+    # Named, a file or a folder git ignores as a whole is taken; each is said.
+    named = GitIgnored()
+    notes, build = repo / "docs" / "notes.local.md", repo / "build"
+    assert list(iter_import_files([notes, build], named)) == [notes, build / "docs" / "README.md"]
+    assert named.named == [notes, build]
+    # Without an answer from git (not a repository after all) the folder is read whole.
+    (tmp_path / "fake" / ".git").mkdir(parents=True)
+    write(tmp_path / "fake" / "a.md", "# a\n")
+    unsure = GitIgnored()
+    assert list(iter_import_files([tmp_path / "fake"], unsure)) == [tmp_path / "fake" / "a.md"]
+    assert "not a git repository" in unsure.unsure[tmp_path / "fake"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from relay.cli.common import (
     stop_interrupted,
 )
 from relay.errors import InvalidRequestError, RelayError
+
+if TYPE_CHECKING:
+    from relay.import_files import GitIgnored
 
 
 @click.command("import")
@@ -42,6 +46,12 @@ from relay.errors import InvalidRequestError, RelayError
     is_flag=True,
     help="Keep the memories of sections no longer in a file (default: forget them).",
 )
+@click.option(
+    "--retire-ignored",
+    is_flag=True,
+    help="Also retire the memories an import made of files git ignores, still on disk, in"
+    " the folders named (default: leave them, counted).",
+)
 @client_options
 def import_(
     client,  # noqa: ANN001
@@ -50,6 +60,7 @@ def import_(
     source_prefix: str | None,
     audiences: tuple[str, ...],
     keep_removed: bool,
+    retire_ignored: bool,
 ) -> None:
     """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
     section or rule (a section over 16,000 characters: several, titled "(part N)").
@@ -57,6 +68,16 @@ def import_(
     Any other text file named explicitly (CONVENTIONS.txt, .windsurfrules) is read as
     Markdown. Structured data (JSON, JSON lines, CSV, TSV, YAML, TOML, XML) is refused
     and nothing is imported.
+
+    In a git work tree a folder's import reads only what git does not ignore: tracked
+    files, and untracked ones no .gitignore, .git/info/exclude or core.excludesFile
+    rule matches (a submodule or a repository cloned inside by its own rules), as git
+    status shows them; the summary counts what it skipped. What you name is imported
+    as named: a file git ignores, or a folder it ignores as a whole (a note says so).
+    An ignore rule deletes nothing: the memories an import made of a file git ignores
+    now (read before, or named), still there, are left as they are and counted;
+    --retire-ignored retires them (not with --root). Outside git, and where git cannot
+    say (not installed: warned), every file is read.
 
     \b
     Each memory's source names its file the same way from any folder:
@@ -87,6 +108,7 @@ def import_(
     a relay edit of an imported memory is undone and a section deleted by hand comes
     back; the summary counts both."""
     from relay.import_files import (
+        GitIgnored,
         folder_prefixes,
         former_prefix,
         iter_import_files,
@@ -105,6 +127,12 @@ def import_(
     )
     from relay.importer import drafts_from_path
 
+    if retire_ignored and keep_removed:
+        raise click.UsageError("--retire-ignored retires what --keep-removed keeps: pass one")
+    if retire_ignored and root:
+        raise click.UsageError(
+            "--retire-ignored does nothing with --root, which looks for no file gone or ignored"
+        )
     if source_prefix is not None and not source_prefix.isprintable():
         raise InvalidRequestError(
             f"--source-prefix {source_prefix!r} holds a line break or another control"
@@ -116,7 +144,8 @@ def import_(
     placed: list[str] = []  # sources of files named by where they sit on this machine
     files_by_source: dict[str, Path] = {}
     former: dict[str, str] = {}  # source -> the source an import before today gave the file
-    for f in iter_import_files(paths):
+    ignored = GitIgnored()
+    for f in iter_import_files(paths, ignored):
         work_tree = named_by_folder(f, root, source_prefix)
         if work_tree is not None:
             unnamed[work_tree] = None
@@ -154,6 +183,7 @@ def import_(
             " with --source-prefix",
             err=True,
         )
+    _say_what_git_ignored(ignored)
     if placed:
         more = f" and {len(placed) - 1} more" if len(placed) > 1 else ""
         click.echo(
@@ -167,8 +197,11 @@ def import_(
     found = (
         Vanished()
         if keep_removed or root
-        else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source)
+        else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source, ignored)
     )
+    if retire_ignored:  # asked for: what is still on disk is retired only so
+        found.gone.update(found.ignored)
+        found.ignored = {}
     # A link named by its target now: the memories an import made under its own name are
     # a stale copy of the target's (not another file's: a source this import writes stays).
     relinked = {
@@ -278,7 +311,7 @@ def import_(
             f" relay forget ID removes {'it' if n == 1 else 'each'}: {' '.join(sorted(ids))}",
             err=True,
         )
-    also = ""
+    also = _left_ignored(found.ignored)
     if n := sum(map(len, found.outside_git.values())):
         also += (
             f"; {n} {'memory comes from a file' if n == 1 else 'memories come from files'}"
@@ -305,7 +338,67 @@ def import_(
     click.echo(
         f"imported {len(drafts)} {'memory' if len(drafts) == 1 else 'memories'}:"
         f" {tally.written} new or changed,"
-        f" {tally.unchanged} unchanged, {tally.retired} retired{also}"
+        f" {tally.unchanged} unchanged, {tally.retired} retired{also}{_skipped(ignored)}"
     )
     if failed:  # the others are written: said last, as an error, with the first one's exit code
         raise type(failed[0])(f"{len(failed)} file(s) could not be imported (see above)")
+
+
+def _say_what_git_ignored(ignored: GitIgnored) -> None:
+    """Warn of the folders whose ignore rules git could not give (read whole), and note
+    the paths named that git ignores (imported as named): a shell's `**/*.md` names
+    node_modules' too."""
+    for folder, why in ignored.unsure.items():
+        click.echo(
+            one_line(
+                f"relay: warning: git could not say what {folder} ignores ({why}): its files"
+                " are read as outside git, those it ignores included"
+            ),
+            err=True,
+        )
+    if ignored.named:
+        first, more = ignored.named[0], len(ignored.named) - 1
+        click.echo(
+            one_line(
+                f"relay: note: git ignores {first}{f' and {more} more' if more else ''}, named"
+                " here: imported as named (importing a folder leaves out what git ignores)"
+            ),
+            err=True,
+        )
+
+
+def _left_ignored(kept: dict[str, set[str]]) -> str:
+    """Note the memories of files git ignores that are left as they are (by source); the
+    summary's words for them."""
+    if not (n := sum(map(len, kept.values()))):
+        return ""
+    first, more = min(kept), len(kept) - 1
+    click.echo(
+        one_line(
+            f"relay: note: {first}{f' and {more} more' if more else ''}"
+            f" {'are files' if more else 'is a file'} git ignores, still there:"
+            f" {'their' if more else 'its'} {'memory is' if n == 1 else f'{n} memories are'}"
+            f" left as {'it is' if n == 1 else 'they are'}, still recalled (imported before"
+            " imports left out what git ignores, or named); import the folder again with"
+            " --retire-ignored to retire them"
+        ),
+        err=True,
+    )
+    return (
+        f"; {n} {'memory comes from a file' if n == 1 else 'memories come from files'}"
+        f" git ignores, left as {'it is' if n == 1 else 'they are'}"
+    )
+
+
+def _skipped(ignored: GitIgnored) -> str:
+    """The summary's words for what the walk left out because git ignores it."""
+    if not ignored.skipped:
+        return ""
+    folders = sum(path.is_dir() for path in ignored.skipped.values())
+    files = len(ignored.skipped) - folders
+    counted = [
+        f"{n} {word}{'s' if n > 1 else ''}"
+        for n, word in ((folders, "folder"), (files, "file"))
+        if n
+    ]
+    return f"; skipped {' and '.join(counted)} git ignores"
