@@ -355,12 +355,24 @@ def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[st
     }
 
 
-def former_prefix(path: Path, root: Path | None, prefix: str | None) -> str | None:
-    """What `source_for(path, root, prefix)` was given as `prefix` to name `path` as an
-    import did before the whole remote path named repositories, when that differs; else
-    None."""
+@dataclass(frozen=True)
+class FormerName:
+    """Where an import before the whole remote path named repositories put a file's
+    memories (`former_repository_name`): its source then, and its repository's prefix."""
+
+    source: str  # infra/terraform/AGENTS.md
+    prefix: str  # infra/terraform/
+    work_tree: Path
+
+
+def former_name(path: Path, root: Path | None, prefix: str | None) -> FormerName | None:
+    """Where an import before today's naming of repositories put `path`'s memories, when
+    that differs from `source_for(path, root, prefix)`; else None."""
     work_tree = git_work_tree(path) if root is None and prefix is None else None
-    return former_repository_name(work_tree) if work_tree is not None else None
+    was = former_repository_name(work_tree) if work_tree is not None else None
+    if work_tree is None or was is None:
+        return None
+    return FormerName(source_for(path, None, was), f"{was}/", work_tree)
 
 
 class NoGitAnswer(Exception):
@@ -442,8 +454,9 @@ def repository_name(work_tree: Path) -> str:
 def former_repository_name(work_tree: Path) -> str | None:
     """The name an import before the whole remote path named repositories gave this one
     (the remote's last two parts: `infra/terraform`), when it differs from today's; else
-    None. An import names the memories stored under it, and leaves them: they may be this
-    repository's old copies, or another repository's that bears that name today."""
+    None. An import names the memories stored under it that copy its files'
+    (`import_writer.former_copies`), and leaves them unless asked: another repository
+    may bear that name today."""
     url = _origin_url(work_tree)
     parts, local = _remote_parts(url) if url else ([], True)
     return "/".join(parts[-2:]) if len(parts) > 2 and not local else None

@@ -24,7 +24,7 @@ import re
 import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from relay.client import memory_path
@@ -33,7 +33,7 @@ from relay.importer import draft_label
 
 if TYPE_CHECKING:
     from relay.client import RelayClient
-    from relay.import_files import GitIgnored
+    from relay.import_files import FormerName, GitIgnored
     from relay.importer import ImportDraft
 
 _IMPORTED_ID = re.compile(r"(imp_[0-9a-f]{16})(?:\.[0-9]+)?")
@@ -195,6 +195,45 @@ def vanished(
         for path in deleted:
             found.gone[sources[path]] = found.absent.pop(sources[path])
     return found
+
+
+def former_copies(
+    client: RelayClient,
+    former: Mapping[str, FormerName],
+    drafts_by_source: Mapping[str, Sequence[ImportDraft]],
+) -> dict[str, set[str]]:
+    """The memories an import made under a file's `former` source (by an older release,
+    when a remote's last two parts named its repository) that are copies of the file now,
+    by that source. Another repository may bear that name today and import its own files
+    under it (`infra/terraform` beside `platform/infra/terraform`), so only what the store
+    shows came from this one counts: the former name holds no file this repository lacks
+    (on disk, or deleted by its history), and the memory has the title and text of one of
+    the file's sections as imported now. Without git's answer, none."""
+    from relay.import_files import NoGitAnswer, git_deleted
+
+    by_repository: dict[tuple[str, Path], list[str]] = {}
+    for source, then in former.items():
+        by_repository.setdefault((then.prefix, then.work_tree), []).append(source)
+    copies: dict[str, set[str]] = {}
+    for (prefix, work_tree), sources in by_repository.items():
+        stored = [
+            m for m in _list(client, {"source_prefix": prefix}) if _IMPORTED_ID.fullmatch(m["id"])
+        ]
+        paths = {PurePosixPath(m["source"][len(prefix) :]) for m in stored}
+        if any(path.is_absolute() or ".." in path.parts for path in paths):
+            continue  # no file of any work tree
+        missing = {path.as_posix() for path in paths if not os.path.lexists(work_tree / path)}
+        try:
+            if missing - git_deleted(work_tree, missing):
+                continue  # a file this repository never had: another's name too
+        except NoGitAnswer:
+            continue
+        for source in sources:
+            texts = {_text(d) for d in drafts_by_source[source]}
+            was = former[source].source
+            if ids := {m["id"] for m in stored if m["source"] == was and _text(m) in texts}:
+                copies[was] = ids
+    return copies
 
 
 def continued_ids(drafts: Sequence[ImportDraft], live: Sequence[dict]) -> list[ImportDraft]:

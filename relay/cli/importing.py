@@ -18,7 +18,7 @@ from relay.cli.common import (
 from relay.errors import InvalidRequestError, RelayError
 
 if TYPE_CHECKING:
-    from relay.import_files import GitIgnored
+    from relay.import_files import FormerName, GitIgnored
 
 
 @click.command("import")
@@ -52,6 +52,12 @@ if TYPE_CHECKING:
     help="Also retire the memories an import made of files git ignores, still on disk, in"
     " the folders named (default: leave them, counted).",
 )
+@click.option(
+    "--retire-former-name",
+    is_flag=True,
+    help="Also retire the copies of this import's sections that an older release made under"
+    " a repository's former two-part name (default: leave them, named).",
+)
 @client_options
 def import_(
     client,  # noqa: ANN001
@@ -61,6 +67,7 @@ def import_(
     audiences: tuple[str, ...],
     keep_removed: bool,
     retire_ignored: bool,
+    retire_former_name: bool,
 ) -> None:
     """Import Markdown, CLAUDE.md, AGENTS.md, .cursorrules and .mdc files: one memory per
     section or rule (a section over 16,000 characters: several, titled "(part N)").
@@ -83,8 +90,10 @@ def import_(
     Each memory's source names its file the same way from any folder:
       - in a git work tree: <repository>/<path in the repository>, the repository
         named by its origin remote's path (acme/shop-backend/AGENTS.md; a remote
-        that is a folder by its last two parts), else by its folder; memories
-        imported when a remote's last two parts named it are named, left alone;
+        that is a folder by its last two parts), else by its folder; copies of
+        its sections an older release made under the remote's last two parts
+        (where that name holds no other repository's file) are named and left
+        alone: --retire-former-name retires them;
       - elsewhere: where it sits on this machine, ~/notes/CLAUDE.md under your
         home folder, else its absolute path (warned about: a teammate's copy
         sits elsewhere; --root FOLDER --source-prefix NAME names it for all);
@@ -110,7 +119,7 @@ def import_(
     from relay.import_files import (
         GitIgnored,
         folder_prefixes,
-        former_prefix,
+        former_name,
         iter_import_files,
         link_names,
         named_by_folder,
@@ -121,14 +130,16 @@ def import_(
         ImportTally,
         Vanished,
         check_drafts,
+        former_copies,
         import_files,
         owned_memories,
         vanished,
     )
     from relay.importer import drafts_from_path
 
-    if retire_ignored and keep_removed:
-        raise click.UsageError("--retire-ignored retires what --keep-removed keeps: pass one")
+    for flag, asked in (("ignored", retire_ignored), ("former-name", retire_former_name)):
+        if asked and keep_removed:
+            raise click.UsageError(f"--retire-{flag} retires what --keep-removed keeps: pass one")
     if retire_ignored and root:
         raise click.UsageError(
             "--retire-ignored does nothing with --root, which looks for no file gone or ignored"
@@ -143,7 +154,7 @@ def import_(
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
     placed: list[str] = []  # sources of files named by where they sit on this machine
     files_by_source: dict[str, Path] = {}
-    former: dict[str, str] = {}  # source -> the source an import before today gave the file
+    former: dict[str, FormerName] = {}  # source -> where an import before today put the file
     ignored = GitIgnored()
     for f in iter_import_files(paths, ignored):
         work_tree = named_by_folder(f, root, source_prefix)
@@ -167,8 +178,8 @@ def import_(
         if named_by_place(f, root):
             placed.append(source)
         drafts_by_source[source] = drafts
-        if was := former_prefix(f, root, source_prefix):
-            former[source] = source_for(f, root, was)
+        if then := former_name(f, root, source_prefix):
+            former[source] = then
         if not drafts:
             click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
     if not drafts_by_source and not failed:
@@ -211,6 +222,9 @@ def import_(
         if (ids := {m["id"] for m in owned_memories(client, own)})
     }
     found.gone.update({own: ids for own, (_, ids) in relinked.items()})
+    copies = former_copies(client, former, drafts_by_source)
+    if retire_former_name:
+        found.gone.update(copies)
     tally = ImportTally()
 
     def done(exc: BaseException | None = None) -> str:
@@ -245,23 +259,8 @@ def import_(
             f" imported; the file's text replaced the edit (relay history {d.id} shows it)",
             err=True,
         )
-    # A repository named by its remote's last two parts before today (a GitLab subgroup's
-    # platform/infra/terraform was infra/terraform): memories under that former name may be
-    # this repository's, or another's whose name it is today. Nothing here can tell which,
-    # so they are named for the user to judge, never taken over or retired.
-    for source, was in former.items():
-        kept = [m["id"] for m in owned_memories(client, was)]
-        if kept:
-            click.echo(
-                one_line(
-                    f"relay: note: {len(kept)} memor{'y is' if len(kept) == 1 else 'ies are'}"
-                    f" under {was}, the name relay import gave {source} before repositories"
-                    " were named by their remote's whole path, or another repository's file of"
-                    " that name: left as they are; if they are this file's old copy, relay"
-                    f" forget each: {' '.join(kept[:20])}{' ...' if len(kept) > 20 else ''}"
-                ),
-                err=True,
-            )
+    if not retire_former_name:
+        _left_former(copies, former)
     for d, was in tally.revived:
         click.echo(
             f"relay: note: {d.source} › {d.title or d.id}: its id {was} is taken (its memory"
@@ -402,3 +401,27 @@ def _skipped(ignored: GitIgnored) -> str:
         if n
     ]
     return f"; skipped {' and '.join(counted)} git ignores"
+
+
+def _left_former(copies: dict[str, set[str]], former: dict[str, FormerName]) -> None:
+    """Note, by repository, the copies of this import's sections that an older release
+    made under its former name (`former_copies`), left as they are: recalled beside
+    these, until asked to retire them. Said while they are there, no longer."""
+    prefixes = {then.source: then.prefix for then in former.values()}
+    by_prefix: dict[str, list[str]] = {}
+    for was in sorted(copies):
+        by_prefix.setdefault(prefixes[was], []).append(was)
+    for prefix, sources in by_prefix.items():
+        n, more = sum(len(copies[was]) for was in sources), len(sources) - 1
+        click.echo(
+            one_line(
+                f"relay: note: {n} {'memory' if n == 1 else 'memories'} under {prefix}"
+                f" ({sources[0]}{f' and {more} more' if more else ''})"
+                f" {'copies' if n == 1 else 'copy'} sections imported here: an older release"
+                f" made {'it' if n == 1 else 'them'} when this repository's remote was named by"
+                f" its last two parts ({prefix.rstrip('/')}); left as"
+                f" {'it is' if n == 1 else 'they are'}, recalled beside this import's; import"
+                " again with --retire-former-name to retire them"
+            ),
+            err=True,
+        )
