@@ -308,6 +308,58 @@ def test_an_edit_reverted_to_a_text_shown_before_is_injected_again(tmp_path):
     assert len(shown["mem_freeze"]) == 14
 
 
+def test_a_passage_that_only_moved_is_not_injected_again_and_is_kept_at_its_new_number(
+    tmp_path,
+):
+    """QA: an edit inserting a section before some passages numbers them anew, and the hook
+    injected their unchanged texts again (it knew each text only at its old number). Moved,
+    a text is a duplicate, even landing on a number another text had; an edit of it at its
+    new number comes in, and so does that edit reverted, after yet another section went in
+    (had the moved text stayed known at its old number, it would pass for the latest)."""
+    deploy = "Deploys run from the release branch."
+    rollback = "Rollbacks use make rollback and a note in the incident channel."
+    hotfix = "The on-call engineer approves hotfixes."
+    answer: dict = {}
+
+    def handler(conn, request):
+        reply(200, results(record("mem_runbook", **answer)))(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
+
+        def ask(revision, passage, passages, text, question):
+            answer.update(revision=revision, passage=passage, passages=passages, text=text)
+            return hook.prompt(f"what does the runbook say about {question}?")
+
+        for seq, text in enumerate((deploy, rollback, hotfix)):
+            assert text in assert_hit_contract(ask(1, seq, 3, text, f"section {seq}"))
+        # revision 2: a section inserted first; every passage moves up one
+        for seq, text, question in ((1, deploy, "deploys"), (3, hotfix, "hotfixes")):
+            assert_silent(ask(2, seq, 4, text, question))
+            assert (hook.last()["outcome"], hook.last()["duplicates"]) == ("no_match", 1)
+        staging = "Staging is refreshed nightly."
+        assert staging in assert_hit_contract(ask(2, 0, 4, staging, "staging"))
+        assert_silent(ask(2, 2, 4, rollback, "rollbacks"))
+        # revision 3 edits the moved hotfix passage at its new number: it comes in
+        edited = hotfix.replace("on-call engineer", "release manager")
+        assert edited in assert_hit_contract(ask(3, 3, 4, edited, "hotfix approvals"))
+        # revision 4 inserts another section and reverts the edit: the model's newest copy
+        # of that passage says "release manager", so the old text comes in again
+        context = assert_hit_contract(ask(4, 4, 5, hotfix, "who approves hotfixes"))
+        assert hotfix in context and 'revision="4" part="5 of 5"' in context
+        assert_silent(ask(5, 2, 5, deploy, "the release branch"))  # moved once more
+        assert_silent(ask(5, 4, 5, hotfix, "hotfix rules"))
+        assert [len(e.get("injected", [])) for e in hook.outcomes()] == [
+            1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0,
+        ]  # fmt: skip
+        shown = hook.session_state()["shown"]["mem_runbook"]
+    # each text held once: the two placed at their numbers in five passages (implied by the
+    # last), the rest of revision 3's numbering unplaced (staging, rollback, the edit)
+    tokens = [token.partition(":") for token in shown.split()]
+    assert sorted(place for place, _, _ in tokens) == ["2", "4", "~", "~", "~"]
+    assert len({key for _, _, key in tokens}) == 5
+
+
 def test_a_state_file_holding_a_list_of_text_hashes_is_read_without_them(tmp_path):
     """A hook kept the hash of every text shown in a `shown` list for a while: such a file
     is read (its ledger keeps its dedupe) and the list, which says not which text is a

@@ -246,6 +246,37 @@ def test_shown_holds_the_latest_text_of_each_passage_not_every_text_ever_shown()
     assert shown_holds(shown, part(6, 0, "all of it"))
 
 
+def test_shown_follows_a_text_renumbered_by_an_inserted_section():
+    """An entry says how many passages its numbers count in when its last passage is not
+    among them; renumbered, its texts are kept unplaced until found again. An entry written
+    before counts were kept (or holding tokens it cannot read) counts in its highest
+    passage + 1."""
+
+    def part(rev, seq, text, total):
+        return {**rec("a", rev, text), "passage": seq, "passages": total}
+
+    def key(text):
+        return shown_key(rec("a", 1, text))
+
+    ledger: dict = {}
+    shown: dict = {}
+    ledger_add(ledger, part(1, 1, "Thursday", 3), shown)
+    assert shown == {"a": f"1:{key('Thursday')} #:3"}
+    ledger_add(ledger, part(2, 3, "Wednesday", 4), shown)  # a section went in before it
+    assert shown == {"a": f"3:{key('Wednesday')} ~:{key('Thursday')}"}
+    context, injected, dupes = pack([part(2, 2, "Thursday", 4)], ledger, 3, 600, PROMPT_INTRO)
+    assert injected and dupes == 0  # without `shown`, as before
+    context, injected, dupes = pack(
+        [part(2, 2, "Thursday", 4)], ledger, 3, 600, PROMPT_INTRO, shown=shown
+    )
+    assert context is None and dupes == 1  # moved: placed at its new number
+    assert shown == {"a": f"3:{key('Wednesday')} 2:{key('Thursday')}"}
+    # written before counts were kept: counts 0 + 1; tokens it cannot read are skipped
+    old = {"a": f"0:{key('noon')} x:1 #:z ²:{key('midnight')} ~:"}
+    assert shown_holds(old, part(3, 0, "noon", 1)) and not shown_holds(old, part(3, 0, "x", 1))
+    assert shown_holds(old, part(3, 4, "noon", 5)) and not shown_holds(old, part(3, 0, "x", 5))
+
+
 def test_pack_labels_each_record_with_provenance():
     context, _, _ = pack(
         [rec("a", 4, "Use make migrate.", title="Migrations", source="ws/mig")],

@@ -288,8 +288,19 @@ def _groups(records: list[dict]) -> list[list[dict]]:
 # (a `relay edit` of a tag or the pin writes a revision with the same text) shows nothing
 # new, so it is a duplicate too. Only the latest counts: an edit reverted (Thursday, then
 # Wednesday, then Thursday again) must come in, the model's newest copy saying otherwise.
-# Hashes, not texts, keep the state file small: 12 hex digits, no collision to fear among
-# one memory's passages.
+#
+# An edit that inserts or removes a section numbers the passages after it anew: an unchanged
+# text comes back under another passage number, and is no less the model's latest copy. So an
+# entry also says how many passages its numbers count in (`#:5`; left out when its last
+# passage is among them, as in every entry written before this was kept). A record of the
+# memory cut into another number of passages finds every text of the entry out of place:
+# they are kept unplaced (`~:hash`), still the latest the model holds, since which passage
+# each now is (and so what replaced it) is unknown. A record whose text is held at another
+# passage, or unplaced, while its own passage holds no other text of its numbering, only
+# moved: a duplicate, placed at its new passage (`pack`), so a later text shown at its old
+# number does not make it come in again. Its own passage holding another text of its
+# numbering is an edit, or an edit reverted: it comes in. Hashes, not texts, keep the state
+# file small: 12 hex digits, no collision to fear among one memory's passages.
 SHOWN_KEY_HEX = 12
 
 
@@ -299,16 +310,60 @@ def shown_key(record: dict) -> str:
     return sha256_hex(text)[:SHOWN_KEY_HEX]
 
 
-def shown_holds(shown: dict, record: dict) -> bool:
-    """Whether the latest text the conversation was shown for this record's memory and
-    passage is this record's (a whole revision's text stands for each of its passages)."""
+def _shown_parts(entry: str) -> tuple[dict[str, str], list[str], int | None]:
+    """(passage -> hash, unplaced hashes, how many passages the numbers count in, or None
+    when unknown) of a passages entry of `shown`; a token it cannot read is skipped."""
+    parts: dict[str, str] = {}
+    loose: list[str] = []
+    count = None
+    for token in entry.split():
+        name, _, value = token.partition(":")
+        if name == "~":
+            loose.append(value)
+        elif name == "#":
+            count = (int(value) or None) if value.isdecimal() else None
+        elif name.isdecimal():
+            parts[name] = value
+    if count is None and parts:
+        count = max(map(int, parts)) + 1
+    return parts, loose, count
+
+
+def _shown_join(parts: dict[str, str], loose: list[str], count: int | None) -> str:
+    """The entry `_shown_parts` reads back as (`parts`, `loose`, `count`)."""
+    tokens = [f"{seq}:{key}" for seq, key in parts.items()]
+    if count is not None and (not parts or max(map(int, parts)) + 1 != count):
+        tokens.append(f"#:{count}")
+    tokens.extend(f"~:{key}" for key in loose)
+    return " ".join(tokens)
+
+
+def _shown_find(shown: dict, record: dict) -> tuple[bool, bool]:
+    """(held, in place): whether the conversation's latest copy of this record's memory holds
+    its text, and whether at its passage of its numbering (a whole revision's text stands for
+    each of its passages); held out of place, the text only moved."""
     entry = shown.get(record["id"])
     if entry is None:
-        return False
+        return False, False
+    key = shown_key(record)
     if ":" not in entry:
-        return entry == shown_key(record)
+        return entry == key, True
     seq = record.get("passage")
-    return seq is not None and f"{seq}:{shown_key(record)}" in entry.split()
+    if seq is None or key not in entry:  # the common miss, without reading the entry
+        return False, False
+    parts, loose, count = _shown_parts(entry)
+    total = record.get("passages")
+    latest = parts.get(str(seq))
+    if latest is not None and (total is None or count is None or total == count):
+        return latest == key, True  # another text there: an edit, or an edit reverted
+    return key in loose or key in parts.values(), False
+
+
+def shown_holds(shown: dict, record: dict) -> bool:
+    """Whether this record's text is the latest the conversation was shown of its memory:
+    at its passage, or, when that passage holds no other text, at another one it moved from
+    (see `shown` above; a whole revision's text stands for each of its passages)."""
+    return _shown_find(shown, record)[0]
 
 
 def _shown_add(shown: dict, ledger: dict, record: dict) -> None:
@@ -319,18 +374,28 @@ def _shown_add(shown: dict, ledger: dict, record: dict) -> None:
     if held is not None and ledger_entry(held)[0] > record["revision"]:
         return  # an older side of a conflict, shown beside the newer: not the latest text
     entry = shown.pop(rid, "")
-    # passage -> hash; a whole revision's hash is dropped by any passage shown after it
-    parts = dict(p.partition(":")[::2] for p in entry.split()) if ":" in entry else {}
+    if seq is None:  # a whole revision; shown cut, it leaves no text to match
+        if not record.get("cut"):
+            shown[rid] = shown_key(record)
+        return
+    # a whole revision's hash is dropped by any passage shown after it
+    parts, loose, count = _shown_parts(entry) if ":" in entry else ({}, [], None)
+    total = record.get("passages")
+    if total is not None:
+        if count is not None and count != total:  # numbered anew: no text keeps its place
+            loose = list(dict.fromkeys([*loose, *parts.values()]))
+            parts = {}
+        count = total
     if record.get("cut"):
         # Shown in part: the model's latest copy is not a whole text, so none matches it.
         parts.pop(str(seq), None)
-    elif seq is None:
-        shown[rid] = shown_key(record)
-        return
     else:
-        parts[str(seq)] = shown_key(record)
-    if seq is not None and parts:
-        shown[rid] = " ".join(f"{k}:{v}" for k, v in parts.items())
+        key, here = shown_key(record), str(seq)
+        parts = {k: v for k, v in parts.items() if v != key or k == here}  # moved from there
+        parts[here] = key
+        loose = [other for other in loose if other != key]
+    if parts or loose:
+        shown[rid] = _shown_join(parts, loose, count)
 
 
 def ledger_entry(entry: int | list) -> tuple[int, list[int] | None]:
@@ -396,7 +461,8 @@ def pack(
 
     A record is a duplicate when the ledger holds its passage of its revision, or a newer
     revision (see `ledger_holds`), or when its text is the latest `shown` holds for its
-    memory and passage (`shown_holds`). Of one answer, only the best-ranked passage of each
+    memory and passage, or one that only moved there from another passage (`shown_holds`),
+    which `shown` then holds at this one. Of one answer, only the best-ranked passage of each
     (id, revision) is kept (the server sends one a memory); a later passage of the same
     revision in it is not counted as a duplicate of the conversation. A record shown cut
     comes back as a copy marked `cut` (which `ledger_add` does not record), unless no later
@@ -407,9 +473,17 @@ def pack(
     dupes = 0
     for record in records:
         pair = (record["id"], record["revision"])
-        if ledger_holds(ledger, record) or (shown and shown_holds(shown, record)):
+        if ledger_holds(ledger, record):
             dupes += 1
-        elif pair not in seen:
+            continue
+        if shown:
+            held, in_place = _shown_find(shown, record)
+            if held:
+                dupes += 1
+                if not in_place:  # moved: the model's latest copy is now at this passage
+                    _shown_add(shown, ledger, record)
+                continue
+        if pair not in seen:
             seen.add(pair)
             fresh.append(record)
     if later_intro is not None and ledger:

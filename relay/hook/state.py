@@ -169,7 +169,8 @@ def _trim(mapping: dict, size) -> None:
 
 def _shown_entry(value: object) -> bool:
     """A well-formed `shown` entry (relay.hook.pack.shown_holds): a text's hash, or
-    "passage:hash ..." (read leniently there, so only its type and size are checked)."""
+    "passage:hash ... #:count ~:hash ..." (read leniently there, so only its type and size
+    are checked)."""
     return type(value) is str and 0 < len(value) <= SHOWN_ENTRY_MAX
 
 
