@@ -202,6 +202,58 @@ def test_two_parts_of_one_long_memory_are_both_recalled_each_once(tmp_path, org)
     assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] >= 1
 
 
+def test_a_passage_moved_by_an_inserted_section_is_not_injected_again(tmp_path, org):
+    """QA: an edit that inserted a section before a passage of a long memory renumbered it,
+    and the hook injected its unchanged text again under the new number."""
+    freeze = (
+        "Code freeze: the week before a release only fixes for blocking bugs land, each"
+        " approved by the freeze captain in the freeze channel."
+    )
+    steps = "\n\n".join(
+        f"Rollout stage {n}: the deployer widens the rollout to the next ring and watches the"
+        " error budget dashboards for thirty minutes before going on."
+        for n in range(6)
+    )
+    made = org["client"].post(
+        "/v1/memories", json={"body": steps + "\n\n" + freeze, "title": "Rollout handbook"}
+    )
+    assert made.status_code == 201, made.text
+    mid = made.json()["id"]
+    hook = Hook(
+        tmp_path,
+        org["url"],
+        RELAY_API_KEY=org["admin"],
+        RELAY_THROTTLE_PROMPTS="0",
+        RELAY_OVERLAP_THRESHOLD="1.5",
+        RELAY_MIN_SCORE="0",
+    )
+    label = re.compile(f'id="{mid}" revision="([0-9]+)" part="([0-9]+) of ([0-9]+)"')
+    first = assert_hit_contract(hook.prompt("who approves fixes during the code freeze?"))
+    assert "freeze captain" in first
+    before = label.search(first)
+    canary = " ".join(
+        f"Canary check {n}: before any rollout the canary host runs the smoke suite against"
+        " production traffic mirrors and must report green."
+        for n in range(5)
+    )
+    edited = org["client"].patch(
+        f"/v1/memories/{mid}", json={"body": canary + "\n\n" + steps + "\n\n" + freeze}
+    )
+    assert edited.status_code == 200, edited.text
+    # the server now numbers the unchanged freeze passage further on
+    found = org["client"].post(
+        "/v1/search", json={"query": "who approves fixes during the code freeze?", "k": 3}
+    )
+    (hit,) = [r for r in found.json()["results"] if r["id"] == mid]
+    assert hit["revision"] == 2 and hit["passage"] + 1 > int(before[2])
+    assert hit["passages"] > int(before[3])
+    assert_silent(hook.prompt("who approves fixes during the code freeze again?"))
+    assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] >= 1
+    # the inserted section is new text: it comes in
+    context = assert_hit_contract(hook.prompt("what does the canary host run before a rollout?"))
+    assert "smoke suite" in context and label.search(context)[1] == "2"
+
+
 def test_a_fact_remembered_twice_is_injected_once(tmp_path, org):
     """Two teammates remembered the same fact: the hook injected it twice, two of its three
     records and twice the tokens for one fact."""
