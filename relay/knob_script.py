@@ -28,7 +28,7 @@ SCRIPT_KNOBS = (
     (
         "THROTTLE_PROMPTS",
         "throttle_prompts",
-        "No new search within this many prompts of the last one.",
+        "No new search within this many prompts of the last one that injected something.",
     ),
     (
         "OVERLAP_THRESHOLD",

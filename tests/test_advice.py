@@ -83,6 +83,11 @@ def test_the_advice_meets_the_targets_on_each_half_of_the_conversations():
         + [("which kubernetes cluster hosts staging for checkout", "needs_memory", ("g2",))],
     )
     probes = {("acme", t.prompt): [] for c in (first, second) for t in c.turns}
+    # Every other nothing-needed prompt draws a weaker wrong hit, which the default floor
+    # (0.2) lets in: so with the defaults each search injects, and the throttle it starts
+    # skips the memory prompts.
+    for n, prompt in enumerate(NOTHING[1:] + NOTHING_TOO):
+        probes["acme", prompt] = [_record(f"weak{n}", 0.25)]
     probes["acme", NOTHING[0]] = [_record("noise", 0.3)]
     probes["acme", first.turns[-1].prompt] = [_record("g1", 0.3)]
     probes["acme", second.turns[-1].prompt] = [_record("g2", 0.9)]
@@ -183,6 +188,26 @@ def test_usefulness_is_judged_only_on_prompts_that_name_their_gold():
     assert simulate([conversation], probes, knobs)["useful_rate"] == 1.0
 
 
+def test_the_replayed_gate_throttles_after_an_injection_as_the_hook_does():
+    """The hook's throttle starts at a search that injected something, not at one answered
+    with nothing (relay.hook.run): the offline replay predicts what the hook does, so the
+    prompt right after a no_match searches there too."""
+    conversation = _conversation(
+        "c",
+        [
+            (NOTHING[0], "nothing_relevant", ()),
+            ("which kubernetes cluster hosts staging for checkout", "needs_memory", ("g2",)),
+            (NOTHING[1], "nothing_relevant", ()),
+        ],
+    )
+    probes = {("acme", t.prompt): [_record(f"x{t.no}", 0.9)] for t in conversation.turns}
+    probes["acme", NOTHING[0]] = []
+    probes["acme", conversation.turns[1].prompt] = [_record("g2", 0.9)]
+    predicted = simulate([conversation], probes, current_knobs(None))  # throttle_prompts 2
+    assert (predicted["useful_rate"], predicted["quiet_rate"]) == (1.0, 1.0)
+    assert predicted["search_share"] == round(2 / 3, 4)
+
+
 def test_a_probe_the_server_refuses_is_an_error_not_an_empty_answer():
     """An empty list for a 401 or 503 would count as 'nothing relevant' in the advice."""
     conversation = _conversation("c", [(NOTHING[0], "nothing_relevant", ())])
@@ -207,6 +232,7 @@ def test_an_exclusion_credits_the_knob_that_moved_the_class_not_the_one_named_fo
         ],
     )
     probes = {("acme", t.prompt): [] for t in conversation.turns}
+    probes["acme", NOTHING[0]] = [_record("g1", 0.9)]  # injected: it starts the throttle
     current = current_knobs(None)
     advised = {**current, "throttle_prompts": 0, "min_score": 0.5}
     now = simulate([conversation], probes, current)["searched_by_class"]["same_topic"]

@@ -172,6 +172,42 @@ def test_overlap_threshold_and_throttle_knobs(tmp_path):
         assert hook.last()["outcome"] == "no_match"
 
 
+def test_a_search_that_injected_nothing_does_not_throttle_the_next_prompts(tmp_path):
+    """QA: a search answered with nothing to inject (no_match) throttled the next two
+    prompts, so a new topic right after it was never searched. Only a search that injected
+    something, or failed, starts the throttle; a no_match still records its topic, so a
+    rephrasing of it is same_topic."""
+    answers = {"deploy": 200, "logging": 200, "tests": 503, "flags": 200}
+
+    def handler(conn, request):
+        query = request.json()["query"]
+        topic = next(t for t in answers if t in query)
+        found = [record("mem_logging")] if topic in ("logging", "flags") else []
+        reply(answers[topic], results(*found))(conn, request)
+
+    with FakeRelay(handler) as server:
+        hook = Hook(tmp_path, server.url)  # throttle_prompts 2, overlap 0.30: the defaults
+        steps = [
+            ("how do we deploy the billing service to staging?", "no_match", None),
+            ("how do we deploy billing to staging, step by step?", "skipped", "same_topic"),
+            ("which logging conventions does the worker follow?", "hit", None),
+            ("what about flags in the payments worker?", "skipped", "throttled"),
+            ("and the feature flags of the search worker?", "skipped", "throttled"),
+            ("how are integration tests run against postgres?", "unavailable", None),
+            ("what about the feature flags rollout process?", "skipped", "throttled"),
+        ]
+        for n, (prompt, outcome, reason) in enumerate(steps, 1):
+            hook.prompt(prompt)
+            entry = hook.last()
+            assert (entry["outcome"], entry.get("reason") if reason else None) == (
+                outcome,
+                reason,
+            ), (n, entry)
+        state = hook.session_state()
+        assert (state["count"], state["last_search"]) == (7, 6)
+        assert len(server.requests) == 3
+
+
 def test_compaction_and_clear_reset_the_ledger_resume_keeps_it(tmp_path):
     with FakeRelay(reply(200, results(record("mem_a"), record("mem_b")))) as server:
         hook = Hook(tmp_path, server.url, RELAY_PROFILE="0")

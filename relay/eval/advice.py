@@ -178,7 +178,6 @@ def simulate(
             did_search = gate.skip_reason(prompt, words, data, cfg) is None
             if did_search:
                 searched += 1
-                data["last_search"] = data["count"]
                 records = [
                     r
                     for r in probes.get((conv.store, prompt[:QUERY_MAX_CHARS]), [])
@@ -194,6 +193,8 @@ def simulate(
                     shown=data["shown"],
                 )
                 data["keywords"] = words
+                if context is not None:  # as the hook: a search that injected nothing
+                    data["last_search"] = data["count"]  # starts no throttle
                 for record in injected:
                     ledger_add(data["ledger"], record, data["shown"])
                     held.add(record["id"])

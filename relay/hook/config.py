@@ -129,7 +129,12 @@ SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
         f" {DEADLINE_MIN_MS} could never search.",
     ),
     ("min_prompt_len", 15, _int(0, 100_000), "Prompts shorter than this never search."),
-    ("throttle_prompts", 2, _int(0, 1000), "No new search within this many prompts of the last."),
+    (
+        "throttle_prompts",
+        2,
+        _int(0, 1000),
+        "No new search within this many prompts of the last that injected (or failed).",
+    ),
     (
         "overlap_threshold",
         0.30,

@@ -283,11 +283,14 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
         data["last_prompt"] = {"sha": inv.log["prompt_sha256"], "at": now, "count": data["count"]}
         inv.log["prompt_no"] = data["count"]
         reason = gate.skip_reason(prompt, words, data, cfg)
+        throttle_from = data["last_search"]
         if reason is None:
             allowed, probe = breaker.admit(
                 cfg.state_dir, cfg.url, cfg.breaker_cooldown_s, inv.until
             )
             if allowed:
+                # Now, so that a search that fails holds the throttle too; one answered with
+                # nothing to inject gives it back (`_inject`).
                 data["last_search"] = data["count"]
         session.save()
     inv.ms["gate"] = _ms(time.monotonic() - t)
@@ -322,7 +325,7 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
         cfg.max_tokens,
         (PROMPT_INTRO, PROMPT_REMINDER),
         "UserPromptSubmit",
-        words,
+        (words, throttle_from),
     )
 
 
@@ -440,8 +443,12 @@ def _maybe_tell_unauthorized(inv: Invocation, session_id: str | None) -> None:
                 session.save()
 
 
-def _inject(inv, session_id, records, max_records, max_tokens, intros, event_name, words) -> None:
-    """Pack what the ledger lacks, print it, then record it: the ledger is what was shown."""
+def _inject(
+    inv, session_id, records, max_records, max_tokens, intros, event_name, searched
+) -> None:
+    """Pack what the ledger lacks, print it, then record it: the ledger is what was shown.
+    `searched`, for a prompt: its keywords, and the prompt the throttle counted from before
+    this search."""
     t = time.monotonic()
     inv.log["results"] = len(records)
     with _session(inv, session_id) as session:
@@ -461,8 +468,12 @@ def _inject(inv, session_id, records, max_records, max_tokens, intros, event_nam
         inv.ms["pack"] = _ms(time.monotonic() - t)
         inv.log["duplicates"] = dupes
         inv.log["records"] = inv.log["tokens"] = 0
-        if words is not None:
-            data["keywords"] = words
+        if searched is not None:
+            words, throttle_from = searched
+            data["keywords"] = words  # the topic was asked: a rephrasing of it is same_topic
+            if context is None and data["last_search"] == inv.log["prompt_no"]:
+                # Nothing injected: the next prompts, a new topic say, are not throttled.
+                data["last_search"] = throttle_from
         if context is None:
             inv.finish("no_match")
         else:
