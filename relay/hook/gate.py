@@ -58,7 +58,7 @@ def skip_reason(prompt: str, words: list[str], state: dict, cfg) -> str | None:
         return "short_prompt"
     if not words:
         return "no_keywords"
-    last = state["last_search"]
+    last = state["last_search"]  # the last search that injected something, or failed
     if last and state["count"] - last <= cfg.throttle_prompts:
         return "throttled"
     if state["keywords"] and overlap(words, state["keywords"]) >= cfg.overlap_threshold:

@@ -38,7 +38,7 @@ def fresh(session_id: str) -> dict:
         "v": 1,
         "session": session_id,
         "count": 0,
-        "last_search": 0,
+        "last_search": 0,  # the prompt whose search started the throttle (gate.skip_reason)
         "keywords": [],
         "ledger": {},
         "shown": {},  # per memory, short hashes of the latest texts shown (pack.shown_holds)
