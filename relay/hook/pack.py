@@ -318,12 +318,12 @@ def _shown_parts(entry: str) -> tuple[dict[str, str], list[str], int | None]:
     count = None
     for token in entry.split():
         name, _, value = token.partition(":")
-        if name == "~":
+        if name.isdecimal():
+            parts[name] = value
+        elif name == "~":
             loose.append(value)
         elif name == "#":
             count = (int(value) or None) if value.isdecimal() else None
-        elif name.isdecimal():
-            parts[name] = value
     if count is None and parts:
         count = max(map(int, parts)) + 1
     return parts, loose, count
