@@ -7,7 +7,8 @@ Four tools: `team_memory_search`, `team_memory_remember`, `team_memory_forget`,
   every call is one request to the Relay server with the user's configured key
   (`RelayClient`), so it passes the same authorization, search pipeline and
   write validation as the CLI and the hook; every line read gets an answer, a
-  malformed one a JSON-RPC error (`relay.mcp_stdio`).
+  malformed one a JSON-RPC error, and requests still running when stdin ends are
+  answered before it exits (`relay.mcp_stdio`).
 - streamable HTTP at `/mcp`, served by the Relay server itself (`mount_mcp`):
   each HTTP request is authorized with the API's bearer-key logic before the
   MCP layer sees it; the tools then call the in-process searcher and store

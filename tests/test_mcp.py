@@ -333,6 +333,51 @@ def test_stdio_server_answers_every_line_it_cannot_read(tmp_path, server):
     assert {t["name"] for t in by_id[5]["result"]["tools"]} == TOOLS
 
 
+def test_stdio_server_answers_every_request_piped_before_stdin_ends(tmp_path, server):
+    """QA: `printf ... | relay mcp` got the initialize answer only: at stdin's end the SDK
+    cancelled the tool calls still running, whose writes happened all the same, and exited 0
+    (six calls, three answers). Each request read is answered before it exits now; a request
+    the client cancelled is owed nothing, and waiting for it must not hang the exit."""
+    params = stdio_params(tmp_path, server, "writer")
+
+    def remember_call(ident: int) -> str:
+        body = f"EOF test {ident}: the build cache lives in bucket eof-cache-{ident}."
+        arguments = {"body": body, "source": "qa/eof-pipe"}
+        call = {"name": "team_memory_remember", "arguments": arguments}
+        return json.dumps({"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": call})
+
+    initialize = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "qa", "version": "1"},
+    }
+    search = {"name": "team_memory_search", "arguments": {"query": "which bucket for the cache?"}}
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize}),
+        '{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+        *(remember_call(ident) for ident in range(2, 8)),
+        json.dumps({"jsonrpc": "2.0", "id": "s", "method": "tools/call", "params": search}),
+        '{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "s"}}',
+        '{"jsonrpc": "2.0", "id": "8", "method": "ping"}',
+    ]
+    done = subprocess.run(
+        [params.command, *params.args],
+        env=params.env,
+        input="".join(line + "\n" for line in lines),  # written, then stdin closed
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    by_id = {answer["id"]: answer for answer in answers}
+    assert len(by_id) == len(answers)  # one answer a request
+    assert set(by_id) - {"s"} == {1, 2, 3, 4, 5, 6, 7, "8"}  # the bug: {1}
+    made = [by_id[ident]["result"]["content"][0]["text"] for ident in range(2, 8)]
+    assert all(said.startswith("Remembered mem_") for said in made), made
+    assert by_id["8"]["result"] == {}
+
+
 # -- streamable HTTP: /mcp on the Relay server -----------------------------------------------
 def http_client(server, key: str, mode: str = "auto") -> tuple[Client, httpx2.AsyncClient]:
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
