@@ -27,6 +27,7 @@ from relay.store import Store
 
 PREFIX = "relay_"
 KEY_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # minted as 12 hex digits; split_key needs alnum
+_KEY_IN_TEXT = re.compile(r"relay_([A-Za-z0-9]{1,64})_[A-Za-z0-9_-]{16,}")  # as minted
 _DUMMY_HASH = hashlib.sha256(b"relay-unknown-key").hexdigest()
 MISSING_KEY = "missing API key (send 'Authorization: Bearer <key>')"
 
@@ -49,6 +50,23 @@ def split_key(token: str) -> tuple[str, str] | None:
     if not sep or not key_id or len(secret) < 16 or not key_id.isalnum():
         return None
     return key_id, secret
+
+
+def withhold_secrets(text: str) -> str:
+    """`text` with each whole key in it cut to its id, `relay_<id>_<secret withheld>`: an
+    error that quotes what was typed must not print a secret into scrollback or a CI log."""
+    return _KEY_IN_TEXT.sub(r"relay_\1_<secret withheld>", text)
+
+
+def key_of(store: Store, token: str) -> ApiKey | None:
+    """The key `token` (a whole `relay_<id>_<secret>`) is, revoked or expired alike; None
+    unless its secret matches the stored hash. An unknown id costs the same comparison."""
+    parts = split_key(token)
+    found = store.key_for_auth(parts[0]) if parts else None
+    stored_hash = found[1] if found else _DUMMY_HASH
+    secret = parts[1] if parts else ""
+    matches = hmac.compare_digest(hash_secret(secret), stored_hash)
+    return found[0] if found is not None and matches else None
 
 
 def check_scopes(scopes: frozenset[str]) -> frozenset[str]:
@@ -85,7 +103,11 @@ def check_key_id(key_id: str) -> str:
     """`key_id` from a path, or 404 before the store is asked (a NUL in it failed
     PostgreSQL's query, a 500, where SQLite found nothing)."""
     if not KEY_ID.fullmatch(key_id):
-        raise NotFoundError(f"no key {key_id!r} in this organisation")
+        whole = split_key(key_id)
+        raise NotFoundError(
+            f"no key {withhold_secrets(key_id)!r} in this organisation"
+            + (f": that is a whole key; its id, which this takes, is {whole[0]}" if whole else "")
+        )
     return key_id
 
 
@@ -96,14 +118,9 @@ def authorize(store: Store, authorization: str | None) -> Principal:
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise UnauthorizedError("malformed Authorization header; expected 'Bearer <key>'")
-    parts = split_key(token.strip())
-    found = store.key_for_auth(parts[0]) if parts else None
-    stored_hash = found[1] if found else _DUMMY_HASH
-    secret = parts[1] if parts else ""
-    matches = hmac.compare_digest(hash_secret(secret), stored_hash)
-    if found is None or not matches:
+    key = key_of(store, token.strip())
+    if key is None:
         raise UnauthorizedError("invalid API key")
-    key = found[0]
     now = datetime.now(UTC)
     if key.revoked_at is not None:
         raise UnauthorizedError("this API key was revoked")

@@ -32,16 +32,16 @@ def main() -> None:
         exc.show()  # one line of escaped line breaks; stderr and exit 2, as click does itself
         sys.exit(exc.exit_code)
     except click.ClickException as exc:  # a usage error too: one line, its command's help named
-        from relay.cli.common import one_line
+        from relay.cli.common import error_line
 
         ctx = getattr(exc, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        click.echo(f"relay: error: {one_line(exc.format_message())}{hint}", err=True)
+        click.echo(f"relay: error: {error_line(exc.format_message())}{hint}", err=True)
         sys.exit(exc.exit_code)
     except RelayError as exc:
-        from relay.cli.common import one_line
+        from relay.cli.common import error_line
 
-        click.echo(f"relay: error: {one_line(exc.message)}", err=True)
+        click.echo(f"relay: error: {error_line(exc.message)}", err=True)
         sys.exit(exc.exit_code)
 
 

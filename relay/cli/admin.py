@@ -162,12 +162,48 @@ def _warn_unaddressable_roles(key_id: str, roles: frozenset[str]) -> None:
 @click.argument("key_id")
 @db_option
 def key_revoke(org_name: str, key_id: str, db: str | None) -> None:
-    """Revoke a key at once, everywhere."""
+    """Revoke a key at once, everywhere. KEY_ID is the id 'relay key list' shows. A whole
+    key (relay_<id>_<secret>) pasted in its place is taken when it is one of the
+    organisation's keys, and never printed; it stays in your shell history, harmless once
+    revoked."""
     store = open_store(db)
     org_id = _org_id(store, org_name)
+    given = key_id
+    key_id = _named_key_id(store, org_id, org_name, given)
     before = next((k.revoked_at for k in store.list_keys(org_id) if k.id == key_id), None)
     store.revoke_key(org_id, key_id)  # refuses a key this org does not hold
+    named = " (named by its whole key)" if key_id != given else ""
     if before is not None:  # judged by the row, not by a clock the database may not share
-        click.echo(f"{key_id} was already revoked, at {before.isoformat(timespec='seconds')}")
+        when = before.isoformat(timespec="seconds")
+        click.echo(f"{key_id}{named} was already revoked, at {when}")
     else:
-        click.echo(f"revoked {key_id}")
+        click.echo(f"revoked {key_id}{named}")
+
+
+def _named_key_id(store, org_id: str, org_name: str, given: str) -> str:  # noqa: ANN001
+    """The key id `given` names: itself, or the id within a whole key pasted in its place
+    (`relay_<id>_<secret>`, its prefix maybe left off) once its secret proves it one of this
+    organisation's keys. Its secret is never echoed: errors land in scrollback and CI logs."""
+    import shlex
+
+    from relay.auth import PREFIX, key_of, split_key
+    from relay.errors import NotFoundError
+
+    token = given if given.startswith(PREFIX) else PREFIX + given
+    parts = split_key(token) if "_" in given else None  # a key id holds no "_"
+    if parts is None:
+        return given
+    owned = key_of(store, token)
+    if owned is not None and owned.org_id == org_id:
+        return owned.id
+    wanted = parts[0]
+    if any(k.id == wanted for k in store.list_keys(org_id)):
+        raise NotFoundError(
+            f"that is a whole key, not a key id, and its secret is not key {wanted}'s; to "
+            f"revoke key {wanted}, pass its id: relay key revoke --org {shlex.quote(org_name)} "
+            f"{wanted}"
+        )
+    raise NotFoundError(
+        f"that is a whole key, not a key id, and this organisation holds no key {wanted} "
+        f"(its keys: relay key list --org {shlex.quote(org_name)})"
+    )

@@ -64,6 +64,14 @@ def one_line(message: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)
 
 
+def error_line(message: str) -> str:
+    """`message` as `relay: error:` prints it: one line, and no key's secret in it (a key
+    typed where another value goes is echoed back by many a refusal)."""
+    from relay.auth import withhold_secrets
+
+    return one_line(withhold_secrets(message))
+
+
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
