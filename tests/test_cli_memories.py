@@ -613,3 +613,43 @@ def test_pinned_and_not_pinned_together_are_refused(tmp_path, command):
     assert done.stderr == (
         f"relay: error: give --pinned or --not-pinned, not both (see 'relay {command[0]} --help')\n"
     )
+
+
+def test_an_edit_that_changes_nothing_and_a_second_forget_say_so(tmp_path, live_server):
+    """QA: `relay edit ID --body "<the same text>"` said "ID is now at revision 2", though
+    the server made no revision; `relay forget ID` again said "no memory 'ID'" (exit 4) while
+    `relay history ID` showed its tombstone. Both say what happened now, and forgetting a
+    deleted memory exits 0, as the first did: a script that forgets twice has what it asked."""
+    from integration_support import relay
+
+    given = ("--url", live_server.url, "--key", live_server.admin_key)
+    body = "Unchanged-edit test: the canary runs in eu-west-2."
+    made = relay(tmp_path, "remember", body, "--source", "qa/unchanged-edit", *given)
+    memory_id = made.stdout.split()[1]
+
+    same = relay(tmp_path, "edit", memory_id, "--body", body, *given)
+    assert (same.returncode, same.stdout) == (
+        0,
+        f"unchanged: {memory_id} is still at revision 1\n",
+    ), same.stderr
+    moved = relay(tmp_path, "edit", memory_id, "--body", body.replace("2", "3"), *given)
+    assert moved.stdout == f"{memory_id} is now at revision 2\n", moved.stderr
+    tagged = relay(tmp_path, "edit", memory_id, "--tag", "canary", *given)
+    assert tagged.stdout == f"{memory_id} is now at revision 3\n", tagged.stderr
+    again = relay(tmp_path, "edit", memory_id, "--tag", "canary", *given)
+    assert again.stdout == f"unchanged: {memory_id} is still at revision 3\n", again.stderr
+
+    assert relay(tmp_path, "forget", memory_id, *given).stdout == f"forgot {memory_id}\n"
+    twice = relay(tmp_path, "forget", memory_id, *given)
+    tombstone = json.loads(relay(tmp_path, "history", memory_id, "--json", *given).stdout)[-1]
+    assert tombstone["action"] == "delete" and tombstone["revision"] == 4
+    assert (twice.returncode, twice.stdout, twice.stderr) == (
+        0,
+        f"already deleted: {memory_id} was forgotten at {tombstone['recorded_at']} (revision 4)\n",
+        "",
+    )
+    never = relay(tmp_path, "forget", "mem_unchanged_never_made", *given)
+    assert (never.returncode, never.stderr) == (
+        4,
+        "relay: error: no memory 'mem_unchanged_never_made'\n",
+    )

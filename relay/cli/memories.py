@@ -155,7 +155,8 @@ def edit(
     clear_supersedes: bool,
     **opts: Any,
 ) -> None:
-    """Edit a memory: every edit is a new revision. A field not given keeps its value;
+    """Edit a memory: every edit that changes something is a new revision (one that
+    changes nothing makes none, and says so). A field not given keeps its value;
     --title "" and --source "" remove them, --no-tags, --no-supersedes and --no-valid-until
     remove those. The key needs memory:read as well as memory:write."""
     fields = _memory_fields(**opts)
@@ -177,8 +178,13 @@ def edit(
         fields["expected_revision"] = expected_revision
     if not fields:
         raise click.UsageError("nothing to change: pass --body or another field")
+    # Read first: the server answers an edit that changes nothing with the memory as it was.
+    before = _read(client, memory_id)
     memory = client.request("PATCH", _memory_path(memory_id), fields)
-    click.echo(f"{memory['id']} is now at revision {memory['revision']}")
+    if before is not None and memory["revision"] == before["revision"]:
+        click.echo(f"unchanged: {memory['id']} is still at revision {memory['revision']}")
+    else:
+        click.echo(f"{memory['id']} is now at revision {memory['revision']}")
 
 
 @click.command()
@@ -187,9 +193,23 @@ def edit(
 def forget(client, memory_id: str) -> None:  # noqa: ANN001
     """Delete a memory everywhere at once (its history keeps a tombstone, not the text).
     A memory it superseded comes back into recall, unless another still supersedes it:
-    each that does is named."""
+    each that does is named. A memory already deleted is said to be, with when, and exits
+    0 as a deletion does (a script may forget twice); an id this key knows no memory by
+    exits 4."""
+    from relay.errors import NotFoundError
+
     replaced = _read(client, memory_id)
-    client.request("DELETE", _memory_path(memory_id))
+    try:
+        client.request("DELETE", _memory_path(memory_id))
+    except NotFoundError:
+        tombstone = _deletion(client, memory_id)
+        if tombstone is None:
+            raise
+        click.echo(
+            f"already deleted: {memory_id} was forgotten at {tombstone['recorded_at']}"
+            f" (revision {tombstone['revision']})"
+        )
+        return
     # Asked after the delete: the server relinks what it superseded to any other memory
     # that still supersedes it (and a link this key cannot read shows here as none).
     back = []
@@ -216,6 +236,18 @@ def _read(client, memory_id: str) -> dict[str, Any] | None:  # noqa: ANN001
         return client.get(_memory_path(memory_id))
     except (ForbiddenError, NotFoundError):
         return None
+
+
+def _deletion(client, memory_id: str) -> dict[str, Any] | None:  # noqa: ANN001
+    """The tombstone ending a deleted memory's history as this key reads it; None when it
+    was not deleted, or its history is not for this key (a write-only key's)."""
+    from relay.errors import ForbiddenError, NotFoundError
+
+    try:
+        items = client.get(_memory_path(memory_id, "/revisions"))["items"]
+    except (ForbiddenError, NotFoundError):
+        return None
+    return items[-1] if items and items[-1]["action"] == "delete" else None
 
 
 def _current(memory: dict[str, Any]) -> bool:
