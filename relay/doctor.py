@@ -75,7 +75,9 @@ class Doctor(ConfigChecks, ServerChecks, HookChecks, McpChecks, LogChecks):
     # -- checks ------------------------------------------------------------------
     def run(self) -> list[Finding]:
         if self.check_config():
-            if self.check_server():
+            up = self.check_server()  # /healthz takes no key: checked with none too
+            assert self.cfg is not None
+            if up or not self.cfg.api_key:  # a missing key is said with the server down too
                 self.check_key()
         self.check_hooks()
         self.check_mcp()

@@ -127,15 +127,19 @@ class ConfigChecks:
         if not cfg.url:
             self.add("fail", "config", "no server URL configured", "run `relay install`")
             return False
-        if not cfg.api_key:
-            self.add("fail", "config", *self._why_no_key(cfg))
-            return False
-        # Where the hook found its key, as it read its sources (api_key, else the key file).
-        key_from_file = cfg.key_setting == "api_key_file"
-        source = "key from " + (
-            self.home(os.path.expanduser(cfg.api_key_file))
-            if key_from_file
-            else key_source.setting_place(cfg, "api_key", self.home)
+        # Where the hook found its key, as it read its sources (api_key, else the key file);
+        # without one the server is still checked (/healthz takes no key), then the key says
+        # why there is none.
+        key_from_file = bool(cfg.api_key) and cfg.key_setting == "api_key_file"
+        source = (
+            "no key the hook can send (see key)"
+            if not cfg.api_key
+            else "key from "
+            + (
+                self.home(os.path.expanduser(cfg.api_key_file))
+                if key_from_file
+                else key_source.setting_place(cfg, "api_key", self.home)
+            )
         )
         server, own = f"server {cfg.url}", raw.get("url")
         if self.environ.get("RELAY_URL") is not None:  # the hook's layer above the file

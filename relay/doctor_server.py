@@ -32,6 +32,7 @@ class ServerChecks:
         def add(self, level: str, area: str, message: str, fix: str = "") -> None: ...
         def home(self, path: Path | str) -> str: ...
         def deadline_source(self) -> str: ...
+        def _why_no_key(self, cfg: hook_config.Config) -> tuple[str, str]: ...
 
     def _client(self):  # noqa: ANN202
         from relay.client import RelayClient
@@ -119,6 +120,11 @@ class ServerChecks:
     def check_key(self) -> None:
         from relay.client import NotRelayRootError, whoami
 
+        assert self.cfg is not None
+        if not self.cfg.api_key:
+            self.key_ok = False
+            self.add("fail", "key", *self._why_no_key(self.cfg))
+            return
         client = self._client()
         start = time.perf_counter()
         try:

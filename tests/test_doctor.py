@@ -1178,6 +1178,33 @@ def test_a_key_the_hook_cannot_send_is_named_where_the_hook_found_it(tmp_path, s
     )
 
 
+def test_without_a_key_the_server_is_still_checked_and_then_the_key_is_said_missing(
+    tmp_path, server
+):
+    """QA: with ~/.relay/key gone, doctor printed no `server` line at all, though /healthz
+    takes no key: whether the server was up went unsaid. It is checked now, and the missing
+    key is the key's finding, after it (with the server down too)."""
+    installed(tmp_path, server.url, server.admin_key)
+    (tmp_path / ".relay/key").unlink()
+    chain = [f for f in findings(tmp_path) if f["area"] in ("config", "server", "key")]
+    assert [(f["area"], f["level"]) for f in chain] == [
+        ("config", "ok"),
+        ("server", "ok"),
+        ("key", "fail"),
+    ], chain
+    assert chain[0]["message"] == (
+        f"~/.relay/config.json: server {server.url}, no key the hook can send (see key)"
+    )
+    assert chain[1]["message"].startswith(f"{server.url} answers /healthz in ")
+    assert chain[2]["message"] == (
+        "the key file ~/.relay/key (named by api_key_file in ~/.relay/config.json) does not"
+        " exist: the hook sends no key, and no prompt gets recall"
+    )
+    away = f"http://127.0.0.1:{free_port()}"
+    failed = [f["area"] for f in findings(tmp_path, RELAY_URL=away) if f["level"] == "fail"]
+    assert failed == ["server", "key"]
+
+
 class _NotRelay(BaseHTTPRequestHandler):
     """Some other web server: 404, as HTML, for every path."""
 
