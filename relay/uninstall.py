@@ -312,13 +312,23 @@ def uninstall(project: Path | None, dry_run: bool) -> None:
         # A skill an older Relay wrote, before skill install kept a record
         changes += skill.plan_unrecorded_removal(paths)
     else:
-        if manifest:
-            click.echo("No `relay install` recorded: removing Relay's entries only.")
-        else:
-            click.echo("No install record (~/.relay/install.json): removing Relay's entries only.")
         changes = plan_uninstall_without_manifest(paths)
     recorded = skill.plan_removal(manifest.get("skills", {}))
     changes = [c for c in changes if c.path not in {r.path for r in recorded}] + recorded
+    if not any(c.changed for c in changes) and not any(
+        p.exists() for p in _leftovers(paths, manifest)
+    ):
+        click.echo(
+            "Nothing to remove: no install record (~/.relay/install.json), and no Relay hooks,"
+            " MCP server, hook script or skill where install puts them. Nothing was changed."
+        )
+        return
+    if not manifest.get("files"):
+        click.echo(
+            "No `relay install` recorded: removing Relay's entries only."
+            if manifest
+            else "No install record (~/.relay/install.json): removing Relay's entries only."
+        )
     if dry_run:
         _dry_run(changes, paths)
         return

@@ -766,6 +766,33 @@ def test_a_project_that_is_the_user_level_install_is_refused(tmp_path, server):
     assert relay(home, "uninstall").returncode == 0  # still the user-level install, whole
 
 
+def test_uninstall_with_nothing_installed_says_there_was_nothing_to_remove(tmp_path, server):
+    """QA: `relay uninstall` in a HOME with nothing installed said "Relay is no longer wired
+    into the agents on this machine.", as if it had taken something out. Agents' settings
+    without Relay in them are nothing to remove either; once installed and uninstalled, a
+    second uninstall finds nothing."""
+    nothing = (
+        "Nothing to remove: no install record (~/.relay/install.json), and no Relay hooks, MCP"
+        " server, hook script or skill where install puts them. Nothing was changed.\n"
+    )
+    empty = relay(tmp_path, "uninstall")
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, nothing, "")
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude/settings.json").write_text('{"theme": "dark"}\n')
+    before = snapshot(tmp_path)
+    for args in (("uninstall",), ("uninstall", "--dry-run")):
+        done = relay(tmp_path, *args)
+        assert (done.returncode, done.stdout) == (0, nothing), done.stderr
+    assert snapshot(tmp_path) == before
+
+    home = tmp_path / "again"
+    home.mkdir()
+    assert install(home, server).returncode == 0
+    first = relay(home, "uninstall")
+    assert first.stdout.endswith("Relay is no longer wired into the agents on this machine.\n")
+    assert relay(home, "uninstall").stdout == nothing
+
+
 def test_uninstall_help_names_the_project_and_the_skill():
     from click.testing import CliRunner
 
