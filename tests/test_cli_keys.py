@@ -1,13 +1,21 @@
-"""`relay key` as a user types it, as a process on a real SQLite file, and the key routes of a
-real server: a whole key typed where a key id goes is never printed back."""
+"""`relay org` and `relay key` as a user types them, as processes on a real database, and the
+key routes of a real server: a whole key typed where a key id goes is never printed back, and
+the first organisation made as docs/deployment.md says keeps `relay serve` from printing one."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
+from pathlib import Path
 
 import httpx
+import pytest
+from conftest import start_server
 from integration_support import mint, relay
+from postgres_support import truncate_all
+
+DEPLOYMENT = Path(__file__).parent.parent / "docs/deployment.md"
 
 
 def test_a_whole_key_given_for_its_id_revokes_it_and_is_never_echoed(tmp_path):
@@ -73,3 +81,47 @@ def test_the_key_route_does_not_echo_a_whole_key_in_place_of_its_id(live_server)
     said = response.json()["error"]["message"]
     key_id, secret = minted["secret"].removeprefix("relay_").split("_", 1)
     assert secret not in said and said.endswith(f"its id, which this takes, is {key_id}"), said
+
+
+def documented_first_org_commands() -> list[list[str]]:
+    """The commands docs/deployment.md gives to make the first organisation before the
+    service starts (its RELAY_DB export left to the caller)."""
+    text = DEPLOYMENT.read_text()
+    section = text.split("## The first organisation and its admin key", 1)[1]
+    block = section.split("```\n", 2)[1]
+    commands = [shlex.split(line, comments=True) for line in block.splitlines()]
+    return [c for c in commands if c and c[0] == "relay"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_the_first_org_made_as_documented_keeps_serve_from_printing_a_key(tmp_path, request, kind):
+    """QA: docs/deployment.md did not warn that `relay serve` on an empty database prints
+    the first admin key on stdout, which a service's journal keeps for good. It does now,
+    and the commands it gives instead work: then serve prints no key, and the one made
+    before it serves."""
+    if kind == "postgresql":
+        db = request.getfixturevalue("pg_url")
+        truncate_all(db)
+    else:
+        db = str(tmp_path / "srv" / "relay.db")
+    commands = documented_first_org_commands()
+    assert [c[:3] for c in commands] == [["relay", "org", "create"], ["relay", "key", "create"]]
+    secrets = []
+    for command in commands:
+        done = relay(tmp_path, *command[1:], RELAY_DB=db)
+        assert done.returncode == 0, done.stderr
+        secrets += re.findall(r"relay_[0-9a-f]+_\S+", done.stdout)
+    assert len(secrets) == 2
+    server = start_server(db)  # type: ignore[arg-type]  (a URL where a path usually goes)
+    try:
+        assert "Created organisation" not in server.startup
+        assert re.search(r"relay_[0-9a-f]+_", server.startup) is None, server.startup
+        for secret in secrets:
+            who = httpx.get(
+                f"{server.url}/v1/whoami", headers={"Authorization": f"Bearer {secret}"}, timeout=30
+            )
+            assert who.status_code == 200 and who.json()["org"]["name"] == "acme", who.text
+    finally:
+        server.stop()
+        if kind == "postgresql":
+            truncate_all(db)

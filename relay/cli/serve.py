@@ -43,7 +43,9 @@ def _setting_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     help="Name of the organisation created when the database has none.",
 )
 def serve(first_org: str, **given: Any) -> None:
-    """Run the Relay server (creates a first organisation and admin key on an empty database)."""
+    """Run the Relay server. On an empty database it creates a first organisation and admin
+    key, and prints the key: as a service, whose stdout is its log, create the organisation
+    first with 'relay org create' against the same database (docs/deployment.md)."""
     import logging
 
     import uvicorn
