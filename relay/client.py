@@ -136,31 +136,12 @@ def _route(method: str, path: str) -> tuple[tuple[str, ...] | None, bool]:
     return (), method not in ("GET", "HEAD")
 
 
-def origin(url: str) -> tuple[str, str, int | None]:
-    """Scheme, host and port of `url` (a default port spelled out or not: the same origin)."""
-    parts = urllib.parse.urlsplit(url.strip())
-    try:
-        port = parts.port
-    except ValueError:
-        port = None  # not a URL the client takes: its own check says so
-    return (
-        parts.scheme,
-        (parts.hostname or "").lower(),
-        port or {"http": 80, "https": 443}.get(parts.scheme),
-    )
-
-
-def elsewhere(cfg: hook_config.Config, url: str) -> str | None:
-    """Why `cfg`'s key must not go to `url` ("URL is not the server this machine's key is
-    for (INSTALLED)"), for the caller to add how to give that server's key; None when it
-    may. The installed key is for the installed server: sent to whatever --url names (a
-    typo, a pasted link), it would hand that host the team's memories. A key this shell's
-    environment names (RELAY_API_KEY_FILE) is the user's own choice for it, so it goes."""
-    if not cfg.api_key or not cfg.url or origin(url) == origin(cfg.url):
-        return None
-    if cfg.origin.get(cfg.key_setting) == "RELAY_" + cfg.key_setting.upper():
-        return None
-    return f"{url.strip()} is not the server this machine's key is for ({cfg.url})"
+def settings(url: str | None = None) -> hook_config.Config:
+    """The hook's settings as a command reads them, a --url given taking RELAY_URL's place:
+    the config file's key goes only to the config file's server (`hook_config.load`), so a
+    URL typed (a typo, a pasted link) is held to it as one exported is (a stale export, a
+    teammate's .envrc). Another server needs a key of its own: --key, RELAY_API_KEY(_FILE)."""
+    return hook_config.load({**os.environ, "RELAY_URL": url} if url else None)
 
 
 def _pass(flag: str, variable: str, flags: bool) -> str:
@@ -197,14 +178,18 @@ class RelayClient:
     def from_config(
         cls, url: str | None = None, api_key: str | None = None, flags: bool = True
     ) -> RelayClient:
-        """Flags first, then RELAY_URL / RELAY_API_KEY(_FILE), then ~/.relay/config.json.
-        `flags`: whether the command takes --url and --key, for what a refusal says."""
-        cfg = hook_config.load()
-        refusal = elsewhere(cfg, url) if url and not api_key else None
+        """Flags first, then RELAY_URL / RELAY_API_KEY(_FILE), then ~/.relay/config.json,
+        whose key goes to its own server only (`settings`). `flags`: whether the command
+        takes --url and --key, for what a refusal says."""
+        cfg = settings(url)
+        refusal = key_source.elsewhere(cfg, url) if not api_key else None
         if refusal:
-            raise NotConfiguredError(
-                f"{refusal}: pass --key (or set RELAY_API_KEY) for that server"
+            how = (
+                "pass --key (or set RELAY_API_KEY_FILE or RELAY_API_KEY) for that server"
+                if flags
+                else "set RELAY_API_KEY_FILE (or RELAY_API_KEY) for that server"
             )
+            raise NotConfiguredError(f"{refusal}: {how}{'' if url else ', or unset RELAY_URL'}")
         url, api_key = url or cfg.url, api_key or cfg.api_key
         if cfg.bad_file and not (url and api_key):  # what is missing may be in the broken file
             problem = hook_config.file_problem(hook_config.config_path(os.environ))

@@ -383,10 +383,12 @@ def install(
             raise click.UsageError("give --key or --key-file, not both")
         key = read_key_file(key_file)  # beats RELAY_API_KEY, as a flag beats the environment
     if not url or not key:  # run again to repair or change one thing: keep the rest
-        from relay.client import elsewhere
-        from relay.hook import config as hook_config
+        from relay.client import settings
+        from relay.key_source import elsewhere
 
-        installed = hook_config.load()
+        ctx = click.get_current_context()
+        typed = ctx.get_parameter_source("url") is not click.core.ParameterSource.ENVIRONMENT
+        installed = settings(url if typed else None)
         paths = default_paths(project)
         recorded = load_manifest(paths).get("url")
         if not url and installed.url:
@@ -396,11 +398,11 @@ def install(
             url = recorded
             shown = tilde(paths.manifest, paths.home)
             click.echo(f"Server {url}, as {shown} records (--url to change it)")
-        refusal = elsewhere(installed, url) if url and not key else None
+        refusal = elsewhere(installed, url if typed else None) if url and not key else None
         if refusal and not sys.stdin.isatty():  # not even to whoami, nor under --dry-run
             raise click.UsageError(
                 f"{refusal}: pass --key KEY or --key-file FILE (or set RELAY_API_KEY_FILE)"
-                " for that server"
+                f" for that server{'' if typed else ', or unset RELAY_URL'}"
             )
         if refusal:
             click.echo(f"{refusal}: give that server's key")

@@ -1,5 +1,5 @@
 """The hook's API key in words for a person: where it comes from, and why the hook sends
-none though one was given (what it logs as `bad_key`).
+none though one was given (what it logs as `bad_key`, or `key_elsewhere`).
 
 The hook reads its key's sources once, in `relay.hook.config.load`, and notes what it
 found there (`Config.key_setting`, `Config.unsent_key`). This module words that note for
@@ -35,9 +35,27 @@ def setting_place(cfg: Config, setting: str, show: Callable[[str], str] = str) -
     return where if where.startswith("RELAY_") else f"{setting} in {show(where)}"
 
 
+def elsewhere(cfg: Config, url: str | None = None) -> str | None:
+    """Why `cfg` has no key for the server asked, when the config file's was kept from it
+    (`cfg.key_kept_for`): "URL is not the server this machine's key is for (INSTALLED)",
+    for the caller to add how to give that server's key; None when none was kept. `url`:
+    the --url given, else RELAY_URL named the server."""
+    if not cfg.key_kept_for:
+        return None
+    named = url.strip() if url else f"RELAY_URL ({cfg.url})"
+    return f"{named} is not the server this machine's key is for ({cfg.key_kept_for})"
+
+
 def key_problem(cfg: Config, show: Callable[[str], str] = str) -> KeyProblem | None:
-    """Why the hook sends no key though `cfg` was given one (`cfg.bad_key`), from what the
-    hook read, and the fix; None when it has a key, or was given none."""
+    """Why the hook sends no key though `cfg` was given one (`cfg.bad_key`, or kept from
+    the server RELAY_URL names), from what the hook read, and the fix; None when it has a
+    key, or was given none."""
+    kept = elsewhere(cfg)
+    if kept:
+        return KeyProblem(
+            kept,
+            "unset RELAY_URL, or set RELAY_API_KEY_FILE to a file holding that server's key",
+        )
     if cfg.unsent_key is None:
         return None
     text, error = cfg.unsent_key

@@ -502,7 +502,7 @@ def mount_mcp(app: "FastAPI", services: "Services") -> None:
 
 # -- `relay mcp` -------------------------------------------------------------------
 @click.command("mcp")
-@click.option("--url", envvar="RELAY_URL", help="Relay server URL (default: from relay install).")
+@click.option("--url", help="Relay server URL [default: RELAY_URL, else from relay install].")
 @click.option("--key", envvar="RELAY_API_KEY", help="API key (default: from relay install).")
 def mcp_command(url: str | None, key: str | None) -> None:
     """Run Relay's MCP server on stdio (what `relay install` registers for the agents)."""

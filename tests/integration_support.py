@@ -72,6 +72,8 @@ def run_registered(
     with a bare environment (an agent passes its own, not the test runner's) plus
     `extra_env`, what the user exported before starting the agent."""
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", **(extra_env or {})}
+    if "PYTHONPATH" in os.environ:  # a worktree's tests run its own hook, not the venv's
+        env.setdefault("PYTHONPATH", os.environ["PYTHONPATH"])
     return subprocess.run(
         [shell, "-c", command],
         input=json.dumps(payload).encode(),

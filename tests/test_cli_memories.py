@@ -496,7 +496,8 @@ def test_the_installed_key_is_not_sent_to_another_server_named_by_url(tmp_path):
         assert done.returncode == 2, done.stderr
         assert done.stderr == (
             f"relay: error: {other.url} is not the server this machine's key is for"
-            f" ({installed.url}/): pass --key (or set RELAY_API_KEY) for that server\n"
+            f" ({installed.url}/): pass --key (or set RELAY_API_KEY_FILE or RELAY_API_KEY) for"
+            " that server\n"
         )
         relay(tmp_path, "search", "foo", "--url", installed.url)  # the same server: sent
         relay(tmp_path, "search", "foo", "--url", other.url, "--key", key)  # its own key

@@ -362,7 +362,9 @@ def test_a_breaker_left_by_another_url_is_not_reported(tmp_path, server):
             "hook_event_name": "UserPromptSubmit",
             "prompt": "how do we deploy the billing service to staging?",
         }
-        run_registered(command, tmp_path, payload, extra_env={"RELAY_URL": elsewhere})
+        # with a key of its own: the installed one is not sent to another server
+        own = {"RELAY_URL": elsewhere, "RELAY_API_KEY_FILE": str(tmp_path / ".relay/key")}
+        run_registered(command, tmp_path, payload, extra_env=own)
     breaker = json.loads((tmp_path / ".relay/state/breaker.json").read_text())
     assert breaker["url"] == elsewhere and breaker["opened_at"]
     done = doctor(tmp_path)
@@ -1238,9 +1240,11 @@ def test_a_url_from_relay_url_is_named_as_such_and_so_is_a_server_not_relay(
     server URL`, a URL that is not in that file; and a 404 from a web server that is not
     Relay got the fix "fix `url` in ~/.relay/config.json", where the URL did not come from."""
     installed(tmp_path, server.url, server.admin_key)
-    done = doctor(tmp_path, RELAY_URL=not_relay)
+    # with a key of its own: the installed one is not sent to another server
+    own = {"RELAY_URL": not_relay, "RELAY_API_KEY_FILE": str(tmp_path / ".relay/key")}
+    done = doctor(tmp_path, **own)
     assert done.returncode == 1, done.stdout
-    found = json.loads(relay(tmp_path, "doctor", "--json", RELAY_URL=not_relay).stdout)
+    found = json.loads(relay(tmp_path, "doctor", "--json", **own).stdout)
     (ok,) = [f["message"] for f in found if f["area"] == "config" and f["level"] == "ok"]
     assert ok == (
         f"~/.relay/config.json: server {not_relay} from RELAY_URL (not this file's url, "
@@ -1271,7 +1275,8 @@ def test_a_server_answering_json_200_to_everything_is_not_a_relay_root(tmp_path,
 
     installed(tmp_path, server.url, server.admin_key)
     with FakeRelay(reply(200, {"status": "ok", "data": []})) as other:
-        found = json.loads(relay(tmp_path, "doctor", "--json", RELAY_URL=other.url).stdout)
+        own = {"RELAY_URL": other.url, "RELAY_API_KEY_FILE": str(tmp_path / ".relay/key")}
+        found = json.loads(relay(tmp_path, "doctor", "--json", **own).stdout)
     assert [f for f in found if f["area"] in ("server", "key") and f["level"] == "ok"] == []
     (failed,) = [f for f in found if f["level"] == "fail"]
     assert (failed["area"], failed["message"]) == (

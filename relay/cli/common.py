@@ -26,9 +26,9 @@ def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @click.option(
-        "--url", envvar="RELAY_URL", help="Relay server URL (default: from relay install)."
-    )
+    # RELAY_URL is read with the hook's settings (`RelayClient.from_config`), not by click:
+    # a refusal to send the installed key there then names the variable, not a flag.
+    @click.option("--url", help="Relay server URL [default: RELAY_URL, else from relay install].")
     @click.option("--key", envvar="RELAY_API_KEY", help="API key (default: from relay install).")
     @functools.wraps(fn)
     def wrapper(url: str | None, key: str | None, **kwargs: Any) -> Any:

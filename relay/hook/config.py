@@ -6,6 +6,10 @@ the setting names below as keys (`{"url": "http://relay:8080", "api_key_file":
 environment. A value that does not parse, or is out of range, falls back to the
 default: a typo in a knob must never break a prompt. A token budget past what the hook
 can print is capped instead.
+
+The config file's key is for the config file's server: a RELAY_URL naming another (a stale
+export, a teammate's .envrc) gets no key from it (`Config.key_kept_for`), only one this
+environment names itself (RELAY_API_KEY, RELAY_API_KEY_FILE).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import os
 
 from relay.hook import codec
+from relay.hook.client import parse_url
 from relay.hook.pack import MAX_BUDGET_TOKENS, MIN_BUDGET_TOKENS, OUTPUT_MAX_CHARS
 
 TYPE_CHECKING = False  # `import typing` would cost the hook a few milliseconds
@@ -206,6 +211,9 @@ class Config(dict):
     # none; the OSError that kept the key file from being read, else None). None when the
     # hook has a key, or was given none. `relay.key_source` words it for a person.
     unsent_key: tuple[str, OSError | None] | None = None
+    # The config file's url, when its key was kept from the other server RELAY_URL names
+    # (`api_key` is then ""; logged `key_elsewhere`): "" when the key goes where `url` says.
+    key_kept_for: str = ""
     # Where each setting's value came from (the config file's path or RELAY_<NAME>), for
     # messages; a setting at its default is not in it.
     origin: dict[str, str]
@@ -344,7 +352,44 @@ def load(
         resolved[name] = value
     resolved["state_dir"] = os.path.expanduser(resolved["state_dir"] or "~/.relay/state")
     resolved["api_key"] = _resolve_key(resolved)
+    _keep_key_home(resolved, from_file.get("url"))
     return resolved
+
+
+def _keep_key_home(cfg: Config, own_url: object) -> None:
+    """Withhold the config file's key from a URL the environment put in place of the file's
+    own (`own_url`) when that is another server: the key is the team's memories to whoever
+    holds it. A key this environment names (RELAY_API_KEY, RELAY_API_KEY_FILE) is its own
+    choice for its URL; a file naming no url pairs its key with none."""
+    if not (cfg["api_key"] and cfg["url"]) or cfg.origin.get("url") != "RELAY_URL":
+        return
+    if cfg.origin.get(cfg.key_setting, "").startswith("RELAY_"):
+        return
+    if isinstance(own_url, str) and own_url.strip() and not same_server(cfg["url"], own_url):
+        cfg.key_kept_for = own_url.strip()
+        cfg["api_key"] = ""
+
+
+# Names of this machine's loopback: `localhost` is what the hook connects to as 127.0.0.1,
+# then [::1] (`relay.hook.client.resolve`), so it is the same server as either.
+_LOOPBACK = ("127.0.0.1", "::1")
+
+
+def same_server(url: str, other: str) -> bool:
+    """Whether two URLs reach one server, so one key may go to both: the same scheme, host
+    and port, a default port spelled out or not (`http://h` is `http://h:80`), a path and a
+    trailing slash aside (the key reaches the host whatever the path), a host in any case,
+    with or without its final dot, and `localhost` the same as 127.0.0.1 or [::1] (though
+    127.0.0.1 is not [::1]: two sockets). Else False, as for a URL the hook cannot use."""
+    if url.strip() == other.strip():
+        return True
+    try:
+        (scheme, host, port, _), (scheme2, host2, port2, _) = parse_url(url), parse_url(other)
+    except ValueError:
+        return False
+    hosts = {host.lower().rstrip("."), host2.lower().rstrip(".")}
+    local = "localhost" in hosts and hosts <= {"localhost", *_LOOPBACK}
+    return scheme == scheme2 and port == port2 and (len(hosts) == 1 or local)
 
 
 def _resolve_key(cfg: Config) -> str:

@@ -227,6 +227,10 @@ def _dispatch(inv: Invocation) -> None:
         inv.event = inv.log["event"] = "session_start"
     if cfg.memory_off:
         return inv.finish("disabled", "memory_off")
+    if cfg.key_kept_for:
+        # RELAY_URL names another server than the config file's: its key is not sent there.
+        inv.log["url"] = cfg.url
+        return inv.finish("disabled", "key_elsewhere")
     if not cfg.url or not cfg.api_key:
         # A config file or a key that cannot be used is a broken install, not a machine never
         # set up.
