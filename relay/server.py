@@ -380,10 +380,24 @@ def create_app(services: Services) -> FastAPI:
         return memory.to_dict()
 
     @app.delete("/v1/memories/{memory_id}", status_code=204, tags=["memories"])
-    def delete_memory(memory_id: str, p: Auth) -> Response:
+    def delete_memory(
+        memory_id: str,
+        p: Auth,
+        expected_revision: Annotated[
+            int | None,
+            Query(
+                ge=1,
+                description="The revision the caller read the memory at: when it is at"
+                " another (an edit landed since), nothing is deleted and the answer is 409"
+                " `conflict` with the revision it is at (`details.revision`).",
+            ),
+        ] = None,
+    ) -> Response:
         auth.require(p, "memory:write")
         writes.check_memory_id(memory_id)
-        store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
+        store.delete_memory(
+            p.org_id, memory_id, p.key_id, auth.management_view(p), expected_revision
+        )
         return Response(status_code=204)
 
     @app.get("/v1/memories/{memory_id}/revisions", tags=["memories"])

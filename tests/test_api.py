@@ -205,6 +205,36 @@ def test_delete_is_gone_from_search_cache_and_history_text_at_once(api):
         assert raw_count(store, fts) == 0
 
 
+def test_a_delete_at_a_stale_revision_deletes_nothing(api):
+    """A delete may carry the revision its caller read the memory at (`relay import`
+    retiring a section its file lost): one edited since is kept, text and all, with a 409 in
+    the one error shape naming the revision it is at; at that revision it goes."""
+    m = remember(api, "acme_dev", "Use pnpm for the web app.")
+    h, path = api.headers("acme_dev"), f"/v1/memories/{m['id']}"
+    edit = api.client.patch(path, json={"body": "Use pnpm 9 for the web app."}, headers=h)
+    assert edit.status_code == 200, edit.text
+    error = assert_error(
+        api.client.delete(f"{path}?expected_revision=1", headers=h), 409, "conflict"
+    )
+    assert error["message"] == f"memory {m['id']!r} is at revision 2, not 1"
+    assert error["details"] == {"memory_id": m["id"], "revision": 2}
+    assert api.client.get(path, headers=h).json()["body"] == "Use pnpm 9 for the web app."
+    for bad in ("0", "two", "", "1e3"):
+        assert_error(
+            api.client.delete(f"{path}?expected_revision={bad}", headers=h), 422, "invalid_request"
+        )
+    # the key first: no key, or a bad one, is 401 whatever the query holds
+    assert_error(api.client.delete(f"{path}?expected_revision=two"), 401, "unauthorized")
+    bad_key = {"Authorization": "Bearer relay_nobody_x"}
+    assert_error(
+        api.client.delete(f"{path}?expected_revision=two", headers=bad_key), 401, "unauthorized"
+    )
+    assert api.client.delete(f"{path}?expected_revision=2", headers=h).status_code == 204
+    assert_error(api.client.delete(f"{path}?expected_revision=3", headers=h), 404, "not_found")
+    items = api.client.get(f"{path}/revisions", headers=h).json()["items"]
+    assert [r["action"] for r in items] == ["create", "edit", "delete"]
+
+
 def test_a_deleted_memory_s_history_stays_with_those_who_could_read_it(api):
     """QA: once a memory was deleted, every key of the org read its revisions (source,
     audiences, tags, author) although it could never read the memory. The tombstone keeps

@@ -599,6 +599,25 @@ def test_forget_says_which_memories_it_brings_back_into_recall(tmp_path, live_se
     )
 
 
+def test_forget_at_a_revision_keeps_a_memory_edited_since(tmp_path, live_server):
+    """`relay forget ID --expected-revision N`, as `relay edit` takes it: a memory edited
+    since revision N is not deleted, and the error says the revision it is at."""
+    from integration_support import relay
+
+    given = ("--url", live_server.url, "--key", live_server.admin_key)
+    done = relay(tmp_path, "remember", "Forget-at-test: the pager rota is weekly.", *given)
+    memory_id = done.stdout.split()[1]
+    edit = ("edit", memory_id, "--body", "Forget-at-test: the pager rota is fortnightly.")
+    assert relay(tmp_path, *edit, *given).returncode == 0
+    done = relay(tmp_path, "forget", memory_id, "--expected-revision", "1", *given)
+    assert (done.returncode, done.stdout) == (5, "")
+    assert done.stderr == f"relay: error: memory {memory_id!r} is at revision 2, not 1\n"
+    shown = relay(tmp_path, "history", memory_id, *given)
+    assert "fortnightly" in shown.stdout and "delete" not in shown.stdout
+    done = relay(tmp_path, "forget", memory_id, "--expected-revision", "2", *given)
+    assert (done.returncode, done.stdout) == (0, f"forgot {memory_id}\n")
+
+
 @pytest.mark.parametrize("command", [("remember", "A fact."), ("edit", "mem_x")])
 def test_pinned_and_not_pinned_together_are_refused(tmp_path, command):
     """QA: `relay remember --pinned --not-pinned` was taken (the last won), while other

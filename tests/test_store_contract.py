@@ -97,6 +97,25 @@ def test_revisions_and_tombstones(store):
     assert store.doc_freq(org, ["stag", "cluster"]) == (0, {})
 
 
+def test_a_delete_at_a_revision_leaves_a_memory_edited_since(store):
+    """`expected_revision` on a delete is judged inside its transaction, as on a write:
+    a memory at another revision keeps its text, passages and history."""
+    org = store.create_org("acme").id
+    save(store, org, "m1", "Staging is the blue cluster", "create")
+    save(store, org, "m1", "Staging is the green cluster", "edit")
+    with pytest.raises(ConflictError) as stale:
+        store.delete_memory(org, "m1", "tester", None, expected_revision=1)
+    assert stale.value.message == "memory 'm1' is at revision 2, not 1"
+    assert stale.value.details == {"memory_id": "m1", "revision": 2}
+    assert store.get_memory(org, "m1", None).body == "Staging is the green cluster"
+    assert [r.action for r in store.history(org, "m1", None)] == ["create", "edit"]
+    assert store.doc_freq(org, ["green"]) == (1, {"green": 1})
+    store.delete_memory(org, "m1", "tester", None, expected_revision=2)
+    assert [r.action for r in store.history(org, "m1", None)] == ["create", "edit", "delete"]
+    with pytest.raises(NotFoundError):
+        store.delete_memory(org, "m1", "tester", None, expected_revision=3)
+
+
 def test_supersession_hides_the_old_memory_until_the_new_one_goes(store):
     org = store.create_org("acme").id
     now = datetime.now(UTC)

@@ -189,8 +189,13 @@ def edit(
 
 @click.command()
 @click.argument("memory_id")
+@click.option(
+    "--expected-revision",
+    type=int,
+    help="Fail, deleting nothing, if the memory moved on from this revision meanwhile.",
+)
 @client_options
-def forget(client, memory_id: str) -> None:  # noqa: ANN001
+def forget(client, memory_id: str, expected_revision: int | None) -> None:  # noqa: ANN001
     """Delete a memory everywhere at once (its history keeps a tombstone, not the text).
     A memory it superseded comes back into recall, unless another still supersedes it:
     each that does is named. A memory already deleted is said to be, with when, and exits
@@ -199,8 +204,9 @@ def forget(client, memory_id: str) -> None:  # noqa: ANN001
     from relay.errors import NotFoundError
 
     replaced = _read(client, memory_id)
+    at = "" if expected_revision is None else f"?expected_revision={expected_revision}"
     try:
-        client.request("DELETE", _memory_path(memory_id))
+        client.request("DELETE", _memory_path(memory_id, at))
     except NotFoundError:
         tombstone = _deletion(client, memory_id)
         if tombstone is None:

@@ -150,7 +150,12 @@ class Store(Protocol):
     ) -> list[tuple[Memory, bool]]: ...
     def current_memory(self, org_id: str, memory_id: str) -> Memory | None: ...
     def delete_memory(
-        self, org_id: str, memory_id: str, author: str | None, audiences: frozenset[str] | None
+        self,
+        org_id: str,
+        memory_id: str,
+        author: str | None,
+        audiences: frozenset[str] | None,
+        expected_revision: int | None = None,  # ConflictError (`revision`) unless at it
     ) -> None: ...
     def get_memory(
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None

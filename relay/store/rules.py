@@ -48,20 +48,23 @@ def judge_write(
         raise ConflictError(f"memory {memory_id!r} already exists", memory_id=memory_id)
     if mode == "edit" and current is None:
         raise NotFoundError(f"no memory {memory_id!r}", memory_id=memory_id)
-    if expected_revision is not None and (current is None or current.revision != expected_revision):
-        have = None if current is None else current.revision
-        # (A deleted memory was refused above, "was deleted", as any write to its id is.)
-        said = (
-            f"does not exist (expected at revision {expected_revision})"
-            if have is None
-            else f"is at revision {have}, not {expected_revision}"
-        )
-        # `revision` tells this refusal from a taken id's (the batch's writer re-reads it).
-        raise ConflictError(
-            f"memory {memory_id!r} {said}",
-            memory_id=memory_id,
-            revision=have,
-        )
+    # (A deleted memory was refused above, "was deleted", as any write to its id is.)
+    judge_revision(memory_id, None if current is None else current.revision, expected_revision)
+
+
+def judge_revision(memory_id: str, have: int | None, expected: int | None) -> None:
+    """Raise unless the memory, at revision `have` (None: there is none), is at the revision
+    its writer read it at, `expected` (None: no check): a write or delete made on what it
+    read must not undo a change that landed since, unseen."""
+    if expected is None or have == expected:
+        return
+    said = (
+        f"does not exist (expected at revision {expected})"
+        if have is None
+        else f"is at revision {have}, not {expected}"
+    )
+    # `revision` tells this refusal from a taken id's (the batch's writer re-reads it).
+    raise ConflictError(f"memory {memory_id!r} {said}", memory_id=memory_id, revision=have)
 
 
 def judge_audiences(

@@ -28,6 +28,7 @@ from relay.store.rules import (
     judge_audiences,
     judge_cycle,
     judge_replacement,
+    judge_revision,
     judge_write,
     same_content,
     settle_supersedes,
@@ -281,7 +282,12 @@ class MemoryWrites(PostgresConnections):
         return out  # type: ignore[return-value]
 
     def delete_memory(
-        self, org_id: str, memory_id: str, author: str | None, audiences: frozenset[str] | None
+        self,
+        org_id: str,
+        memory_id: str,
+        author: str | None,
+        audiences: frozenset[str] | None,
+        expected_revision: int | None = None,
     ) -> None:
         params = _params(org_id, audiences, id=memory_id)
         with self._write(org_id) as conn:
@@ -291,6 +297,7 @@ class MemoryWrites(PostgresConnections):
             ).fetchone()
             if row is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
+            judge_revision(memory_id, row["revision"], expected_revision)
             old = conn.execute(
                 "DELETE FROM passages WHERE org_id = %s AND memory_id = %s"
                 " RETURNING lexical, content_hash",

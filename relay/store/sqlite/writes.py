@@ -20,6 +20,7 @@ from relay.store.rules import (
     judge_audiences,
     judge_cycle,
     judge_replacement,
+    judge_revision,
     judge_write,
     same_content,
     settle_supersedes,
@@ -250,7 +251,12 @@ class MemoryWrites(SQLiteConnections):
         return draft
 
     def delete_memory(
-        self, org_id: str, memory_id: str, author: str | None, audiences: frozenset[str] | None
+        self,
+        org_id: str,
+        memory_id: str,
+        author: str | None,
+        audiences: frozenset[str] | None,
+        expected_revision: int | None = None,
     ) -> None:
         now = time.time()
         params = {"org": org_id, "id": memory_id, **_audience_params(audiences)}
@@ -262,6 +268,7 @@ class MemoryWrites(SQLiteConnections):
             ).fetchone()
             if row is None:
                 raise NotFoundError(f"no memory {memory_id!r}")
+            judge_revision(memory_id, row["revision"], expected_revision)
             removed = conn.execute(
                 "SELECT lexical, content_hash FROM passages WHERE org_id = ? AND memory_id = ?",
                 (org_id, memory_id),
