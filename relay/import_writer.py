@@ -5,7 +5,8 @@ importer made (`imp_...`); hand-written memories and other files' are never touc
 Each draft is written over the owned memory it continues (`continued_ids`: the same text
 wherever it moved, else the same section edited). After the new drafts are written, the
 owned memories no draft kept are forgotten (the normal delete, with a tombstone), so a
-section removed from the file stops reaching agents' prompts.
+section removed from the file stops reaching agents' prompts; each only at the revision the
+import read it at, so one a teammate edited meanwhile is left, and named.
 
 An id is never reused, so a section whose id is taken is written under the next free
 generation of its id (`imp_....2`), and later imports find it there among the file's live
@@ -28,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from relay.client import memory_path
-from relay.errors import ConflictError, InvalidRequestError
+from relay.errors import ConflictError, InvalidRequestError, NotFoundError
 from relay.importer import draft_label
 
 if TYPE_CHECKING:
@@ -52,6 +53,10 @@ class ImportTally:
     # it, so what it judged by (the text, to count an overwritten edit; the audiences, to
     # keep them) was out of date. Importing again writes the file over the change, counted.
     changed: list[ImportDraft] = field(default_factory=list)
+    # Not retired though their section left the file (or their file was deleted): changed
+    # (`relay edit`, another import) or deleted after this import read them, as listed.
+    # Importing again retires one still there, as it is then.
+    unretired: list[dict] = field(default_factory=list)
     # Drafts of the batch sent and not yet answered: stopped now, the server may still
     # write them (it commits a batch it has read whatever became of the client).
     in_flight: int = 0
@@ -63,12 +68,13 @@ def import_files(
     audiences: Sequence[str] = (),
     keep_removed: bool = False,
     on_batch: Callable[[int], None] = lambda _: None,
-    gone: Mapping[str, set[str]] | None = None,
+    gone: Mapping[str, Mapping[str, dict]] | None = None,
     tally: ImportTally | None = None,
 ) -> ImportTally:
     """Upsert every file's drafts, then retire what each file no longer holds, and the
-    memories of files `gone` from a named folder (`vanished`). `tally` counts as it goes,
-    so a caller interrupted midway can say what was done."""
+    memories of files `gone` from a named folder (`vanished`: source -> id -> the memory as
+    listed). `tally` counts as it goes, so a caller interrupted midway can say what was
+    done."""
     owned = {source: owned_memories(client, source) for source in drafts_by_source}
     drafts = [
         draft
@@ -100,10 +106,25 @@ def import_files(
         on_batch(len(batch))
     if not keep_removed:
         kept = {d.id for d in drafts}
-        for memory_id in sorted(set(live).union(*(gone or {}).values()) - kept):
-            client.request("DELETE", memory_path(memory_id))
-            tally.retired += 1
+        owned_now = {**live, **{i: m for ms in (gone or {}).values() for i, m in ms.items()}}
+        for memory_id in sorted(set(owned_now) - kept):
+            if retire(client, owned_now[memory_id]):
+                tally.retired += 1
+            else:
+                tally.unretired.append(owned_now[memory_id])
     return tally
+
+
+def retire(client: RelayClient, memory: dict) -> bool:
+    """Delete `memory` (as listed) at the revision listed; False when it moved on since (an
+    edit, narrowed out of this key's sight, deleted): it is left as it is then, as the
+    import judged what it read, not what a teammate wrote after."""
+    rest = f"?expected_revision={memory['revision']}"
+    try:
+        client.request("DELETE", memory_path(memory["id"], rest))
+    except (ConflictError, NotFoundError):
+        return False
+    return True
 
 
 def edited_since_import(client: RelayClient, memory: dict, draft: ImportDraft) -> bool:
@@ -134,10 +155,11 @@ def owned_memories(client: RelayClient, source: str) -> list[dict]:
 class Vanished:
     """What `vanished` found: the memories to retire, by source, and those it leaves."""
 
-    gone: dict[str, set[str]] = field(default_factory=dict)
+    # source -> id -> the memory as listed: retired at the revision listed (`retire`).
+    gone: dict[str, dict[str, dict]] = field(default_factory=dict)
     # Memories of files not on disk that this checkout did not delete (another branch's, a
     # newer clone's, left out of a sparse checkout): left as they are, by source.
-    absent: dict[str, set[str]] = field(default_factory=dict)
+    absent: dict[str, dict[str, dict]] = field(default_factory=dict)
     # Why git could not say which files were deleted (all of `absent`'s, then), or None.
     unsure: str | None = None
     # Memories of files missing from a folder outside any git work tree: with no history to
@@ -146,7 +168,7 @@ class Vanished:
     # Memories of files on disk that git ignores (imported before imports followed git's
     # ignore rules, named since, or ignored since): a walk no longer reads them, but the
     # file is there, so they are left as they are unless the user asks (--retire-ignored).
-    ignored: dict[str, set[str]] = field(default_factory=dict)
+    ignored: dict[str, dict[str, dict]] = field(default_factory=dict)
 
 
 def vanished(
@@ -176,12 +198,12 @@ def vanished(
             path = folder / source[len(prefix) :]
             if path.exists():
                 if ignored is not None and ignored.covers(path):
-                    found.ignored.setdefault(source, set()).add(memory["id"])
+                    found.ignored.setdefault(source, {})[memory["id"]] = memory
                 continue
             if work_tree is None:
                 found.outside_git.setdefault(source, set()).add(memory["id"])
                 continue
-            found.absent.setdefault(source, set()).add(memory["id"])
+            found.absent.setdefault(source, {})[memory["id"]] = memory
             # As git names it: from the real folders, a symlinked one (or work tree) undone.
             real, top = Path(os.path.realpath(path)), Path(os.path.realpath(work_tree))
             if real.is_relative_to(top):  # else a folder linked out of it: git has no say
@@ -201,7 +223,7 @@ def former_copies(
     client: RelayClient,
     former: Mapping[str, FormerName],
     drafts_by_source: Mapping[str, Sequence[ImportDraft]],
-) -> dict[str, set[str]]:
+) -> dict[str, dict[str, dict]]:
     """The memories an import made under a file's `former` source (by an older release,
     when a remote's last two parts named its repository) that are copies of the file now,
     by that source. Another repository may bear that name today and import its own files
@@ -214,7 +236,7 @@ def former_copies(
     by_repository: dict[tuple[str, Path], list[str]] = {}
     for source, then in former.items():
         by_repository.setdefault((then.prefix, then.work_tree), []).append(source)
-    copies: dict[str, set[str]] = {}
+    copies: dict[str, dict[str, dict]] = {}
     for (prefix, work_tree), sources in by_repository.items():
         stored = [
             m for m in _list(client, {"source_prefix": prefix}) if _IMPORTED_ID.fullmatch(m["id"])
@@ -231,8 +253,8 @@ def former_copies(
         for source in sources:
             texts = {_text(d) for d in drafts_by_source[source]}
             was = former[source].source
-            if ids := {m["id"] for m in stored if m["source"] == was and _text(m) in texts}:
-                copies[was] = ids
+            if same := {m["id"]: m for m in stored if m["source"] == was and _text(m) in texts}:
+                copies[was] = same
     return copies
 
 

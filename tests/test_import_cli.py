@@ -1049,6 +1049,48 @@ def test_an_edit_made_while_an_import_runs_is_kept_and_named(tmp_path, server):
     assert (build["body"], build["audiences"]) == ("Run make.", ["sre"])
 
 
+def test_a_section_edited_while_an_import_retires_it_is_kept_and_named(tmp_path, server):
+    """QA: a section gone from the file was deleted without a revision check, so a
+    teammate's `relay edit` landing after the import read the memory, and before the
+    retire, was lost with it. The delete goes at the revision the import read; one edited
+    meanwhile is left, named, and counted; importing again retires it as it is then."""
+    from integration_support import relay
+
+    repo = git_repo(tmp_path / "qa-retire-race")
+    write(repo / "AGENTS.md", AGENTS)
+    summary(relay_import(server, repo, "AGENTS.md"))
+    ids = {m["title"]: m["id"] for m in live_memories(server, "qa-retire-race/AGENTS.md")}
+    write(repo / "AGENTS.md", AGENTS.replace("# Deploy\nTag from main.\n", ""))
+    direct = {"RELAY_URL": server.url, "RELAY_API_KEY": server.admin_key}
+
+    def edit_meanwhile() -> None:  # after the import listed the file's memories
+        done = relay(tmp_path, "edit", ids["Deploy"], "--body", "Tag from release/*.", **direct)
+        assert done.returncode == 0, done.stderr
+
+    with BatchProxy(server.url, nth=1, act=edit_meanwhile) as proxy:
+        env = clean_env(repo, RELAY_URL=proxy.url, RELAY_API_KEY=server.admin_key)
+        code, out, err = proxy.run(["import", "AGENTS.md"], env, repo)
+    assert code == 0, err
+    (deploy,) = [
+        m for m in live_memories(server, "qa-retire-race/AGENTS.md") if m["title"] == "Deploy"
+    ]
+    assert (deploy["body"], deploy["revision"]) == ("Tag from release/*.", 2)
+    assert out.strip() == (
+        "imported 2 memories: 0 new or changed, 2 unchanged, 0 retired; 1 changed while this"
+        " import ran was left as it is"
+    )
+    notes = [line for line in err.splitlines() if line.startswith("relay: note:")]
+    assert notes == [
+        "relay: note: qa-retire-race/AGENTS.md › Deploy: no longer in the file, but changed"
+        " (relay edit, relay forget, or another import) after this import read it, so not"
+        " retired; import again to retire it as it is then (relay history"
+        f" {ids['Deploy']} shows the change)"
+    ], err
+    done = relay_import(server, repo, "AGENTS.md")
+    assert summary(done) == "imported 2 memories: 0 new or changed, 2 unchanged, 1 retired"
+    assert history(server, ids["Deploy"]) == ["create", "edit", "delete"]
+
+
 # --- structured data -------------------------------------------------------------------------
 
 

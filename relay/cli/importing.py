@@ -216,12 +216,12 @@ def import_(
     # A link named by its target now: the memories an import made under its own name are
     # a stale copy of the target's (not another file's: a source this import writes stays).
     relinked = {
-        own: (named, ids)
+        own: (named, stale)
         for own, named in ({} if keep_removed else link_names(paths, root, source_prefix)).items()
         if named in drafts_by_source and own not in drafts_by_source
-        if (ids := {m["id"] for m in owned_memories(client, own)})
+        if (stale := {m["id"]: m for m in owned_memories(client, own)})
     }
-    found.gone.update({own: ids for own, (_, ids) in relinked.items()})
+    found.gone.update({own: stale for own, (_, stale) in relinked.items()})
     copies = former_copies(client, former, drafts_by_source)
     if retire_former_name:
         found.gone.update(copies)
@@ -268,8 +268,8 @@ def import_(
             f" read); imported again as {d.id}",
             err=True,
         )
-    for own, (named, ids) in sorted(relinked.items()):
-        n = len(ids)
+    for own, (named, stale) in sorted(relinked.items()):
+        n = len(stale)
         click.echo(
             f"relay: note: {own} leads to {named} and is named by it now: the"
             f" {'memory' if n == 1 else f'{n} memories'} imported under its own name"
@@ -281,6 +281,14 @@ def import_(
             f"relay: note: {d.source} › {d.title or d.id}: changed (relay edit, or another"
             " import) after this import read it, so left as it is; import again to write the"
             f" file's text over it (relay history {d.id} shows the change)",
+            err=True,
+        )
+    for m in tally.unretired:
+        click.echo(
+            f"relay: note: {m['source']} › {m['title'] or m['id']}: no longer in the file, but"
+            " changed (relay edit, relay forget, or another import) after this import read"
+            " it, so not retired; import again to retire it as it is then (relay history"
+            f" {m['id']} shows the change)",
             err=True,
         )
     if found.absent:
@@ -329,7 +337,7 @@ def import_(
             f"; {n} deleted before (or hidden from this key)"
             f" {'was' if n == 1 else 'were'} imported again"
         )
-    if n := len(tally.changed):
+    if n := len(tally.changed) + len(tally.unretired):
         also += (
             f"; {n} changed while this import ran"
             f" {'was left as it is' if n == 1 else 'were left as they are'}"
@@ -366,7 +374,7 @@ def _say_what_git_ignored(ignored: GitIgnored) -> None:
         )
 
 
-def _left_ignored(kept: dict[str, set[str]]) -> str:
+def _left_ignored(kept: dict[str, dict[str, dict]]) -> str:
     """Note the memories of files git ignores that are left as they are (by source); the
     summary's words for them."""
     if not (n := sum(map(len, kept.values()))):
@@ -403,7 +411,7 @@ def _skipped(ignored: GitIgnored) -> str:
     return f"; skipped {' and '.join(counted)} git ignores"
 
 
-def _left_former(copies: dict[str, set[str]], former: dict[str, FormerName]) -> None:
+def _left_former(copies: dict[str, dict[str, dict]], former: dict[str, FormerName]) -> None:
     """Note, by repository, the copies of this import's sections that an older release
     made under its former name (`former_copies`), left as they are: recalled beside
     these, until asked to retire them. Said while they are there, no longer."""
