@@ -115,7 +115,9 @@ def import_(
     for relay forget ID. With --root, missing files are not looked for. Memories from
     other files or written by hand are never touched. The file is the source of truth:
     a relay edit of an imported memory is undone and a section deleted by hand comes
-    back; the summary counts both."""
+    back; the summary counts both. A memory changed while the import runs (after it
+    read it) is neither written over nor retired: a note names it, and importing again
+    writes or retires it as the file says."""
     from relay.import_files import (
         GitIgnored,
         folder_prefixes,
