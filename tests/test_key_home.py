@@ -132,17 +132,22 @@ def test_the_hook_sends_the_installed_key_to_no_other_server(home, live_server):
 
 
 def test_doctor_and_install_name_the_key_relay_url_does_not_get(home, live_server):
-    """doctor words the hook's refusal, and probes nothing; `relay install` with RELAY_URL
-    naming another server asks for that server's key instead of sending the installed one."""
+    """doctor words the hook's refusal, and probes that server with no key (whether it is
+    up needs none); `relay install` with RELAY_URL naming another server asks for that
+    server's key instead of sending the installed one, and connects to nothing."""
     with FakeRelay() as other:
         found = json.loads(relay(home, "doctor", "--json", RELAY_URL=other.url).stdout)
-        (failed,) = [f for f in found if f["level"] == "fail"]
+        assert other.requests and not any("authorization" in r.headers for r in other.requests)
+        # the fake answers every probe as no Relay does: said about the server, apart
+        server, failed = [f for f in found if f["level"] == "fail"]
+        assert server["area"] == "server" and "is not a Relay server root" in server["message"]
         assert (failed["area"], failed["message"], failed["fix"]) == (
-            "config",
+            "key",
             f"{refused(f'RELAY_URL ({other.url})', live_server.url)}: the hook sends no key,"
             " and no prompt gets recall",
             "unset RELAY_URL, or set RELAY_API_KEY_FILE to a file holding that server's key",
         )
+        other.connections = 0
         done = relay(home, "install", RELAY_URL=other.url)
         assert done.returncode == 2 and done.stderr == (
             f"relay: error: {refused(f'RELAY_URL ({other.url})', live_server.url)}: pass --key"
