@@ -170,6 +170,10 @@ class Vanished:
     # file is there, so they are left as they are unless the user asks (--retire-ignored).
     ignored: dict[str, dict[str, dict]] = field(default_factory=dict)
 
+    def empty(self) -> bool:
+        """Whether no memory of a file not read was found, to retire or to leave."""
+        return not (self.gone or self.absent or self.outside_git or self.ignored)
+
 
 def vanished(
     client: RelayClient,

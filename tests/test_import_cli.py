@@ -670,6 +670,64 @@ def test_importing_a_folder_retires_the_files_gone_from_it(tmp_path, server):
     assert bodies(server, "qa2-folder/docs/guide.md") == ["Use black."]
 
 
+def test_a_folder_with_no_file_left_still_retires_those_gone_from_it(tmp_path, server):
+    """QA: after `git rm docs/ops-runbook.md`, its last Markdown file, `relay import docs`
+    said 'no importable files found' (exit 2) and retired nothing, so recall kept the
+    deleted runbook; only `relay import .` retired it. A folder with nothing left to read
+    is imported all the same (a CI job importing docs/ succeeds: 0 imported, 1 retired);
+    only when there is nothing to retire either is that an error, said as such."""
+    repo = git_repo(tmp_path / "qa-emptied")
+    git(repo, "remote", "add", "origin", "git@github.com:acme/qa-emptied-backend.git")
+    write(repo / ".gitignore", "*.local.md\n")
+    write(repo / "docs" / "ops-runbook.md", "# Paging\nWho gets pages first: the primary.\n")
+    write(repo / "docs" / "diagram.svg", "<svg/>\n")  # keeps docs/ in every clone
+    write(repo / "docs" / "mine.local.md", "# Mine\nNot for the team.\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "docs")
+    summary(relay_import(server, repo, "docs"))
+    (runbook,) = live_memories(server, "acme/qa-emptied-backend/docs/ops-runbook.md")
+
+    git(repo, "rm", "-q", "docs/ops-runbook.md")
+    git(repo, "commit", "-q", "-m", "runbook moved to the wiki")
+    done = relay_import(server, repo, "docs")
+    assert summary(done) == (
+        "imported 0 memories: 0 new or changed, 0 unchanged, 1 retired; skipped 1 file git ignores"
+    )
+    assert history(server, runbook["id"]) == ["create", "delete"]
+
+    again = relay_import(server, repo, "docs")
+    assert again.returncode == 2, again.stdout
+    assert again.stderr.startswith(
+        "relay: error: no importable files found in docs (skipped 1 file git ignores), nor"
+        " memories of files gone from there: nothing to import or retire"
+    ), again.stderr
+
+
+def test_outside_git_a_folder_with_no_file_left_names_those_gone_from_it(tmp_path, server):
+    """QA: outside git, a folder whose only file was deleted (x/sub/CLAUDE.md, then
+    `relay import x`) said 'no importable files found' and never the note that names the
+    missing file's memories, still recalled, for relay forget."""
+    home = tmp_path / "home"
+    home.mkdir()
+    old = write(tmp_path / "x" / "sub" / "CLAUDE.md", "# Paging\nPage the on-call.\n")
+    summary(relay_import(server, tmp_path, "x", home=home))
+    (memory,) = live_memories(server, placed(old))
+
+    old.unlink()
+    done = relay_import(server, tmp_path, "x", home=home)
+    assert summary(done) == (
+        "imported 0 memories: 0 new or changed, 0 unchanged, 0 retired; 1 memory comes from a"
+        " file missing outside git, left as it is"
+    )
+    assert f"relay: note: {placed(old)} is not in its folder on this machine" in done.stderr
+    assert f"relay forget ID removes it: {memory['id']}" in done.stderr, done.stderr
+    assert live_memories(server, placed(old)) == [memory]
+    # Nothing to look for with --root: nothing to do.
+    rooted = relay_import(server, tmp_path, "--root", "x", "x", home=home)
+    assert rooted.returncode == 2, rooted.stdout
+    assert "no importable files found in x: nothing to import (see" in rooted.stderr
+
+
 def test_a_file_this_checkout_never_had_keeps_its_memories(tmp_path, server):
     """QA: a runbook committed on another branch and imported from there was retired (text
     and all: a delete keeps a tombstone) by `relay import .` on the main branch, where it

@@ -107,17 +107,19 @@ def import_(
     Re-importing a file forgets the memories of sections it no longer has, and
     importing a folder of a git work tree forgets those of its files deleted or renamed
     since, as git tells (in the current branch's history, or from the work tree; not
-    with --keep-removed). A file this checkout merely lacks (another branch's, newer
-    than this clone, outside a sparse checkout) keeps its memories, as does every
-    missing file when git cannot tell; the summary counts them. Outside a git work
-    tree no file missing from a folder is retired (nothing tells a deleted file from a
-    moved one): the summary counts its memories and a note names it with their ids,
-    for relay forget ID. With --root, missing files are not looked for. Memories from
-    other files or written by hand are never touched. The file is the source of truth:
-    a relay edit of an imported memory is undone and a section deleted by hand comes
-    back; the summary counts both. A memory changed while the import runs (after it
-    read it) is neither written over nor retired: a note names it, and importing again
-    writes or retires it as the file says."""
+    with --keep-removed), even when it has no file left to read ("imported 0 memories";
+    "no importable files found" only when nothing imported from it is gone either). A
+    file this checkout merely lacks (another branch's, newer than this clone, outside a
+    sparse checkout) keeps its memories, as does every missing file when git cannot
+    tell; the summary counts them. Outside a git work tree no file missing from a
+    folder is retired (nothing tells a deleted file from a moved one): the summary
+    counts its memories and a note names it with their ids, for relay forget ID. With
+    --root, missing files are not looked for. Memories from other files or written by
+    hand are never touched. The file is the source of truth: a relay edit of an
+    imported memory is undone and a section deleted by hand comes back; the summary
+    counts both. A memory changed while the import runs (after it read it) is neither
+    written over nor retired: a note names it, and importing again writes or retires it
+    as the file says."""
     from relay.import_files import (
         GitIgnored,
         folder_prefixes,
@@ -184,8 +186,6 @@ def import_(
             former[source] = then
         if not drafts:
             click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
-    if not drafts_by_source and not failed:
-        raise click.UsageError("no importable files found")
     drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]
     check_drafts(drafts, audiences)
     for work_tree in unnamed:  # said once everything is checked, just before writing
@@ -215,6 +215,10 @@ def import_(
     if retire_ignored:  # asked for: what is still on disk is retired only so
         found.gone.update(found.ignored)
         found.ignored = {}
+    if not drafts_by_source and not failed and found.empty():
+        # Only now: a folder with no file left to read still retires (or names) the
+        # memories of those gone from it, as `relay import .` would.
+        raise click.UsageError(_nothing_found(paths, ignored, looked=not (keep_removed or root)))
     # A link named by its target now: the memories an import made under its own name are
     # a stale copy of the target's (not another file's: a source this import writes stays).
     relinked = {
@@ -344,10 +348,12 @@ def import_(
             f"; {n} changed while this import ran"
             f" {'was left as it is' if n == 1 else 'were left as they are'}"
         )
+    if skipped := _skipped(ignored):
+        also += f"; {skipped}"
     click.echo(
         f"imported {len(drafts)} {'memory' if len(drafts) == 1 else 'memories'}:"
         f" {tally.written} new or changed,"
-        f" {tally.unchanged} unchanged, {tally.retired} retired{also}{_skipped(ignored)}"
+        f" {tally.unchanged} unchanged, {tally.retired} retired{also}"
     )
     if failed:  # the others are written: said last, as an error, with the first one's exit code
         raise type(failed[0])(f"{len(failed)} file(s) could not be imported (see above)")
@@ -400,7 +406,7 @@ def _left_ignored(kept: dict[str, dict[str, dict]]) -> str:
 
 
 def _skipped(ignored: GitIgnored) -> str:
-    """The summary's words for what the walk left out because git ignores it."""
+    """The words for what the walk left out because git ignores it ("" for nothing)."""
     if not ignored.skipped:
         return ""
     folders = sum(path.is_dir() for path in ignored.skipped.values())
@@ -410,7 +416,20 @@ def _skipped(ignored: GitIgnored) -> str:
         for n, word in ((folders, "folder"), (files, "file"))
         if n
     ]
-    return f"; skipped {' and '.join(counted)} git ignores"
+    return f"skipped {' and '.join(counted)} git ignores"
+
+
+def _nothing_found(paths: tuple[Path, ...], ignored: GitIgnored, looked: bool) -> str:
+    """The error for an import with nothing to do: no file to read in the folders named
+    and, when it `looked` (not with --keep-removed or --root), no memory of a file gone
+    from them to retire or name."""
+    first, more = paths[0], len(paths) - 1
+    skipped = f" ({why})" if (why := _skipped(ignored)) else ""
+    gone = ", nor memories of files gone from there" if looked else ""
+    return (
+        f"no importable files found in {first}{f' and {more} more' if more else ''}{skipped}"
+        f"{gone}: nothing to import{' or retire' if looked else ''}"
+    )
 
 
 def _left_former(copies: dict[str, dict[str, dict]], former: dict[str, FormerName]) -> None:
