@@ -198,13 +198,13 @@ def import_(
         )
     _say_what_git_ignored(ignored)
     if placed:
-        more = f" and {len(placed) - 1} more" if len(placed) > 1 else ""
+        first, more = placed[0], len(placed) - 1
         click.echo(
             "relay: warning: outside any git work tree, a source names where the file sits"
-            f" on this machine ({placed[0]}{more}): a teammate's copy elsewhere becomes"
-            " memories of its own, and a different file at that place on their machine would"
-            " overwrite and retire these; to name a folder the same on every machine, import"
-            " it with --root FOLDER --source-prefix NAME",
+            f" on this machine ({first}{f' and {more} more' if more else ''}): a teammate's"
+            " copy elsewhere becomes memories of its own, and a different file at that place"
+            " on their machine would overwrite and retire these; to name a folder the same on"
+            " every machine, import it with --root FOLDER --source-prefix NAME",
             err=True,
         )
     found = (
