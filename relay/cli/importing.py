@@ -383,22 +383,12 @@ def _say_what_git_ignored(ignored: GitIgnored) -> None:
 
 
 def _left_ignored(kept: dict[str, dict[str, dict]]) -> str:
-    """Note the memories of files git ignores that are left as they are (by source); the
-    summary's words for them."""
+    """The summary's words for the memories of files git ignores that are left as they are
+    (by source). Counted, with no note of their own: a file named on purpose
+    (`relay import CLAUDE.local.md`) stays so on every import of its folder, as wanted, and
+    a note each time would nag; the count keeps the others in sight (--retire-ignored)."""
     if not (n := sum(map(len, kept.values()))):
         return ""
-    first, more = min(kept), len(kept) - 1
-    click.echo(
-        one_line(
-            f"relay: note: {first}{f' and {more} more' if more else ''}"
-            f" {'are files' if more else 'is a file'} git ignores, still there:"
-            f" {'their' if more else 'its'} {'memory is' if n == 1 else f'{n} memories are'}"
-            f" left as {'it is' if n == 1 else 'they are'}, still recalled (imported before"
-            " imports left out what git ignores, or named); import the folder again with"
-            " --retire-ignored to retire them"
-        ),
-        err=True,
-    )
     return (
         f"; {n} {'memory comes from a file' if n == 1 else 'memories come from files'}"
         f" git ignores, left as {'it is' if n == 1 else 'they are'}"
