@@ -28,12 +28,17 @@ def test_bench_hook_writes_exactly_the_documented_schema(tmp_path):
         "floor_curl_ms",
         "floor_python_ms",
         "server_search_ms",
+        "clock_over_ms",
         "faults",
     }
     assert data["memories"] == 3
     for series in ("hit_ms", "skip_ms", "floor_curl_ms", "floor_python_ms", "server_search_ms"):
         assert set(data[series]) == {"p50", "p95", "p99"}
     assert data["hit_ms"]["p50"] > 0 and data["server_search_ms"]["p50"] == 1.5
+    # the hook's own clock: never more than /proc's 10 ms tick ahead of the wall (it was
+    # ahead by its imports' time when its start was dated against its import's reading)
+    assert set(data["clock_over_ms"]) == {"p50", "p95", "p99", "max"}
+    assert data["clock_over_ms"]["max"] <= 12, data["clock_over_ms"]
     assert set(data["faults"]) == set(FAULT_KINDS)
     for kind, figures in data["faults"].items():
         assert figures["runs"] == 1 and figures["ok"] == 1, (kind, figures)
