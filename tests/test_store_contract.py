@@ -891,3 +891,12 @@ def _revoke_when(store, org: str, key_id: str, start, outcomes: list[str]) -> No
         outcomes.append("revoked")
     except ConflictError:
         outcomes.append("refused")
+
+
+def test_the_schema_version_is_the_last_migration_applied(store):
+    """PostgreSQL's rows are dicts: `schema_version` read its row by position, KeyError: 0."""
+    from relay.store import migrations_postgres, migrations_sqlite
+    from relay.store.sqlite import SQLiteStore
+
+    module = migrations_sqlite if isinstance(store, SQLiteStore) else migrations_postgres
+    assert store.schema_version() == len(module.MIGRATIONS)

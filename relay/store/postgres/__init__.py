@@ -171,7 +171,8 @@ class PostgresStore(
 
     def schema_version(self) -> int:
         with self._tx() as conn:
-            return conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]  # type: ignore[index]
+            row = conn.execute("SELECT max(version) AS version FROM schema_migrations").fetchone()
+        return row["version"]  # type: ignore[index]
 
     def warm(self) -> None:
         """Bring the small orgs' vectors this replica holds up to date, waiting for them.
