@@ -48,6 +48,7 @@ from relay.store.postgres.connection import (
     PostgresConnections,
     Vector,
     log,
+    one_row,
     parse_url,
     translate_errors,
 )
@@ -85,6 +86,9 @@ class PostgresStore(
 ):
     """The shared store (see module docstring): its parts are mixed in from the modules
     beside this one, each holding one concern."""
+
+    role: str  # the database role it works as
+    rls_enforced: bool
 
     def __init__(self, url: str, pool_size: int | None = None, exact_max: int | None = None):
         opts = parse_url(url)
@@ -157,7 +161,7 @@ class PostgresStore(
             except psycopg.errors.InsufficientPrivilege:
                 log.warning("cannot create role %s; connecting as the owner", self.app_role)
                 return
-        schema = conn.execute("SELECT current_schema()").fetchone()[0]  # type: ignore[index]
+        schema = one_row(conn.execute("SELECT current_schema()"))[0]
         ident = sql.Identifier(schema).as_string(conn)
         role = sql.Identifier(self.app_role).as_string(conn)
         try:
@@ -171,8 +175,8 @@ class PostgresStore(
 
     def schema_version(self) -> int:
         with self._tx() as conn:
-            row = conn.execute("SELECT max(version) AS version FROM schema_migrations").fetchone()
-        return row["version"]  # type: ignore[index]
+            row = one_row(conn.execute("SELECT max(version) AS version FROM schema_migrations"))
+        return row["version"]
 
     def warm(self) -> None:
         """Bring the small orgs' vectors this replica holds up to date, waiting for them.

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -25,6 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg.adapt import Dumper, Loader
 from psycopg.pq import Format
+from psycopg.rows import DictRow, Row
 from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
@@ -55,6 +56,9 @@ RECONNECT_S = 5.0
 # SQLSTATEs that mean the connection, not the query, failed: class 08, and the server
 # shutting down, crashing or still starting (57P01-03). Client-side errors have none.
 _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
+
+# A pooled connection: the pool makes its rows dicts (`row_factory=dict_row`).
+PgConnection: TypeAlias = psycopg.Connection[DictRow]
 
 
 def connection_lost(exc: psycopg.Error) -> bool:
@@ -179,9 +183,9 @@ class PostgresConnections:
 
     conninfo: str
     app_role: str
-    pool: ConnectionPool
+    pool: ConnectionPool[PgConnection]
 
-    def _configure(self, conn: psycopg.Connection) -> None:
+    def _configure(self, conn: PgConnection) -> None:
         conn.execute("SET TIME ZONE 'UTC'")
         member = conn.execute(
             "SELECT pg_has_role(current_user, oid, 'MEMBER') AS yes FROM pg_roles"
@@ -196,7 +200,7 @@ class PostgresConnections:
         conn.adapters.register_dumper(Vector, _make_dumper(info.oid))
         conn.adapters.register_loader(info.oid, _VectorLoader)
 
-    def _check(self, conn: psycopg.Connection) -> None:
+    def _check(self, conn: PgConnection) -> None:
         """Before the pool hands out `conn`: a connection the server closed meanwhile (a
         restart, an idle timeout) has its farewell or EOF waiting to be read, and only then
         is a round trip worth paying (on every use it cost ~0.1 ms a transaction, measured;
@@ -210,7 +214,7 @@ class PostgresConnections:
     @contextmanager
     def _tx(
         self, org_id: str | None = None, key_id: str | None = None, directory: bool = False
-    ) -> Iterator[psycopg.Connection]:
+    ) -> Iterator[PgConnection]:
         """One transaction, its tenant settings set for it alone (`set_config(..., true)`)."""
         with translate_errors(), self.pool.connection(_wait()) as conn, conn.transaction():
             conn.execute(
@@ -221,7 +225,7 @@ class PostgresConnections:
             yield conn
 
     @contextmanager
-    def _write(self, org_id: str) -> Iterator[psycopg.Connection]:
+    def _write(self, org_id: str) -> Iterator[PgConnection]:
         """A write transaction on one org: its row locked first, so writes never deadlock."""
         with self._tx(org_id) as conn:
             if not conn.execute(
@@ -231,5 +235,14 @@ class PostgresConnections:
             yield conn
 
 
-def _bump(conn: psycopg.Connection, org_id: str) -> None:
+def one_row(cursor: psycopg.Cursor[Row]) -> Row:
+    """The row of a query that always returns one (an aggregate, a function's result, an
+    UPDATE ... RETURNING of a row the transaction holds)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise StoreError("database error: no row where the query always returns one")
+    return row
+
+
+def _bump(conn: PgConnection, org_id: str) -> None:
     conn.execute("UPDATE orgs SET generation = generation + 1 WHERE id = %s", (org_id,))

@@ -8,9 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg
-
-from relay.store.postgres.connection import PostgresConnections
+from relay.store.postgres.connection import PgConnection, PostgresConnections, one_row
 
 
 class EmbeddingsAndTokens(PostgresConnections):
@@ -99,10 +97,10 @@ class EmbeddingsAndTokens(PostgresConnections):
 
     def forget_unheld_embeddings(self) -> int:
         with self._tx() as conn:  # the definer function sees every org's passages
-            return conn.execute("SELECT relay_forget_unheld_embeddings() AS n").fetchone()["n"]
+            return one_row(conn.execute("SELECT relay_forget_unheld_embeddings() AS n"))["n"]
 
 
-def _forget_embeddings(conn: psycopg.Connection, hashes: set[str]) -> None:
+def _forget_embeddings(conn: PgConnection, hashes: set[str]) -> None:
     """Drop from the embedding cache the texts of `hashes` no passage of any org holds any
     more (vector and token matrix), in the transaction that removed them: a deleted text's
     embedding must not outlive it (migration 6's function: the app role sees one org). A

@@ -13,7 +13,7 @@ import psycopg
 from relay.errors import ConflictError, NotFoundError, StoreError
 from relay.models import ApiKey, Org
 from relay.store import check_org_name
-from relay.store.postgres.connection import PostgresConnections, _bump
+from relay.store.postgres.connection import PostgresConnections, _bump, one_row
 from relay.store.postgres.rows import _key, _org
 from relay.store.rules import judge_revoke
 
@@ -124,11 +124,13 @@ class OrgsAndKeys(PostgresConnections):
             if row["revoked_at"] is None:
                 org_keys = conn.execute("SELECT * FROM api_keys WHERE org_id = %s", (org_id,))
                 judge_revoke(map(_key, org_keys), key_id)
-                row = conn.execute(
-                    "UPDATE api_keys SET revoked_at = now() WHERE id = %s AND org_id = %s"
-                    " RETURNING *",
-                    (key_id, org_id),
-                ).fetchone()
+                row = one_row(
+                    conn.execute(
+                        "UPDATE api_keys SET revoked_at = now() WHERE id = %s AND org_id = %s"
+                        " RETURNING *",
+                        (key_id, org_id),
+                    )
+                )
                 _bump(conn, org_id)
         return _key(row)
 

@@ -12,11 +12,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from relay.errors import NotFoundError
 from relay.models import EVERYONE, WITHHELD_FIELDS, Memory, Revision
-from relay.store.postgres.connection import PostgresConnections
+from relay.store.postgres.connection import PgConnection, PostgresConnections
 from relay.store.postgres.rows import _memory, _revision
 from relay.store.rules import Read, as_read, linked_ids
 
@@ -73,7 +71,7 @@ def _params(org_id: str, audiences: frozenset[str] | None, **extra: Any) -> dict
 
 
 def _as_read(
-    conn: psycopg.Connection,
+    conn: PgConnection,
     org_id: str,
     items: Sequence[Read],
     audiences: frozenset[str] | None,

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from relay.models import Passage
 from relay.store import PASSAGE_COUNT_SQL, candidate_terms
-from relay.store.postgres.connection import PostgresConnections
+from relay.store.postgres.connection import PostgresConnections, one_row
 from relay.store.postgres.reads import _params, visible_sql
 
 LEXICAL_BUDGET = 2000  # lexical candidates: rarest terms matching at most this many passages
@@ -33,7 +33,8 @@ def within_budget(terms: Sequence[str], df: dict[str, int]) -> list[str]:
     thousands of rows. Every query term still counts in a candidate's score, and an
     org's candidates are unchanged while its matches fit the budget.
     """
-    chosen, spent = [], 0
+    chosen: list[str] = []
+    spent = 0
     for term in sorted(terms, key=lambda t: df.get(t, 0)):
         cost = df.get(term, 0)
         if chosen and spent + cost > LEXICAL_BUDGET:
@@ -124,12 +125,14 @@ class SearchStages(PostgresConnections):
         params = _params(org_id, audiences, now=now, cap=cap)
         with self._tx(org_id) as conn:
             # The reader's total: a sum over the org's few audience sets (`audience_totals`).
-            total = conn.execute(
-                "SELECT coalesce(sum(passage_count), 0) AS n FROM audience_totals"
-                " WHERE org_id = %(org)s AND audiences && %(aud)s::text[]",
-                params,
-            ).fetchone()["n"]
-            counts = {t: conn.execute(sql, {**params, "term": t}).fetchone()["n"] for t in terms}
+            total = one_row(
+                conn.execute(
+                    "SELECT coalesce(sum(passage_count), 0) AS n FROM audience_totals"
+                    " WHERE org_id = %(org)s AND audiences && %(aud)s::text[]",
+                    params,
+                )
+            )["n"]
+            counts = {t: one_row(conn.execute(sql, {**params, "term": t}))["n"] for t in terms}
         return int(total), counts
 
     def doc_freq(self, org_id: str, terms: Sequence[str]) -> tuple[int, dict[str, int]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
@@ -34,7 +35,7 @@ _COUNT_ORG_TERMS = (
 )
 
 
-def recount_passage_totals(conn: psycopg.Connection, org_id: str) -> None:
+def recount_passage_totals(conn: psycopg.Connection[Any], org_id: str) -> None:
     """Count again, from one org's passages, every total writes keep of them: the org's
     passages and tokens, each term's passages (`org_terms`) and each audience set's
     (`audience_totals`). The caller holds the org's row lock (as every write does first),
@@ -119,7 +120,7 @@ class _TermDelta:
             self.passages += 1
             self.tokens += len(tokens)
 
-    def apply(self, conn: psycopg.Connection, org_id: str) -> None:
+    def apply(self, conn: psycopg.Connection[Any], org_id: str) -> None:
         changes = sorted((t, d) for t, d in self.df.items() if d)
         if changes:
             conn.execute(

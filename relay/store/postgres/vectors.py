@@ -24,6 +24,7 @@ from relay.models import EVERYONE
 from relay.store.postgres.connection import (
     CACHE_IDLE_S,
     PASSAGE_BYTES,
+    PgConnection,
     PostgresConnections,
     Vector,
     translate_errors,
@@ -87,7 +88,7 @@ def ef_search_for(limit: int, org_rows: int, table_rows: float) -> int | None:
     return max(ef, 40) if ef <= MAX_EF_SEARCH else None
 
 
-def _exact(conn: psycopg.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _exact(conn: PgConnection, params: dict[str, Any]) -> list[dict[str, Any]]:
     """The exact vector answer: from the shortlist when enough of it is visible."""
     # One core scans an org's narrow index faster than a parallel plan gathers and sorts
     # wide rows (measured at 1M passages: BENCHMARKS.md, PostgreSQL).
@@ -140,7 +141,7 @@ class VectorSearch(PostgresConnections):
         )
 
     def _ef_search(
-        self, conn: psycopg.Connection, org_id: str, limit: int
+        self, conn: PgConnection, org_id: str, limit: int
     ) -> tuple[int | None, int, int]:
         """(None: search the org exactly, else the ef_search HNSW needs; the org's
         generation; its passages)."""
