@@ -429,15 +429,15 @@ def ledger_add(ledger: dict, record: dict, shown: dict | None = None) -> None:
     rid, revision, seq = record["id"], record["revision"], record.get("passage")
     entry = ledger.pop(rid, None)
     if entry is not None:
-        known, shown = ledger_entry(entry)
+        known, seen = ledger_entry(entry)
         if known > revision:  # an older side of a conflict, shown beside the newer one
             ledger[rid] = entry
             return
         if known == revision:
-            if shown is None or seq is None:
+            if seen is None or seq is None:
                 ledger[rid] = revision
             else:
-                ledger[rid] = [revision, sorted({*shown, seq})]
+                ledger[rid] = [revision, sorted({*seen, seq})]
             return
     ledger[rid] = revision if seq is None else [revision, [seq]]
 

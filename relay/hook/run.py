@@ -448,7 +448,14 @@ def _maybe_tell_unauthorized(inv: Invocation, session_id: str | None) -> None:
 
 
 def _inject(
-    inv, session_id, records, max_records, max_tokens, intros, event_name, searched
+    inv: Invocation,
+    session_id: str | None,
+    records: list[dict],
+    max_records: int,
+    max_tokens: int,
+    intros: tuple[str, str | None],
+    event_name: str,
+    searched: tuple[list[str], int] | None,
 ) -> None:
     """Pack what the ledger lacks, print it, then record it: the ledger is what was shown.
     `searched`, for a prompt: its keywords, and the prompt the throttle counted from before
