@@ -92,8 +92,8 @@ class ConfigChecks:
         handed = script.handed(self.environ) if script else self.environ
         self.cfg = cfg = hook_config.load(handed, ignored, capped)
         if script is not None:
-            for problem in script.problems(self.home(self.paths.script)):
-                self.add("warn", "config", problem.message, problem.fix)
+            for unusable in script.problems(self.home(self.paths.script)):
+                self.add("warn", "config", unusable.message, unusable.fix)
             self._check_shadowed_knobs(path, raw, script)
             # A bad value from the script is named above, with its line; load() words the
             # others `name 'value' in RELAY_NAME (why)`.

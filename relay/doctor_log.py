@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from relay.hook import config as hook_config
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from relay import agents
 
 BUDGET_ALERT_RUNS = 3  # runs out of budget before a search, in 24 h, worth a finding
@@ -30,6 +32,7 @@ class LogChecks:
     if TYPE_CHECKING:
 
         def add(self, level: str, area: str, message: str, fix: str = "") -> None: ...
+        def home(self, path: Path | str) -> str: ...
         def deadline_source(self) -> str: ...
         def _relay_entries(self) -> list[agents.RelayHandler]: ...
 

@@ -217,7 +217,7 @@ def plan_removal(records: dict[str, dict[str, Any]]) -> list[Change]:
         current = read_bytes(path)
         before = _backup_bytes(original)
         if current is not None and _digest(current) == rec.get("sha256"):
-            if before is not None:
+            if original and before is not None:
                 back = f"{what}; what it replaced is back"
                 out.append(Change(path, role, current, before, back))
                 spent = Change(Path(original), "skill-backup", before, None, f"backup of {name}")
