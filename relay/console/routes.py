@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -145,11 +145,13 @@ class ConsoleSearch(_Body):
 class Preview(_Body):
     prompt: str = Field(max_length=100_000)
     key_id: str | None = Field(None, max_length=64)
-    max_records: int = Field(int(hook_config.DEFAULTS["max_records"]), ge=1, le=20)  # type: ignore[call-overload]
-    max_tokens: int = Field(  # type: ignore[call-overload]
-        int(hook_config.DEFAULTS["max_tokens"]), ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS
+    max_records: int = Field(cast(int, hook_config.DEFAULTS["max_records"]), ge=1, le=20)
+    max_tokens: int = Field(
+        cast(int, hook_config.DEFAULTS["max_tokens"]), ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS
     )
-    min_score: float = Field(float(hook_config.DEFAULTS.get("min_score", 0.0)), ge=0.0, le=1.0)  # type: ignore[arg-type]
+    min_score: float = Field(
+        cast(float, hook_config.DEFAULTS.get("min_score", 0.0)), ge=0.0, le=1.0
+    )
     deadline_ms: int = Field(HOOK_SERVER_MS, ge=20, le=10_000)
 
 

@@ -72,6 +72,7 @@ class SearchStages(SQLiteConnections):
             return []
         with self._read() as conn:
             total, df = self._doc_freq(conn, org_id, terms)
+            fetch = limit * 4  # the inner page of FTS5 matches, widened while too few pass
             params = {
                 "org": org_id,
                 "now": now.timestamp(),
@@ -79,7 +80,7 @@ class SearchStages(SQLiteConnections):
                     self._match_org(conn, org_id, total), candidate_terms(terms, df, total)
                 ),
                 "limit": limit,
-                "fetch": limit * 4,
+                "fetch": fetch,
                 **_audience_params(audiences),
             }
             sql = lexical_sql(len(params) - 5)
@@ -92,11 +93,12 @@ class SearchStages(SQLiteConnections):
                 inner = conn.execute(
                     "SELECT count(*) FROM (SELECT 1 FROM passages_fts WHERE passages_fts MATCH"
                     " :match LIMIT :fetch)",
-                    {"match": params["match"], "fetch": params["fetch"]},
+                    {"match": params["match"], "fetch": fetch},
                 ).fetchone()[0]
-                if inner < params["fetch"]:
+                if inner < fetch:
                     break
-                params["fetch"] *= 4
+                fetch *= 4
+                params["fetch"] = fetch
         return [(r[0], -r[1]) for r in rows]  # FTS5's bm25() is negative: flip so higher is better
 
     @staticmethod
