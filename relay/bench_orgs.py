@@ -92,9 +92,8 @@ class Corpus:
     def vector(self, org: str, i: int) -> np.ndarray:
         seed = zlib.crc32(org.encode())
         rng = np.random.default_rng(seed * 10_000_000 + i)
-        v = self.vectors[self.base(org, i)] + rng.normal(0, NOISE, self.vectors.shape[1]).astype(
-            "<f4"
-        )
+        noise = rng.normal(0, NOISE, self.vectors.shape[1:]).astype("<f4")
+        v = self.vectors[self.base(org, i)] + noise
         return (v / np.linalg.norm(v)).astype("<f4")
 
     def item(self, org: str, i: int) -> tuple[str, MemoryDraft, list[PassageInput]]:
@@ -305,7 +304,7 @@ def start_postgres(folder: Path) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pgserver
-        from pgserver._commands import pg_ctl
+        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # set on import
 
         server = pgserver.get_server(folder, cleanup_mode=None)
     import psycopg
@@ -332,7 +331,7 @@ def stop_postgres(folder: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pgserver
-        from pgserver._commands import pg_ctl
+        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # set on import
 
         server = pgserver.get_server(folder, cleanup_mode=None)
     pg_ctl(["-w", "stop", "-m", "fast"], pgdata=folder, user=server.system_user, timeout=120)
@@ -392,9 +391,9 @@ def run(
         texts = queries(bench)
         names = list(org_sizes(max(sizes)))
         orgs = {}
-        for n in names:
-            org = store.find_org(f"bench-{n}") or store.create_org(f"bench-{n}")
-            orgs[n] = org.id
+        for name in names:
+            org = store.find_org(f"bench-{name}") or store.create_org(f"bench-{name}")
+            orgs[name] = org.id
         minted = {
             n: mint_key(store, orgs[n], "bench", frozenset({"memory:read"}), frozenset())
             for n in MEASURED
