@@ -19,7 +19,13 @@ import psycopg
 from relay.errors import ConflictError, NotFoundError, StoreError
 from relay.models import Memory, MemoryDraft, PassageInput
 from relay.store import SaveMode, batch_item
-from relay.store.postgres.connection import PostgresConnections, Vector, _bump
+from relay.store.postgres.connection import (
+    PgConnection,
+    PostgresConnections,
+    Vector,
+    _bump,
+    one_row,
+)
 from relay.store.postgres.embeddings import _forget_embeddings
 from relay.store.postgres.reads import _as_read, _params, managed_sql
 from relay.store.postgres.rows import _memory
@@ -119,7 +125,7 @@ class MemoryWrites(PostgresConnections):
 
     def _save(
         self,
-        conn: psycopg.Connection,
+        conn: PgConnection,
         terms: _TermDelta,
         org_id: str,
         memory_id: str,
@@ -155,7 +161,7 @@ class MemoryWrites(PostgresConnections):
         if current is not None and same_content(current, draft):
             return current, False
         values = _values(org_id, memory_id, draft, author, current)
-        saved = conn.execute(UPSERT_MEMORY, values).fetchone()
+        saved = one_row(conn.execute(UPSERT_MEMORY, values))
         conn.execute(INSERT_REVISION, values)
         conn.execute(
             "DELETE FROM memory_audiences WHERE org_id = %s AND memory_id = %s",
@@ -196,7 +202,7 @@ class MemoryWrites(PostgresConnections):
 
     def _save_batch(
         self,
-        conn: psycopg.Connection,
+        conn: PgConnection,
         terms: _TermDelta,
         org_id: str,
         items: Sequence[tuple[str, MemoryDraft, Sequence[PassageInput]]],
@@ -238,7 +244,7 @@ class MemoryWrites(PostgresConnections):
             cur.executemany(UPSERT_MEMORY, [v for _, v, _, _ in writes], returning=True)
             saved = []
             while True:
-                saved.append(cur.fetchone())
+                saved.append(one_row(cur))
                 if not cur.nextset():
                     break
             cur.executemany(INSERT_REVISION, [v for _, v, _, _ in writes])
@@ -449,7 +455,7 @@ def insert_passages(
 
 
 def _check_supersedes(
-    conn: psycopg.Connection,
+    conn: PgConnection,
     org_id: str,
     memory_id: str,
     draft: MemoryDraft,
@@ -475,7 +481,7 @@ def _check_supersedes(
 
 
 def _reached(
-    conn: psycopg.Connection, org_id: str, memory_id: str, targets: Sequence[str]
+    conn: PgConnection, org_id: str, memory_id: str, targets: Sequence[str]
 ) -> dict[str, tuple[list[str], list[str]]]:
     """The org's live memories `targets` reach by following `supersedes` (every link,
     whoever may read it), not past `memory_id`: each one's (supersedes, audiences)."""
@@ -491,7 +497,7 @@ def _reached(
     return {r["id"]: (r["supersedes"], r["audiences"]) for r in rows}
 
 
-def _relink_superseded(conn: psycopg.Connection, org_id: str, memory_id: str) -> None:
+def _relink_superseded(conn: PgConnection, org_id: str, memory_id: str) -> None:
     """Point each memory `memory_id` was marked as superseding (before this edit or delete,
     already saved) at the latest-written live memory that still supersedes it, or at none:
     two memories may supersede one, and losing one of them must not bring it back."""
