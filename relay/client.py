@@ -140,7 +140,8 @@ def settings(url: str | None = None) -> hook_config.Config:
     """The hook's settings as a command reads them, a --url given taking RELAY_URL's place:
     the config file's key goes only to the config file's server (`hook_config.load`), so a
     URL typed (a typo, a pasted link) is held to it as one exported is (a stale export, a
-    teammate's .envrc). Another server needs a key of its own: --key, RELAY_API_KEY(_FILE)."""
+    teammate's .envrc). Another server needs a key of its own: --key, --key-file,
+    RELAY_API_KEY(_FILE)."""
     return hook_config.load({**os.environ, "RELAY_URL": url} if url else None)
 
 
@@ -185,7 +186,8 @@ class RelayClient:
         refusal = key_source.elsewhere(cfg, url) if not api_key else None
         if refusal:
             how = (
-                "pass --key (or set RELAY_API_KEY_FILE or RELAY_API_KEY) for that server"
+                "pass --key or --key-file (or set RELAY_API_KEY_FILE or RELAY_API_KEY) for that"
+                " server"
                 if flags
                 else "set RELAY_API_KEY_FILE (or RELAY_API_KEY) for that server"
             )
@@ -211,7 +213,9 @@ class RelayClient:
             raise NotConfiguredError(self.key_problem)
         if not self.api_key:
             where = "RELAY_API_KEY (or RELAY_API_KEY_FILE)"
-            raise NotConfiguredError(f"no API key: {_pass('--key', where, self.flags)}")
+            raise NotConfiguredError(
+                f"no API key: {_pass('--key or --key-file', where, self.flags)}"
+            )
         return self
 
     def request(self, method: str, path: str, body: Any = None) -> Any:

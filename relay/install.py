@@ -40,6 +40,7 @@ from relay.install_paths import (
     refuse_user_level_project,
     tilde,
 )
+from relay.key_file import key_file_option, key_from_file
 from relay.knob_script import SCRIPT_KNOBS, deadline_after_install, hook_script, knob_value
 
 # Knobs written into config.json at their defaults (re-running install restores them); the
@@ -272,21 +273,6 @@ def verify(url: str, key: str) -> dict[str, Any]:
     return who
 
 
-def read_key_file(path: str) -> str:
-    """The API key from the first line of `path` that holds anything."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise InvalidRequestError(f"cannot read the key file {path}: {why}") from None
-    lines = text.strip().splitlines()
-    if not lines:
-        raise InvalidRequestError(
-            f"the key file {path} is empty: the API key goes on its first line"
-        )
-    return lines[0].strip()
-
-
 def describe_key(who: dict[str, Any]) -> str:
     k = who.get("key", {})
     roles = ", ".join(k.get("roles") or []) or "none"
@@ -343,11 +329,7 @@ def _refuse_to_ask_without_a_terminal(url: str | None, key: str | None) -> None:
     envvar="RELAY_API_KEY",
     help="API key (default: the one installed before, if for the same server; else asked for).",
 )
-@click.option(
-    "--key-file",
-    type=click.Path(dir_okay=False, exists=True),
-    help="Read the API key from this file's first line (instead of --key; beats RELAY_API_KEY).",
-)
+@key_file_option
 @click.option(
     "--project",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -377,11 +359,7 @@ def install(
 ) -> None:
     """Connect this machine to a Relay server and wire recall into Claude Code and Codex."""
     refuse_user_level_project(default_paths(project), "install")
-    if key_file:
-        source = click.get_current_context().get_parameter_source("key")
-        if key and source is click.core.ParameterSource.COMMANDLINE:
-            raise click.UsageError("give --key or --key-file, not both")
-        key = read_key_file(key_file)  # beats RELAY_API_KEY, as a flag beats the environment
+    key = key_from_file(key_file) if key_file else key
     if not url or not key:  # run again to repair or change one thing: keep the rest
         from relay.client import settings
         from relay.key_source import elsewhere

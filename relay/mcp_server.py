@@ -31,6 +31,7 @@ from relay import errors
 from relay.client import memory_path
 from relay.hook.pack import label_attribute, label_text
 from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
+from relay.key_file import key_file_option, key_from_file
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -504,11 +505,14 @@ def mount_mcp(app: "FastAPI", services: "Services") -> None:
 @click.command("mcp")
 @click.option("--url", help="Relay server URL [default: RELAY_URL, else from relay install].")
 @click.option("--key", envvar="RELAY_API_KEY", help="API key (default: from relay install).")
-def mcp_command(url: str | None, key: str | None) -> None:
+@key_file_option
+def mcp_command(url: str | None, key: str | None, key_file: str | None) -> None:
     """Run Relay's MCP server on stdio (what `relay install` registers for the agents)."""
     import sys
 
     import anyio
+
+    key = key_from_file(key_file) if key_file else key
 
     try:
         server = build_server(lambda _ctx: HttpBackend(url, key))

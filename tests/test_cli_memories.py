@@ -278,8 +278,8 @@ def test_a_missing_key_says_how_to_give_one_and_sends_nothing(tmp_path):
         assert server.connections == 0
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        "relay: error: no API key: pass --key, set RELAY_API_KEY (or RELAY_API_KEY_FILE), or"
-        " run 'relay install'\n"
+        "relay: error: no API key: pass --key or --key-file, set RELAY_API_KEY (or"
+        " RELAY_API_KEY_FILE), or run 'relay install'\n"
     )
 
 
@@ -496,8 +496,8 @@ def test_the_installed_key_is_not_sent_to_another_server_named_by_url(tmp_path):
         assert done.returncode == 2, done.stderr
         assert done.stderr == (
             f"relay: error: {other.url} is not the server this machine's key is for"
-            f" ({installed.url}/): pass --key (or set RELAY_API_KEY_FILE or RELAY_API_KEY) for"
-            " that server\n"
+            f" ({installed.url}/): pass --key or --key-file (or set RELAY_API_KEY_FILE or"
+            " RELAY_API_KEY) for that server\n"
         )
         relay(tmp_path, "search", "foo", "--url", installed.url)  # the same server: sent
         relay(tmp_path, "search", "foo", "--url", other.url, "--key", key)  # its own key

@@ -414,6 +414,13 @@ def test_a_teams_prompts_replay_against_the_server_every_client_command_uses(
     assert one_error_line(done).startswith(f"relay: error: {team_server.url} refused the key")
     done = relay(tmp_path, *replay, RELAY_URL=down, RELAY_API_KEY=team_server.admin_key)
     assert one_error_line(done).startswith(f"relay: error: cannot reach the Relay server at {down}")
+    # a key file, off the command line, as every client command takes it
+    key_file = tmp_path / "wrong.key"
+    key_file.write_text("relay_abc_def\n")
+    done = relay(tmp_path, *replay, "--url", team_server.url, "--key-file", str(key_file))
+    assert one_error_line(done).startswith(f"relay: error: {team_server.url} refused the key")
+    done = relay(tmp_path, *replay, "--key-file", str(key_file), RELAY_URL=down)
+    assert one_error_line(done).startswith(f"relay: error: cannot reach the Relay server at {down}")
     # the config relay install writes (its key in a file beside it)
     home = tmp_path / "home"
     (home / ".relay").mkdir(parents=True)

@@ -52,8 +52,8 @@ def test_relay_url_naming_another_server_gets_no_installed_key(home, live_server
             assert done.returncode == 2 and done.stdout == "", done.stdout
             assert done.stderr == (
                 f"relay: error: {refused(f'RELAY_URL ({other.url})', live_server.url)}: pass"
-                " --key (or set RELAY_API_KEY_FILE or RELAY_API_KEY) for that server, or unset"
-                " RELAY_URL\n"
+                " --key or --key-file (or set RELAY_API_KEY_FILE or RELAY_API_KEY) for that"
+                " server, or unset RELAY_URL\n"
             )
         # --url beats RELAY_URL both ways: the installed server gets its key whatever the
         # shell exports, and another server named by the flag gets none
@@ -63,7 +63,7 @@ def test_relay_url_naming_another_server_gets_no_installed_key(home, live_server
         assert done.returncode == 0, done.stderr
         done = relay(home, "search", "deploy", "--url", other.url, RELAY_URL=live_server.url)
         assert done.returncode == 2 and done.stderr.startswith(
-            f"relay: error: {refused(other.url, live_server.url)}: pass --key"
+            f"relay: error: {refused(other.url, live_server.url)}: pass --key or --key-file"
         )
         done = relay(home, "stats", "--send", RELAY_URL=other.url)
         assert done.returncode == 2 and done.stderr == (
@@ -86,12 +86,65 @@ def test_a_key_of_its_own_goes_where_relay_url_says(home, live_server, tmp_path_
         assert relay(home, "search", "deploy", **by_env).returncode == 0
         by_flag = ("--key", "relay_k_" + "k" * 24)
         assert relay(home, "search", "deploy", *by_flag, RELAY_URL=other.url).returncode == 0
+        by_file_flag = ("--url", other.url, "--key-file", str(own))
+        assert relay(home, "search", "deploy", *by_file_flag).returncode == 0
         assert sent_keys(other) == [
             "Bearer relay_o_" + "f" * 24,
             "Bearer relay_e_" + "e" * 24,
             "Bearer relay_k_" + "k" * 24,
+            "Bearer relay_o_" + "f" * 24,
         ]
         assert installed not in sent_keys(other)
+
+
+def test_every_client_command_reads_its_key_from_a_key_file(tmp_path, live_server):
+    """QA: the README said another server needs its own `--key`, `--key-file` or
+    RELAY_API_KEY_FILE, but only `relay install` took --key-file: `relay search x --url U
+    --key-file F` said "No such option '--key-file'", which left --key, shown by ps and
+    kept in the shell's history. Every client command reads it as install does: the first
+    line, beating RELAY_API_KEY; beside --key, or empty, refused in one line."""
+    key_file = tmp_path / "relay.key"
+    key_file.write_text(live_server.admin_key + "\n")
+    given = ("--url", live_server.url, "--key-file", str(key_file))
+    home = tmp_path / "nothing-installed"  # the file is the only key there is
+    home.mkdir()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "AGENTS.md").write_text("# Key files\n\nKey-file test: canaries run in eu-west-3.\n")
+    body = "Key-file test: the billing canary runs in eu-west-3."
+    made = relay(home, "remember", body, "--source", "qa/key-file", *given)
+    assert made.returncode == 0, made.stderr
+    memory_id = made.stdout.split()[1]
+    exported = str(tmp_path / "out.jsonl")
+    for args in (
+        ("search", "where does the billing canary run?"),
+        ("edit", memory_id, "--tag", "canary"),
+        ("history", memory_id),
+        ("import", str(notes), "--root", str(notes), "--source-prefix", "qa-key-file"),
+        ("export", "-o", exported),
+        ("restore", exported),
+        ("forget", memory_id),
+    ):
+        done = relay(home, *args, *given, RELAY_API_KEY="relay_x_" + "y" * 24)
+        assert done.returncode == 0, (args, done.stderr)
+    revisions = json.loads(relay(home, "history", memory_id, "--json", *given).stdout)
+    assert [(r["action"], r["tags"]) for r in revisions][1:] == [
+        ("edit", ["canary"]),
+        ("delete", []),
+    ]
+
+    both = relay(home, "search", "canary", *given, "--key", live_server.admin_key)
+    assert (both.returncode, both.stderr) == (
+        2,
+        "relay: error: give --key or --key-file, not both (see 'relay search --help')\n",
+    )
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n")
+    done = relay(home, "search", "canary", "--url", live_server.url, "--key-file", str(empty))
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"relay: error: the key file {empty} is empty: the API key goes on its first line\n",
+    )
 
 
 def test_relay_url_spelling_the_installed_server_otherwise_keeps_its_key(home, live_server):

@@ -163,6 +163,25 @@ def test_stdio_server_search_remember_forget_and_a_denied_write(tmp_path, server
     assert "denied by Relay" in denied and "memory:write" in denied
 
 
+def test_stdio_server_reads_its_key_from_a_key_file(tmp_path, server):
+    """`relay mcp` took --key only: an MCP client set up by hand then carried the key in its
+    command line, which ps shows. --key-file reads it as every client command does."""
+    key_file = tmp_path / "reader.key"
+    key_file.write_text(server["reader"]["secret"] + "\n")
+    home = tmp_path / "nothing-installed"
+    home.mkdir()
+    args = ["mcp", "--url", server["url"], "--key-file", str(key_file)]
+    params = StdioServerParameters(command=RELAY, args=args, env=clean_env(home))
+
+    async def main():
+        async with Client(params) as client:
+            return await client.call_tool("team_memory_search", {"query": "which cluster?"})
+
+    found = anyio.run(main)
+    assert not found.is_error, text(found)
+    assert_labelled(text(found))
+
+
 def test_stdio_server_reports_an_unreachable_server_as_a_tool_error(tmp_path, server):
     params = stdio_params(tmp_path, server, "reader")
     config = tmp_path / "reader/.relay/config.json"

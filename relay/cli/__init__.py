@@ -2,9 +2,9 @@
 
 Server-side administration (`serve`, `org`, `key`) works on the database
 directly (`--db` / RELAY_DB); everything about memories talks to a running
-server over HTTP with the user's key (`--url`/`--key`, RELAY_URL/RELAY_API_KEY,
-or ~/.relay/config.json written by `relay install`), so it goes through the
-same authorization as every agent.
+server over HTTP with the user's key (`--url`/`--key` or `--key-file`,
+RELAY_URL/RELAY_API_KEY, or ~/.relay/config.json written by `relay install`), so it
+goes through the same authorization as every agent.
 """
 
 from __future__ import annotations

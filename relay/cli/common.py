@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from relay.errors import InvalidRequestError, RelayError
+from relay.key_file import key_file_option, key_from_file
 from relay.settings import EMBEDDERS, SERVER_SETTINGS, resolve
 
 
@@ -30,10 +31,12 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     # a refusal to send the installed key there then names the variable, not a flag.
     @click.option("--url", help="Relay server URL [default: RELAY_URL, else from relay install].")
     @click.option("--key", envvar="RELAY_API_KEY", help="API key (default: from relay install).")
+    @key_file_option
     @functools.wraps(fn)
-    def wrapper(url: str | None, key: str | None, **kwargs: Any) -> Any:
+    def wrapper(url: str | None, key: str | None, key_file: str | None, **kwargs: Any) -> Any:
         from relay.client import RelayClient
 
+        key = key_from_file(key_file) if key_file else key
         return fn(client=RelayClient.from_config(url, key).require_key(), **kwargs)
 
     return wrapper

@@ -17,6 +17,7 @@ import click
 from relay.errors import InvalidRequestError, RelayError
 from relay.hook.config import DEADLINE_MAX_MS, DEADLINE_MIN_MS
 from relay.hook_bench import BENCH
+from relay.key_file import key_from_file
 
 if TYPE_CHECKING:
     from relay.client import RelayClient
@@ -310,6 +311,14 @@ def eval_group() -> None:
     "replay mints them and revokes them after [default: RELAY_API_KEY, else the config].",
 )
 @click.option(
+    "--key-file",
+    "key_files",
+    multiple=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="Read a --key from this file's first line instead (repeatable, in the same order;"
+    " the command line shows in ps and shell history).",
+)
+@click.option(
     "--apply",
     "apply_",
     is_flag=True,
@@ -327,6 +336,7 @@ def replay_command(
     config: Path | None,
     url: str | None,
     key: tuple[str, ...],
+    key_files: tuple[str, ...],
     apply_: bool,
     distractors: Path | None,
     seed: int,
@@ -340,8 +350,8 @@ def replay_command(
 
     SOURCE is a ../shared/bench-format folder (its memories are loaded into a
     fresh `relay serve`; its sessions replayed, or conversations built from its
-    questions), or a team's JSONL of prompts replayed against its server (--url/--key,
-    RELAY_URL/RELAY_API_KEY, or the config relay install wrote).
+    questions), or a team's JSONL of prompts replayed against its server (--url/--key or
+    --key-file, RELAY_URL/RELAY_API_KEY(_FILE), or the config relay install wrote).
     """
     import http.client
 
@@ -355,6 +365,7 @@ def replay_command(
 
     if config is not None:
         _check_config(config)
+    key = tuple(map(key_from_file, key_files)) or key
     bench = source.is_dir()
     if bench and not (source / "memories.jsonl").exists():
         raise click.UsageError(f"{source} has no memories.jsonl")
