@@ -81,6 +81,26 @@ def memory_path(memory_id: str, rest: str = "") -> str:
     return f"/v1/memories/{memory_id}{rest}"
 
 
+def deletion(revisions: Callable[[], list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The tombstone ending a deleted memory's history, `revisions()` as this key reads
+    them; None when it was not deleted, or its history is not for this key (a write-only
+    key's). The CLI and the MCP tools say what it tells (`deleted_at`) where a memory
+    already deleted answers as none ('no memory')."""
+    try:
+        items = revisions()
+    except (errors.ForbiddenError, errors.NotFoundError):
+        return None
+    return items[-1] if items and items[-1]["action"] == "delete" else None
+
+
+def deleted_at(memory_id: str, tombstone: dict[str, Any]) -> str:
+    """`ID was forgotten at TIME (revision N)`, from its `deletion` tombstone."""
+    return (
+        f"{memory_id} was forgotten at {tombstone['recorded_at']}"
+        f" (revision {tombstone['revision']})"
+    )
+
+
 class ConnectionFailedError(errors.UnavailableError):
     """The server itself could not be reached (a remote UnavailableError is its database).
     `sent`: whether the request may have reached it whole (the connection failed after

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 import click
 
 from relay import errors
-from relay.client import memory_path
+from relay.client import deleted_at, deletion, memory_path
 from relay.hook.pack import label_attribute, label_text
 from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
 from relay.key_file import key_file_option, key_from_file
@@ -359,11 +359,26 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
         ctx: Context,
     ) -> str:
         """Delete a team memory everywhere at once (the key needs memory:write). Only when the
-        user asks. Its history keeps a tombstone, not the text."""
-        await call(ctx, lambda b: b.forget(memory_id))
-        return (
-            f"Forgot {memory_id}: it is no longer returned anywhere; its history keeps a tombstone."
-        )
+        user asks. Its history keeps a tombstone, not the text. A memory already deleted is
+        said to be, with when."""
+
+        def forget(backend: Backend) -> str:
+            try:
+                backend.forget(memory_id)
+            except errors.NotFoundError:  # as `relay forget` says it: what was asked is done
+                tombstone = deletion(lambda: backend.history(memory_id))
+                if tombstone is None:
+                    raise
+                return (
+                    f"Already deleted: {deleted_at(memory_id, tombstone)}; it is returned"
+                    " nowhere, and its history keeps a tombstone."
+                )
+            return (
+                f"Forgot {memory_id}: it is no longer returned anywhere; its history keeps a"
+                " tombstone."
+            )
+
+        return await call(ctx, forget)
 
     async def team_memory_history(
         memory_id: Annotated[str, Field(min_length=1, max_length=200, description="Memory id.")],

@@ -673,3 +673,16 @@ def test_an_edit_that_changes_nothing_and_a_second_forget_say_so(tmp_path, live_
         4,
         "relay: error: no memory 'mem_unchanged_never_made'\n",
     )
+    # QA: an edit of it said "no memory 'ID'", as of one never made; it did not happen (4)
+    edited = relay(tmp_path, "edit", memory_id, "--tag", "late", *given)
+    assert (edited.returncode, edited.stdout, edited.stderr) == (
+        4,
+        "",
+        f"relay: error: {memory_id} was forgotten at {tombstone['recorded_at']} (revision 4):"
+        " a deleted memory cannot be edited (relay remember records a new one)\n",
+    )
+    never = relay(tmp_path, "edit", "mem_unchanged_never_made", "--tag", "late", *given)
+    assert (never.returncode, never.stderr) == (
+        4,
+        "relay: error: no memory 'mem_unchanged_never_made'\n",
+    )

@@ -82,6 +82,13 @@ async def exercise(client: Client, label: str) -> dict[str, str]:
 
     gone = await client.call_tool("team_memory_forget", {"memory_id": memory_id})
     assert not gone.is_error and "Forgot" in text(gone)
+    # QA: forgetting it again was an error, where `relay forget` says it is already deleted
+    again = await client.call_tool("team_memory_forget", {"memory_id": memory_id})
+    assert not again.is_error, text(again)
+    assert text(again).startswith(f"Already deleted: {memory_id} was forgotten at 20")
+    assert "(revision 2)" in text(again)
+    never = await client.call_tool("team_memory_forget", {"memory_id": "mem_never_made_here"})
+    assert never.is_error and "no memory 'mem_never_made_here'" in text(never)
     after = await client.call_tool(
         "team_memory_search", {"query": "when does the release train leave?"}
     )

@@ -158,7 +158,8 @@ def edit(
     """Edit a memory: every edit that changes something is a new revision (one that
     changes nothing makes none, and says so). A field not given keeps its value;
     --title "" and --source "" remove them, --no-tags, --no-supersedes and --no-valid-until
-    remove those. The key needs memory:read as well as memory:write."""
+    remove those. The key needs memory:read as well as memory:write. A deleted memory
+    cannot be edited: that is said with when it was deleted, and exits 4."""
     fields = _memory_fields(**opts)
     # (field, its --no- flag's value, the option that sets it)
     cleared = (
@@ -178,9 +179,21 @@ def edit(
         fields["expected_revision"] = expected_revision
     if not fields:
         raise click.UsageError("nothing to change: pass --body or another field")
+    from relay.client import deleted_at
+    from relay.errors import NotFoundError
+
     # Read first: the server answers an edit that changes nothing with the memory as it was.
     before = _read(client, memory_id)
-    memory = client.request("PATCH", _memory_path(memory_id), fields)
+    try:
+        memory = client.request("PATCH", _memory_path(memory_id), fields)
+    except NotFoundError:  # 'no memory': say so of one deleted, as history shows it
+        tombstone = _deletion(client, memory_id)
+        if tombstone is None:
+            raise
+        raise NotFoundError(
+            f"{deleted_at(memory_id, tombstone)}: a deleted memory cannot be edited"
+            " (relay remember records a new one)"
+        ) from None
     if before is not None and memory["revision"] == before["revision"]:
         click.echo(f"unchanged: {memory['id']} is still at revision {memory['revision']}")
     else:
@@ -201,6 +214,7 @@ def forget(client, memory_id: str, expected_revision: int | None) -> None:  # no
     each that does is named. A memory already deleted is said to be, with when, and exits
     0 as a deletion does (a script may forget twice); an id this key knows no memory by
     exits 4."""
+    from relay.client import deleted_at
     from relay.errors import NotFoundError
 
     replaced = _read(client, memory_id)
@@ -211,10 +225,7 @@ def forget(client, memory_id: str, expected_revision: int | None) -> None:  # no
         tombstone = _deletion(client, memory_id)
         if tombstone is None:
             raise
-        click.echo(
-            f"already deleted: {memory_id} was forgotten at {tombstone['recorded_at']}"
-            f" (revision {tombstone['revision']})"
-        )
+        click.echo(f"already deleted: {deleted_at(memory_id, tombstone)}")
         return
     # Asked after the delete: the server relinks what it superseded to any other memory
     # that still supersedes it (and a link this key cannot read shows here as none).
@@ -245,15 +256,10 @@ def _read(client, memory_id: str) -> dict[str, Any] | None:  # noqa: ANN001
 
 
 def _deletion(client, memory_id: str) -> dict[str, Any] | None:  # noqa: ANN001
-    """The tombstone ending a deleted memory's history as this key reads it; None when it
-    was not deleted, or its history is not for this key (a write-only key's)."""
-    from relay.errors import ForbiddenError, NotFoundError
+    """The tombstone ending a deleted memory's history (`relay.client.deletion`)."""
+    from relay.client import deletion
 
-    try:
-        items = client.get(_memory_path(memory_id, "/revisions"))["items"]
-    except (ForbiddenError, NotFoundError):
-        return None
-    return items[-1] if items and items[-1]["action"] == "delete" else None
+    return deletion(lambda: client.get(_memory_path(memory_id, "/revisions"))["items"])
 
 
 def _current(memory: dict[str, Any]) -> bool:
