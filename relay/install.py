@@ -13,6 +13,7 @@ writes and the record, shared with uninstall and the skill, are `relay.install_f
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from relay import agents
 from relay.errors import InvalidRequestError
@@ -317,12 +319,27 @@ def _refuse_to_ask_without_a_terminal(url: str | None, key: str | None) -> None:
         )
 
 
+def _refuse_another_server(url: str, paths: Paths) -> None:
+    """Refuse a RELAY_URL (no --url) naming another server than the one installed, when a
+    key is given: a stale export (a teammate's .envrc) would get that key, and this
+    machine's recall would move there, unasked. --url says it is meant."""
+    environ = {name: value for name, value in os.environ.items() if name != "RELAY_URL"}
+    installed = hook_config.load(environ).url or load_manifest(paths).get("url")
+    if isinstance(installed, str) and installed and not hook_config.same_server(url, installed):
+        raise click.UsageError(
+            f"RELAY_URL in the environment names {url}, not the server installed"
+            f" ({installed}): pass --url {url} to install against it, or unset RELAY_URL to"
+            f" keep {installed}"
+        )
+
+
 # -- commands ------------------------------------------------------------------------------------
 @click.command("install")
 @click.option(
     "--url",
     envvar="RELAY_URL",
-    help="Relay server URL (default: the one installed before; else asked for).",
+    help="Relay server URL [default: RELAY_URL (given a key, only for the server installed:"
+    " --url switches), else the one installed before, else asked for].",
 )
 @click.option(
     "--key",
@@ -360,12 +377,15 @@ def install(
     """Connect this machine to a Relay server and wire recall into Claude Code and Codex."""
     refuse_user_level_project(default_paths(project), "install")
     key = key_from_file(key_file) if key_file else key
+    ctx = click.get_current_context()
+    from_env = bool(url) and ctx.get_parameter_source("url") is ParameterSource.ENVIRONMENT
+    if from_env and key:  # without a key, the installed one is kept from another server
+        _refuse_another_server(str(url), default_paths(project))
     if not url or not key:  # run again to repair or change one thing: keep the rest
         from relay.client import settings
         from relay.key_source import elsewhere
 
-        ctx = click.get_current_context()
-        typed = ctx.get_parameter_source("url") is not click.core.ParameterSource.ENVIRONMENT
+        typed = not from_env
         installed = settings(url if typed else None)
         paths = default_paths(project)
         recorded = load_manifest(paths).get("url")
@@ -395,6 +415,11 @@ def install(
     url = (url or click.prompt("Relay server URL", default="http://127.0.0.1:8765")).strip()
     key = (key or click.prompt("API key", hide_input=True)).strip()
     agent_names = agent_names or AGENTS
+    if from_env:  # a shell's export is easy to forget: say whose URL this is
+        click.echo(
+            f"relay: note: server {url}, from RELAY_URL in the environment (--url to change it)",
+            err=True,
+        )
     who = verify(url, key)
     click.echo(f"Connected to {url}: {describe_key(who)}")
     paths = default_paths(project)

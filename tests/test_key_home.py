@@ -210,6 +210,34 @@ def test_doctor_and_install_name_the_key_relay_url_does_not_get(home, live_serve
         assert other.connections == 0
 
 
+def test_install_given_a_key_moves_to_no_server_a_stale_relay_url_names(home, live_server):
+    """QA: after `relay install --url A --key K1`, `relay install --key K2` in a shell with a
+    stale RELAY_URL=B exported sent K2 to B and moved the install there, saying nothing of
+    where B came from. It is refused, connecting to nothing, unless --url says B is meant;
+    a RELAY_URL install goes ahead saying on stderr that the URL is RELAY_URL's."""
+    config = home / ".relay/config.json"
+    before = config.read_bytes()
+    with FakeRelay() as other:
+        done = relay(home, "install", "--key", "relay_k_" + "2" * 24, RELAY_URL=other.url)
+        assert (done.returncode, done.stdout, done.stderr) == (
+            2,
+            "",
+            f"relay: error: RELAY_URL in the environment names {other.url}, not the server"
+            f" installed ({live_server.url}): pass --url {other.url} to install against it, or"
+            f" unset RELAY_URL to keep {live_server.url} (see 'relay install --help')\n",
+        )
+        assert other.connections == 0 and config.read_bytes() == before
+    note = "relay: note: server {}, from RELAY_URL in the environment (--url to change it)\n"
+    spelled = live_server.url + "/"  # the installed server, spelled otherwise
+    done = relay(home, "install", "--key", live_server.admin_key, RELAY_URL=spelled)
+    assert (done.returncode, done.stderr) == (0, note.format(spelled))
+    fresh = home / "fresh"  # nothing installed: RELAY_URL's server, said to be
+    fresh.mkdir()
+    done = relay(fresh, "install", "--key", live_server.admin_key, RELAY_URL=live_server.url)
+    assert (done.returncode, done.stderr) == (0, note.format(live_server.url))
+    assert f"Connected to {live_server.url}:" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("url", "other", "same"),
     [
