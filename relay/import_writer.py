@@ -174,6 +174,11 @@ class Vanished:
         """Whether no memory of a file not read was found, to retire or to leave."""
         return not (self.gone or self.absent or self.outside_git or self.ignored)
 
+    def under(self, prefix: str) -> bool:
+        """Whether a memory was found of a file under `prefix` (a folder's sources)."""
+        found = (self.gone, self.absent, self.outside_git, self.ignored)
+        return any(source.startswith(prefix) for sources in found for source in sources)
+
 
 def vanished(
     client: RelayClient,

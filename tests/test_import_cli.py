@@ -703,6 +703,49 @@ def test_a_folder_with_no_file_left_still_retires_those_gone_from_it(tmp_path, s
     ), again.stderr
 
 
+def test_a_folder_git_deleted_whole_can_be_named_and_retires_its_memories(tmp_path, server):
+    """QA: in a repository where docs/ held only ops-runbook.md, `git rm` took docs/ too (git
+    keeps no empty folder: a fresh clone in CI has none either), and `relay import docs` said
+    "Path 'docs' does not exist" (exit 2): the runbook stayed in recall until `relay import
+    .`. A path a git work tree no longer has is a folder gone whole when memories were
+    imported from under it: retired as for a folder emptied. Else one line, exit 2."""
+    repo = git_repo(tmp_path / "qa-gone-whole")
+    git(repo, "remote", "add", "origin", "git@github.com:acme/qa-gone-whole-backend.git")
+    write(repo / "README.md", "# Backend\n")
+    write(repo / "docs" / "ops-runbook.md", "# Paging\nWho gets pages first: the primary.\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "docs")
+    summary(relay_import(server, repo, "docs"))
+    (runbook,) = live_memories(server, "acme/qa-gone-whole-backend/docs/ops-runbook.md")
+
+    git(repo, "rm", "-q", "docs/ops-runbook.md")
+    git(repo, "commit", "-q", "-m", "runbook moved to the wiki")
+    assert not (repo / "docs").exists()
+    done = relay_import(server, repo, "docs")
+    assert summary(done) == "imported 0 memories: 0 new or changed, 0 unchanged, 1 retired"
+    assert history(server, runbook["id"]) == ["create", "delete"]
+
+    gone = "nor memories imported from under it: nothing to import or retire"
+    for named in ("docs", "dcos"):  # retired already; a typo
+        again = relay_import(server, repo, named)
+        assert (again.returncode, again.stdout, again.stderr) == (
+            2,
+            "",
+            f"relay: error: no such file or folder: {named}, {gone} (see 'relay import --help')\n",
+        )
+    for args in (("docs", "--keep-removed"), ("--root", ".", "docs")):  # they look for none
+        kept = relay_import(server, repo, *args)
+        assert (kept.returncode, kept.stderr) == (
+            2,
+            "relay: error: no such file or folder: docs (see 'relay import --help')\n",
+        )
+    outside = relay_import(server, tmp_path, "nowhere", home=tmp_path / "home")
+    assert (outside.returncode, outside.stderr) == (
+        2,
+        "relay: error: no such file or folder: nowhere (see 'relay import --help')\n",
+    )
+
+
 def test_outside_git_a_folder_with_no_file_left_names_those_gone_from_it(tmp_path, server):
     """QA: outside git, a folder whose only file was deleted (x/sub/CLAUDE.md, then
     `relay import x`) said 'no importable files found' and never the note that names the

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @click.command("import")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--root",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -104,26 +104,28 @@ def import_(
     Ids derive from the source and the section, so re-importing is idempotent; a
     section keeps its memory wherever it moves in the file, and an edit to it is a
     new revision (a rule rewritten into another is a new memory).
-    Re-importing a file forgets the memories of sections it no longer has, and
-    importing a folder of a git work tree forgets those of its files deleted or renamed
-    since, as git tells (in the current branch's history, or from the work tree; not
-    with --keep-removed), even when it has no file left to read ("imported 0 memories";
-    "no importable files found" only when nothing imported from it is gone either). A
-    file this checkout merely lacks (another branch's, newer than this clone, outside a
-    sparse checkout) keeps its memories, as does every missing file when git cannot
-    tell; the summary counts them. Outside a git work tree no file missing from a
-    folder is retired (nothing tells a deleted file from a moved one): the summary
-    counts its memories and a note names it with their ids, for relay forget ID. With
-    --root, missing files are not looked for. Memories from other files or written by
-    hand are never touched. The file is the source of truth: a relay edit of an
-    imported memory is undone and a section deleted by hand comes back; the summary
-    counts both. A memory changed while the import runs (after it read it) is neither
-    written over nor retired: a note names it, and importing again writes or retires it
-    as the file says."""
+    Re-importing a file forgets the memories of sections it no longer has, and importing
+    a folder of a git work tree forgets those of its files deleted or renamed since, as
+    git tells (in the current branch's history, or from the work tree; not with
+    --keep-removed), even when it has no file left to read ("imported 0 memories"; "no
+    importable files found" only when nothing imported from it is gone either), or is
+    gone whole (git keeps no empty folder): a path a work tree no longer has may be
+    named when memories were imported from under it. A file this checkout merely lacks
+    (another branch's, newer than this clone, outside a sparse checkout) keeps its
+    memories, as does every missing file when git cannot tell; the summary counts them.
+    Outside a git work tree no file missing from a folder is retired (nothing tells a
+    deleted file from a moved one): the summary counts its memories and a note names it
+    with their ids, for relay forget ID. With --root, missing files are not looked for.
+    Memories from other files or written by hand are never touched. The file is the
+    source of truth: a relay edit of an imported memory is undone and a section deleted
+    by hand comes back; the summary counts both. A memory changed while the import runs
+    (after it read it) is neither written over nor retired: a note names it, and
+    importing again writes or retires it as the file says."""
     from relay.import_files import (
         GitIgnored,
         folder_prefixes,
         former_name,
+        gone_folder,
         iter_import_files,
         link_names,
         named_by_folder,
@@ -153,6 +155,10 @@ def import_(
             f"--source-prefix {source_prefix!r} holds a line break or another control"
             " character: a source is one line, like docs/deploy.md"
         )
+    looks = not (keep_removed or root)  # for the memories of files gone from the folders
+    for path in paths:  # a folder a git work tree lost whole is looked in for those
+        if not path.exists() and not (looks and gone_folder(path)):
+            raise click.UsageError(f"no such file or folder: {path}")
     drafts_by_source: dict[str, list] = {}
     failed: list[RelayError] = []
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
@@ -160,7 +166,7 @@ def import_(
     files_by_source: dict[str, Path] = {}
     former: dict[str, FormerName] = {}  # source -> where an import before today put the file
     ignored = GitIgnored()
-    for f in iter_import_files(paths, ignored):
+    for f in iter_import_files([path for path in paths if path.exists()], ignored):
         work_tree = named_by_folder(f, root, source_prefix)
         if work_tree is not None:
             unnamed[work_tree] = None
@@ -207,18 +213,21 @@ def import_(
             " every machine, import it with --root FOLDER --source-prefix NAME",
             err=True,
         )
-    found = (
-        Vanished()
-        if keep_removed or root
-        else vanished(client, folder_prefixes(paths, source_prefix), drafts_by_source, ignored)
-    )
+    folders = folder_prefixes(paths, source_prefix) if looks else {}
+    found = vanished(client, folders, drafts_by_source, ignored) if looks else Vanished()
+    for prefix, folder in folders.items():
+        if not folder.exists() and not found.under(prefix):
+            raise click.UsageError(
+                f"no such file or folder: {folder}, nor memories imported from under it:"
+                " nothing to import or retire"
+            )
     if retire_ignored:  # asked for: what is still on disk is retired only so
         found.gone.update(found.ignored)
         found.ignored = {}
     if not drafts_by_source and not failed and found.empty():
         # Only now: a folder with no file left to read still retires (or names) the
         # memories of those gone from it, as `relay import .` would.
-        raise click.UsageError(_nothing_found(paths, ignored, looked=not (keep_removed or root)))
+        raise click.UsageError(_nothing_found(paths, ignored, looked=looks))
     # A link named by its target now: the memories an import made under its own name are
     # a stale copy of the target's (not another file's: a source this import writes stays).
     relinked = {
