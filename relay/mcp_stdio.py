@@ -56,6 +56,7 @@ def answer_to(line: str) -> JSONRPCError | None:
         PARSE_ERROR,
         ErrorData,
         JSONRPCError,
+        JSONRPCNotification,
         jsonrpc_message_adapter,
     )
     from pydantic import ValidationError
@@ -63,10 +64,22 @@ def answer_to(line: str) -> JSONRPCError | None:
     if not line.strip():
         return None
     try:
-        jsonrpc_message_adapter.validate_json(line, by_name=False)
-        return None
+        read = jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValidationError:
         pass
+    else:
+        if not isinstance(read, JSONRPCNotification) or not _has_id(line):
+            return None
+        # An id that is no string or whole number (true, 1.0, null): the SDK reads the
+        # request as a notification and never answers it, so the client would wait for ever.
+        return JSONRPCError(
+            jsonrpc="2.0",
+            id=None,
+            error=ErrorData(
+                code=INVALID_REQUEST,
+                message="Invalid Request: a request's id is a string or a whole number",
+            ),
+        )
     try:
         doc = json.loads(line, parse_constant=no_constant)
     except (ValueError, RecursionError) as exc:
@@ -101,6 +114,15 @@ def answer_to(line: str) -> JSONRPCError | None:
     )
 
 
+def _has_id(line: str) -> bool:
+    """Whether a line that is a JSON-RPC message holds an `id` member at its top."""
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and "id" in doc
+
+
 def _asked(line: str) -> tuple[str | int | None, str | int | None]:
     """(id, None) for a request the SDK will answer; (None, id) for the client's cancel of
     request id, which it never answers; (None, None) for anything else."""
@@ -112,8 +134,9 @@ def _asked(line: str) -> tuple[str | int | None, str | int | None]:
         return None, None
     if not isinstance(doc, dict) or not isinstance(doc.get("method"), str):
         return None, None
-    if "id" in doc:
-        return coerce_request_id(doc["id"]), None
+    if "id" in doc:  # a string or a whole number: answer_to answered any other id
+        ident = _request_id(doc)
+        return (coerce_request_id(ident) if ident is not None else None), None
     params = doc.get("params")
     cancelled = params.get("requestId") if isinstance(params, dict) else None
     if doc["method"] == "notifications/cancelled" and isinstance(cancelled, str | int):

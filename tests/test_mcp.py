@@ -404,6 +404,43 @@ def test_stdio_server_answers_every_request_piped_before_stdin_ends(tmp_path, se
     assert by_id["8"]["result"] == {}
 
 
+def test_stdio_server_answers_a_request_whose_id_the_sdk_cannot_read(tmp_path, server):
+    """Review: a request with the id true, 1.0 or null is read by the SDK as a notification,
+    never answered; `relay mcp` counted it as owed and waited its 120 s at stdin's end. Each
+    is answered -32600 now, and the exit comes at once."""
+    params = stdio_params(tmp_path, server, "reader")
+    initialize = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "qa", "version": "1"},
+    }
+    odd = ["true", "1.0", "2.5", "null"]
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize}),
+        '{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+        *(f'{{"jsonrpc": "2.0", "id": {ident}, "method": "ping"}}' for ident in odd),
+        '{"jsonrpc": "2.0", "id": 2, "method": "ping"}',
+    ]
+    done = subprocess.run(
+        [params.command, *params.args],
+        env=params.env,
+        input="".join(line + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=60,  # the bug: 120 s, then a warning
+    )
+    assert done.returncode == 0 and "no answer came" not in done.stderr, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a["id"] for a in answers if a["id"] is not None] == [1, 2]
+    refused = [a["error"] for a in answers if a["id"] is None]
+    assert refused == [
+        {
+            "code": -32600,
+            "message": "Invalid Request: a request's id is a string or a whole number",
+        }
+    ] * len(odd)
+
+
 # -- streamable HTTP: /mcp on the Relay server -----------------------------------------------
 def http_client(server, key: str, mode: str = "auto") -> tuple[Client, httpx2.AsyncClient]:
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
