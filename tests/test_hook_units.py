@@ -23,7 +23,7 @@ from relay.hook.pack import (
     PROMPT_REMINDER,
     ledger_add,
     pack,
-    shown_holds,
+    shown_find,
     shown_key,
     tokens,
     validate,
@@ -226,24 +226,26 @@ def test_shown_holds_the_latest_text_of_each_passage_not_every_text_ever_shown()
     shown: dict = {}
     for record in (part(1, 0, "Thursday"), part(1, 1, "noon"), part(2, 0, "Wednesday")):
         ledger_add(ledger, record, shown)
-    assert not shown_holds(shown, part(3, 0, "Thursday"))  # reverted: the model has Wednesday
-    assert shown_holds(shown, part(3, 0, "Wednesday")) and shown_holds(shown, part(3, 1, "noon"))
+    assert not shown_find(shown, part(3, 0, "Thursday"))[0]  # reverted: the model has Wednesday
+    assert shown_find(shown, part(3, 0, "Wednesday"))[0]
+    assert shown_find(shown, part(3, 1, "noon"))[0]
     context, injected, dupes = pack(
         [part(3, 0, "Thursday"), part(4, 1, "noon")], ledger, 3, 600, PROMPT_INTRO, shown=shown
     )
     assert [r["revision"] for r in injected] == [3] and dupes == 1
     ledger_add(ledger, part(1, 1, "midnight"), shown)  # the older side of a conflict
-    assert shown_holds(shown, part(3, 1, "noon"))
+    assert shown_find(shown, part(3, 1, "noon"))[0]
     assert shown == {
         "a": f"0:{shown_key(part(2, 0, 'Wednesday'))} 1:{shown_key(part(1, 1, 'noon'))}"
     }
     ledger_add(ledger, part(3, 1, "noon", cut=True), shown)  # shown in part
-    assert not shown_holds(shown, part(3, 1, "noon")) and shown_holds(
-        shown, part(3, 0, "Wednesday")
+    assert (
+        not shown_find(shown, part(3, 1, "noon"))[0]
+        and shown_find(shown, part(3, 0, "Wednesday"))[0]
     )
     ledger_add(ledger, {**rec("a", 5, "all of it"), "passage": None}, shown)  # a whole revision
     assert shown == {"a": shown_key(rec("a", 5, "all of it"))}
-    assert shown_holds(shown, part(6, 0, "all of it"))
+    assert shown_find(shown, part(6, 0, "all of it"))[0]
 
 
 def test_shown_follows_a_text_renumbered_by_an_inserted_section():
@@ -273,8 +275,8 @@ def test_shown_follows_a_text_renumbered_by_an_inserted_section():
     assert shown == {"a": f"3:{key('Wednesday')} 2:{key('Thursday')}"}
     # written before counts were kept: counts 0 + 1; tokens it cannot read are skipped
     old = {"a": f"0:{key('noon')} x:1 #:z ²:{key('midnight')} ~:"}
-    assert shown_holds(old, part(3, 0, "noon", 1)) and not shown_holds(old, part(3, 0, "x", 1))
-    assert shown_holds(old, part(3, 4, "noon", 5)) and not shown_holds(old, part(3, 0, "x", 5))
+    assert shown_find(old, part(3, 0, "noon", 1))[0] and not shown_find(old, part(3, 0, "x", 1))[0]
+    assert shown_find(old, part(3, 4, "noon", 5))[0] and not shown_find(old, part(3, 0, "x", 5))[0]
 
 
 def test_pack_labels_each_record_with_provenance():

@@ -338,10 +338,11 @@ def _shown_join(parts: dict[str, str], loose: list[str], count: int | None) -> s
     return " ".join(tokens)
 
 
-def _shown_find(shown: dict, record: dict) -> tuple[bool, bool]:
-    """(held, in place): whether the conversation's latest copy of this record's memory holds
-    its text, and whether at its passage of its numbering (a whole revision's text stands for
-    each of its passages); held out of place, the text only moved."""
+def shown_find(shown: dict, record: dict) -> tuple[bool, bool]:
+    """(held, in place): whether this record's text is the latest the conversation was shown
+    of its memory, at its passage or, when that passage holds no other text, at another one
+    it moved from (see `shown` above; a whole revision's text stands for each of its
+    passages); and whether at its passage of its numbering. Held out of place: it only moved."""
     entry = shown.get(record["id"])
     if entry is None:
         return False, False
@@ -357,13 +358,6 @@ def _shown_find(shown: dict, record: dict) -> tuple[bool, bool]:
     if latest is not None and (total is None or count is None or total == count):
         return latest == key, True  # another text there: an edit, or an edit reverted
     return key in loose or key in parts.values(), False
-
-
-def shown_holds(shown: dict, record: dict) -> bool:
-    """Whether this record's text is the latest the conversation was shown of its memory:
-    at its passage, or, when that passage holds no other text, at another one it moved from
-    (see `shown` above; a whole revision's text stands for each of its passages)."""
-    return _shown_find(shown, record)[0]
 
 
 def _shown_add(shown: dict, ledger: dict, record: dict) -> None:
@@ -421,7 +415,7 @@ def ledger_holds(ledger: dict, record: dict) -> bool:
 def ledger_add(ledger: dict, record: dict, shown: dict | None = None) -> None:
     """Record `record` as shown; its entry moves last (the ledger drops the oldest first).
     A record `pack` returned marked `cut` was shown in part only, and marks nothing. With
-    `shown`, its text is recorded there as its memory's latest (`shown_holds`)."""
+    `shown`, its text is recorded there as its memory's latest (`shown_find`)."""
     if shown is not None:
         _shown_add(shown, ledger, record)
     if record.get("cut"):
@@ -461,7 +455,7 @@ def pack(
 
     A record is a duplicate when the ledger holds its passage of its revision, or a newer
     revision (see `ledger_holds`), or when its text is the latest `shown` holds for its
-    memory and passage, or one that only moved there from another passage (`shown_holds`),
+    memory and passage, or one that only moved there from another passage (`shown_find`),
     which `shown` then holds at this one. Of one answer, only the best-ranked passage of each
     (id, revision) is kept (the server sends one a memory); a later passage of the same
     revision in it is not counted as a duplicate of the conversation. A record shown cut
@@ -477,7 +471,7 @@ def pack(
             dupes += 1
             continue
         if shown:
-            held, in_place = _shown_find(shown, record)
+            held, in_place = shown_find(shown, record)
             if held:
                 dupes += 1
                 if not in_place:  # moved: the model's latest copy is now at this passage

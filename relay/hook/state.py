@@ -41,7 +41,7 @@ def fresh(session_id: str) -> dict:
         "last_search": 0,  # the prompt whose search started the throttle (gate.skip_reason)
         "keywords": [],
         "ledger": {},
-        "shown": {},  # per memory, short hashes of the latest texts shown (pack.shown_holds)
+        "shown": {},  # per memory, short hashes of the latest texts shown (pack.shown_find)
         "told_unauthorized": False,
         "last_prompt_id": None,
         "last_prompt": None,  # {"sha", "at", "count"} of the last prompt counted
@@ -168,7 +168,7 @@ def _trim(mapping: dict, size) -> None:
 
 
 def _shown_entry(value: object) -> bool:
-    """A well-formed `shown` entry (relay.hook.pack.shown_holds): a text's hash, or
+    """A well-formed `shown` entry (relay.hook.pack.shown_find): a text's hash, or
     "passage:hash ... #:count ~:hash ..." (read leniently there, so only its type and size
     are checked)."""
     return type(value) is str and 0 < len(value) <= SHOWN_ENTRY_MAX
