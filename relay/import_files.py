@@ -11,7 +11,6 @@ other file where it sits on this machine (`~/notes/CLAUDE.md`).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -171,24 +170,26 @@ class GitIgnored:
 
     def ask_git(self, folder: Path) -> None:
         """Learn what git ignores under `folder`; a folder ignored as a whole is named."""
+        others = ("ls-files", "--others", "--ignored", "--exclude-standard")
         try:
             # --directory: an ignored folder as one line, never walked by git either.
-            listed = _git(
-                folder, "ls-files", "--others", "--ignored", "--exclude-standard", "--directory"
-            )
+            listed = set(_git(folder, *others, "--directory"))
+            # So is a folder whose every file git ignores (`./` for `folder` itself) while
+            # no rule matches it: a folder is ignored as a whole only when one does (or one
+            # of a folder on the way), as `git check-ignore` says; else its files (listed
+            # one by one) stand for themselves, and a file added there later is read.
+            if held := {entry for entry in listed if entry.endswith("/")}:
+                whole = set(_git(folder, "check-ignore", "--no-index", stdin=held))
+                if partly := held - whole:
+                    listed = listed - partly | set(_git(folder, *others, "--", *partly))
         except NoGitAnswer as exc:
             self.unsure[folder] = str(exc)
             return
         if "./" in listed:
             self.named.append(folder)
             return
-        listed.sort()
         base = os.path.abspath(folder)
-        for entry, after in itertools.pairwise([*listed, ""]):
-            # A folder listed with what it holds is one whose every file is ignored, not a
-            # folder ignored: its files stand for themselves.
-            if not (entry.endswith("/") and after.startswith(entry)):
-                self.paths.add(os.path.join(base, entry.rstrip("/")))
+        self.paths.update(os.path.join(base, entry.rstrip("/")) for entry in listed)
 
 
 def _walk(top: Path, ignored: GitIgnored | None = None) -> Iterator[Path]:
@@ -406,19 +407,27 @@ def git_deleted(work_tree: Path, paths: Collection[str]) -> set[str]:
     return (set(history) & set(paths)) - sparse
 
 
-def _git(work_tree: Path, *args: str) -> list[str]:
+def _git(work_tree: Path, *args: str, stdin: Collection[str] | None = None) -> list[str]:
     """The NUL-separated names `git ARGS -z` prints, or NoGitAnswer saying why none. Paths
-    are literal: a file named `*.md` is that file, not a pattern."""
-    command = ["git", "-C", str(work_tree), "--literal-pathspecs", *args[:1], "-z", *args[1:]]
+    are literal: a file named `*.md` is that file, not a pattern. `stdin`: the paths
+    `git check-ignore --stdin` reads (which takes no pathspec, so no pattern either), of
+    which it prints those ignored (exit 1 for none)."""
+    literal = ["--literal-pathspecs"] if stdin is None else []
+    command = ["git", "-C", str(work_tree), *literal, *args[:1], "-z", *args[1:]]
+    fed = None if stdin is None else "".join(f"{path}\0" for path in stdin).encode()
+    if stdin is not None:
+        command.append("--stdin")
     try:
-        done = subprocess.run(command, capture_output=True, timeout=GIT_TIMEOUT, check=False)
+        done = subprocess.run(
+            command, input=fed, capture_output=True, timeout=GIT_TIMEOUT, check=False
+        )
     except FileNotFoundError:
         raise NoGitAnswer("git is not installed") from None
     except subprocess.TimeoutExpired:
         raise NoGitAnswer(f"git {args[0]} took over {GIT_TIMEOUT} seconds") from None
     except OSError as exc:
         raise NoGitAnswer(f"git did not run: {exc.strerror or exc}") from None
-    if done.returncode != 0:
+    if done.returncode != 0 and not (stdin is not None and done.returncode == 1):
         said = done.stderr.decode("utf-8", "replace").strip().splitlines()
         raise NoGitAnswer(said[-1] if said else f"git {args[0]} failed ({done.returncode})")
     return [name for name in done.stdout.decode("utf-8", "surrogateescape").split("\0") if name]

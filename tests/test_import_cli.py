@@ -960,6 +960,42 @@ def test_a_file_git_ignores_keeps_its_memories_unless_retire_ignored_is_asked(tm
     assert history(server, draft["id"]) == ["create", "delete"]
 
 
+def test_a_folder_holding_only_files_git_ignores_is_not_a_folder_git_ignores(tmp_path, server):
+    """QA: after `git rm` of docs/runbook.md, docs/ held only notes.local.md (git ignores
+    *.local.md), and `relay import docs` said "git ignores docs, named here: imported as
+    named" and imported the personal note into team memory: git lists a folder whose every
+    file it ignores as one line (`./`), which was read as the folder ignored as a whole. No
+    rule matches docs/: its files git ignores stay out, and the runbook is retired."""
+    repo = git_repo(tmp_path / "gi-only-ignored")
+    git(repo, "remote", "add", "origin", "git@github.com:acme/gi-only-ignored.git")
+    write(repo / ".gitignore", "*.local.md\n")
+    write(repo / "docs" / "runbook.md", "# Runbook\nCheck the queue depth dashboard first.\n")
+    write(repo / "docs" / "notes.local.md", "# Mine\nMy personal note.\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "docs")
+    first = relay_import(server, repo, ".")
+    assert summary(first) == (
+        "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired; skipped 1 file git ignores"
+    )
+    (runbook,) = live_memories(server, "acme/gi-only-ignored/docs/runbook.md")
+
+    git(repo, "rm", "-q", "docs/runbook.md")
+    git(repo, "commit", "-q", "-m", "runbook moved to the wiki")
+    done = relay_import(server, repo, "docs")
+    assert summary(done) == (
+        "imported 0 memories: 0 new or changed, 0 unchanged, 1 retired; skipped 1 file git ignores"
+    )
+    assert done.stderr == "", done.stderr
+    assert history(server, runbook["id"]) == ["create", "delete"]
+    for named in ("docs", "."):
+        again = relay_import(server, repo, named)
+        assert (again.returncode, again.stdout) == (2, ""), again.stderr
+        assert again.stderr.startswith(
+            f"relay: error: no importable files found in {named} (skipped 1 file git ignores)"
+        ), again.stderr
+    assert live_memories(server, "acme/gi-only-ignored/docs/notes.local.md") == []
+
+
 def test_a_file_git_ignores_imported_on_purpose_is_counted_not_noted_again(tmp_path, server):
     """Review: after `relay import CLAUDE.local.md` (a file git ignores, named on purpose),
     every later `relay import .` repeated a note that it is a file git ignores, left as it
