@@ -346,21 +346,25 @@ def place_on_this_machine(path: Path) -> str:
 
 def folder_prefixes(paths: Iterable[Path], prefix: str | None = None) -> dict[str, Path]:
     """Each named folder, by the source prefix of the files under it (`acme/api/docs/`,
-    `~/notes/`), and each path named that a git work tree no longer has (`gone_folder`).
-    Only in a git work tree does a source name one file on every machine, and git tell a
-    deleted file from a moved one, so only there may a file missing from the folder retire
-    what was imported from it; elsewhere its memories are only counted."""
-    return {
-        source_for(Path(path) / "_", None, prefix)[:-1]: Path(path)
-        for path in paths
-        if Path(path).is_dir() or gone_folder(Path(path))
-    }
+    `~/notes/`), and each path named that a git work tree no longer has (`gone_path`), by
+    that prefix and by its own source (`acme/api/docs`, no `/`: a file deleted stands for
+    itself alone). Only in a git work tree does a source name one file on every machine,
+    and git tell a deleted file from a moved one, so only there may a file missing from the
+    folder retire what was imported from it; elsewhere its memories are only counted."""
+    found = {}
+    for path in map(Path, paths):
+        if path.is_dir() or gone_path(path):
+            found[source_for(path / "_", None, prefix)[:-1]] = path
+        if not path.is_dir() and gone_path(path):
+            found[source_for(path, None, prefix)] = path
+    return found
 
 
-def gone_folder(path: Path) -> bool:
-    """Whether `path`, not there, may be a folder of a git work tree whose files were all
-    deleted: git keeps no empty folder, so a clone has none, and `relay import docs` looks
-    for the memories imported from under it, to retire them, as for a folder emptied."""
+def gone_path(path: Path) -> bool:
+    """Whether `path`, not there, may be a file or folder of a git work tree deleted since
+    an import: `relay import SINGLE.md` retires the file's memories as a folder's import
+    would, and `relay import docs` those imported from under a folder whose files were all
+    deleted (git keeps no empty folder, so a clone has none), as for a folder emptied."""
     return not os.path.lexists(path) and git_work_tree(path) is not None
 
 

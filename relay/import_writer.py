@@ -175,9 +175,14 @@ class Vanished:
         return not (self.gone or self.absent or self.outside_git or self.ignored)
 
     def under(self, prefix: str) -> bool:
-        """Whether a memory was found of a file under `prefix` (a folder's sources)."""
+        """Whether a memory was found of a file under `prefix` (a folder's sources), or of
+        the file whose source is `prefix` (one without a closing `/`)."""
         found = (self.gone, self.absent, self.outside_git, self.ignored)
-        return any(source.startswith(prefix) for sources in found for source in sources)
+        return any(
+            source.startswith(prefix) if prefix.endswith("/") else source == prefix
+            for sources in found
+            for source in sources
+        )
 
 
 def vanished(
@@ -187,7 +192,8 @@ def vanished(
     ignored: GitIgnored | None = None,
 ) -> Vanished:
     """The import-made memories of files once imported from under `folders` (source prefix
-    -> the folder on disk) that the checkout deleted or renamed since,
+    -> the folder on disk; a source with no closing `/` -> that file, named though gone)
+    that the checkout deleted or renamed since,
     as git says (`git_deleted`). Not on disk is not enough: a teammate's file on another
     branch, or newer than this clone, is not there either, and retiring it would delete
     their memories (text and all, a tombstone is all a delete keeps). Without git's answer
@@ -203,6 +209,8 @@ def vanished(
         for memory in _list(client, {"source_prefix": prefix}):
             source = memory["source"]
             if source in parsed or not _IMPORTED_ID.fullmatch(memory["id"]):
+                continue
+            if not (prefix.endswith("/") or source == prefix):  # a file named: itself alone
                 continue
             path = folder / source[len(prefix) :]
             if path.exists():

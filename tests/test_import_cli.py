@@ -725,7 +725,7 @@ def test_a_folder_git_deleted_whole_can_be_named_and_retires_its_memories(tmp_pa
     assert summary(done) == "imported 0 memories: 0 new or changed, 0 unchanged, 1 retired"
     assert history(server, runbook["id"]) == ["create", "delete"]
 
-    gone = "nor memories imported from under it: nothing to import or retire"
+    gone = "nor memories imported from it or from under it: nothing to import or retire"
     for named in ("docs", "dcos"):  # retired already; a typo
         again = relay_import(server, repo, named)
         assert (again.returncode, again.stdout, again.stderr) == (
@@ -743,6 +743,38 @@ def test_a_folder_git_deleted_whole_can_be_named_and_retires_its_memories(tmp_pa
     assert (outside.returncode, outside.stderr) == (
         2,
         "relay: error: no such file or folder: nowhere (see 'relay import --help')\n",
+    )
+
+
+def test_a_file_git_deleted_can_be_named_and_retires_its_memories(tmp_path, server):
+    """QA: after `relay import SINGLE.md`, then `git rm SINGLE.md` and a commit, `relay import
+    SINGLE.md` said "no such file or folder: SINGLE.md, nor memories imported from under
+    it" (exit 2) and its memory stayed in recall, though --help says a path a work tree no
+    longer has may be named. A file deleted, named, retires its own memories (not those of
+    a file whose name starts alike), as a folder's import would."""
+    repo = git_repo(tmp_path / "qa-gone-file")
+    git(repo, "remote", "add", "origin", "git@github.com:acme/qa-gone-file.git")
+    write(repo / "SINGLE.md", "# Deploys\nDeploy from main only.\n")
+    write(repo / "SINGLE.md.md", "# Namesake\nStays.\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "single")
+    summary(relay_import(server, repo, "SINGLE.md", "SINGLE.md.md"))
+    (single,) = live_memories(server, "acme/qa-gone-file/SINGLE.md")
+    namesake = live_memories(server, "acme/qa-gone-file/SINGLE.md.md")
+
+    git(repo, "rm", "-q", "SINGLE.md", "SINGLE.md.md")
+    git(repo, "commit", "-q", "-m", "deploy notes moved to the wiki")
+    done = relay_import(server, repo, "SINGLE.md")
+    assert summary(done) == "imported 0 memories: 0 new or changed, 0 unchanged, 1 retired"
+    assert history(server, single["id"]) == ["create", "delete"]
+    assert live_memories(server, "acme/qa-gone-file/SINGLE.md.md") == namesake
+
+    again = relay_import(server, repo, "SINGLE.md")
+    assert (again.returncode, again.stdout, again.stderr) == (
+        2,
+        "",
+        "relay: error: no such file or folder: SINGLE.md, nor memories imported from it or"
+        " from under it: nothing to import or retire (see 'relay import --help')\n",
     )
 
 

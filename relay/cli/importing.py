@@ -110,7 +110,8 @@ def import_(
     --keep-removed), even when it has no file left to read ("imported 0 memories"; "no
     importable files found" only when nothing imported from it is gone either), or is
     gone whole (git keeps no empty folder): a path a work tree no longer has may be
-    named when memories were imported from under it. A file this checkout merely lacks
+    named when memories were imported from it (a file deleted: its own are retired) or
+    from under it. A file this checkout merely lacks
     (another branch's, newer than this clone, outside a sparse checkout) keeps its
     memories, as does every missing file when git cannot tell; the summary counts them.
     Outside a git work tree no file missing from a folder is retired (nothing tells a
@@ -125,7 +126,7 @@ def import_(
         GitIgnored,
         folder_prefixes,
         former_name,
-        gone_folder,
+        gone_path,
         iter_import_files,
         link_names,
         named_by_folder,
@@ -156,8 +157,8 @@ def import_(
             " character: a source is one line, like docs/deploy.md"
         )
     looks = not (keep_removed or root)  # for the memories of files gone from the folders
-    for path in paths:  # a folder a git work tree lost whole is looked in for those
-        if not path.exists() and not (looks and gone_folder(path)):
+    for path in paths:  # a file or folder a git work tree lost is looked for too
+        if not path.exists() and not (looks and gone_path(path)):
             raise click.UsageError(f"no such file or folder: {path}")
     drafts_by_source: dict[str, list] = {}
     failed: list[RelayError] = []
@@ -215,11 +216,11 @@ def import_(
         )
     folders = folder_prefixes(paths, source_prefix) if looks else {}
     found = vanished(client, folders, drafts_by_source, ignored) if looks else Vanished()
-    for prefix, folder in folders.items():
-        if not folder.exists() and not found.under(prefix):
+    for path in dict.fromkeys(folders.values()):  # a path gone: as a file, or a folder
+        if not path.exists() and not any(found.under(p) for p, f in folders.items() if f == path):
             raise click.UsageError(
-                f"no such file or folder: {folder}, nor memories imported from under it:"
-                " nothing to import or retire"
+                f"no such file or folder: {path}, nor memories imported from it or from"
+                " under it: nothing to import or retire"
             )
     if retire_ignored:  # asked for: what is still on disk is retired only so
         found.gone.update(found.ignored)
