@@ -929,11 +929,13 @@ def test_a_folder_import_leaves_out_what_git_ignores_and_takes_what_is_named(tmp
     """QA: inside a git work tree `relay import .` read every file, so a build's copy of
     the docs and notes git ignores became everyone's memory. A folder's import reads what
     git does not ignore (a tracked file never is) and counts what it skipped; a file named
-    is imported as named, and said to be one git ignores."""
+    is imported as named, and said to be one git ignores. node_modules, never read, is not
+    counted, ignored or not (QA: README's example counted it)."""
     repo = git_repo(tmp_path / "gi-walk")
     git(repo, "remote", "add", "origin", "git@github.com:acme/gi-walk.git")
-    write(repo / ".gitignore", "build/\ndist/\n*.local.md\n")
+    write(repo / ".gitignore", "build/\ndist/\nnode_modules/\n*.local.md\n")
     write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "node_modules" / "left-pad" / "README.md", "# left-pad\nPads.\n")
     write(repo / "build" / "docs" / "AGENTS.md", "# Build\nRun make.\n")
     write(repo / "dist" / "CHANGES.md", "# Changes\nTracked though ignored.\n")
     notes = write(repo / "sp ace" / "ünï notes.local.md", "# Mine\nMy notes.\n")

@@ -79,7 +79,8 @@ def import_(
     In a git work tree a folder's import reads only what git does not ignore: tracked
     files, and untracked ones no .gitignore, .git/info/exclude or core.excludesFile
     rule matches (a submodule or a repository cloned inside by its own rules), as git
-    status shows them; the summary counts what it skipped. What you name is imported
+    status shows them; the summary counts what it skipped so (not node_modules,
+    virtualenvs or hidden folders, never read, in git or not). What you name is imported
     as named: a file git ignores, or a folder it ignores as a whole (a note says so).
     An ignore rule deletes nothing: the memories an import made of a file git ignores
     now (read before, or named), still there, are left as they are and counted;
