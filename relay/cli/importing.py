@@ -21,8 +21,24 @@ if TYPE_CHECKING:
     from relay.import_files import FormerName, GitIgnored
 
 
+def _there_or_gone(
+    ctx: click.Context, param: click.Parameter, paths: tuple[Path, ...]
+) -> tuple[Path, ...]:
+    """PATHS as click's `exists=True` would have them, but for a path a git work tree no
+    longer has (`gone_path`): checked while the arguments are read, before the command asks
+    for a server, so a typo outside git is told as such, not as a missing server URL."""
+    from relay.import_files import gone_path
+
+    for path in paths:
+        if not path.exists() and not gone_path(path):
+            raise click.UsageError(f"no such file or folder: {path}", ctx)
+    return paths
+
+
 @click.command("import")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument(
+    "paths", nargs=-1, required=True, type=click.Path(path_type=Path), callback=_there_or_gone
+)
 @click.option(
     "--root",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
