@@ -9,6 +9,7 @@ may carry (body models, list cursors) is `relay.api_requests`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -63,9 +64,10 @@ _HTTP_CODES = {
 }
 
 
-def error_response(exc: Exception) -> JSONResponse:
+def error_response(exc: Exception) -> Response:
     """The single place an exception becomes an HTTP error body. An error whose message
-    the client is not told (a database's own words) is logged here instead."""
+    the client is not told (a database's own words) is logged here instead, and no message
+    holds a key's secret (`auth.withhold_secrets`)."""
     if isinstance(exc, RelayError):
         body, status = exc.to_dict(), exc.status
         exc.log_if_withheld(log)
@@ -81,7 +83,10 @@ def error_response(exc: Exception) -> JSONResponse:
         headers["Retry-After"] = "1"
     if status == 401:  # RFC 9110: a 401 names the scheme it wants
         headers["WWW-Authenticate"] = 'Bearer realm="relay"'
-    return JSONResponse(body, status_code=status, headers=headers or None)
+    # An id or path echoed back may be a whole key pasted where an id goes: no secret in it
+    # (what a key is made of needs no JSON escaping, so the text is cut as it is sent).
+    content = auth.withhold_secrets(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+    return Response(content, status, headers or None, media_type="application/json")
 
 
 @dataclass
@@ -192,7 +197,7 @@ def create_app(services: Services) -> FastAPI:
     for exc_type in (RelayError, Exception):
         app.add_exception_handler(exc_type, lambda _r, e: error_response(e))  # type: ignore[arg-type]
 
-    async def _refused_body(request: Request, message: str) -> JSONResponse:
+    async def _refused_body(request: Request, message: str) -> Response:
         # FastAPI parses and validates a body before any dependency runs, so a bad body
         # would tell an unauthenticated caller 422 before its key was looked at.
         if request.url.path.startswith("/v1/"):
@@ -205,13 +210,13 @@ def create_app(services: Services) -> FastAPI:
         return error_response(err)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         return await _refused_body(
             request, validation_message(exc.errors()[0] if exc.errors() else {})
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400 and exc.detail == _UNPARSED_BODY:
             # A body FastAPI could not even decode: said like every other unreadable body.
             why = _UNREADABLE.get(type(exc.__cause__), "it cannot be parsed")

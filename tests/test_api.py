@@ -1920,3 +1920,28 @@ def test_metrics_label_only_known_methods(api):
     text = api.client.get("/metrics").text
     assert 'method="FOO"' not in text and 'method="BAR123"' not in text
     assert 'method="other"' in text
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/v1/memories/{key}"),
+        ("get", "/v1/memories/{key}/revisions"),
+        ("patch", "/v1/memories/{key}"),
+        ("delete", "/v1/memories/{key}"),
+        ("delete", "/v1/keys/{key}"),
+    ],
+)
+def test_an_error_echoing_a_whole_key_withholds_its_secret(api, method, path):
+    """QA: GET /v1/memories/relay_<id>_<secret> (a key pasted where an id goes) answered
+    `no memory 'relay_<id>_<the whole secret>'`, into a proxy's or CI's log: every error
+    body withholds a key's secret, as the CLI's errors do."""
+    key = api.keys["acme_dev"]
+    key_id, secret = key.removeprefix("relay_").split("_", 1)
+    body = {"title": "x"} if method == "patch" else None
+    r = api.client.request(
+        method, path.format(key=key), json=body, headers=api.headers("acme_admin")
+    )
+    message = assert_error(r, 404, "not_found")["message"]
+    assert f"relay_{key_id}_<secret withheld>" in message, message
+    assert secret not in r.text
