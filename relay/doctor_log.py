@@ -70,7 +70,7 @@ class LogChecks:
                     if self.key_ok is not True
                     else "; the key works now, so the next prompt should too"
                 ),
-                "install a valid key: `relay install --key NEW_KEY`"
+                "install a valid key: save it in a file, then `relay install --key-file FILE`"
                 if self.key_ok is not True
                 else "",
             )

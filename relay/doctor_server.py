@@ -138,8 +138,8 @@ class ServerChecks:
                 "fail",
                 "key",
                 f"the server rejects the key: {exc.message}; recall is off on every prompt",
-                "ask a Relay admin for a new key (`relay key create`), then "
-                "`relay install --key NEW_KEY`",
+                "ask a Relay admin for a new key (`relay key create`), save it in a file, then "
+                "`relay install --key-file FILE`",
             )
             return
         ms = (time.perf_counter() - start) * 1000
@@ -176,5 +176,6 @@ class ServerChecks:
                     "warn",
                     "key",
                     f"the key expires at {expires}",
-                    "get a new key and run `relay install --key NEW_KEY` before then",
+                    "get a new key, save it in a file and run `relay install --key-file FILE`"
+                    " before then",
                 )

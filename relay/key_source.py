@@ -15,8 +15,6 @@ from typing import NamedTuple
 
 from relay.hook.config import Config
 
-REINSTALL = "or run `relay install --key KEY`, which writes the key file afresh"
-
 
 class KeyProblem(NamedTuple):
     """What is wrong with the key given, and what to do about it."""
@@ -63,24 +61,33 @@ def key_problem(cfg: Config, show: Callable[[str], str] = str) -> KeyProblem | N
         where = setting_place(cfg, "api_key", show)
         return KeyProblem(f"the API key in {where} {unsendable(text)}", f"fix {where}")
     path = show(os.path.expanduser(cfg.api_key_file))
-    named = f"the key file {path} (named by {setting_place(cfg, 'api_key_file', show)})"
+    place = setting_place(cfg, "api_key_file", show)
+    named = f"the key file {path} (named by {place})"
+    # `relay install` writes ~/.relay/key, not a file RELAY_API_KEY_FILE names.
+    other = (
+        f"or set {place} to the right file, or unset it"
+        if place.startswith("RELAY_")
+        else "or run `relay install --key-file FILE`, which writes the key file afresh"
+    )
     if isinstance(error, FileNotFoundError):
         return KeyProblem(
-            f"{named} does not exist", f"write the API key on the first line of {path}, {REINSTALL}"
+            f"{named} does not exist", f"write the API key on the first line of {path}, {other}"
         )
+    if isinstance(error, IsADirectoryError):
+        return KeyProblem(f"{named} is a directory", f"name the key file itself, {other}")
     if error is not None:
         return KeyProblem(
             f"{named} cannot be read ({error.strerror or error})",
-            f"make it a file you can read (chmod 600 {path}), {REINSTALL}",
+            f"make it a file you can read (chmod 600 {path}), {other}",
         )
     if not text:
         return KeyProblem(
-            f"{named} is empty", f"write the API key on the first line of {path}, {REINSTALL}"
+            f"{named} is empty", f"write the API key on the first line of {path}, {other}"
         )
     if text.startswith("\ufeff"):
-        fix = f"save {path} without the mark (as plain ASCII), {REINSTALL}"
+        fix = f"save {path} without the mark (as plain ASCII), {other}"
     else:
-        fix = f"write the key alone on the first line of {path}, {REINSTALL}"
+        fix = f"write the key alone on the first line of {path}, {other}"
     return KeyProblem(f"{named} {unsendable(text)}", fix)
 
 

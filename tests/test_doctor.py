@@ -93,7 +93,7 @@ def test_revoked_key(tmp_path, server):
     done = doctor(tmp_path)
     assert done.returncode == 1
     assert "this API key was revoked" in done.stdout
-    assert "relay install --key NEW_KEY" in done.stdout
+    assert "relay install --key-file FILE" in done.stdout
     failed = failures(tmp_path)
     assert any(f.startswith("key: the server rejects the key") for f in failed)
     assert any(f.startswith("log: the last 2 searches were rejected (401/403)") for f in failed)
@@ -1152,8 +1152,8 @@ def test_a_key_file_with_a_byte_order_mark_is_named_for_it(tmp_path, server):
     (failed,) = [f for f in findings(tmp_path) if f["level"] == "fail"]
     assert (failed["message"], failed["fix"]) == (
         f"{named} is empty: the hook sends no key, and no prompt gets recall",
-        "write the API key on the first line of ~/.relay/key, or run `relay install --key KEY`,"
-        " which writes the key file afresh",
+        "write the API key on the first line of ~/.relay/key, or run `relay install --key-file"
+        " FILE`, which writes the key file afresh",
     )
 
 
@@ -1168,8 +1168,8 @@ def test_a_key_the_hook_cannot_send_is_named_where_the_hook_found_it(tmp_path, s
     assert (failed["message"], failed["fix"]) == (
         "the key file ~/gone.key (named by RELAY_API_KEY_FILE) does not exist: the hook sends"
         " no key, and no prompt gets recall",
-        "write the API key on the first line of ~/gone.key, or run `relay install --key KEY`,"
-        " which writes the key file afresh",
+        "write the API key on the first line of ~/gone.key, or set RELAY_API_KEY_FILE to the"
+        " right file, or unset it",
     )
     spaced = server.admin_key[:8] + " " + server.admin_key[8:]
     (failed,) = [f for f in findings(tmp_path, RELAY_API_KEY=spaced) if f["level"] == "fail"]

@@ -366,8 +366,8 @@ def test_a_key_the_hook_cannot_send_is_worded_from_what_the_hook_read(tmp_path):
     assert str(key_source.key_problem(cfg)) == (
         f"the key file {key} (named by RELAY_API_KEY_FILE) starts with a byte-order mark (the"
         " bytes EF BB BF, which some editors put at the start of a UTF-8 file): save"
-        f" {key} without the mark (as plain ASCII), or run `relay install --key KEY`, which"
-        " writes the key file afresh"
+        f" {key} without the mark (as plain ASCII), or set RELAY_API_KEY_FILE to the right"
+        " file, or unset it"
     )
     fine = config.load(env)
     assert (fine.api_key, fine.bad_key, key_source.key_problem(fine)) == (
