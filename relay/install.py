@@ -42,7 +42,7 @@ from relay.install_paths import (
     refuse_user_level_project,
     tilde,
 )
-from relay.key_file import key_file_option, key_from_file
+from relay.key_file import given_key, key_file_option
 from relay.knob_script import SCRIPT_KNOBS, deadline_after_install, hook_script, knob_value
 
 # Knobs written into config.json at their defaults (re-running install restores them); the
@@ -376,7 +376,7 @@ def install(
 ) -> None:
     """Connect this machine to a Relay server and wire recall into Claude Code and Codex."""
     refuse_user_level_project(default_paths(project), "install")
-    key = key_from_file(key_file) if key_file else key
+    key = given_key(key, key_file)
     ctx = click.get_current_context()
     from_env = bool(url) and ctx.get_parameter_source("url") is ParameterSource.ENVIRONMENT
     if from_env and key:  # without a key, the installed one is kept from another server

@@ -11,10 +11,12 @@ from typing import Any
 import click
 
 from relay.errors import InvalidRequestError
+from relay.hook.config import sendable
+from relay.key_source import unsendable
 
 
 def key_file_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The `--key-file FILE` option, read with `key_from_file`."""
+    """The `--key-file FILE` option, read with `given_key`."""
     return click.option(
         "--key-file",
         type=click.Path(dir_okay=False, exists=True),
@@ -23,14 +25,23 @@ def key_file_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-def key_from_file(key_file: str) -> str:
-    """The key the `--key-file` given names (`read_key_file`). It beats RELAY_API_KEY, as
-    a flag beats the environment; beside a --key typed it is refused."""
+def given_key(key: str | None, key_file: str | None) -> str | None:
+    """The key a command was given: `--key-file` (`read_key_file`), which beats
+    RELAY_API_KEY as a flag beats the environment and is refused beside a --key typed; else
+    `--key` or RELAY_API_KEY. One that cannot go into an HTTP header (a byte-order mark, a
+    character not printable ASCII) is refused here, in words, as a bad RELAY_API_KEY_FILE is
+    (`key_source.unsendable`): http.client raised UnicodeEncodeError on it."""
     ctx = click.get_current_context()
     typed = ctx.get_parameter_source("key") is click.core.ParameterSource.COMMANDLINE
-    if typed and ctx.params.get("key"):
-        raise click.UsageError("give --key or --key-file, not both")
-    return read_key_file(key_file)
+    if key_file:
+        if typed and ctx.params.get("key"):
+            raise click.UsageError("give --key or --key-file, not both")
+        key, named = read_key_file(key_file), f"the key file {key_file}"
+    else:
+        named = "the API key given by --key" if typed else "the API key in RELAY_API_KEY"
+    if key and not sendable(key):
+        raise InvalidRequestError(f"{named} {unsendable(key)}")
+    return key
 
 
 def read_key_file(path: str) -> str:

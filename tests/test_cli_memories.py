@@ -289,30 +289,20 @@ def test_a_missing_key_says_how_to_give_one_and_sends_nothing(tmp_path):
         (
             b"\xef\xbb\xbfrelay_x_0123456789abcdef\n",
             "starts with a byte-order mark (the bytes EF BB BF, which some editors put at the"
-            " start of a UTF-8 file): save {path} without the mark (as plain ASCII), or run"
-            " `relay install --key KEY`, which writes the key file afresh",
+            " start of a UTF-8 file): save {path} without the mark (as plain ASCII), {other}",
         ),
         (
             b"relay_x_0123 456789abcdef\n",
             "holds a space (character 13), which no key has: write the key alone on the first"
-            " line of {path}, or run `relay install --key KEY`, which writes the key file afresh",
+            " line of {path}, {other}",
         ),
         (
             b"relay_x_0123\x01456789abcdef\n",
             "holds '\\x01' (character 13), not printable ASCII: write the key alone on the"
-            " first line of {path}, or run `relay install --key KEY`, which writes the key file"
-            " afresh",
+            " first line of {path}, {other}",
         ),
-        (
-            None,
-            "does not exist: write the API key on the first line of {path}, or run `relay"
-            " install --key KEY`, which writes the key file afresh",
-        ),
-        (
-            "directory",
-            "cannot be read (Is a directory): make it a file you can read (chmod 600 {path}), or"
-            " run `relay install --key KEY`, which writes the key file afresh",
-        ),
+        (None, "does not exist: write the API key on the first line of {path}, {other}"),
+        ("directory", "is a directory: name the key file itself, {other}"),
     ],
 )
 def test_a_key_file_that_cannot_be_used_is_named_with_what_is_wrong(tmp_path, content, said):
@@ -332,7 +322,11 @@ def test_a_key_file_that_cannot_be_used_is_named_with_what_is_wrong(tmp_path, co
         assert server.connections == 0
     assert done.returncode == 2, done.stderr
     named = f"relay: error: the key file {path} (named by RELAY_API_KEY_FILE) "
-    assert done.stderr == named + said.format(path=path) + "\n"
+    # QA: the fix said "or run `relay install --key KEY`, which writes the key file afresh",
+    # but install writes ~/.relay/key, not the file the variable names; and a directory
+    # was told "chmod 600 DIR".
+    other = "or set RELAY_API_KEY_FILE to the right file, or unset it"
+    assert done.stderr == named + said.format(path=path, other=other) + "\n"
 
 
 def test_a_key_file_named_in_the_config_file_is_named_with_its_setting(tmp_path):
@@ -349,9 +343,67 @@ def test_a_key_file_named_in_the_config_file_is_named_with_its_setting(tmp_path)
     assert done.stderr == (
         f"relay: error: the key file {tmp_path}/.relay/key (named by api_key_file in {config})"
         " holds 'é' (character 23), not printable ASCII: write the key alone on the first"
-        f" line of {tmp_path}/.relay/key, or run `relay install --key KEY`, which writes the key"
-        " file afresh\n"
+        f" line of {tmp_path}/.relay/key, or run `relay install --key-file FILE`, which writes"
+        " the key file afresh\n"
     )
+
+
+@pytest.mark.parametrize(
+    "how, said",
+    [
+        ("--key-file", "the key file {path} starts with a byte-order mark"),
+        ("RELAY_API_KEY", "the API key in RELAY_API_KEY starts with a byte-order mark"),
+        ("--key", "the API key given by --key holds '€' (character 25), not printable ASCII"),
+    ],
+)
+def test_a_key_given_that_cannot_be_sent_is_refused_in_one_line(tmp_path, how, said):
+    """QA: a key with a byte-order mark or a character not ASCII, given by --key-file,
+    RELAY_API_KEY or --key, crashed every command with http.client's UnicodeEncodeError
+    traceback; RELAY_API_KEY_FILE's was already refused in words. Now all four alike."""
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    key = "relay_x_0123456789abcdef"
+    path = tmp_path / "bom.key"
+    path.write_bytes(b"\xef\xbb\xbf" + key.encode() + b"\n")
+    given = {
+        "--key-file": (("--key-file", str(path)), {}),
+        "RELAY_API_KEY": ((), {"RELAY_API_KEY": "\ufeff" + key}),
+        "--key": (("--key", key + "€€"), {}),
+    }
+    args, env = given[how]
+    with FakeRelay() as server:
+        done = relay(tmp_path, "search", "staging", "--url", server.url, *args, **env)
+        assert server.connections == 0
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("relay: error: " + said.format(path=path)), done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["forget", "edit"])
+def test_an_expected_revision_below_one_is_refused_before_sending(tmp_path, command):
+    """QA: `relay forget ID --expected-revision 0` printed the server's
+    "query.expected_revision: Input should be greater than or equal to 1"."""
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    edits = ("--title", "x") if command == "edit" else ()
+    with FakeRelay() as server:
+        done = relay(
+            tmp_path,
+            command,
+            "mem_0123456789",
+            *edits,
+            "--expected-revision",
+            "0",
+            "--url",
+            server.url,
+            "--key",
+            "relay_x_0123456789abcdef",
+        )
+        assert server.connections == 0
+    assert done.returncode == 2, done.stderr
+    assert "--expected-revision" in done.stderr and "0 is not in the range x>=1" in done.stderr
 
 
 def test_search_says_when_the_server_had_no_time_to_search(tmp_path):

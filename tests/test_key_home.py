@@ -254,3 +254,17 @@ def test_install_given_a_key_moves_to_no_server_a_stale_relay_url_names(home, li
 )
 def test_same_server(url, other, same):
     assert same_server(url, other) is same and same_server(other, url) is same
+
+
+def test_bench_hook_reads_its_key_from_a_key_file(tmp_path):
+    """QA: the README says every command that takes --key takes --key-file; `relay bench
+    hook --url U` took only --key. Its --key-file is read and checked as every other's."""
+    empty = tmp_path / "empty.key"
+    empty.write_text("")
+    with FakeRelay() as other:
+        done = relay(tmp_path, "bench", "hook", "--url", other.url, "--key-file", str(empty))
+        assert other.connections == 0
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"relay: error: the key file {empty} is empty: the API key goes on its first line\n"
+    )

@@ -15,6 +15,7 @@ from relay.cli.common import (
     figures_json_option,
     pin_blas,
 )
+from relay.key_file import given_key, key_file_option
 
 
 @click.group()
@@ -188,6 +189,7 @@ def bench_search(
 @bench.command("hook")
 @click.option("--url", help="A running server to measure against (default: start one).")
 @click.option("--key", help="A memory:read key for --url.")
+@key_file_option
 @click.option(
     "--memories",
     type=click.IntRange(1),
@@ -216,6 +218,7 @@ def bench_search(
 def bench_hook(
     url: str | None,
     key: str | None,
+    key_file: str | None,
     memories: int | None,
     runs: int,
     fault_runs: int,
@@ -226,8 +229,9 @@ def bench_hook(
     """Recall hook wall time (hit, skip) beside curl and Python floors, and the fault drill."""
     from relay.hook_bench import public, render, run
 
+    key = given_key(key, key_file)
     if url and not key:
-        raise click.UsageError("--url needs --key")
+        raise click.UsageError("--url needs --key or --key-file")
     # A terminated benchmark must still stop the server it started (finally blocks run on exit).
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     progress = lambda message: click.echo(message, err=True)  # noqa: E731

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from relay.errors import InvalidRequestError, RelayError
-from relay.key_file import key_file_option, key_from_file
+from relay.key_file import given_key, key_file_option
 from relay.settings import EMBEDDERS, SERVER_SETTINGS, resolve
 
 
@@ -36,8 +36,8 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(url: str | None, key: str | None, key_file: str | None, **kwargs: Any) -> Any:
         from relay.client import RelayClient
 
-        key = key_from_file(key_file) if key_file else key
-        return fn(client=RelayClient.from_config(url, key).require_key(), **kwargs)
+        client = RelayClient.from_config(url, given_key(key, key_file))
+        return fn(client=client.require_key(), **kwargs)
 
     return wrapper
 

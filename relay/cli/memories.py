@@ -143,7 +143,11 @@ def remember(client, body: str, as_json: bool, **opts: Any) -> None:  # noqa: AN
 @click.argument("memory_id")
 @click.option("--body", help="New text (or - for stdin).")
 @edit_options
-@click.option("--expected-revision", type=int, help="Fail if the memory moved on meanwhile.")
+@click.option(
+    "--expected-revision",
+    type=click.IntRange(min=1),
+    help="Fail if the memory moved on meanwhile.",
+)
 @client_options
 def edit(
     client,  # noqa: ANN001
@@ -204,7 +208,7 @@ def edit(
 @click.argument("memory_id")
 @click.option(
     "--expected-revision",
-    type=int,
+    type=click.IntRange(min=1),
     help="Fail, deleting nothing, if the memory moved on from this revision meanwhile.",
 )
 @client_options

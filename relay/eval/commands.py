@@ -17,7 +17,7 @@ import click
 from relay.errors import InvalidRequestError, RelayError
 from relay.hook.config import DEADLINE_MAX_MS, DEADLINE_MIN_MS
 from relay.hook_bench import BENCH
-from relay.key_file import key_from_file
+from relay.key_file import given_key
 
 if TYPE_CHECKING:
     from relay.client import RelayClient
@@ -365,7 +365,7 @@ def replay_command(
 
     if config is not None:
         _check_config(config)
-    key = tuple(map(key_from_file, key_files)) or key
+    key = tuple(str(given_key(None, f)) for f in key_files) or key
     bench = source.is_dir()
     if bench and not (source / "memories.jsonl").exists():
         raise click.UsageError(f"{source} has no memories.jsonl")

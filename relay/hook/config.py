@@ -392,6 +392,12 @@ def same_server(url: str, other: str) -> bool:
     return scheme == scheme2 and port == port2 and (len(hosts) == 1 or local)
 
 
+def sendable(key: str) -> bool:
+    """Whether `key` can go into the Authorization header: printable ASCII, no space. Every
+    key a command or the hook sends is held to this (`relay.key_file.given_key` too)."""
+    return all("!" <= ch <= "~" for ch in key)
+
+
 def _resolve_key(cfg: Config) -> str:
     """The key the hook sends: `api_key`, else the first line of the file `api_key_file`
     names; "" when they give none it can send. The one reading of the key's sources: what
@@ -406,8 +412,7 @@ def _resolve_key(cfg: Config) -> str:
             key = lines[0].strip() if lines else ""
         except OSError as exc:
             error = exc.with_traceback(None)  # kept for its words, without the frames
-    # The key goes into an HTTP header: anything that could split the header is no key at all.
-    if key and all("!" <= ch <= "~" for ch in key):
+    if key and sendable(key):
         return key
     if cfg.key_setting:
         cfg.unsent_key = (key, error)
