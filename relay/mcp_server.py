@@ -31,7 +31,7 @@ from relay import errors
 from relay.client import deleted_at, deletion, memory_path
 from relay.hook.pack import label_attribute, label_text
 from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
-from relay.key_file import key_file_option, key_from_file
+from relay.key_file import given_key, key_file_option
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -112,7 +112,9 @@ class HttpBackend:
     def _client(self, timeout: float = 30.0):  # noqa: ANN202
         from relay.client import RelayClient
 
-        client = RelayClient.from_config(self.url, self.api_key)
+        # require_key: a key file named and broken is said as `relay search` says it, where
+        # the request went out with no key and the answer was "missing API key".
+        client = RelayClient.from_config(self.url, self.api_key).require_key()
         client.timeout = timeout
         return client
 
@@ -248,8 +250,8 @@ def tool_error_message(exc: errors.RelayError) -> str:
         )
     if isinstance(exc, NotConfiguredError):
         return (
-            f"Relay is not set up on this machine ({message}). Team memory is unavailable; "
-            "carry on without it."
+            f"Relay cannot be used as this machine is set up: {message}. Team memory is"
+            " unavailable until the user fixes that (`relay doctor` helps); carry on without it."
         )
     if isinstance(exc, NotRelayRootError):  # some other server answered: Relay never did
         return (
@@ -527,7 +529,7 @@ def mcp_command(url: str | None, key: str | None, key_file: str | None) -> None:
 
     import anyio
 
-    key = key_from_file(key_file) if key_file else key
+    key = given_key(key, key_file)
 
     try:
         server = build_server(lambda _ctx: HttpBackend(url, key))

@@ -245,8 +245,65 @@ def test_stdio_server_without_a_configured_server_says_so(tmp_path, server):
             return await client.call_tool("team_memory_search", {"query": "staging cluster"})
 
     result = anyio.run(main)
-    assert result.is_error and "Relay is not set up on this machine" in text(result)
+    said = "Relay cannot be used as this machine is set up: no server URL"
+    assert result.is_error and said in text(result), text(result)
     assert "rejected" not in text(result) and "carry on without it" in text(result)
+
+
+def search_with(home, *args: str, **env: str):
+    """The result of one team_memory_search from `relay mcp ARGS` run in `home`."""
+    params = StdioServerParameters(command=RELAY, args=["mcp", *args], env=clean_env(home, **env))
+
+    async def main():
+        async with Client(params) as client:
+            return await client.call_tool("team_memory_search", {"query": "staging cluster"})
+
+    return anyio.run(main)
+
+
+@pytest.mark.parametrize("broken", ["empty", "missing", "directory"])
+def test_stdio_server_names_a_broken_key_file_as_relay_search_does(tmp_path, server, broken):
+    """QA: with RELAY_API_KEY_FILE empty, missing or a directory, `relay mcp` sent every
+    request with no key and told the agent "denied by Relay: missing API key", where `relay
+    search` names the file and what is wrong with it. Each call now says what search says."""
+    stdio_params(tmp_path, server, "reader")  # installed: the variable's file beats it
+    home = tmp_path / "reader"
+    path = tmp_path / "team.key"
+    if broken == "empty":
+        path.write_text("")
+    elif broken == "directory":
+        path.mkdir()
+    result = search_with(home, RELAY_API_KEY_FILE=str(path))
+    searched = relay(home, "search", "staging", RELAY_API_KEY_FILE=str(path))
+    assert searched.returncode == 2
+    said = searched.stderr.removeprefix("relay: error: ").strip()
+    assert said.startswith(f"the key file {path} (named by RELAY_API_KEY_FILE) ")
+    assert result.is_error and said in text(result), text(result)
+    assert "missing API key" not in text(result)
+
+
+def test_stdio_server_says_the_url_is_not_the_installed_server(tmp_path, server):
+    """QA: `relay mcp` with RELAY_URL naming another server than the installed one said
+    "Relay is not set up on this machine": the URL is what is wrong, as the CLI says."""
+    stdio_params(tmp_path, server, "reader")
+    home = tmp_path / "reader"
+    other = "http://127.0.0.1:9"
+    result = search_with(home, RELAY_URL=other)
+    assert result.is_error and "not set up" not in text(result), text(result)
+    assert f"RELAY_URL ({other}) is not the server this machine's key is for" in text(result)
+    assert "or unset RELAY_URL" in text(result)
+
+
+def test_stdio_server_refuses_at_start_a_key_it_cannot_send(tmp_path):
+    """QA: `relay mcp --key-file F`, F with a byte-order mark, answered each call only
+    "Error executing tool team_memory_search", a UnicodeEncodeError traceback on stderr:
+    it now stops at start with the one line `relay search` prints, exit 2."""
+    path = tmp_path / "bom.key"
+    path.write_bytes(b"\xef\xbb\xbfrelay_x_0123456789abcdef\n")
+    done = relay(tmp_path, "mcp", "--url", "http://127.0.0.1:9", "--key-file", str(path))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"relay: error: the key file {path} starts with a byte-order")
+    assert done.stderr.count("\n") == 1, done.stderr
 
 
 def test_stdio_server_says_when_the_server_had_no_time_to_search(tmp_path, server):
