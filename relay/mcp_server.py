@@ -229,10 +229,12 @@ def render_history(memory_id: str, items: list[dict[str, Any]]) -> str:
 
 def tool_error_message(exc: errors.RelayError) -> str:
     """One clear sentence about a refused or failed call, and what it means for the task
-    (never a database's own words: those go to the server's log, see `call`)."""
+    (never a database's own words: those go to the server's log, see `call`; nor a key's
+    secret)."""
+    from relay.auth import withhold_secrets
     from relay.client import NotConfiguredError, NotRelayRootError
 
-    message = exc.client_message
+    message = withhold_secrets(exc.client_message)  # a whole key given where an id goes
     if isinstance(exc, errors.ForbiddenError):
         return (
             f"denied by Relay: {message}. Nothing was changed and nothing else was searched; "

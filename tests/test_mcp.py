@@ -676,3 +676,19 @@ def test_a_local_tool_tells_the_agent_nothing_of_the_database(api):
     shown = tool_error_message(failed.value)
     assert "memories" not in shown, shown
     assert "the server's log has the details" in shown
+
+
+def test_a_tool_error_echoing_a_whole_key_withholds_its_secret(server):
+    """A whole key given where a memory id goes (team_memory_history over /mcp) was echoed
+    back with its secret in the tool error, where the API's error body now withholds it."""
+    key = server["writer"]["secret"]
+    key_id, secret = key.removeprefix("relay_").split("_", 1)
+
+    async def main():
+        client, http = http_client(server, key)
+        async with http, client:
+            return await client.call_tool("team_memory_history", {"memory_id": key})
+
+    result = anyio.run(main)
+    assert result.is_error and f"relay_{key_id}_<secret withheld>" in text(result), text(result)
+    assert secret not in text(result)
