@@ -175,6 +175,15 @@ class NotConfiguredError(errors.InvalidRequestError):
     """This machine has no server to ask: nothing was sent anywhere."""
 
 
+def _check_url(url: str) -> None:
+    """Refuse a URL no request can go to (no http(s) scheme, no host)."""
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise NotConfiguredError(
+            f"{url!r} is not a Relay server URL: give http://host:port (or https://...)"
+        )
+
+
 class RelayClient:
     # Why the configured key cannot be used (a key file missing, unreadable, with a
     # byte-order mark or a character no HTTP header takes), when it is the reason for no key.
@@ -186,11 +195,7 @@ class RelayClient:
     def __init__(self, url: str, api_key: str, timeout: float = 30.0) -> None:
         if not url:
             raise NotConfiguredError(f"no server URL: {_pass('--url', 'RELAY_URL', True)}")
-        parts = urllib.parse.urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise NotConfiguredError(
-                f"{url!r} is not a Relay server URL: give http://host:port (or https://...)"
-            )
+        _check_url(url)
         self.url = url.strip().rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
@@ -203,6 +208,8 @@ class RelayClient:
         whose key goes to its own server only (`settings`). `flags`: whether the command
         takes --url and --key, for what a refusal says."""
         cfg = settings(url)
+        if url or cfg.url:  # a typo is told as such, not as another server than the key's
+            _check_url(url or cfg.url)
         refusal = key_source.elsewhere(cfg, url) if not api_key else None
         if refusal:
             how = (

@@ -73,6 +73,18 @@ def test_relay_url_naming_another_server_gets_no_installed_key(home, live_server
         assert other.connections == 0
 
 
+def test_a_relay_url_that_is_no_url_is_told_as_such_not_as_another_server(home):
+    """Review: RELAY_URL=127.0.0.1:8961 (no scheme) was told 'is not the server this
+    machine's key is for ... pass --key', pointing the user at keys instead of the typo."""
+    for value in ("127.0.0.1:8961", "not a url"):
+        done = relay(home, "search", "how do we deploy?", RELAY_URL=value)
+        assert (done.returncode, done.stderr) == (
+            2,
+            f"relay: error: {value!r} is not a Relay server URL: give http://host:port"
+            " (or https://...)\n",
+        )
+
+
 def test_a_key_of_its_own_goes_where_relay_url_says(home, live_server, tmp_path_factory):
     """RELAY_URL with a key this shell names (RELAY_API_KEY_FILE, RELAY_API_KEY, --key) is
     the user's own choice for it: that key goes, and never the installed one."""
