@@ -398,9 +398,11 @@ def install(
             click.echo(f"Server {url}, as {shown} records (--url to change it)")
         refusal = elsewhere(installed, url if typed else None) if url and not key else None
         if refusal and not sys.stdin.isatty():  # not even to whoami, nor under --dry-run
+            # RELAY_URL's server is installed only when --url names it (_refuse_another_server)
+            flags = "--key KEY or --key-file FILE" if typed else f"--url {url} --key-file FILE"
             raise click.UsageError(
-                f"{refusal}: pass --key KEY or --key-file FILE (or set RELAY_API_KEY_FILE)"
-                f" for that server{'' if typed else ', or unset RELAY_URL'}"
+                f"{refusal}: pass {flags} (or set RELAY_API_KEY_FILE) for that server"
+                f"{'' if typed else ', or unset RELAY_URL'}"
             )
         if refusal:
             click.echo(f"{refusal}: give that server's key")

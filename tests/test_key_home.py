@@ -214,12 +214,21 @@ def test_doctor_and_install_name_the_key_relay_url_does_not_get(home, live_serve
         )
         other.connections = 0
         done = relay(home, "install", RELAY_URL=other.url)
+        # review: it said "pass --key", which install then refused for want of --url
         assert done.returncode == 2 and done.stderr == (
-            f"relay: error: {refused(f'RELAY_URL ({other.url})', live_server.url)}: pass --key"
-            " KEY or --key-file FILE (or set RELAY_API_KEY_FILE) for that server, or unset"
-            " RELAY_URL (see 'relay install --help')\n"
+            f"relay: error: {refused(f'RELAY_URL ({other.url})', live_server.url)}: pass --url"
+            f" {other.url} --key-file FILE (or set RELAY_API_KEY_FILE) for that server, or"
+            " unset RELAY_URL (see 'relay install --help')\n"
         )
         assert other.connections == 0
+        key_file = home / "other.key"
+        key_file.write_text("relay_k_" + "3" * 24 + "\n")
+        done = relay(
+            home, "install", "--url", other.url, "--key-file", str(key_file), RELAY_URL=other.url
+        )
+        assert "RELAY_URL in the environment names" not in done.stderr, done.stderr
+        assert other.connections > 0  # as advised: that server asked, with that key only
+        assert sent_keys(other)[-1] == "Bearer relay_k_" + "3" * 24
 
 
 def test_install_given_a_key_moves_to_no_server_a_stale_relay_url_names(home, live_server):
