@@ -396,6 +396,22 @@ def test_a_passage_that_only_moved_is_not_injected_again_and_is_kept_at_its_new_
     assert len({key for _, _, key in tokens}) == 5
 
 
+def write_old_state(hook: Hook, **fields: object) -> None:
+    """Session sess-1's file as an older hook wrote it: `fields` over those every version
+    kept (a field left out is one that version did not have)."""
+    folder = hook.state_dir / "sessions"
+    folder.mkdir(parents=True, mode=0o700, exist_ok=True)
+    kept = {
+        "v": 1,
+        "session": "sess-1",
+        "keywords": [],
+        "told_unauthorized": False,
+        "last_prompt_id": "p-old",
+        "start": None,
+    }
+    (folder / "sess-1.json").write_text(json.dumps({**kept, **fields}))
+
+
 def test_a_state_file_holding_a_list_of_text_hashes_is_read_without_them(tmp_path):
     """A hook kept the hash of every text shown in a `shown` list for a while: such a file
     is read (its ledger keeps its dedupe) and the list, which says not which text is a
@@ -408,21 +424,13 @@ def test_a_state_file_holding_a_list_of_text_hashes_is_read_without_them(tmp_pat
 
     with FakeRelay(handler) as server:
         hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
-        folder = hook.state_dir / "sessions"
-        folder.mkdir(parents=True, mode=0o700)
-        old = {
-            "v": 1,
-            "session": "sess-1",
-            "count": 2,
-            "last_search": 1,
-            "keywords": [],
-            "ledger": {"mem_freeze": 2},
-            "shown": ["0123456789ab", "ba9876543210"],
-            "told_unauthorized": False,
-            "last_prompt_id": "p-old",
-            "start": None,
-        }
-        (folder / "sess-1.json").write_text(json.dumps(old))
+        write_old_state(
+            hook,
+            count=2,
+            last_search=1,
+            ledger={"mem_freeze": 2},
+            shown=["0123456789ab", "ba9876543210"],
+        )
         assert_silent(hook.prompt("when does the release freeze start?"))
         assert (hook.last()["outcome"], hook.last()["duplicates"]) == ("no_match", 1)
         answer.update(revision=3, text=fact.replace("Thursday", "Friday"))
@@ -441,20 +449,7 @@ def test_a_ledger_written_before_passages_keeps_its_dedupe(tmp_path):
 
     with FakeRelay(handler) as server:
         hook = Hook(tmp_path, server.url, RELAY_THROTTLE_PROMPTS="0", RELAY_OVERLAP_THRESHOLD="1.5")
-        folder = hook.state_dir / "sessions"
-        folder.mkdir(parents=True, mode=0o700)
-        old = {
-            "v": 1,
-            "session": "sess-1",
-            "count": 4,
-            "last_search": 3,
-            "keywords": [],
-            "ledger": {"mem_long": 2, "mem_other": 1},
-            "told_unauthorized": False,
-            "last_prompt_id": "p-old",
-            "start": None,
-        }
-        (folder / "sess-1.json").write_text(json.dumps(old))
+        write_old_state(hook, count=4, last_search=3, ledger={"mem_long": 2, "mem_other": 1})
         answer.update(revision=2, passage=21, passages=22)
         assert_silent(hook.prompt("what does the operations handbook say about failover?"))
         assert hook.last()["outcome"] == "no_match" and hook.last()["duplicates"] == 1
