@@ -692,3 +692,17 @@ def test_process_start_is_the_process_start_however_late_it_is_asked():
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     since_start = float(ran.stdout)  # the reading's age: the interpreter's start-up, one tick early
     assert 0.0 <= since_start < 0.4, since_start
+
+
+def test_the_environments_key_file_outranks_a_key_the_config_file_spells_out(tmp_path):
+    """Every RELAY_* outranks the config file: RELAY_API_KEY_FILE too, over the file's inline
+    `api_key` (which won before, so a key file exported to switch keys was silently unused)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"url": "http://relay:8080", "api_key": "relay_file_inline"}))
+    (tmp_path / "key").write_text("relay_env_fromfile\n")
+    env = {"RELAY_CONFIG": str(path), "RELAY_API_KEY_FILE": str(tmp_path / "key")}
+    cfg = config.load(env)
+    assert (cfg.api_key, cfg.key_setting) == ("relay_env_fromfile", "api_key_file")
+    # RELAY_API_KEY still outranks both; without the variable the inline key is sent
+    assert config.load({**env, "RELAY_API_KEY": "relay_env_inline"}).api_key == "relay_env_inline"
+    assert config.load({"RELAY_CONFIG": str(path)}).api_key == "relay_file_inline"

@@ -122,7 +122,8 @@ SETTINGS: tuple[tuple[str, object, Parser, str], ...] = (
         "api_key_file",
         "",
         _text,
-        "File holding the API key (first line); used when api_key is unset.",
+        "File holding the API key (first line); used when api_key is unset, and as"
+        " RELAY_API_KEY_FILE over the config file's api_key.",
     ),
     ("state_dir", "~/.relay/state", _text, "Session state, breaker and outcome log."),
     ("memory_off", False, _bool, "Kill switch: 1 disables recall entirely."),
@@ -400,9 +401,15 @@ def sendable(key: str) -> bool:
 
 def _resolve_key(cfg: Config) -> str:
     """The key the hook sends: `api_key`, else the first line of the file `api_key_file`
-    names; "" when they give none it can send. The one reading of the key's sources: what
-    it found is noted in `cfg` (`key_setting`, `unsent_key`) for messages to word."""
+    names (first when RELAY_API_KEY_FILE names it and only the config file has `api_key`,
+    as every RELAY_* outranks the file); "" when they give none it can send. The one reading
+    of the key's sources: what it found is noted in `cfg` (`key_setting`, `unsent_key`) for
+    messages to word."""
     key, error = cfg["api_key"], None
+    if cfg.origin.get("api_key_file", "").startswith("RELAY_") and not cfg.origin.get(
+        "api_key", ""
+    ).startswith("RELAY_"):
+        key = ""  # this environment's key file outranks a key the config file spells out
     cfg.key_setting = "api_key" if key else ""
     if not key and cfg["api_key_file"]:
         cfg.key_setting = "api_key_file"  # named and missing: a broken install, not none made
