@@ -692,3 +692,38 @@ def test_a_tool_error_echoing_a_whole_key_withholds_its_secret(server):
     result = anyio.run(main)
     assert result.is_error and f"relay_{key_id}_<secret withheld>" in text(result), text(result)
     assert secret not in text(result)
+
+
+def test_history_tool_dates_an_expired_memory_as_expired(api):
+    """QA: `team_memory_history` of a memory past its valid_until showed its text with no
+    date and no sign it had expired (`relay history` shows valid_until), so an agent took
+    a fact recall no longer returns as current."""
+    import time
+    from datetime import UTC, datetime, timedelta
+
+    from relay import auth
+    from relay.mcp_server import LocalBackend, render_history
+
+    h = api.headers("acme_dev")
+    until = (datetime.now(UTC) + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {"body": "The blackbox exporter scrapes every 45 s.", "valid_until": until}
+    made = api.client.post("/v1/memories", json=body, headers=h)
+    assert made.status_code == 201, made.text
+    lasting = api.client.post(
+        "/v1/memories",
+        json={"body": "Exporters listen on 9115.", "valid_until": "2999-01-01T00:00:00Z"},
+        headers=h,
+    )
+    dev = auth.authorize(api.services.store, h["Authorization"])
+    time.sleep(max(0.0, (datetime.fromisoformat(until) - datetime.now(UTC)).total_seconds()))
+    shown = render_history(
+        made.json()["id"], LocalBackend(api.services, dev).history(made.json()["id"])
+    )
+    assert f'valid_until="{until}" expired="true">' in shown, shown
+    assert "past its valid_until" in shown.split("\n")[0]
+    still = render_history(
+        lasting.json()["id"], LocalBackend(api.services, dev).history(lasting.json()["id"])
+    )
+    assert (
+        'valid_until="2999-01-01T00:00:00Z">' in still and "expired=" not in still.split("\n", 1)[1]
+    )
