@@ -266,18 +266,27 @@ class RelayClient:
             ) from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            # urllib wraps in URLError what fails while connecting or sending; a connection
+            # lost while waiting for the answer comes bare, after the whole request went.
+            sent = not isinstance(exc, urllib.error.URLError)
             if isinstance(reason, TimeoutError):  # while connecting or sending: nothing taken
                 failed: ConnectionFailedError = TimedOutError(
                     f"the Relay server at {self.url} did not take the request within"
                     f" {self.timeout:g} s"
                 )
+            elif sent:  # it was reached: a write it took may have happened (a retry doubles it)
+                written = (
+                    "; it may still have written this request" if _route(method, path)[1] else ""
+                )
+                failed = ConnectionFailedError(
+                    f"the Relay server at {self.url} closed the connection without answering"
+                    f" ({reason}){written}"
+                )
             else:
                 failed = ConnectionFailedError(
                     f"cannot reach the Relay server at {self.url}: {reason}"
                 )
-            # urllib wraps in URLError what fails while connecting or sending; a connection
-            # lost while waiting for the answer comes bare, after the whole request went.
-            failed.sent = not isinstance(exc, urllib.error.URLError)
+            failed.sent = sent
             raise failed from exc
         return self._relay_answer(method, path, raw)
 

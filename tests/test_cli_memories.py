@@ -738,3 +738,37 @@ def test_an_edit_that_changes_nothing_and_a_second_forget_say_so(tmp_path, live_
         4,
         "relay: error: no memory 'mem_unchanged_never_made'\n",
     )
+
+
+def test_a_write_whose_answer_never_came_may_have_happened(tmp_path):
+    """QA: a server that read a whole `relay remember` (or MCP team_memory_remember) and
+    closed the connection without answering was said to be unreachable ("cannot reach the
+    Relay server ...: Remote end closed connection"), so the user or agent wrote it again
+    and the memory was stored twice; a read says only that no answer came."""
+    from hook_support import FakeRelay
+    from integration_support import relay
+
+    with FakeRelay(lambda conn, request: None) as gone:
+        done = relay(
+            tmp_path,
+            "remember",
+            "Deploys freeze on Fridays.",
+            "--url",
+            gone.url,
+            "--key",
+            "relay_k_" + "x" * 24,
+        )
+        read = relay(
+            tmp_path, "search", "deploy freeze", "--url", gone.url, "--key", "relay_k_" + "x" * 24
+        )
+    assert [r.method for r in gone.requests] == ["POST", "POST"]
+    assert done.returncode == 8, done.stderr
+    assert done.stderr == (
+        f"relay: error: the Relay server at {gone.url} closed the connection without answering"
+        " (Remote end closed connection without response); it may still have written this"
+        " request\n"
+    )
+    assert read.stderr.startswith(
+        f"relay: error: the Relay server at {gone.url} closed the connection without answering"
+    )
+    assert "written" not in read.stderr
