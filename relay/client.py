@@ -333,6 +333,14 @@ def _remote_error(exc: urllib.error.HTTPError, url: str, request: str) -> errors
         # server (a proxy before a Relay server sends 502-504 of its own while it is away).
         if exc.code in _NOT_RELAY_STATUSES:
             return not_relay_root(url, request.split("?")[0], _NOT_RELAY_STATUSES[exc.code])
+        if exc.code in (502, 503, 504):  # the Relay server behind a proxy is away, or slow
+            method, _, target = request.partition(" ")
+            # 502 and 504: the proxy may have passed the whole request on before it gave up.
+            writes = exc.code != 503 and _route(method, urllib.parse.urlsplit(target).path)[1]
+            written = "; it may still have written this request" if writes else ""
+            failed = ConnectionFailedError(f"{message}{written}")
+            failed.sent = exc.code != 503
+            return failed
     # A route no Relay server has: Starlette's bare 404 (Relay's own name what is missing).
     if exc.code == 404 and message == "Not Found" and not details:
         return not_relay_root(url, request.split("?")[0], "404 Not Found", surely=False)

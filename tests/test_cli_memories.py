@@ -506,11 +506,24 @@ def test_a_proxys_own_error_is_not_said_to_be_another_server():
     """A 502-504 page is what a proxy sends while the Relay server behind it is away."""
     from hook_support import FakeRelay, reply
 
+    from relay.mcp_server import tool_error_message
+
     for status in (502, 503, 504):
         with FakeRelay(reply(status, b"<html>Bad Gateway</html>")) as proxy:
             with pytest.raises(RelayError) as failed:
                 relay_client.RelayClient(proxy.url, "relay_k_x").post("/v1/search", {"q": "x"})
         assert failed.value.message == f"HTTP {status} from the server"
+        # QA: it was a bare RelayError, so the MCP tool said "Relay error: HTTP 502 from the
+        # server" where an unreachable server tells the agent to carry on without memory, and
+        # `relay remember` through a proxy that gave up (504) never said it may have written.
+        assert isinstance(failed.value, relay_client.ConnectionFailedError)
+        assert "carry on without it" in tool_error_message(failed.value)
+        with FakeRelay(reply(status, b"<html>Gateway</html>")) as proxy:
+            with pytest.raises(RelayError) as write:
+                relay_client.RelayClient(proxy.url, "relay_k_x").post("/v1/memories", {"b": 1})
+        maybe = "" if status == 503 else "; it may still have written this request"
+        assert write.value.message == f"HTTP {status} from the server{maybe}"
+        assert write.value.sent is (status != 503)
 
 
 def test_a_request_refused_at_connect_was_not_sent():
