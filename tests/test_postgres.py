@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from postgres_support import raw_count
 
-from relay.errors import InvalidRequestError
+from relay.errors import InvalidRequestError, StoreError
 from relay.models import MemoryDraft, PassageInput
 from relay.store import vector_index
 from relay.store.postgres import (
@@ -176,6 +176,40 @@ def test_lexical_candidates_come_from_the_rarest_terms_within_a_budget():
     assert within_budget(["use"], df) == ["use"]  # never none
     assert within_budget(["use", "new"], df) == ["new"]  # unseen terms are the rarest
     assert candidate_terms(["use", "pnpm"], df, 1_000_000) == ["use", "pnpm"]  # shared rule first
+
+
+def test_a_replica_logging_in_as_a_member_of_the_app_role_starts_and_serves(
+    pg_store: PostgresStore, pg_url: str
+):
+    """QA: docs/deployment.md gives replicas a login of their own in relay_app, the owner
+    applying migrations. Such a role may not create in the schema (PostgreSQL 15 on), and
+    PostgreSQL checks that even for CREATE TABLE IF NOT EXISTS of a table that exists: every
+    start failed with 'permission denied for schema public'. One pending migration is named."""
+    org = pg_store.create_org("acme").id
+    _fill(pg_store, org, _vectors(2, 3), "m")
+    login = f"relay_server_{time.monotonic_ns()}"
+    parts = urlsplit(pg_url)
+    member_url = parts._replace(netloc=f"{login}:pw@{parts.netloc.rpartition('@')[2]}").geturl()
+    with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {login} LOGIN PASSWORD 'pw' IN ROLE relay_app")
+    try:
+        member = PostgresStore(member_url, pool_size=1)
+        try:
+            assert member.rls_enforced and member.role == "relay_app"
+            assert [m.id for m in member.list_memories(org, EVERY, 10)[0]] == ["m0", "m1"]
+        finally:
+            member.close()
+        last = raw_count(pg_store, "SELECT max(version) FROM schema_migrations")
+        with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
+            conn.execute("DELETE FROM schema_migrations WHERE version = %s", (last,))
+            try:
+                with pytest.raises(StoreError, match=f"schema migration {last} is pending"):
+                    PostgresStore(member_url, pool_size=1)
+            finally:
+                conn.execute("INSERT INTO schema_migrations VALUES (%s, now())", (last,))
+    finally:
+        with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {login}")
 
 
 def test_relay_options_are_taken_out_of_the_url(monkeypatch):

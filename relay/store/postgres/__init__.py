@@ -40,6 +40,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from relay.errors import StoreError
 from relay.store import candidate_terms
 from relay.store.migrations_postgres import GRANTS, MIGRATIONS
 from relay.store.postgres.connection import (
@@ -131,21 +132,34 @@ class PostgresStore(
             )
 
     def _migrate(self) -> None:
-        """Apply pending migrations as the owner, one transaction each, under an advisory lock."""
+        """Apply pending migrations as the owner, one transaction each, under an advisory lock.
+        A member of the app role that is not the owner (docs/deployment.md: a replica's own
+        login) finds none pending and touches nothing: it may not create in the schema, and
+        PostgreSQL checks that even for a CREATE TABLE IF NOT EXISTS of a table that exists."""
         with translate_errors(), psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute("SELECT pg_advisory_lock(hashtext('relay schema'))")
             try:
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS schema_migrations"
-                    " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"
-                )
+                if one_row(conn.execute("SELECT to_regclass('schema_migrations')"))[0] is None:
+                    conn.execute(
+                        "CREATE TABLE schema_migrations"
+                        " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"
+                    )
                 done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
                 for version, script in enumerate(MIGRATIONS, start=1):
                     if version in done:
                         continue
-                    with conn.transaction():
-                        conn.execute(script)
-                        conn.execute("INSERT INTO schema_migrations VALUES (%s, now())", (version,))
+                    try:
+                        with conn.transaction():
+                            conn.execute(script)
+                            conn.execute(
+                                "INSERT INTO schema_migrations VALUES (%s, now())", (version,)
+                            )
+                    except psycopg.errors.InsufficientPrivilege as exc:
+                        raise StoreError(
+                            f"schema migration {version} is pending and this database user may"
+                            " not apply it: start one replica (or run `relay org list`) with"
+                            " the URL of the schema's owner first (docs/deployment.md)"
+                        ) from exc
                 self._ensure_role(conn)
                 _repair_passage_totals(conn)
             finally:
