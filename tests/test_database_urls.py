@@ -251,3 +251,13 @@ def test_serve_help_names_each_settings_type(tmp_path: Path):
     shown = relay(tmp_path, "serve", "--help").stdout
     assert "PARSE" not in shown
     assert "--port INTEGER" in shown and "--log-level DEBUG|INFO|WARNING|ERROR" in shown
+
+
+def test_a_url_python_cannot_split_is_refused_in_one_line(tmp_path: Path):
+    """QA: an unclosed IPv6 bracket ended `relay org list` and `relay serve` in a traceback
+    (urllib's ValueError 'Invalid IPv6 URL') instead of Relay's one line."""
+    url = "postgresql://relay:S3cretPw@[::1:5432/relay"
+    for args, env in ((["org", "list", "--db", url], {}), (["serve"], {"RELAY_DB": url})):
+        done = relay(tmp_path, *args, **env)
+        assert one_line_error(done) == "relay: error: bad PostgreSQL URL: Invalid IPv6 URL"
+        assert "S3cretPw" not in done.stdout + done.stderr

@@ -242,6 +242,10 @@ def database_kind(url: str) -> Literal["sqlite", "postgresql"]:
     found = _SCHEME.match(url)
     scheme = found.group(1).lower() if found else None
     if scheme in POSTGRES_SCHEMES:
+        try:
+            urlsplit(url)
+        except ValueError as exc:  # an unclosed [ of an IPv6 host; the URL is never echoed
+            raise InvalidRequestError(f"bad PostgreSQL URL: {exc}") from None
         return "postgresql"
     if scheme is None or url.startswith("sqlite:///"):
         return "sqlite"
