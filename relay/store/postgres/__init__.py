@@ -48,6 +48,7 @@ from relay.store.postgres.connection import (
     RECONNECT_S,
     PostgresConnections,
     Vector,
+    driver_text,
     log,
     one_row,
     parse_url,
@@ -156,9 +157,10 @@ class PostgresStore(
                             )
                     except psycopg.errors.InsufficientPrivilege as exc:
                         raise StoreError(
-                            f"schema migration {version} is pending and this database user may"
-                            " not apply it: start one replica (or run `relay org list`) with"
-                            " the URL of the schema's owner first (docs/deployment.md)"
+                            f"schema migration {version} cannot be applied as this database"
+                            f" user ({driver_text(exc)}): it takes the schema's owner (run"
+                            " `relay org list` with the owner's URL once), and the vector"
+                            " extension a superuser (docs/deployment.md)"
                         ) from exc
                 self._ensure_role(conn)
                 _repair_passage_totals(conn)
