@@ -140,7 +140,9 @@ class Migration:
                     "INSERT INTO api_keys (id, org_id, secret_hash, name, scopes, roles,"
                     " created_at, expires_at, revoked_at) VALUES"
                     " (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
-                    " revoked_at = excluded.revoked_at, expires_at = excluded.expires_at",
+                    # A revocation is final: one made on the target since is never undone.
+                    " revoked_at = coalesce(api_keys.revoked_at, excluded.revoked_at),"
+                    " expires_at = excluded.expires_at",
                     (
                         k["id"],
                         org,
@@ -164,7 +166,7 @@ class Migration:
             after, done = self._progress(conn, org, "memories")
         if done:
             return 0
-        copied = 0
+        copied = kept = 0
         while True:
             ids = [
                 r[0]
@@ -176,21 +178,46 @@ class Migration:
             if not ids:
                 break
             with self.store._tx(org) as conn:
-                self._copy_batch(conn, org, ids)
+                kept += self._copy_batch(conn, org, ids)
                 after = ids[-1]
                 self._mark(conn, org, "memories", after, False)
             copied += len(ids)
             self.say(f"{name}: {copied} memories")
         with self.store._tx(org) as conn:
             self._mark(conn, org, "memories", after, True)
+        if kept:
+            self.say(
+                f"{name}: {kept} memories left as the target holds them (deleted or edited there)"
+            )
         return copied
 
-    def _copy_batch(self, conn: Any, org: str, ids: list[str]) -> None:
+    def _copy_batch(self, conn: Any, org: str, ids: list[str]) -> int:
+        """Copy these memories, but for those the target moved past since an earlier run (a
+        replica deleted or edited them): a re-run would bring a deleted memory back into
+        recall, or an edit's earlier text. Returns how many it left as they were."""
+        memories = self.src.execute(
+            f"SELECT * FROM memories WHERE org_id = ? AND id IN ({', '.join('?' for _ in ids)})",
+            (org, *ids),
+        ).fetchall()
+        held = {
+            r["id"]: r
+            for r in conn.execute(
+                "SELECT id, revision, deleted_at FROM memories WHERE org_id = %s AND id = ANY(%s)",
+                (org, ids),
+            )
+        }
+        moved_on = {
+            m["id"]
+            for m in memories
+            if (t := held.get(m["id"]))
+            and (t["revision"] > m["revision"] or (t["deleted_at"] and not m["deleted_at"]))
+        }
+        memories = [m for m in memories if m["id"] not in moved_on]
+        ids = [i for i in ids if i not in moved_on]
+        if not ids:
+            return len(moved_on)
         marks = ", ".join("?" for _ in ids)
         args = (org, *ids)
-        memories = self.src.execute(
-            f"SELECT * FROM memories WHERE org_id = ? AND id IN ({marks})", args
-        ).fetchall()
         with conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO memories (org_id, id, revision, title, body, source, tags, audiences,"
@@ -269,6 +296,7 @@ class Migration:
                 ],
             )
         self._copy_passages(conn, org, ids)
+        return len(moved_on)
 
     def _copy_passages(self, conn: Any, org: str, ids: list[str]) -> None:
         """The memories' passages, each with its token matrix if it has one. A memory's

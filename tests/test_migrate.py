@@ -142,6 +142,45 @@ def test_a_rerun_brings_the_target_up_to_date(tmp_path: Path, pg_url: str, pg_st
     assert raw_count(pg_store, query, (acme,)) == 1  # the old second passage is gone
 
 
+def test_a_rerun_never_undoes_a_revocation_a_delete_or_an_edit_made_on_the_target(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    """QA: after the switch, a replica revoked a leaked key, deleted a memory and edited
+    another; running `relay migrate` again (as docs/deployment.md offers, to catch the
+    source's late writes) made the key work again and brought the deleted memory back into
+    recall at its old revision, its history still ending in the delete."""
+    db = tmp_path / "relay.db"
+    acme, _ = _populate(db)
+    assert CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url]).exit_code == 0
+    pg_store.create_key(acme, "k0c", "hash-c", "ci 2", frozenset({"admin"}), frozenset(), None)
+    pg_store.revoke_key(acme, "k0b")
+    pg_store.delete_memory(acme, "m0", "eve", None)
+    body = "Fact 6, edited on PostgreSQL"
+    pg_store.save_memory(acme, "m6", MemoryDraft(body=body), "eve", _passages(body, 40), "upsert")
+    src = SQLiteStore(db)  # the source took a late write of its own meanwhile
+    src.save_memory(
+        acme, "m4", MemoryDraft(body="Fact 4, late"), "bob", _passages("w", 41), "upsert"
+    )
+    src.close()
+
+    again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert "the target differs" in str(again.exception), again.output
+    assert "acme: 2 memories left as the target holds them" in again.output
+
+    assert pg_store.key_for_auth("k0b")[0].revoked_at is not None
+    with pytest.raises(NotFoundError):
+        pg_store.get_memory(acme, "m0", None)
+    assert [r.action for r in pg_store.history(acme, "m0", None)][-1] == "delete"
+    now = datetime.now(UTC)
+    assert "m0" not in {p.memory_id for p in _found(pg_store, acme, ["fact"], now)}
+    assert (
+        pg_store.get_memory(acme, "m6", None).body,
+        pg_store.get_memory(acme, "m6", None).revision,
+    ) == (body, 2)
+    assert pg_store.get_memory(acme, "m4", None).body == "Fact 4, late"
+    assert stored_totals(pg_store, acme) == recounted_totals(pg_store, acme)
+
+
 def test_a_rerun_onto_a_target_that_took_writes_keeps_its_totals_true(
     tmp_path: Path, pg_url: str, pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
 ):
@@ -332,7 +371,9 @@ def test_an_interrupted_migration_resumes(tmp_path: Path, pg_url: str, pg_store:
 
     copied: list[list[str]] = []
     second = Migration(src, pg_store, "src", batch=3)
-    second._copy_batch = lambda conn, org, ids: (copied.append(ids), real(second, conn, org, ids))  # type: ignore[method-assign]
+    second._copy_batch = lambda conn, org, ids: (copied.append(ids), real(second, conn, org, ids))[
+        1
+    ]  # type: ignore[method-assign]
     second.run()
     assert copied[0] == ["m6", "new"]  # resumed after the two committed batches
     assert all(a == b for _, a, b in verify(src, pg_store))
