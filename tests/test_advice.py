@@ -168,7 +168,7 @@ def test_no_advice_from_too_few_labelled_prompts():
         "too few labelled prompts to advise on: 2 name the memories they need (needs_memory "
         "or topic_shift with 'relevant' ids) and 3 need nothing (follow_up or "
         "nothing_relevant); the advice needs at least 10 of each, so that one prompt moves "
-        "a rate by at most 0.1"
+        "a rate by at most 0.1 (label the prompts: docs/eval.md)"
     )
     short = [gold] * MIN_LABELLED + [quiet] * (MIN_LABELLED - 1)
     assert (cannot_advise([_conversation("c", short)]) or "").startswith("too few")

@@ -362,6 +362,50 @@ def test_a_refused_key_or_a_server_down_stops_the_replay_at_once(team_server, tm
         assert not (tmp_path / "rep").exists()
 
 
+def test_a_server_lost_part_of_the_way_in_stops_the_replay_without_advice(tmp_path):
+    """QA: a server killed part of the way into a team's replay (or restarted before the
+    advice's searches) left exit 0 and the outage's figures: its failed turns read as quiet
+    and not useful, and the advice, fitted to them, was applied. Now the report keeps what
+    happened, the advice is refused, and the command fails in one line naming the outage."""
+    from conftest import start_server
+    from integration_support import RELAY, clean_env
+
+    server = start_server(tmp_path / "relay.db")
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"prompt": f"how do we write database migration number {i} by hand", "session": "a"}
+        for i in range(8)
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["eval", "replay", str(prompts), "--url", server.url, "--key", server.admin_key]
+    done = subprocess.Popen(
+        [RELAY, *args, "--report-dir", str(tmp_path / "rep")],
+        env=clean_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert done.stderr is not None
+        for line in done.stderr:  # the check before the replay has passed: kill it now
+            if line.startswith("replaying "):
+                break
+        server.process.kill()
+        out, err = done.communicate(timeout=120)
+    finally:
+        done.kill()
+        server.stop()
+    assert done.returncode == 1, (out, err)
+    line = err.rstrip("\n").rsplit("\n", 1)[-1]
+    assert line.startswith(f"relay: error: {server.url}: "), err
+    assert "hook runs that search got no answer from the server (unavailable " in line, line
+    assert "circuit_open" in line and "not recall" in line, line
+    report = json.loads((tmp_path / "rep" / "replay.json").read_text())
+    assert report["advice"]["refused"] in line
+    assert report["figures"]["on"]["outcomes"]["unavailable"] > 0
+    assert "no advice: " in out and "got no answer from the server" in out
+
+
 def test_a_key_that_cannot_read_is_refused_with_a_command_that_makes_one(team_server, tmp_path):
     """QA: the hint 'create one with relay key create --scope memory:read' failed as written
     (the command needs --org and --name)."""

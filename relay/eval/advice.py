@@ -78,6 +78,9 @@ def labelled(conversations: list[Conversation]) -> tuple[int, int]:
     )
 
 
+LABEL_HINT = " (label the prompts: docs/eval.md)"
+
+
 def cannot_advise(conversations: list[Conversation]) -> str | None:
     """Why these prompts cannot judge a setting, or None. The advice trades prompts that need
     a memory (and name it) against prompts that need nothing; with either side missing, it
@@ -88,19 +91,19 @@ def cannot_advise(conversations: list[Conversation]) -> str | None:
     if not needing:
         return (
             "no prompt names the memories it needs (a needs_memory or topic_shift row with "
-            "'relevant' ids), so whether recall helps cannot be judged"
+            "'relevant' ids), so whether recall helps cannot be judged" + LABEL_HINT
         )
     if not quiet:
         return (
             "no prompt is labelled follow_up or nothing_relevant, so whether recall keeps "
-            "quiet when nothing is needed cannot be judged"
+            "quiet when nothing is needed cannot be judged" + LABEL_HINT
         )
     if min(needing, quiet) < MIN_LABELLED:
         return (
             f"too few labelled prompts to advise on: {needing} name the memories they need "
             f"(needs_memory or topic_shift with 'relevant' ids) and {quiet} need nothing "
             f"(follow_up or nothing_relevant); the advice needs at least {MIN_LABELLED} of "
-            f"each, so that one prompt moves a rate by at most {1 / MIN_LABELLED:.1f}"
+            f"each, so that one prompt moves a rate by at most {1 / MIN_LABELLED:.1f}{LABEL_HINT}"
         )
     return None
 
@@ -551,7 +554,7 @@ def _met(ok: bool) -> str:
 
 def render(advice: dict[str, Any], source: str) -> str:
     if advice.get("refused"):
-        return f"no advice: {advice['refused']} (label the prompts: docs/eval.md)"
+        return f"no advice: {advice['refused']}"
     sample = advice["sample"]
     lines = [
         f"advice (fitted to the {sample['conversations']} conversations replayed from {source}, "

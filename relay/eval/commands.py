@@ -433,8 +433,9 @@ def replay_command(
             result = rp.public(rows, len(conversations))
             more = rp.extras(rows, deadline_ms)
             current = adv.current_knobs(knobs)
-            if refusal:
-                advice = adv.refused(refusal, current)
+            outage = rp.server_failures(rows)
+            if refusal or outage:
+                advice = adv.refused(outage or refusal or "", current)
             else:
                 _progress(
                     "advice: one search per distinct prompt, then the hook's gate replayed offline"
@@ -481,6 +482,8 @@ def replay_command(
     click.echo(rp.render(result, more, deadline_ms))
     click.echo(adv.render(advice, str(source)))
     click.echo(f"report: {html_path} (figures behind it: {report_json})")
+    if outage:  # kept for a look at what failed, but no advice, nothing applied, no success
+        raise RelayError(f"{base}: {outage}")
     if apply_ and not advice["changes"]:
         click.echo("applied nothing: the advised knobs are the ones the hook runs with")
     elif apply_:  # only the changes the advice printed; the user's other knobs stay theirs

@@ -229,6 +229,30 @@ def public(rows: list[dict[str, Any]], conversations: int) -> dict[str, Any]:
     }
 
 
+# What the server, not recall, did to a hook run: it went away, refused the key, answered
+# garbage. A timeout stays a measurement (of latency on this machine, `over_deadline`).
+SERVER_FAILURES = ("unavailable", "unauthorized", "invalid_response")
+
+
+def server_failures(rows: list[dict[str, Any]]) -> str | None:
+    """Why the figures measure the server rather than recall, or None: the modes that search
+    met a failed server, after the check before the replay passed (it went down or was
+    restarted part of the way in, a key was revoked). Those turns got nothing, so they read
+    as quiet and not useful, and the ungated run's tokens, which the advice's token target
+    divides, shrink with them; the circuit_open runs that followed are named too."""
+    searching = [r for r in rows if r["mode"] != "off"]
+    failed = Counter(r["outcome"] for r in searching if r["outcome"] in SERVER_FAILURES)
+    if not failed:
+        return None
+    failed["circuit_open"] = sum(r["outcome"] == "circuit_open" for r in searching)
+    how = ", ".join(f"{o} {n}" for o, n in failed.items() if n)
+    return (
+        f"{failed.total()} of the {len(searching)} hook runs that search got no answer from "
+        f"the server ({how}), so these figures measure that, not recall; replay once "
+        "`relay doctor` finds the server well"
+    )
+
+
 def extras(rows: list[dict[str, Any]], deadline_ms: int) -> dict[str, Any]:
     """Figures behind the report beyond the schema: latency per outcome, added latency,
     uplift, answers found, the data's own slices, and the series the plots draw."""

@@ -455,7 +455,7 @@ def _advice_html(advice: dict[str, Any]) -> list[str]:
     if advice.get("refused"):
         return [
             *out,
-            f"<p>No advice: {_e(advice['refused'])} (docs/eval.md says how to label).</p>",
+            f"<p>No advice: {_e(advice['refused'])}.</p>",
         ]
     if advice["exclude"]:
         out.append(
