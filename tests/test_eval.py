@@ -551,6 +551,25 @@ def test_a_bad_row_in_a_prompts_jsonl_is_one_line_naming_its_line(tmp_path, line
     assert done.returncode == 2
 
 
+def test_a_prompts_jsonl_opening_with_a_byte_order_mark_is_read(tmp_path):
+    """QA: a prompts file saved by a Windows editor or PowerShell (UTF-8 with a byte-order
+    mark), which relay import and relay restore read, was refused: 'line 1: not JSON
+    (Unexpected UTF-8 BOM (decode using utf-8-sig) at column 1)'."""
+    prompts = tmp_path / "bom.jsonl"
+    rows = ['{"prompt": "write a database migration by hand", "session": "a", "turn": 1}']
+    rows += ['{"prompt": "ok, do it", "session": "a", "turn": 2, "kind": "follow_up"}']
+    prompts.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(rows).encode() + b"\r\n")
+    (conversation,) = load_conversations(prompts, None, 0, 20)
+    assert [t.prompt for t in conversation.turns] == [
+        "write a database migration by hand",
+        "ok, do it",
+    ]
+    assert [t.kind for t in conversation.turns] == ["unlabelled", "follow_up"]
+    prompts.write_bytes(b"\xef\xbb\xbf" + "\n\xef\xbb\xbf".join(rows).encode())
+    with pytest.raises(ValueError, match="line 2: not JSON"):  # a mark inside is no row's
+        load_conversations(prompts, None, 0, 20)
+
+
 def test_a_teams_prompts_replay_as_written_with_their_own_classes(tmp_path):
     """QA: a sessionless JSONL of one prompt became a 20-turn conversation repeating it ten
     times, its explicit needs_memory rewritten to nothing_relevant; prompts with sessions

@@ -330,12 +330,14 @@ def load_conversations(
 def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """(line number, row) for every non-blank line of a JSONL file; a line that is not UTF-8,
     not JSON or not an object is a ValueError that names it (json's own position would say
-    line 1, the line being parsed alone)."""
+    line 1, the line being parsed alone). A byte-order mark opening the file is no part of
+    its first row: Windows editors and PowerShell write one, and relay import and relay
+    restore read such files too."""
     out = []
     with path.open("rb") as fh:
         for n, raw in enumerate(fh, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError:
                 raise ValueError(f"line {n}: not UTF-8") from None
             if not line.strip():
