@@ -287,3 +287,31 @@ def test_the_threshold_line_credits_the_knobs_that_move_nothing_relevant_prompts
     same = {**current, "throttle_prompts": 0}
     line = render_threshold(class_advice([conversation], probes, current, same, cost, "min_score"))
     assert "min_score stays 0.2; the advised throttle_prompts 2 -> 0 makes it" in line
+
+
+def test_a_teams_own_setting_that_meets_the_targets_is_kept_over_a_less_useful_grid_point():
+    """The current knobs are a candidate as they stand (QA: a config's min_score off the
+    grid, meeting every target, was advised away for a grid point that lost useful recall)."""
+    one = _conversation(
+        "c1",
+        [(p, "nothing_relevant", ()) for p in NOTHING]
+        + [("where does the payments service deploy its migrations", "needs_memory", ("g1",))],
+    )
+    two = _conversation(
+        "c2",
+        [(p, "nothing_relevant", ()) for p in NOTHING_TOO]
+        + [("which kubernetes cluster hosts staging for checkout", "needs_memory", ("g2",))],
+    )
+    probes = {("acme", t.prompt): [] for c in (one, two) for t in c.turns}
+    for n, prompt in enumerate(NOTHING + NOTHING_TOO):
+        probes["acme", prompt] = [_record(f"wrong{n}", 0.26)]  # in at 0.25, out at 0.27
+    probes["acme", one.turns[-1].prompt] = [_record("g1", 0.28)]  # out at the grid's 0.3
+    probes["acme", two.turns[-1].prompt] = [_record("g2", 0.28)]
+    own = {**current_knobs(None), "min_score": 0.27, "throttle_prompts": 0}
+    ungated = {"c1": 1e6, "c2": 1e6}
+    assert simulate([one, two], probes, own)["useful_rate"] == 1.0
+    assert simulate([one, two], probes, own)["quiet_rate"] == 1.0
+
+    knobs, predicted, rule = best_knobs([one, two], probes, own, ungated)
+    assert knobs == own and predicted["useful_rate"] == 1.0 and predicted["quiet_rate"] == 1.0
+    assert "none of those" not in rule

@@ -231,10 +231,12 @@ def best_knobs(
     current: dict[str, Any],
     ungated_tokens: dict[str, float],
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """The most useful grid point that meets the quiet and token targets on the whole and on
-    each half of the conversations (fewest searches, then nearest the current knobs); when
-    none does, the one with the best score. `ungated_tokens`: each conversation's cumulative
-    tokens in the ungated run."""
+    """The most useful of the grid's points and the current knobs that meets the quiet and
+    token targets on the whole and on each half of the conversations (fewest searches, then
+    nearest the current knobs); when none does, the one with the best score. The current
+    knobs are a candidate as they stand: a team's own off-grid setting that already meets the
+    targets is never traded for a less useful grid point. `ungated_tokens`: each
+    conversation's cumulative tokens in the ungated run."""
     halves = [conversations[0::2], conversations[1::2]] if len(conversations) > 1 else []
 
     def meets(convs: list[Conversation], sim: dict[str, Any]) -> bool:
@@ -245,7 +247,8 @@ def best_knobs(
 
     feasible: tuple[tuple[float, ...], dict[str, Any], dict[str, Any]] | None = None
     scored: tuple[tuple[float, ...], dict[str, Any], dict[str, Any]] | None = None
-    for values in itertools.product(*(GRID[k] for k in KNOBS)):
+    own = tuple(current[k] for k in KNOBS)
+    for values in itertools.chain([own], itertools.product(*(GRID[k] for k in KNOBS))):
         knobs = {**current, **dict(zip(KNOBS, values, strict=True))}
         sim = simulate(conversations, probes, knobs)
         distance = sum(
