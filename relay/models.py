@@ -206,3 +206,63 @@ class Passage:
     supersedes: tuple[str, ...] = field(default=())
     embedding: bytes | None = None  # float32 vector, for scoring candidates the vector stage missed
     passage_count: int = 1  # how many passages its memory's revision has (`seq` is one of them)
+
+
+# The hook outcomes developers send (`relay stats --send`), kept by the store: the last
+# REPORTS_PER_DEVELOPER of each (key, developer name), of at most NAMES_PER_KEY names per
+# key and DEVELOPERS_PER_ORG per org, the least recently heard from dropped first, in the
+# write's transaction. The name is the sender's word, so reports are kept per key and name:
+# a key cannot overwrite another key's "alice", nor push the org's other developers out of
+# the view by sending a thousand names.
+REPORTS_PER_DEVELOPER = 100
+NAMES_PER_KEY = 20
+DEVELOPERS_PER_ORG = 1_000
+
+
+@dataclass(frozen=True)
+class HookReport:
+    """One developer's aggregated hook outcomes, as received (`POST /v1/hook-outcomes`)."""
+
+    received_at: float  # epoch seconds
+    developer: str
+    key_id: str
+    period_since: str | None
+    period_until: str | None
+    invocations: int
+    outcomes: dict[str, int]
+    unauthorized_streak: int
+    unauthorized_since: str | None
+    unavailable_streak: int
+    unavailable_since: str | None
+    hook_ms: dict[str, float]
+    breaker: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "received_at": self.received_at,
+            "developer": self.developer,
+            "key_id": self.key_id,
+            "since": self.period_since,
+            "until": self.period_until,
+            "invocations": self.invocations,
+            "outcomes": self.outcomes,
+            "unauthorized_streak": {
+                "length": self.unauthorized_streak,
+                "since": self.unauthorized_since,
+            },
+            "unavailable_streak": {
+                "length": self.unavailable_streak,
+                "since": self.unavailable_since,
+            },
+            "hook_ms": self.hook_ms,
+            "breaker": self.breaker,
+        }
+
+
+@dataclass(frozen=True)
+class HookHistory:
+    """One sender's reports as the console shows them: the latest whole, and the streaks of
+    every report kept, oldest first, as (received_at, unauthorized, unavailable)."""
+
+    latest: HookReport
+    streaks: list[tuple[float, int, int]]

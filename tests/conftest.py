@@ -143,6 +143,17 @@ def start_server(db: Path, extra_env: dict[str, str] | None = None) -> LiveServe
     return LiveServer(url, key, db, proc, drain, "".join(lines))
 
 
+def console_health(url: str, key: str) -> dict:
+    """GET /console/api/health of the server at `url`, signed in with `key` as a browser is."""
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=30) as client:
+        client.post("/console/api/session", json={"key": key}).raise_for_status()
+        answer = client.get("/console/api/health")
+        answer.raise_for_status()
+        return answer.json()
+
+
 @pytest.fixture(scope="session")
 def live_server(tmp_path_factory) -> Iterator[LiveServer]:
     server = start_server(tmp_path_factory.mktemp("live") / "relay.db")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from relay import models
 from relay.api_requests import encode_cursor
-from relay.console import health
 from relay.console.routes import COOKIE, csrf_token
 
 
@@ -328,4 +328,4 @@ def test_a_developer_name_is_kept_per_key_so_one_key_cannot_speak_for_others(api
     alices = {r["key_name"]: r for r in rows if r["developer"] == "alice@laptop"}
     assert alices["admin"]["broken"] == ["unauthorized"]  # not overwritten by the reader
     assert "reader" not in alices  # the reader's own alice aged out under its flood
-    assert sum(r["key_name"] == "reader" for r in rows) == health.NAMES_PER_KEY
+    assert sum(r["key_name"] == "reader" for r in rows) == models.NAMES_PER_KEY

@@ -13,7 +13,7 @@ import pytest
 from postgres_support import raw_count
 
 from relay.errors import InvalidRequestError, StoreError
-from relay.models import MemoryDraft, PassageInput
+from relay.models import HookReport, MemoryDraft, PassageInput
 from relay.store import vector_index
 from relay.store.postgres import (
     PostgresStore,
@@ -50,13 +50,16 @@ def test_a_query_that_forgets_the_org_filter_sees_nothing(pg_store: PostgresStor
     for org in (a, b):
         _fill(pg_store, org, _vectors(3, 1), "m")
         pg_store.create_key(org, f"k{org}", "h", "n", frozenset({"admin"}), frozenset(), None)
+        sent = HookReport(0.0, "alice", f"k{org}", None, None, 1, {}, 0, None, 0, None, {}, None)
+        pg_store.add_hook_report(org, sent)
     assert pg_store.rls_enforced and pg_store.role == "relay_app"
     tables = ["orgs", "api_keys", "memories", "memory_audiences", "memory_revisions", "passages"]
+    tables.append("hook_outcomes")
     unfiltered = [f"SELECT count(*) AS n FROM {t}" for t in tables]
     with pg_store._tx() as conn:  # no org set: every tenant table looks empty
         assert [conn.execute(q).fetchone()["n"] for q in unfiltered] == [0] * len(tables)
     with pg_store._tx(a) as conn:  # org a set: only a's rows, never b's
-        assert [conn.execute(q).fetchone()["n"] for q in unfiltered] == [1, 1, 3, 3, 3, 3]
+        assert [conn.execute(q).fetchone()["n"] for q in unfiltered] == [1, 1, 3, 3, 3, 3, 1]
         assert (
             conn.execute("SELECT count(*) AS n FROM memories WHERE org_id = %s", (b,)).fetchone()[
                 "n"
@@ -65,6 +68,13 @@ def test_a_query_that_forgets_the_org_filter_sees_nothing(pg_store: PostgresStor
         )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # nor write into b
             conn.execute("INSERT INTO memory_audiences VALUES (%s, 'm0', 'x')", (b,))
+    with pg_store._tx(a) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(
+            "INSERT INTO hook_outcomes (org_id, key_id, developer, received_at, invocations,"
+            " outcomes, unauthorized_streak, unavailable_streak, hook_ms)"
+            " VALUES (%s, 'k', 'mallory', now(), 1, '{}', 0, 0, '{}')",
+            (b,),
+        )
     with pg_store._tx(key_id=f"k{a}") as conn:  # authentication sees one key and nothing else
         assert conn.execute("SELECT count(*) AS n FROM api_keys").fetchone()["n"] == 1
         assert conn.execute("SELECT count(*) AS n FROM memories").fetchone()["n"] == 0

@@ -10,7 +10,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from conftest import LiveServer, start_server
+from conftest import LiveServer, console_health, start_server
 from postgres_support import truncate_all
 
 pytestmark = pytest.mark.postgres
@@ -97,3 +97,33 @@ def test_write_delete_and_revocation_through_one_replica_are_seen_through_the_ot
     assert status == 200
     status, body = call(b, "POST", "/v1/search", secret, {"query": query})
     assert status == 401 and body["error"]["code"] == "unauthorized"  # revoked everywhere
+
+
+def test_a_hook_report_sent_to_one_replica_is_seen_through_the_other_and_after_a_restart(
+    replicas, pg_url
+):
+    """QA: reports lived in the memory of the replica that took them, so the console's
+    health view showed a broken install on one replica and nothing on the other, and a
+    restart lost them all."""
+    a, b = replicas
+    report = {
+        "developer": "alice",
+        "invocations": 10,
+        "outcomes": {"unauthorized": 10},
+        "unauthorized_streak": {"length": 10, "since": "2026-11-30T20:00:00Z"},
+    }
+    status, body = call(a, "POST", "/v1/hook-outcomes", a.admin_key, report)
+    assert status == 202, body
+    seen = [console_health(s.url, a.admin_key)["developers"] for s in (a, b)]
+    assert seen[0] == seen[1]  # the same answer, whichever replica the balancer picks
+    (alice,) = seen[1]
+    assert (alice["developer"], alice["broken"]) == ("alice", ["unauthorized"])
+    assert alice["latest"]["unauthorized_streak"] == report["unauthorized_streak"]
+
+    a.stop()
+    again = start_server(pg_url, {"RELAY_PG_POOL": "4"})  # type: ignore[arg-type]
+    try:
+        wait_healthy(again)
+        assert console_health(again.url, a.admin_key)["developers"] == seen[0]
+    finally:
+        again.stop()

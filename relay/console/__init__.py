@@ -31,9 +31,9 @@ if TYPE_CHECKING:
 
 def mount_console(app: FastAPI, services: Services) -> None:
     """Add the console's routes to `app` and start recording recall searches for its charts."""
-    from relay.console.health import HookReports, attach
+    from relay.console.health import attach
     from relay.console.routes import build_routers
 
     search_log, unrecorded_search = attach(services.searcher)
-    for router in build_routers(services, search_log, HookReports(), unrecorded_search):
+    for router in build_routers(services, search_log, unrecorded_search):
         app.include_router(router)

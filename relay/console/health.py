@@ -1,9 +1,11 @@
 """Recall's health for one organisation: searches over time and the hook outcomes developers send.
 
-Both live in this process only (a bounded ring of recent searches, the last
-reports of each developer), so on several replicas each shows what it served
-since it started; the console says so. Nothing here holds memory text or
-prompts: a search is remembered as its org, key, timings, flags and result ids.
+Searches live in this process only (a bounded ring of recent searches), so on several
+replicas each shows what it served since it started; the console says so. The hook
+outcomes developers send are kept by the store (`Store.add_hook_report`), so every
+replica shows them all and a restart keeps them; this module only reads them into rows.
+Nothing here holds memory text or prompts: a search is remembered as its org, key,
+timings, flags and result ids.
 """
 
 from __future__ import annotations
@@ -17,18 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from relay.models import Principal
+from relay.models import HookHistory, Principal
 
 if TYPE_CHECKING:
     from relay.search import Searcher, SearchResponse
 
 SEARCH_EVENTS_MAX = 20_000
-REPORTS_PER_DEVELOPER = 100
-DEVELOPERS_PER_ORG = 1_000
-# Developer names one key may report under. The name is the sender's word, so reports are
-# kept per key and name: a key cannot overwrite another key's "alice", nor push the org's
-# other developers out of the view by sending a thousand names.
-NAMES_PER_KEY = 20
 UNAVAILABLE_STREAK_ALERT = 3  # as relay.hook_stats: below this a blip, not a broken install
 
 
@@ -167,80 +163,16 @@ def search_series(events: list[SearchEvent], since: float, until: float, buckets
     }
 
 
-# -- hook outcomes that developers opt in to send -----------------------------------
-@dataclass(frozen=True)
-class HookReport:
-    received_at: float
-    developer: str
-    key_id: str
-    period_since: str | None
-    period_until: str | None
-    invocations: int
-    outcomes: dict[str, int]
-    unauthorized_streak: int
-    unauthorized_since: str | None
-    unavailable_streak: int
-    unavailable_since: str | None
-    hook_ms: dict[str, float]
-    breaker: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "received_at": self.received_at,
-            "developer": self.developer,
-            "key_id": self.key_id,
-            "since": self.period_since,
-            "until": self.period_until,
-            "invocations": self.invocations,
-            "outcomes": self.outcomes,
-            "unauthorized_streak": {
-                "length": self.unauthorized_streak,
-                "since": self.unauthorized_since,
-            },
-            "unavailable_streak": {
-                "length": self.unavailable_streak,
-                "since": self.unavailable_since,
-            },
-            "hook_ms": self.hook_ms,
-            "breaker": self.breaker,
-        }
-
-
-class HookReports:
-    """The last reports of each (key, developer name), per org; the oldest dropped past a
-    cap per key and per org."""
-
-    def __init__(self) -> None:
-        self._by_org: dict[str, dict[tuple[str, str], deque[HookReport]]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, org_id: str, report: HookReport) -> None:
-        with self._lock:
-            devs = self._by_org.setdefault(org_id, {})
-            who = (report.key_id, report.developer)
-            history = devs.pop(who, None) or deque(maxlen=REPORTS_PER_DEVELOPER)
-            history.append(report)
-            devs[who] = history  # re-inserted: most recently heard from last
-            this_key = [w for w in devs if w[0] == report.key_id]
-            for oldest in this_key[: max(0, len(this_key) - NAMES_PER_KEY)]:
-                del devs[oldest]
-            while len(devs) > DEVELOPERS_PER_ORG:
-                devs.pop(next(iter(devs)))
-
-    def developers(self, org_id: str) -> dict[tuple[str, str], list[HookReport]]:
-        with self._lock:
-            return {who: list(h) for who, h in self._by_org.get(org_id, {}).items()}
-
-
+# -- hook outcomes that developers opt in to send (kept by the store) ---------------
 def streak_rows(
-    reports: dict[tuple[str, str], list[HookReport]], key_names: dict[str, str]
+    reports: dict[tuple[str, str], HookHistory], key_names: dict[str, str]
 ) -> list[dict[str, Any]]:
     """Per key and developer: the latest streaks, their history, and whether it means a
     broken install; with the name of the key that sent them (the developer's name is the
     sender's own word)."""
     rows = []
-    for (key_id, name), history in reports.items():
-        last = history[-1]
+    for (key_id, name), kept in reports.items():
+        last = kept.latest
         problems = []
         if last.unauthorized_streak:
             problems.append("unauthorized")
@@ -253,12 +185,8 @@ def streak_rows(
                 "key_name": key_names.get(key_id),
                 "latest": last.to_dict(),
                 "history": [
-                    {
-                        "at": r.received_at,
-                        "unauthorized": r.unauthorized_streak,
-                        "unavailable": r.unavailable_streak,
-                    }
-                    for r in history
+                    {"at": at, "unauthorized": unauthorized, "unavailable": unavailable}
+                    for at, unauthorized, unavailable in kept.streaks
                 ],
                 "broken": problems,
             }

@@ -34,8 +34,6 @@ from relay.api_requests import (
 )
 from relay.console import curate
 from relay.console.health import (
-    HookReport,
-    HookReports,
     SearchLog,
     most_recalled,
     search_series,
@@ -56,7 +54,7 @@ from relay.hook.pack import (
 )
 from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
-from relay.models import ApiKey, Principal, iso
+from relay.models import ApiKey, HookReport, Principal, iso
 from relay.search import MAX_K, SearchResponse
 from relay.server import Auth, Services
 
@@ -194,7 +192,6 @@ def _key_view(key: ApiKey, now: datetime) -> dict[str, Any]:
 def build_routers(
     services: Services,
     search_log: SearchLog,
-    reports: HookReports,
     search: Callable[..., SearchResponse],
 ) -> list[APIRouter]:
     """The console's routes; `search` is the searcher's unrecorded search (console queries
@@ -518,14 +515,15 @@ def build_routers(
             "developers": None,
         }
         if "admin" in p.scopes:
-            out["developers"] = streak_rows(reports.developers(p.org_id), key_names(p))
+            out["developers"] = streak_rows(store.hook_reports(p.org_id), key_names(p))
         return out
 
     # -- hook outcomes, sent by developers who opt in ---------------------------
     @ingest.post("/v1/hook-outcomes", status_code=202, tags=["operations"])
     def hook_outcomes(body: HookOutcomes, p: Auth) -> dict[str, Any]:
         """Aggregated hook outcomes from one developer's machine (`relay stats --json`);
-        any valid key of the org may send them. Shown per developer on the console."""
+        any valid key of the org may send them. Kept by the store (every replica shows them)
+        and shown per developer on the console."""
         unknown = set(body.outcomes) - set(OUTCOMES)
         if unknown:
             raise InvalidRequestError(f"unknown outcome(s) {', '.join(sorted(unknown))[:200]}")
@@ -547,9 +545,10 @@ def build_routers(
             unavailable_streak=body.unavailable_streak.length,
             unavailable_since=body.unavailable_streak.since,
             hook_ms={k: float(v) for k, v in body.hook_ms.items() if k in ("p50", "p95", "p99")},
-            breaker=breaker if isinstance(breaker, str) else None,
+            # a state ("closed", "open", "half_open"): bounded, as it is now kept for good
+            breaker=_printable(breaker, 40) if isinstance(breaker, str) else None,
         )
-        reports.add(p.org_id, report)
+        store.add_hook_report(p.org_id, report)
         return {"accepted": True, "developer": developer}
 
     return [page, api, ingest]

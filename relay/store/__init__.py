@@ -22,7 +22,17 @@ import numpy as np
 
 from relay import hygiene
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError, RelayError
-from relay.models import ApiKey, Memory, MemoryDraft, Org, Passage, PassageInput, Revision
+from relay.models import (
+    ApiKey,
+    HookHistory,
+    HookReport,
+    Memory,
+    MemoryDraft,
+    Org,
+    Passage,
+    PassageInput,
+    Revision,
+)
 
 SaveMode = Literal["create", "edit", "upsert"]
 
@@ -219,6 +229,14 @@ class Store(Protocol):
         """Drop cached embeddings of texts no passage holds (a write racing a delete of the
         same text can leave one); returns how many went. Run at start-up."""
         ...
+
+    # Hook outcomes developers send (`POST /v1/hook-outcomes`), for the console's health view:
+    # kept in the database so every replica shows them and a restart keeps them. A write
+    # drops, in its own transaction, what passes `relay.models`' caps (REPORTS_PER_DEVELOPER,
+    # NAMES_PER_KEY, DEVELOPERS_PER_ORG); the read gives each (key id, developer name) its
+    # latest report and the streaks of all it keeps, oldest first.
+    def add_hook_report(self, org_id: str, report: HookReport) -> None: ...
+    def hook_reports(self, org_id: str) -> dict[tuple[str, str], HookHistory]: ...
 
     def warm(self) -> None:
         """Load what the first search of each org would otherwise wait for (seconds at most;

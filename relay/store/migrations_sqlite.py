@@ -172,4 +172,31 @@ MIGRATIONS: list[str] = [
     DELETE FROM embedding_cache WHERE NOT EXISTS
         (SELECT 1 FROM passages p WHERE p.content_hash = embedding_cache.content_hash);
     """,
+    # 7: the hook outcomes developers send (`POST /v1/hook-outcomes`), which lived in the
+    # memory of the server process that took them: a restart lost them. Kept per (key,
+    # developer name), in arrival order (`id`); each sender's newest is marked `latest`, so
+    # the caps of `relay.models`, held in the write's transaction (`sqlite.reports`), look at
+    # one row per sender, not at every report kept.
+    """
+    CREATE TABLE hook_outcomes (
+        id INTEGER PRIMARY KEY,
+        org_id TEXT NOT NULL REFERENCES orgs(id),
+        key_id TEXT NOT NULL,
+        developer TEXT NOT NULL,
+        received_at REAL NOT NULL,
+        period_since TEXT,
+        period_until TEXT,
+        invocations INTEGER NOT NULL,
+        outcomes TEXT NOT NULL,
+        unauthorized_streak INTEGER NOT NULL,
+        unauthorized_since TEXT,
+        unavailable_streak INTEGER NOT NULL,
+        unavailable_since TEXT,
+        hook_ms TEXT NOT NULL,
+        breaker TEXT,
+        latest INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE INDEX hook_outcomes_sender ON hook_outcomes(org_id, key_id, developer, id);
+    CREATE INDEX hook_outcomes_latest ON hook_outcomes(org_id, key_id, id) WHERE latest;
+    """,
 ]

@@ -27,8 +27,8 @@ back to the exact scan when the share is too small or too few rows come back.
 (the per-org counts writes keep for scoring, and their recount), `reads` (memory reads
 and the access filters), `search` (the lexical stage, passages, document frequencies),
 `vectors` (the vector stage and the HNSW index), `embeddings` (embedding cache and token
-matrices) and `rows` (rows as models). Migrating the schema (`migrations_postgres`) as
-the owner, and the app role, stay here.
+matrices), `reports` (the hook outcomes developers send) and `rows` (rows as models).
+Migrating the schema (`migrations_postgres`) as the owner, and the app role, stay here.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from relay.store.postgres.connection import (
 from relay.store.postgres.embeddings import EmbeddingsAndTokens
 from relay.store.postgres.orgs import OrgsAndKeys
 from relay.store.postgres.reads import MemoryReads
+from relay.store.postgres.reports import HookOutcomes
 from relay.store.postgres.search import SearchStages, within_budget
 from relay.store.postgres.totals import _repair_passage_totals, recount_passage_totals
 from relay.store.postgres.vectors import VectorSearch, ef_search_for
@@ -84,6 +85,7 @@ class PostgresStore(
     SearchStages,
     VectorSearch,
     EmbeddingsAndTokens,
+    HookOutcomes,
     PostgresConnections,
 ):
     """The shared store (see module docstring): its parts are mixed in from the modules

@@ -11,7 +11,8 @@ decided by SQL, never by filtering rows afterwards.
 and keys), `writes` (saves, deletes, supersession links), `totals` (the per-org counts
 writes keep for scoring), `reads` (memory reads and the access filters), `search` (the
 search stages and document frequencies), `embeddings` (embedding cache and token
-matrices) and `rows` (stored values as models). Opening the file and migrating its
+matrices), `reports` (the hook outcomes developers send) and `rows` (stored values as
+models). Opening the file and migrating its
 schema (`migrations_sqlite`) stay here.
 """
 
@@ -28,6 +29,7 @@ from relay.store.sqlite.connection import SQLiteConnections, _create_private, tr
 from relay.store.sqlite.embeddings import EmbeddingsAndTokens
 from relay.store.sqlite.orgs import OrgsAndKeys
 from relay.store.sqlite.reads import MemoryReads
+from relay.store.sqlite.reports import HookOutcomes
 from relay.store.sqlite.search import SearchStages
 from relay.store.sqlite.writes import MemoryWrites
 from relay.store.vector_index import VectorIndex
@@ -36,7 +38,13 @@ __all__ = ["SQLiteStore"]
 
 
 class SQLiteStore(
-    OrgsAndKeys, MemoryWrites, MemoryReads, SearchStages, EmbeddingsAndTokens, SQLiteConnections
+    OrgsAndKeys,
+    MemoryWrites,
+    MemoryReads,
+    SearchStages,
+    EmbeddingsAndTokens,
+    HookOutcomes,
+    SQLiteConnections,
 ):
     """The embedded store (see module docstring): its parts are mixed in from the modules
     beside this one, each holding one concern."""
