@@ -8,6 +8,13 @@ counted on the target from what it holds; then the shared embedding cache.
 Nothing is re-embedded (a passage the source holds no token matrix for gets one
 from the server's backfill).
 
+Not copied, on purpose: the hook outcomes developers sent (`hook_outcomes`, the console's
+health view). They are operational data, each developer's last few reports, which the
+next `relay stats --send` renews, not team knowledge; and a run repeated after the switch
+would put the SQLite server's older reports back beside those the replicas took since
+(pushing newer ones out through the caps). The check leaves the table out for the same
+reason (`migrate_verify.TABLES`).
+
 Resumable: each batch is written in one transaction together with its progress
 row (`migration_progress`: org, source, step, last id copied), so an
 interrupted run restarts after the last committed batch; every write is an

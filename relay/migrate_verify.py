@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from relay.store.postgres import PostgresStore
 
+# The tables copied and compared. `hook_outcomes` is neither (see `relay.migrate`): the
+# reports developers sent are operational data, renewed by their next `relay stats --send`.
 TABLES = (
     "orgs",
     "api_keys",

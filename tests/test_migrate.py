@@ -16,7 +16,7 @@ from postgres_support import raw_count, recounted_totals, stored_totals
 
 from relay.errors import InvalidRequestError, NotFoundError
 from relay.migrate import Migration, migrate, open_source, verify
-from relay.models import MemoryDraft, PassageInput
+from relay.models import HookReport, MemoryDraft, PassageInput
 from relay.store.postgres import PostgresStore, parse_url
 from relay.store.sqlite import SQLiteStore
 from relay.text import lexical_terms
@@ -63,6 +63,10 @@ def _populate(path: Path) -> list[str]:
         put("m3", "Expires soon", seed=14, valid_until=now + timedelta(hours=1))
         put("new", "Deploys go out on Thursdays", seed=15, supersedes=("m4",))
         s.delete_memory(org, "m5", "bob", None)  # a tombstone, history kept
+        # a developer's hook report: operational data that migrate leaves behind
+        s.add_hook_report(
+            org, HookReport(0.0, "alice", f"k{n}b", None, None, 1, {}, 4, None, 0, None, {}, None)
+        )
     # the cache of the texts stored, and of one whose memory was deleted before migration 6
     s.cache_embeddings("model-x", {f"h{i}.0": bytes([i]) * 8 for i in range(7)})
     s.cache_embeddings("model-x", {"deleted-text": b"gone" * 2})
@@ -95,6 +99,7 @@ def test_round_trip_keeps_every_revision(tmp_path: Path, pg_url: str, pg_store: 
             sq = [p.memory_id for p in _found(src, org, terms, now)]
             assert sorted(pg) == sorted(sq)
         assert [k.revoked_at is not None for k in pg_store.list_keys(org)] == [True, False]
+        assert src.hook_reports(org) and pg_store.hook_reports(org) == {}  # skipped, verified
     key, secret_hash = pg_store.key_for_auth("k0b")
     assert (key.org_id, secret_hash) == (orgs[0], "hash-b")
     assert pg_store.cached_embeddings("model-x", ["h6.0"]) == {"h6.0": bytes([6]) * 8}
