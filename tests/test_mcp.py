@@ -89,6 +89,13 @@ async def exercise(client: Client, label: str) -> dict[str, str]:
     assert "(revision 2)" in text(again)
     never = await client.call_tool("team_memory_forget", {"memory_id": "mem_never_made_here"})
     assert never.is_error and "no memory 'mem_never_made_here'" in text(never)
+    # QA: superseding it now said it 'is not a memory of this organisation'
+    late = await client.call_tool(
+        "team_memory_remember", {"body": body.replace("10:00", "11:00"), "supersedes": [memory_id]}
+    )
+    said = text(late)
+    assert late.is_error and f"supersedes names {memory_id!r}, which was deleted at 20" in said
+    assert "(revision 2): recall no longer returns it" in said, said
     after = await client.call_tool(
         "team_memory_search", {"query": "when does the release train leave?"}
     )

@@ -13,7 +13,7 @@ import pytest
 from postgres_support import raw_rows, recounted_totals, stored_totals
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
-from relay.models import MemoryDraft, PassageInput
+from relay.models import MemoryDraft, PassageInput, iso
 from relay.text import lexical_terms
 
 EVERY = frozenset({"all"})
@@ -132,6 +132,53 @@ def test_supersession_hides_the_old_memory_until_the_new_one_goes(store):
     assert store.current_memory(org, "old").superseded_by is None
     hits = store.semantic_search(org, EVERY, now, vec(1), 5)
     assert [p.memory_id for p in store.passages(org, EVERY, now, [r for r, _ in hits])] == ["old"]
+
+
+def test_superseding_a_deleted_memory_says_it_was_deleted(store):
+    """QA: naming a memory deleted since (`relay forget X`, then `relay remember ...
+    --supersedes X`) said X 'is not a memory of this organisation', though the key reads
+    X's history. A deleted memory the writer may read is named as deleted, when and at
+    which revision; one it may not read is still answered like an id never used."""
+    org = store.create_org("acme").id
+    save(store, org, "old", "Deploys go out on Tuesdays", "create", seed=1)
+    save(store, org, "old", "Deploys go out on Wednesdays", "edit", seed=2)
+    save(store, org, "ops", "Pages go to the ops rota", "create", seed=3, audiences=("ops",))
+    store.delete_memory(org, "old", "tester", None)
+    store.delete_memory(org, "ops", "tester", None)
+    tombstone = store.history(org, "old", None)[-1]
+    assert (tombstone.revision, tombstone.action) == (3, "delete")
+    for writer in (None, frozenset({"dev"})):
+        with pytest.raises(InvalidRequestError) as refused:
+            store.save_memory(
+                org,
+                "new",
+                MemoryDraft(body="Deploys go out on Thursdays", supersedes=("old",)),
+                "t",
+                passages("new", 4),
+                "create",
+                audiences=writer,
+            )
+        assert refused.value.message == (
+            f"supersedes names 'old', which was deleted at {iso(tombstone.recorded_at)}"
+            " (revision 3): recall no longer returns it, so there is nothing to supersede;"
+            " leave it out"
+        )
+    for target in ("never", "ops"):  # for a dev key, a deleted ops memory is never named
+        with pytest.raises(InvalidRequestError) as refused:
+            store.save_memory(
+                org,
+                "new",
+                MemoryDraft(body="Deploys go out on Thursdays", supersedes=(target,)),
+                "t",
+                passages("new", 4),
+                "create",
+                audiences=frozenset({"dev"}),
+            )
+        assert refused.value.message == (
+            f"supersedes names {target!r}, which is not a memory of this organisation"
+        )
+    with pytest.raises(NotFoundError):
+        store.get_memory(org, "new", None)
 
 
 def test_a_memory_two_others_supersede_stays_hidden_until_neither_does(store):

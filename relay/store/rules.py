@@ -6,14 +6,27 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
 from relay.hygiene import check_audiences
-from relay.models import EVERYONE, ApiKey, Memory, MemoryDraft, Revision
+from relay.models import EVERYONE, ApiKey, Memory, MemoryDraft, Revision, iso
 from relay.store import SaveMode
 
 Read = TypeVar("Read", Memory, Revision)
+
+
+class LinkTarget(NamedTuple):
+    """A memory of the org that a write's supersedes names, as stored: its audiences (a
+    deleted one's last) and, once deleted, when and its tombstone's revision."""
+
+    audiences: Sequence[str]
+    deleted_at: datetime | None = None
+    revision: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.deleted_at is None
 
 
 def judge_write(
@@ -123,18 +136,18 @@ def _reads(writer: frozenset[str] | None, audiences: Sequence[str]) -> bool:
 def judge_supersedes(
     memory_id: str,
     targets: Sequence[str],
-    stored: Mapping[str, tuple[Sequence[str], bool]],
+    stored: Mapping[str, LinkTarget],
     writer: frozenset[str] | None,
     audiences: Sequence[str],
     kept: Collection[str],
 ) -> None:
     """Raise unless the memory may supersede `targets`; `stored` maps the org's memories
-    among them to (audiences, live), a deleted one with its last audiences, `writer` the
-    writing key's (None: admin), `kept` the targets the memory already supersedes (an edit
-    carries them over).
+    among them, `writer` the writing key's audiences (None: admin), `kept` the targets the
+    memory already supersedes (an edit carries them over).
 
     A new target the writer may not read is answered exactly like one that does not exist
-    (no existence test, no hiding another audience's memory), and the memory must reach
+    (no existence test, no hiding another audience's memory); a deleted one it may read is
+    named as deleted, as its history shows it. The memory must reach
     everyone its live targets reached: recall never returns a superseded memory, so a
     narrower replacement would take the fact away from the readers it leaves out. A kept
     target is not judged again for existence or access: it may have been deleted since,
@@ -145,11 +158,19 @@ def judge_supersedes(
     for target in targets:
         if target == memory_id:
             raise InvalidRequestError("a memory cannot supersede itself")
-        target_audiences, live = stored.get(target, ((), False))
+        found = stored.get(target)
+        target_audiences = () if found is None else found.audiences
+        live = found is not None and found.live
         readable = _reads(writer, target_audiences)
         if target in kept:
             if readable and not live:
                 continue  # deleted since, as the writer may see: the link takes nothing
+        elif found is not None and readable and not live:
+            raise InvalidRequestError(
+                f"supersedes names {target!r}, which was deleted at {iso(found.deleted_at)}"
+                f" (revision {found.revision}): recall no longer returns it, so there is"
+                " nothing to supersede; leave it out"
+            )
         elif not (live and readable):
             raise InvalidRequestError(
                 f"supersedes names {target!r}, which is not a memory of this organisation"
@@ -168,7 +189,7 @@ def judge_supersedes(
 def carried_links(
     targets: Sequence[str],
     kept: Sequence[str],
-    stored: Mapping[str, tuple[Sequence[str], bool]],
+    stored: Mapping[str, LinkTarget],
     writer: frozenset[str] | None,
 ) -> tuple[str, ...]:
     """The links a write saves: `targets`, then every link the memory already has (`kept`)
@@ -181,7 +202,9 @@ def carried_links(
     an id with no memory at all), so the answer tells the writer nothing it could not read.
     An admin (`writer` None) reads every memory and carries nothing over."""
     hidden = [
-        t for t in kept if t not in targets and not _reads(writer, stored.get(t, ((), False))[0])
+        t
+        for t in kept
+        if t not in targets and not _reads(writer, stored.get(t, LinkTarget(())).audiences)
     ]
     if hidden and tuple(targets) == tuple(t for t in kept if t not in hidden):
         return tuple(kept)  # the links as the writer was shown them (`as_read`): no change
@@ -191,13 +214,13 @@ def carried_links(
 def settle_supersedes(
     memory_id: str,
     draft: MemoryDraft,
-    stored: Mapping[str, tuple[Sequence[str], bool]],
+    stored: Mapping[str, LinkTarget],
     writer: frozenset[str] | None,
     kept: Sequence[str],
 ) -> MemoryDraft:
     """The draft as it may be saved: its links with those it cannot drop carried over
     (`carried_links`), then judged (`judge_supersedes`). `stored` maps the memories of the
-    org among the draft's and the `kept` links to (audiences, live)."""
+    org among the draft's and the `kept` links."""
     links = carried_links(draft.supersedes, kept, stored, writer)
     judge_supersedes(memory_id, links, stored, writer, draft.audiences, kept)
     return draft if links == draft.supersedes else dataclasses.replace(draft, supersedes=links)

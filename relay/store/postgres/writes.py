@@ -31,6 +31,7 @@ from relay.store.postgres.reads import _as_read, _params, managed_sql
 from relay.store.postgres.rows import _memory
 from relay.store.postgres.totals import _TermDelta
 from relay.store.rules import (
+    LinkTarget,
     judge_audiences,
     judge_cycle,
     judge_replacement,
@@ -465,14 +466,14 @@ def _check_supersedes(
     targets = list(dict.fromkeys([*draft.supersedes, *kept]))
     rows = (
         conn.execute(
-            "SELECT id, audiences, deleted_at IS NULL AS live FROM memories"
+            "SELECT id, audiences, deleted_at, revision FROM memories"
             " WHERE org_id = %s AND id = ANY(%s)",
             (org_id, targets),
         ).fetchall()
         if targets
         else []
     )
-    stored = {r["id"]: (r["audiences"], r["live"]) for r in rows}
+    stored = {r["id"]: LinkTarget(r["audiences"], r["deleted_at"], r["revision"]) for r in rows}
     draft = settle_supersedes(memory_id, draft, stored, writer, kept)
     new = [t for t in draft.supersedes if t not in kept]
     if new:

@@ -17,6 +17,7 @@ from relay.errors import NotFoundError
 from relay.models import Memory, MemoryDraft, PassageInput
 from relay.store import SaveMode, batch_item
 from relay.store.rules import (
+    LinkTarget,
     judge_audiences,
     judge_cycle,
     judge_replacement,
@@ -28,7 +29,7 @@ from relay.store.rules import (
 from relay.store.sqlite.connection import SQLiteConnections, _bump
 from relay.store.sqlite.embeddings import _forget_embeddings
 from relay.store.sqlite.reads import _as_read, _audience_params, _managed_sql
-from relay.store.sqlite.rows import _memory, _ts
+from relay.store.sqlite.rows import _dt, _memory, _ts
 from relay.store.sqlite.totals import _update_terms
 
 
@@ -236,14 +237,17 @@ class MemoryWrites(SQLiteConnections):
         marks = ", ".join("?" for _ in targets)
         rows = (
             conn.execute(
-                "SELECT id, audiences, deleted_at IS NULL AS live FROM memories"
+                "SELECT id, audiences, deleted_at, revision FROM memories"
                 f" WHERE org_id = ? AND id IN ({marks})",
                 (org_id, *targets),
             ).fetchall()
             if targets
             else []
         )
-        stored = {r["id"]: (json.loads(r["audiences"]), bool(r["live"])) for r in rows}
+        stored = {
+            r["id"]: LinkTarget(json.loads(r["audiences"]), _dt(r["deleted_at"]), r["revision"])
+            for r in rows
+        }
         draft = settle_supersedes(memory_id, draft, stored, writer, kept)
         new = [t for t in draft.supersedes if t not in kept]
         if new:
