@@ -116,6 +116,13 @@ def test_session_cookie_csrf_and_scopes(api) -> None:
     assert c.get("/console/api/session").json()["error"]["code"] == "unauthorized"
     bad = c.post("/console/api/session", json={"key": "relay_abc_" + "x" * 20})
     assert bad.status_code == 401
+    # QA: a blank key was told "malformed Authorization header", a header never sent
+    for blank in ("  ", ""):
+        empty = c.post("/console/api/session", json={"key": blank})
+        assert empty.status_code == 400 and empty.json()["error"]["message"] == (
+            "the API key is empty: paste a key (relay_<key id>_<secret>)"
+        )
+        assert COOKIE not in empty.headers.get("set-cookie", "")
     csrf = sign_in(api, "acme_reader")
     assert c.cookies.get(COOKIE) == api.keys["acme_reader"]
     write = c.post("/console/api/memories", json={"body": "A fact."}, headers=csrf)

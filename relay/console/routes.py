@@ -131,7 +131,7 @@ class _Body(TextBody):
 
 
 class SignIn(_Body):
-    key: str = Field(min_length=1, max_length=400)
+    key: str = Field(max_length=400)  # an empty one is told by `sign_in`, blank or not
 
 
 class ConsoleSearch(_Body):
@@ -255,6 +255,10 @@ def build_routers(
     def sign_in(body: SignIn, request: Request) -> JSONResponse:
         _same_origin(request)
         key = body.key.strip()
+        if not key:  # else it became `Bearer ` and was told of a header the user never sent
+            raise InvalidRequestError(
+                "the API key is empty: paste a key (relay_<key id>_<secret>)", field="key"
+            )
         principal = auth.authorize(store, f"Bearer {key}")
         response = JSONResponse(session_info(principal, key))
         response.set_cookie(
