@@ -69,6 +69,10 @@ HISTORY_INTRO = (
     "what a teammate wrote at the time, with its date. A revision marked expired is past "
     "its valid_until: recall no longer returns it, so do not rely on it as current."
 )
+SUPERSEDED = (
+    "This memory is superseded by {0}: recall no longer returns it, so do not rely on it as"
+    " current; team_memory_history of {0} shows the fact that replaced it."
+)
 WITHHELD = "(withheld: this revision was written for audiences this key cannot read)"
 
 INSTRUCTIONS = (
@@ -97,7 +101,7 @@ class Backend(Protocol):
     def search(self, query: str, k: int, deadline_ms: float) -> dict[str, Any]: ...
     def remember(self, fields: dict[str, Any]) -> dict[str, Any]: ...
     def forget(self, memory_id: str) -> None: ...
-    def history(self, memory_id: str) -> list[dict[str, Any]]: ...
+    def history(self, memory_id: str) -> dict[str, Any]: ...
 
 
 class HttpBackend:
@@ -130,8 +134,8 @@ class HttpBackend:
     def forget(self, memory_id: str) -> None:
         self._client().request("DELETE", memory_path(memory_id))
 
-    def history(self, memory_id: str) -> list[dict[str, Any]]:
-        return self._client().get(memory_path(memory_id, "/revisions"))["items"]
+    def history(self, memory_id: str) -> dict[str, Any]:
+        return self._client().get(memory_path(memory_id, "/revisions"))
 
 
 class LocalBackend:
@@ -165,14 +169,10 @@ class LocalBackend:
         writes.check_memory_id(memory_id)
         self.services.store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
 
-    def history(self, memory_id: str) -> list[dict[str, Any]]:
-        from relay import auth, writes
+    def history(self, memory_id: str) -> dict[str, Any]:
+        from relay.server import revisions
 
-        auth.require(self.principal, "memory:read")
-        p = self.principal
-        writes.check_memory_id(memory_id)
-        items = self.services.store.history(p.org_id, memory_id, auth.management_view(p))
-        return [r.to_dict() for r in items]
+        return revisions(self.services.store, self.principal, memory_id)
 
 
 # -- rendering -------------------------------------------------------------------
@@ -208,10 +208,14 @@ def _validity(revision: dict[str, Any], now: datetime) -> str:
     return shown + (' expired="true"' if past else "")
 
 
-def render_history(memory_id: str, items: list[dict[str, Any]]) -> str:
+def render_history(
+    memory_id: str, items: list[dict[str, Any]], superseded_by: str | None = None
+) -> str:
     now = datetime.now(UTC)
     newest = sorted(items, key=lambda r: r.get("revision", 0), reverse=True)
     lines = [HISTORY_INTRO]
+    if superseded_by:
+        lines.append(SUPERSEDED.format(label_attribute(superseded_by)))
     for r in newest[:HISTORY_MAX_REVISIONS]:
         body = r.get("body")
         if r.get("withheld"):
@@ -387,7 +391,7 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
             try:
                 backend.forget(memory_id)
             except errors.NotFoundError:  # as `relay forget` says it: what was asked is done
-                tombstone = deletion(lambda: backend.history(memory_id))
+                tombstone = deletion(lambda: backend.history(memory_id)["items"])
                 if tombstone is None:
                     raise
                 return (
@@ -406,9 +410,9 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
         ctx: Context,
     ) -> str:
         """Every revision of one team memory, newest first, with dates and authors' actions:
-        to see how a fact changed or whether it was deleted."""
-        items = await call(ctx, lambda b: b.history(memory_id))
-        return render_history(memory_id, items)
+        to see how a fact changed, whether it was deleted, and which memory superseded it."""
+        answer = await call(ctx, lambda b: b.history(memory_id))
+        return render_history(memory_id, answer["items"], answer.get("superseded_by"))
 
     read_only = ToolAnnotations(
         read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False

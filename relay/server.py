@@ -41,6 +41,7 @@ from relay.api_requests import (
 from relay.embedding import Embedder
 from relay.errors import (
     InvalidRequestError,
+    NotFoundError,
     RelayError,
 )
 from relay.guard import BODY_TIMEOUT_S, GuardMiddleware
@@ -163,6 +164,21 @@ def _authorize_within(request: Request, seconds: float) -> Principal:
     must not wait on a database that is away longer than /healthz would."""
     with connect_by(time.monotonic() + seconds):
         return _principal(request, request.headers.get("authorization"))
+
+
+def revisions(store: Store, p: Principal, memory_id: str) -> dict[str, Any]:
+    """A memory's revisions as `p` reads them, and the memory that supersedes it (when `p`
+    may read that one; None when deleted): the history alone never said a fact was replaced,
+    so an agent reading it took a superseded memory for current."""
+    auth.require(p, "memory:read")
+    writes.check_memory_id(memory_id)
+    view = auth.management_view(p)
+    items = store.history(p.org_id, memory_id, view)
+    try:
+        superseded_by = store.get_memory(p.org_id, memory_id, view).superseded_by
+    except NotFoundError:  # deleted: its tombstone says so, and it supersedes nothing now
+        superseded_by = None
+    return {"items": [r.to_dict() for r in items], "superseded_by": superseded_by}
 
 
 def _batch_item(exc: RelayError, i: int) -> RelayError:
@@ -406,11 +422,8 @@ def create_app(services: Services) -> FastAPI:
         return Response(status_code=204)
 
     @app.get("/v1/memories/{memory_id}/revisions", tags=["memories"])
-    def revisions(memory_id: str, p: Auth) -> dict[str, Any]:
-        auth.require(p, "memory:read")
-        writes.check_memory_id(memory_id)
-        items = store.history(p.org_id, memory_id, auth.management_view(p))
-        return {"items": [r.to_dict() for r in items]}
+    def memory_revisions(memory_id: str, p: Auth) -> dict[str, Any]:
+        return revisions(store, p, memory_id)
 
     @app.post("/v1/keys", status_code=201, tags=["keys"])
     def create_key(body: KeyBody, p: Auth) -> dict[str, Any]:

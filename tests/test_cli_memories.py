@@ -247,6 +247,14 @@ def test_history_says_what_else_each_revision_changed(relay, api):
         "    (source: team/release; tags: none)",
     ]
     assert len(shown) == 9
+    # QA: a superseded memory's history never said so, nor by which memory
+    newer = relay("acme_dev", "remember", "Deploys go out on Fridays.", "--supersedes", memory_id)
+    newer_id = newer.output.split()[1]
+    shown = relay("acme_dev", "history", memory_id).output.splitlines()
+    assert shown[9:] == [
+        f"superseded by {newer_id}: recall no longer returns this memory"
+        f" ('relay history {newer_id}' shows what replaced it)"
+    ]
 
 
 def test_a_body_on_stdin_that_is_not_utf8_is_said_so():

@@ -79,6 +79,23 @@ async def exercise(client: Client, label: str) -> dict[str, str]:
 
     history = await client.call_tool("team_memory_history", {"memory_id": memory_id})
     assert 'revision="1" action="create"' in text(history)
+    assert "superseded" not in text(history)
+    # QA: the history of a superseded memory never said so, nor by which memory
+    newer = await client.call_tool(
+        "team_memory_remember",
+        {"body": body.replace("Tuesday", "Wednesday"), "supersedes": [memory_id]},
+    )
+    assert not newer.is_error, text(newer)
+    newer_id = text(newer).split()[1]
+    history = await client.call_tool("team_memory_history", {"memory_id": memory_id})
+    assert text(history).split("\n")[1] == (
+        f"This memory is superseded by {newer_id}: recall no longer returns it, so do not rely"
+        f" on it as current; team_memory_history of {newer_id} shows the fact that replaced it."
+    )
+    gone = await client.call_tool("team_memory_forget", {"memory_id": newer_id})
+    assert not gone.is_error, text(gone)
+    history = await client.call_tool("team_memory_history", {"memory_id": memory_id})
+    assert "superseded" not in text(history)  # its replacement gone, it is current again
 
     gone = await client.call_tool("team_memory_forget", {"memory_id": memory_id})
     assert not gone.is_error and "Forgot" in text(gone)
@@ -642,14 +659,14 @@ def test_history_tool_shows_a_withheld_revision_as_withheld(api):
         edited = api.client.patch(f"/v1/memories/{memory_id}", json=edit, headers=h)
         assert edited.status_code == 200, edited.text
     dev = auth.authorize(api.services.store, api.headers("acme_dev")["Authorization"])
-    shown = render_history(memory_id, LocalBackend(api.services, dev).history(memory_id))
+    shown = render_history(memory_id, LocalBackend(api.services, dev).history(memory_id)["items"])
     assert shown.count("<relay-memory ") == 3
     withheld = shown.split('revision="2"')[1].split("</relay-memory>")[0]
     assert withheld.startswith(' action="edit" withheld="true" recorded="20')
     assert withheld.split("\n")[1] == WITHHELD
     assert "envelope" not in shown and "ops/vault" not in shown
     sre = auth.authorize(api.services.store, api.headers("acme_sre")["Authorization"])
-    shown = render_history(memory_id, LocalBackend(api.services, sre).history(memory_id))
+    shown = render_history(memory_id, LocalBackend(api.services, sre).history(memory_id)["items"])
     assert "envelope 7" in shown and "withheld" not in shown
 
 
@@ -724,12 +741,12 @@ def test_history_tool_dates_an_expired_memory_as_expired(api):
     dev = auth.authorize(api.services.store, h["Authorization"])
     time.sleep(max(0.0, (datetime.fromisoformat(until) - datetime.now(UTC)).total_seconds()))
     shown = render_history(
-        made.json()["id"], LocalBackend(api.services, dev).history(made.json()["id"])
+        made.json()["id"], LocalBackend(api.services, dev).history(made.json()["id"])["items"]
     )
     assert f'valid_until="{until}" expired="true">' in shown, shown
     assert "past its valid_until" in shown.split("\n")[0]
     still = render_history(
-        lasting.json()["id"], LocalBackend(api.services, dev).history(lasting.json()["id"])
+        lasting.json()["id"], LocalBackend(api.services, dev).history(lasting.json()["id"])["items"]
     )
     assert (
         'valid_until="2999-01-01T00:00:00Z">' in still and "expired=" not in still.split("\n", 1)[1]

@@ -279,8 +279,9 @@ def _current(memory: dict[str, Any]) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @client_options
 def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
-    """Show every revision of a memory."""
-    items = client.get(_memory_path(memory_id, "/revisions"))["items"]
+    """Show every revision of a memory, and the memory that supersedes it, if one does."""
+    answer = client.get(_memory_path(memory_id, "/revisions"))
+    items = answer["items"]
     if as_json:
         echo_json(items)
         return
@@ -304,6 +305,12 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
         if changed:
             click.echo("    (" + "; ".join(changed) + ")")
         before = fields
+    if answer.get("superseded_by"):  # an older server does not say
+        replaced = answer["superseded_by"]
+        click.echo(
+            f"superseded by {replaced}: recall no longer returns this memory"
+            f" ('relay history {replaced}' shows what replaced it)"
+        )
 
 
 _HISTORY_FIELDS = ("source", "audiences", "tags", "valid_until", "supersedes")
