@@ -101,6 +101,10 @@ def deleted_at(memory_id: str, tombstone: dict[str, Any]) -> str:
     )
 
 
+class AnswerTooLargeError(errors.RelayError):
+    """An answer larger than any Relay server sends to that request: not read whole."""
+
+
 class ConnectionFailedError(errors.UnavailableError):
     """The server itself could not be reached (a remote UnavailableError is its database).
     `sent`: whether the request may have reached it whole (the connection failed after
@@ -119,30 +123,40 @@ class NotRelayRootError(errors.InvalidRequestError):
     surely = True  # False: a bare 404 a Relay server also sends, for a route it lacks
 
 
-# Relay's routes: what each answer holds at its top level (None: no body, a 204), and
-# whether the request writes. An answer without those keys is some other server's (one that
-# answers JSON 200 to everything), said here once rather than a KeyError in whichever command
-# read it; and a request that writes nothing (a search is a POST) is not said to maybe have
-# written. Keys a newer server added are not required (an older one lacks them).
+# The most a Relay answer weighs, read no further (`relay mcp` took 570 MB for a 50 MB
+# answer). One memory as JSON is at most about 100 KB: its body, title, source and tags at 4
+# bytes a character (UTF-8's most), 64 audiences and links. An answer about one memory or a
+# search (MAX_K passages) stays under 2 MB; a list (a page of 500 memories, as `relay export`
+# reads them) under 50 MB; a memory's revisions and the pinned profile have no count bound,
+# so a list gets the larger bound, thousands of full-size revisions.
+ANSWER_BYTES = 8 * 1024 * 1024
+LIST_ANSWER_BYTES = 128 * 1024 * 1024
+
+# Relay's routes: what each answer holds at its top level (None: no body, a 204), whether
+# the request writes, and whether its answer is a list (LIST_ANSWER_BYTES, else ANSWER_BYTES).
+# An answer without those keys is some other server's (one that answers JSON 200 to
+# everything), said here once rather than a KeyError in whichever command read it; and a
+# request that writes nothing (a search is a POST) is not said to maybe have written. Keys
+# a newer server added are not required (an older one lacks them).
 _ID = r"/[^/?]+"
-_ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, bool], ...] = tuple(
-    (method, re.compile(path + r"(\?.*)?"), keys, writes)
-    for method, path, keys, writes in (
-        ("GET", "/healthz", ("status", "version"), False),
-        ("GET", "/v1/whoami", ("org", "key"), False),
-        ("GET", "/v1/profile", ("results",), False),
-        ("POST", "/v1/search", ("results",), False),
-        ("POST", "/v1/memories", ("id",), True),
-        ("POST", "/v1/memories/batch", ("written", "unchanged"), True),
-        ("GET", "/v1/memories", ("items", "next_cursor"), False),
-        ("GET", f"/v1/memories{_ID}", ("id",), False),
-        ("PATCH", f"/v1/memories{_ID}", ("id",), True),
-        ("DELETE", f"/v1/memories{_ID}", None, True),
-        ("GET", f"/v1/memories{_ID}/revisions", ("items",), False),
-        ("POST", "/v1/keys", ("id", "secret"), True),
-        ("GET", "/v1/keys", ("items",), False),
-        ("DELETE", f"/v1/keys{_ID}", ("id",), True),
-        ("POST", "/v1/hook-outcomes", ("developer",), True),
+_ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, bool, bool], ...] = tuple(
+    (method, re.compile(path + r"(\?.*)?"), keys, writes, lists)
+    for method, path, keys, writes, lists in (
+        ("GET", "/healthz", ("status", "version"), False, False),
+        ("GET", "/v1/whoami", ("org", "key"), False, False),
+        ("GET", "/v1/profile", ("results",), False, True),
+        ("POST", "/v1/search", ("results",), False, False),
+        ("POST", "/v1/memories", ("id",), True, False),
+        ("POST", "/v1/memories/batch", ("written", "unchanged"), True, False),
+        ("GET", "/v1/memories", ("items", "next_cursor"), False, True),
+        ("GET", f"/v1/memories{_ID}", ("id",), False, False),
+        ("PATCH", f"/v1/memories{_ID}", ("id",), True, False),
+        ("DELETE", f"/v1/memories{_ID}", None, True, False),
+        ("GET", f"/v1/memories{_ID}/revisions", ("items",), False, True),
+        ("POST", "/v1/keys", ("id", "secret"), True, False),
+        ("GET", "/v1/keys", ("items",), False, True),
+        ("DELETE", f"/v1/keys{_ID}", ("id",), True, False),
+        ("POST", "/v1/hook-outcomes", ("developer",), True, False),
     )
 )
 
@@ -150,10 +164,18 @@ _ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, bool], ...] =
 def _route(method: str, path: str) -> tuple[tuple[str, ...] | None, bool]:
     """The keys Relay's answer to `method path` holds (None: it has no body), and whether
     the request writes (an unknown route: nothing checked, and it may write unless a GET)."""
-    for m, pattern, keys, writes in _ROUTES:
+    for m, pattern, keys, writes, _ in _ROUTES:
         if m == method and pattern.fullmatch(path):
             return keys, writes
     return (), method not in ("GET", "HEAD")
+
+
+def answer_bytes(method: str, path: str) -> int:
+    """The most Relay's answer to `method path` may weigh (an unknown route: a list's)."""
+    for m, pattern, _, _, lists in _ROUTES:
+        if m == method and pattern.fullmatch(path):
+            return LIST_ANSWER_BYTES if lists else ANSWER_BYTES
+    return LIST_ANSWER_BYTES
 
 
 def settings(url: str | None = None) -> hook_config.Config:
@@ -255,7 +277,7 @@ class RelayClient:
             req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
+                raw = self._read_capped(resp, method, path)
         except urllib.error.HTTPError as exc:
             raise _remote_error(exc, self.url, f"{method} {self.url}{path}") from None
         except TimeoutError as exc:  # sent whole: only the answer is missing
@@ -290,6 +312,21 @@ class RelayClient:
             raise failed from exc
         return self._relay_answer(method, path, raw)
 
+    def _read_capped(self, resp: Any, method: str, path: str) -> bytes:
+        """The answer's body, refused unread past the most Relay sends to `method path`
+        (declared larger, or longer than it said)."""
+        cap = answer_bytes(method, path)
+        declared = resp.headers.get("Content-Length", "")
+        too_large = declared.isdigit() and int(declared) > cap
+        raw = b"" if too_large else resp.read(cap + 1)
+        if too_large or len(raw) > cap:
+            raise AnswerTooLargeError(
+                f"the server at {self.url} sent an answer over {cap // (1024 * 1024)} MiB to"
+                f" {method} {path.split('?')[0]}, more than any Relay server sends to it:"
+                " not read (is another server or a proxy at that URL?)"
+            )
+        return raw
+
     def _relay_answer(self, method: str, path: str, raw: bytes) -> Any:
         """The parsed 2xx answer, once it has the shape Relay's has: else NotRelayRootError."""
         request = f"{method} {self.url}{path.split('?')[0]}"
@@ -323,7 +360,7 @@ _NOT_RELAY_STATUSES = {
 
 def _remote_error(exc: urllib.error.HTTPError, url: str, request: str) -> errors.RelayError:
     try:
-        payload = json.loads(exc.read() or b"{}")["error"]
+        payload = json.loads(exc.read(ANSWER_BYTES) or b"{}")["error"]  # cut: not Relay's
         cls = _BY_CODE.get(payload.get("code"), errors.RelayError)
         details = payload.get("details") if isinstance(payload.get("details"), dict) else {}
         message = payload.get("message") or f"HTTP {exc.code}"

@@ -8,9 +8,16 @@ without a row in that table would silently lose both, so the two are compared he
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+from integration_support import relay
 
 from relay import client
 from relay.server import create_app
@@ -43,7 +50,72 @@ def test_every_row_of_the_clients_table_is_a_route_of_the_api(api) -> None:
     routes = _api_routes(api)
     stale = [
         (method, pattern.pattern)
-        for method, pattern, _, _ in client._ROUTES
+        for method, pattern, _, _, _ in client._ROUTES
         if not any(m == method and pattern.fullmatch(p) for m, p in routes)
     ]
     assert stale == []
+
+
+@contextlib.contextmanager
+def fat_server(size: int, declared: bool) -> Iterator[str]:
+    """A server on loopback answering every request with `size` bytes of JSON in Relay's
+    shapes, its Content-Length `declared` or the body ended by closing the connection."""
+    row = json.dumps({"id": "mem_0123456789abcdef", "text": "x" * 1000}).encode()
+    rows = b",".join([row] * (size // (len(row) + 1) + 1))
+    body = b'{"results": [], "next_cursor": null, "items": [' + rows + b"]}"
+
+    class Fat(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if declared:
+                self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            with contextlib.suppress(OSError):  # the client stops reading: that is the point
+                self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Fat)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_an_answer_larger_than_relay_sends_is_refused_unread(tmp_path: Path, declared: bool):
+    """QA: the client read any answer whole: a 50 MB one took `relay mcp` to ~570 MB. A
+    search answer is at most MAX_K passages; past ANSWER_BYTES it is one line naming the
+    server and the limit, whether the size was declared or not."""
+    with fat_server(client.ANSWER_BYTES + 1024, declared) as url:
+        done = relay(tmp_path, "search", "anything at all", "--url", url, "--key", "relay_k_s")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (
+        f"relay: error: the server at {url} sent an answer over 8 MiB to POST /v1/search, more"
+        " than any Relay server sends to it: not read (is another server or a proxy at that"
+        " URL?)\n"
+    )
+
+
+def test_a_list_may_be_larger_than_one_memory_but_is_capped_too():
+    """`relay export` reads pages of 500 memories, up to some 50 MB: a list is read under
+    the larger LIST_ANSWER_BYTES, so a page over ANSWER_BYTES still comes through."""
+    assert client.answer_bytes("GET", "/v1/memories?limit=500") == client.LIST_ANSWER_BYTES
+    assert client.answer_bytes("GET", "/v1/memories/mem_1/revisions") == client.LIST_ANSWER_BYTES
+    assert client.answer_bytes("POST", "/v1/search") == client.ANSWER_BYTES
+    with fat_server(client.ANSWER_BYTES * 2, declared=False) as url:
+        page = client.RelayClient(url, "relay_k_s").get("/v1/memories?limit=500")
+        assert len(page["items"]) > 2 * client.ANSWER_BYTES // 1100
+        with pytest.raises(client.AnswerTooLargeError, match="over 8 MiB to GET /v1/memories/m"):
+            client.RelayClient(url, "relay_k_s").get("/v1/memories/mem_0123456789abcdef")
