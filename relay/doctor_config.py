@@ -91,19 +91,21 @@ class ConfigChecks:
         capped: list[str] = []
         handed = script.handed(self.environ) if script else self.environ
         self.cfg = cfg = hook_config.load(handed, ignored, capped)
+        script_vars: set[str] = set()  # the RELAY_<NAME>s the script sets
         if script is not None:
             for unusable in script.problems(self.home(self.paths.script)):
                 self.add("warn", "config", unusable.message, unusable.fix)
             self._check_shadowed_knobs(path, raw, script)
             # A bad value from the script is named above, with its line; load() words the
             # others `name 'value' in RELAY_NAME (why)`.
-            from_script = [var for var, value in handed.items() if self.environ.get(var) != value]
-            ignored = [w for w in ignored if not any(f" in {v} (" in w for v in from_script)]
+            script_vars = {var for var, value in handed.items() if self.environ.get(var) != value}
+            ignored = [w for w in ignored if not any(f" in {v} (" in w for v in script_vars)]
         for what in ignored:
             self.add(
                 "warn",
                 "config",
-                f"the hook ignores {what} and uses the value below it (docs/hook.md)",
+                f"the hook ignores {what} and {self._runs_with(what, cfg, script_vars)}"
+                " (docs/hook.md)",
                 "fix the value (RELAY_<NAME> in the environment or in the hook script, else"
                 " config.json)",
             )
@@ -173,6 +175,19 @@ class ConfigChecks:
         if unsent is None:
             return "no API key configured", "run `relay install` with a valid key"
         return f"{unsent.what}: the hook sends no key, and no prompt gets recall", unsent.fix
+
+    def _runs_with(self, ignored: str, cfg: hook_config.Config, script_vars: set[str]) -> str:
+        """What the hook takes instead of an ignored value (`ignored` starts with the
+        setting's name), and from where: a layer below it, or one above (the knob script's
+        RELAY_<NAME> over a bad value in config.json)."""
+        name = ignored.split(" ", 1)[0]
+        where = cfg.origin.get(name)
+        value = "its value" if name == "api_key" else repr(cfg[name])  # no secret printed
+        if where is None:
+            return f"runs with its default, {value}"
+        if where in script_vars:
+            return f"runs with {value} from {self.home(self.paths.script)}"
+        return f"runs with {value} from {where if where.startswith('RELAY_') else self.home(where)}"
 
     def _check_shadowed_knobs(
         self, path: Path, raw: dict[str, Any], script: knob_script.Reading

@@ -506,6 +506,26 @@ def test_doctor_says_which_knobs_the_hook_ignores(tmp_path, server):
     ]
 
 
+def test_an_ignored_config_value_is_told_with_the_value_the_hook_runs_with(tmp_path, server):
+    """QA: deadline_ms 50 in config.json (out of range) while the script sets DEADLINE_MS=400:
+    doctor said the hook 'uses the value below it', but it runs with the script's 400, from
+    above; a value with nothing above it falls to its default, said with that default."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    config.write_text(
+        json.dumps({**json.loads(config.read_text()), "deadline_ms": 50, "min_score": "high"})
+    )
+    warned = {
+        m.split(" (", 1)[0].split(" ")[3]: m
+        for f in findings(tmp_path)
+        if (m := f["message"]).startswith("the hook ignores")
+    }
+    assert warned["deadline_ms"].endswith(
+        "and runs with 400 from ~/.relay/relay-autosearch-hook.sh (docs/hook.md)"
+    ), warned
+    assert warned["min_score"].endswith("and runs with its default, 0.2 (docs/hook.md)"), warned
+
+
 def test_a_token_budget_claude_code_would_cut_is_named_with_why(tmp_path, server):
     """QA: profile_max_tokens=8000 was accepted, and a SessionStart context of 23,986
     characters went to Claude Code, which keeps 10,000 and shows the model a preview."""
