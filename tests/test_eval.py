@@ -501,7 +501,11 @@ def test_a_teams_prompts_replay_against_the_server_every_client_command_uses(
         ('{"url": "http://x", "min_score": 2}', "the hook would ignore min_score 2 in "),
         ('{"throttle_prompts": "often"}', "the hook would ignore throttle_prompts 'often' in "),
         ('{"min_scor": 0.3}', "the hook would ignore min_scor (not a setting; did you mean "),
-        ('{"colour": "blue"}', "the hook would ignore colour (not a setting; docs/hook.md "),
+        (  # QA: a user's own key, which --apply keeps, is told how to stay (a comment)
+            '{"colour": "blue"}',
+            "the hook would ignore colour (not a setting; docs/hook.md lists them; a note of"
+            " your own: name it _colour)",
+        ),
     ],
 )
 def test_a_config_the_hook_could_not_read_is_an_error(team, tmp_path, text, expected):

@@ -261,7 +261,11 @@ def not_a_setting(name: str) -> str | None:
     import difflib
 
     near = difflib.get_close_matches(name, DEFAULTS, n=1)
-    return "not a setting" + (f"; did you mean {near[0]}?" if near else "; docs/hook.md lists them")
+    if near:
+        return f"not a setting; did you mean {near[0]}?"
+    # A key of the user's own (a note kept beside the settings): the `_` keeps it unread
+    # without a warning from doctor or a refusal from `relay eval replay --config`.
+    return f"not a setting; docs/hook.md lists them; a note of your own: name it _{name}"
 
 
 def config_path(environ: Mapping[str, str]) -> str:
