@@ -37,6 +37,8 @@ OUTCOMES = (
 SEARCHED = ("hit", "no_match", "timeout", "unavailable", "unauthorized", "invalid_response")
 UNAVAILABLE_STREAK_ALERT = 3
 UNSENT = "timeout:no_budget_left"  # the hook's reason for a timeout that made no request
+# A no_match whose server answer min_score dropped whole: a floor set too high shows here.
+FLOORED = "no_match:below_min_score"
 # Skips after the server answered: the answer could not be written (the agent stopped
 # reading, or stdout failed), so nothing was shown, but the run searched like a hit.
 UNSHOWN = ("skipped:stdout_broken_pipe", "skipped:stdout_unwritable")
@@ -144,8 +146,9 @@ def _unshown(entry: dict) -> bool:
 
 def _searched_reason(key: str) -> bool:
     """Whether runs logged with reason `key` (outcome:reason) searched: a timeout's do,
-    but for one that sent nothing; a skip's only when the answer came and went unshown."""
-    return key in UNSHOWN or (key.split(":", 1)[0] == "timeout" and key != UNSENT)
+    but for one that sent nothing; a skip's only when the answer came and went unshown; a
+    no_match's (below_min_score) always."""
+    return key in (*UNSHOWN, FLOORED) or (key.split(":", 1)[0] == "timeout" and key != UNSENT)
 
 
 def _elsewhere(entry: dict, url: str) -> bool:
@@ -216,6 +219,9 @@ def summarise(
         if outcome in ("skipped", "disabled", "timeout") and isinstance(entry.get("reason"), str):
             key = f"{outcome}:{entry['reason']}"
             reasons[key] = reasons.get(key, 0) + 1
+        elif outcome == "no_match" and _num(entry.get("below_min_score")):
+            # The server found something; the hook's min_score kept all of it back.
+            reasons[FLOORED] = reasons.get(FLOORED, 0) + 1
         ms = entry.get("ms")
         total = ms.get("total") if isinstance(ms, dict) else None
         if isinstance(total, int | float):

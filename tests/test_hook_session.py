@@ -7,6 +7,7 @@ import subprocess
 import time
 
 import pytest
+from click.testing import CliRunner
 from hook_support import (
     HOOK,
     FakeRelay,
@@ -18,6 +19,8 @@ from hook_support import (
     results,
     run_together,
 )
+
+from relay.hook_stats import stats
 
 
 class Knowledge:
@@ -739,3 +742,21 @@ def test_chit_chat_made_of_quantifiers_and_particles_does_not_search(tmp_path):
         assert_silent(hook.prompt("roll back the orders migration, thanks a lot"))
         assert hook.last()["outcome"] == "no_match"
         assert server.requests[0].json()["query"].startswith("roll back the orders migration")
+
+
+def test_a_prompt_whose_whole_answer_min_score_dropped_says_so_in_the_log_and_stats(tmp_path):
+    """QA: with min_score 0.8 a server answer scored 0.57 was logged `no_match, results 0`,
+    like a server that found nothing: nothing told a team its floor kept every hit back."""
+    answer = reply(200, results(record("mem_a", score=0.57), record("mem_b", score=0.3)))
+    with FakeRelay(answer) as server:
+        hook = Hook(tmp_path, server.url, RELAY_MIN_SCORE="0.8")
+        assert_silent(hook.prompt("where is the staging database configured?"))
+        last = hook.last()
+        assert (last["outcome"], last["results"], last["below_min_score"]) == ("no_match", 0, 2)
+        kept = Hook(tmp_path / "b", server.url, RELAY_MIN_SCORE="0.5")
+        assert_hit_contract(kept.prompt("where is the staging database configured?"))
+        assert (kept.last()["results"], kept.last()["below_min_score"]) == (1, 1)
+    state = str(tmp_path / "state")
+    text = CliRunner().invoke(stats, ["--state-dir", state, "--since", "all"]).output
+    searched, _, _ = text.partition("  not searched")
+    assert "    no_match          1\n      below_min_score           1\n" in searched, text

@@ -320,7 +320,10 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
     if records is None:
         return _maybe_tell_unauthorized(inv, session_id)
     if cfg.min_score:
-        records = [r for r in records if (r["score"] or 0.0) >= cfg.min_score]
+        kept = [r for r in records if (r["score"] or 0.0) >= cfg.min_score]
+        if len(kept) < len(records):  # the hook's floor, not the server, kept these back
+            inv.log["below_min_score"] = len(records) - len(kept)
+        records = kept
     _inject(
         inv,
         session_id,
