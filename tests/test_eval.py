@@ -27,7 +27,7 @@ from relay.eval.conversations import (
 )
 from relay.eval.faults import KINDS
 from relay.eval.harness import Run
-from relay.eval.replay import _Context, extras, figures, injected_records
+from relay.eval.replay import _Context, cumulative_by_turn, extras, figures, injected_records
 from relay.eval.report import histogram, lines, targets
 from relay.hook import config as hook_config
 from relay.hook_bench import ON_TIME_SLACK_MS
@@ -1093,3 +1093,18 @@ def git_repo_with(root, files: dict[str, str]):  # noqa: ANN001, ANN201
     subprocess.run(["git", "-C", str(root), "add", "."], check=True)
     subprocess.run(["git", "-C", str(root), *who, "commit", "-q", "-m", "x"], check=True)
     return root
+
+
+def test_the_cumulative_tokens_curve_ends_at_the_tables_figure():
+    """QA: the report's curve averaged each turn over the conversations still going, so with
+    conversations of different lengths its last point (2292) was not the table's (1654)."""
+    hit = {"outcome": "hit", "ms": 50.0, "records": 1, "duplicates": 0}
+    needed = {"kind": "needs_memory", "useful": True, "quiet": False}
+    rows = [
+        {"conversation": c, "turn": n, "turns": len(tokens), "tokens": t, **hit, **needed}
+        for c, tokens in (("a", [10, 10]), ("b", [0, 5, 0, 5]))
+        for n, t in enumerate(tokens, 1)
+    ]
+    # a: 10 held for 2 turns + 10 for 1 = 30; b: 5 for 3 turns + 5 for 1 = 20
+    assert figures(rows, 2, classes=False)["tokens_cumulative"] == 25.0
+    assert cumulative_by_turn(rows) == [5.0, 17.5, 20.0, 25.0]

@@ -318,7 +318,9 @@ def _added_by_class(on: list[dict[str, Any]], off: list[dict[str, Any]]) -> dict
 
 def cumulative_by_turn(rows: list[dict[str, Any]]) -> list[float]:
     """Mean, over conversations, of the input tokens that recall has added up to turn t
-    (the sum over turns 1..t of everything injected so far)."""
+    (the sum over turns 1..t of everything injected so far). A conversation shorter than t
+    counts at its total, so the last point is the table's `tokens_cumulative` (averaged
+    over only the conversations still going, the curve ended above it: QA)."""
     per_conv: dict[str, list[int]] = defaultdict(list)
     for r in sorted(rows, key=lambda r: (r["conversation"], r["turn"])):
         per_conv[r["conversation"]].append(r["tokens"])
@@ -327,9 +329,8 @@ def cumulative_by_turn(rows: list[dict[str, Any]]) -> list[float]:
     for t in range(longest):
         values = []
         for series in per_conv.values():
-            if len(series) > t:
-                held = [sum(series[: s + 1]) for s in range(t + 1)]
-                values.append(sum(held))
+            upto = min(t, len(series) - 1)
+            values.append(sum(sum(series[: s + 1]) for s in range(upto + 1)))
         out.append(round(statistics.fmean(values), 1))
     return out
 
