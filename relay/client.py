@@ -101,6 +101,25 @@ def deleted_at(memory_id: str, tombstone: dict[str, Any]) -> str:
     )
 
 
+def search_records(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """A search answer's results as the recall hook checks and reads them (`score`, `title`
+    and `source` may be missing): a flaw is one error line naming it, not a KeyError in the
+    command that printed them, and an answer the server ran out of time to search for is
+    UnavailableError, not "nothing relevant"."""
+    from relay.hook.client import HookFailure
+    from relay.hook.pack import starved, validate
+
+    try:
+        records = validate(answer)
+    except HookFailure as exc:
+        raise errors.RelayError(
+            f"the Relay server sent a malformed answer ({exc.detail})"
+        ) from None
+    if starved(answer, records):  # not "nothing relevant": nothing was looked at
+        raise errors.UnavailableError(errors.SEARCH_OUT_OF_TIME)
+    return records
+
+
 class AnswerTooLargeError(errors.RelayError):
     """An answer larger than any Relay server sends to that request: not read whole."""
 

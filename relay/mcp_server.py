@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 import click
 
 from relay import errors
-from relay.client import deleted_at, deletion, memory_path
+from relay.client import deleted_at, deletion, memory_path, search_records
 from relay.hook.pack import label_attribute, label_text
 from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
 from relay.key_file import given_key, key_file_option
@@ -178,15 +178,9 @@ class LocalBackend:
 # -- rendering -------------------------------------------------------------------
 def render_search(response: dict[str, Any], k: int) -> str:
     """The hook's validation and packing, without a conversation ledger."""
-    from relay.hook.client import HookFailure
-    from relay.hook.pack import pack, starved, validate
+    from relay.hook.pack import pack
 
-    try:
-        records = validate(response)
-    except HookFailure as exc:
-        raise errors.RelayError(f"the Relay server sent a malformed answer ({exc})") from None
-    if starved(response, records):  # not "nothing relevant": nothing was looked at
-        raise errors.UnavailableError(errors.SEARCH_OUT_OF_TIME)
+    records = search_records(response)
     context, _, _ = pack(records, {}, k, SEARCH_TOKENS, SEARCH_INTRO)
     if context is None:
         return NOTHING_FOUND

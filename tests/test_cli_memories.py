@@ -438,6 +438,27 @@ def test_search_says_when_the_server_had_no_time_to_search(tmp_path):
     assert (done.returncode, done.stdout) == (0, "nothing relevant\n"), done.stderr
 
 
+def test_search_reads_an_answer_as_the_hook_checks_it(tmp_path):
+    """`relay search` against a server answering results without a score (or text) ended in
+    a KeyError traceback: a flawed answer is one line naming the flaw, and a result the hook
+    would take without a score (it is optional) is listed."""
+    from hook_support import FakeRelay, record, reply
+    from integration_support import relay
+
+    with FakeRelay(reply(200, {"results": [{"id": "x", "revision": 1}]})) as server:
+        done = relay(tmp_path, "search", "staging", "--url", server.url, "--key", "relay_k_x")
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr == (
+        "relay: error: the Relay server sent a malformed answer"
+        " (results[].text is not a string of sane size)\n"
+    )
+    scoreless = record("mem_a", text="Blue.", score=None, title=None, source=None)
+    with FakeRelay(reply(200, {"results": [scoreless]})) as server:
+        done = relay(tmp_path, "search", "staging", "--url", server.url, "--key", "relay_k_x")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[-] mem_a rev 1  unknown  \n    Blue.\n"
+
+
 def test_a_url_that_is_not_the_servers_root_says_so(tmp_path, live_server):
     """QA: `relay search foo --url http://host:port/v1` said "relay: error: Not Found" (exit
     4): the route missing, not a memory. As `relay install` says it, with what to give."""

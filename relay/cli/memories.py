@@ -13,7 +13,7 @@ from relay.cli.common import (
     client_options,
     echo_json,
 )
-from relay.errors import SEARCH_OUT_OF_TIME, InvalidRequestError, UnavailableError
+from relay.errors import InvalidRequestError
 
 
 def _memory_fields(
@@ -345,12 +345,12 @@ def search(client, query: str, k: int, mode: str, as_json: bool) -> None:  # noq
     if as_json:
         echo_json(response)
         return
-    if not response["results"]:
-        from relay.hook.pack import starved
+    from relay.client import search_records
 
-        if starved(response, response["results"]):  # nothing was looked at: no answer
-            raise UnavailableError(SEARCH_OUT_OF_TIME)
+    records = search_records(response)
+    if not records:
         click.echo("nothing relevant")
-    for r in response["results"]:
-        head = f"[{r['score']:.2f}] {r['id']} rev {r['revision']}  {r['source'] or ''}"
-        click.echo(f"{head}  {r['title'] or ''}\n    {r['text']}")
+    for r in records:
+        score = "[-]" if r["score"] is None else f"[{r['score']:.2f}]"
+        head = f"{score} {r['id']} rev {r['revision']}  {r['source']}"
+        click.echo(f"{head}  {r['title']}\n    {r['text']}")
