@@ -351,10 +351,14 @@ class Migration:
         """The org's totals (its passages and tokens, each term's and each audience set's
         passages) counted on the target from what it holds, the source's copies and what
         the target took itself since an earlier run alike: copied from the source, they
-        would leave out the latter. The generation moves past the source's."""
-        from relay.store.postgres import recount_passage_totals
+        would leave out the latter. Which memory supersedes which is worked out on the target
+        too, from the links of its live memories: the source's superseded_by would bring a
+        memory a replica superseded since back into recall. The generation moves past the
+        source's."""
+        from relay.store.postgres import recount_passage_totals, relink_org_superseded
 
         conn.execute("SELECT 1 FROM orgs WHERE id = %s FOR UPDATE", (org,))
+        relink_org_superseded(conn, org)
         recount_passage_totals(conn, org)
         conn.execute(
             "UPDATE orgs SET generation = greatest(generation, %s) + 1 WHERE id = %s",

@@ -186,6 +186,31 @@ def test_a_rerun_never_undoes_a_revocation_a_delete_or_an_edit_made_on_the_targe
     assert stored_totals(pg_store, acme) == recounted_totals(pg_store, acme)
 
 
+def test_a_rerun_never_brings_back_a_memory_superseded_on_the_target(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    """Superseding a memory does not move its revision, so a re-run copied the source's
+    superseded_by (none) over the link a replica made: the replaced fact came back into
+    recall beside its replacement. A link the source drops since (its replacement deleted
+    there) is dropped on the target too."""
+    db = tmp_path / "relay.db"
+    acme, _ = _populate(db)
+    assert CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url]).exit_code == 0
+    body = "Fact 6, replaced on PostgreSQL"
+    draft = MemoryDraft(body=body, supersedes=("m6",))
+    pg_store.save_memory(acme, "repl", draft, "eve", _passages(body, 42), "create")
+    src = SQLiteStore(db)
+    src.delete_memory(acme, "new", "bob", None)  # `new` superseded m4: m4 is current again
+    src.close()
+
+    again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert "the target differs" in str(again.exception), again.output
+    assert pg_store.get_memory(acme, "m6", None).superseded_by == "repl"
+    assert pg_store.get_memory(acme, "m4", None).superseded_by is None
+    found = {p.memory_id for p in _found(pg_store, acme, ["fact"], datetime.now(UTC))}
+    assert "m6" not in found and {"repl", "m4"} <= found
+
+
 def test_a_rerun_onto_a_target_that_took_writes_keeps_its_totals_true(
     tmp_path: Path, pg_url: str, pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
 ):

@@ -61,7 +61,7 @@ from relay.store.postgres.reports import HookOutcomes
 from relay.store.postgres.search import SearchStages, within_budget
 from relay.store.postgres.totals import _repair_passage_totals, recount_passage_totals
 from relay.store.postgres.vectors import VectorSearch, ef_search_for
-from relay.store.postgres.writes import MemoryWrites, insert_passages
+from relay.store.postgres.writes import MemoryWrites, insert_passages, relink_org_superseded
 from relay.store.vector_index import VectorIndex
 
 # What the rest of Relay (relay migrate, benchmarks, tests) imports from here.
@@ -74,6 +74,7 @@ __all__ = [
     "insert_passages",
     "parse_url",
     "recount_passage_totals",
+    "relink_org_superseded",
     "within_budget",
 ]
 

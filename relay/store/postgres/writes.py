@@ -509,3 +509,25 @@ def _relink_superseded(conn: PgConnection, org_id: str, memory_id: str) -> None:
         " WHERE m.org_id = %s AND m.superseded_by = %s",
         (org_id, memory_id),
     )
+
+
+def relink_org_superseded(conn: PgConnection, org_id: str) -> None:
+    """Point every memory of the org at the latest-written live memory that supersedes it,
+    or at none: `_relink_superseded`'s rule over the whole org, for rows written from
+    elsewhere (`relay migrate` copies the source's superseded_by, which knows nothing of a
+    link a replica made since, and would bring the memory it replaced back into recall)."""
+    links = (
+        "SELECT DISTINCT ON (t.id) t.id, s.id AS by FROM memories s, unnest(s.supersedes) t(id)"
+        " WHERE s.org_id = %(org)s AND s.deleted_at IS NULL"
+        " ORDER BY t.id, s.updated_at DESC, s.id"
+    )
+    conn.execute(
+        f"UPDATE memories m SET superseded_by = l.by FROM ({links}) l"
+        " WHERE m.org_id = %(org)s AND m.id = l.id AND m.superseded_by IS DISTINCT FROM l.by",
+        {"org": org_id},
+    )
+    conn.execute(
+        "UPDATE memories m SET superseded_by = NULL WHERE m.org_id = %(org)s"
+        f" AND m.superseded_by IS NOT NULL AND m.id NOT IN (SELECT l.id FROM ({links}) l)",
+        {"org": org_id},
+    )
