@@ -146,36 +146,39 @@ class NotRelayRootError(errors.InvalidRequestError):
 # answer). One memory as JSON is at most about 100 KB: its body, title, source and tags at 4
 # bytes a character (UTF-8's most), 64 audiences and links. An answer about one memory or a
 # search (MAX_K passages) stays under 2 MB; a list (a page of 500 memories, as `relay export`
-# reads them) under 50 MB; a memory's revisions and the pinned profile have no count bound,
-# so a list gets the larger bound, thousands of full-size revisions.
+# reads them) under 50 MB. A memory's revisions and the pinned profile have no count bound
+# (2,100 revisions of a full-size body weigh 135 MB), so no size is more than a Relay server
+# sends to them: they are read whole (None), as any cap would refuse a real server's answer.
 ANSWER_BYTES = 8 * 1024 * 1024
 LIST_ANSWER_BYTES = 128 * 1024 * 1024
 
 # Relay's routes: what each answer holds at its top level (None: no body, a 204), whether
-# the request writes, and whether its answer is a list (LIST_ANSWER_BYTES, else ANSWER_BYTES).
-# An answer without those keys is some other server's (one that answers JSON 200 to
-# everything), said here once rather than a KeyError in whichever command read it; and a
-# request that writes nothing (a search is a POST) is not said to maybe have written. Keys
-# a newer server added are not required (an older one lacks them).
+# the request writes, and what bounds its answer ("one": ANSWER_BYTES, "page":
+# LIST_ANSWER_BYTES, None: nothing). An answer without those keys is some other server's
+# (one that answers JSON 200 to everything), said here once rather than a KeyError in
+# whichever command read it; and a request that writes nothing (a search is a POST) is not
+# said to maybe have written. Keys a newer server added are not required (an older one
+# lacks them).
 _ID = r"/[^/?]+"
-_ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, bool, bool], ...] = tuple(
-    (method, re.compile(path + r"(\?.*)?"), keys, writes, lists)
-    for method, path, keys, writes, lists in (
-        ("GET", "/healthz", ("status", "version"), False, False),
-        ("GET", "/v1/whoami", ("org", "key"), False, False),
-        ("GET", "/v1/profile", ("results",), False, True),
-        ("POST", "/v1/search", ("results",), False, False),
-        ("POST", "/v1/memories", ("id",), True, False),
-        ("POST", "/v1/memories/batch", ("written", "unchanged"), True, False),
-        ("GET", "/v1/memories", ("items", "next_cursor"), False, True),
-        ("GET", f"/v1/memories{_ID}", ("id",), False, False),
-        ("PATCH", f"/v1/memories{_ID}", ("id",), True, False),
-        ("DELETE", f"/v1/memories{_ID}", None, True, False),
-        ("GET", f"/v1/memories{_ID}/revisions", ("items",), False, True),
-        ("POST", "/v1/keys", ("id", "secret"), True, False),
-        ("GET", "/v1/keys", ("items",), False, True),
-        ("DELETE", f"/v1/keys{_ID}", ("id",), True, False),
-        ("POST", "/v1/hook-outcomes", ("developer",), True, False),
+_ONE, _PAGE = "one", "page"
+_ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, bool, str | None], ...] = tuple(
+    (method, re.compile(path + r"(\?.*)?"), keys, writes, most)
+    for method, path, keys, writes, most in (
+        ("GET", "/healthz", ("status", "version"), False, _ONE),
+        ("GET", "/v1/whoami", ("org", "key"), False, _ONE),
+        ("GET", "/v1/profile", ("results",), False, None),
+        ("POST", "/v1/search", ("results",), False, _ONE),
+        ("POST", "/v1/memories", ("id",), True, _ONE),
+        ("POST", "/v1/memories/batch", ("written", "unchanged"), True, _ONE),
+        ("GET", "/v1/memories", ("items", "next_cursor"), False, _PAGE),
+        ("GET", f"/v1/memories{_ID}", ("id",), False, _ONE),
+        ("PATCH", f"/v1/memories{_ID}", ("id",), True, _ONE),
+        ("DELETE", f"/v1/memories{_ID}", None, True, _ONE),
+        ("GET", f"/v1/memories{_ID}/revisions", ("items",), False, None),
+        ("POST", "/v1/keys", ("id", "secret"), True, _ONE),
+        ("GET", "/v1/keys", ("items",), False, _PAGE),
+        ("DELETE", f"/v1/keys{_ID}", ("id",), True, _ONE),
+        ("POST", "/v1/hook-outcomes", ("developer",), True, _ONE),
     )
 )
 
@@ -189,11 +192,12 @@ def _route(method: str, path: str) -> tuple[tuple[str, ...] | None, bool]:
     return (), method not in ("GET", "HEAD")
 
 
-def answer_bytes(method: str, path: str) -> int:
-    """The most Relay's answer to `method path` may weigh (an unknown route: a list's)."""
-    for m, pattern, _, _, lists in _ROUTES:
+def answer_bytes(method: str, path: str) -> int | None:
+    """The most Relay's answer to `method path` may weigh (None: no bound; an unknown route:
+    a page's)."""
+    for m, pattern, _, _, most in _ROUTES:
         if m == method and pattern.fullmatch(path):
-            return LIST_ANSWER_BYTES if lists else ANSWER_BYTES
+            return None if most is None else ANSWER_BYTES if most == _ONE else LIST_ANSWER_BYTES
     return LIST_ANSWER_BYTES
 
 
@@ -335,6 +339,8 @@ class RelayClient:
         """The answer's body, refused unread past the most Relay sends to `method path`
         (declared larger, or longer than it said)."""
         cap = answer_bytes(method, path)
+        if cap is None:
+            return bytes(resp.read())
         declared = resp.headers.get("Content-Length", "")
         too_large = declared.isdigit() and int(declared) > cap
         raw = b"" if too_large else resp.read(cap + 1)

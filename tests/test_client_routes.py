@@ -112,10 +112,24 @@ def test_a_list_may_be_larger_than_one_memory_but_is_capped_too():
     """`relay export` reads pages of 500 memories, up to some 50 MB: a list is read under
     the larger LIST_ANSWER_BYTES, so a page over ANSWER_BYTES still comes through."""
     assert client.answer_bytes("GET", "/v1/memories?limit=500") == client.LIST_ANSWER_BYTES
-    assert client.answer_bytes("GET", "/v1/memories/mem_1/revisions") == client.LIST_ANSWER_BYTES
     assert client.answer_bytes("POST", "/v1/search") == client.ANSWER_BYTES
     with fat_server(client.ANSWER_BYTES * 2, declared=False) as url:
         page = client.RelayClient(url, "relay_k_s").get("/v1/memories?limit=500")
         assert len(page["items"]) > 2 * client.ANSWER_BYTES // 1100
         with pytest.raises(client.AnswerTooLargeError, match="over 8 MiB to GET /v1/memories/m"):
             client.RelayClient(url, "relay_k_s").get("/v1/memories/mem_0123456789abcdef")
+
+
+def test_a_long_history_or_profile_is_read_whatever_its_size(monkeypatch):
+    """A memory's revisions and the pinned profile have no count bound: 2,100 revisions of a
+    full-size body came to 135 MB from a real server, and `relay history` refused them as
+    'more than any Relay server sends'. They are read whole; a page of a list still is not
+    (LIST_ANSWER_BYTES is made small here so the answers stay a few MB)."""
+    monkeypatch.setattr(client, "LIST_ANSWER_BYTES", client.ANSWER_BYTES * 2)
+    with fat_server(client.ANSWER_BYTES * 3, declared=True) as url:
+        relay_client = client.RelayClient(url, "relay_k_s")
+        history = relay_client.get("/v1/memories/mem_0123456789abcdef/revisions")
+        assert len(history["items"]) > 3 * client.ANSWER_BYTES // 1100
+        assert relay_client.get("/v1/profile")["results"] == []
+        with pytest.raises(client.AnswerTooLargeError, match="over 16 MiB to GET /v1/memories"):
+            relay_client.get("/v1/memories?limit=500")
