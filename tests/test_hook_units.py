@@ -706,3 +706,13 @@ def test_the_environments_key_file_outranks_a_key_the_config_file_spells_out(tmp
     # RELAY_API_KEY still outranks both; without the variable the inline key is sent
     assert config.load({**env, "RELAY_API_KEY": "relay_env_inline"}).api_key == "relay_env_inline"
     assert config.load({"RELAY_CONFIG": str(path)}).api_key == "relay_file_inline"
+
+
+def test_an_empty_key_file_variable_leaves_the_config_files_key_in_force(tmp_path):
+    """`RELAY_API_KEY_FILE=` (set, empty: a wrapper script's or compose file's blank default)
+    names no file, so it cannot outrank the config file's key: it took the key away, and the
+    hook sent none (no recall on any prompt), where before it sent the config file's."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"url": "http://relay:8080", "api_key": "relay_file_inline"}))
+    cfg = config.load({"RELAY_CONFIG": str(path), "RELAY_API_KEY_FILE": ""})
+    assert (cfg.api_key, cfg.key_setting) == ("relay_file_inline", "api_key")

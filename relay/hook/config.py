@@ -405,14 +405,13 @@ def sendable(key: str) -> bool:
 
 def _resolve_key(cfg: Config) -> str:
     """The key the hook sends: `api_key`, else the first line of the file `api_key_file`
-    names (first when RELAY_API_KEY_FILE names it and only the config file has `api_key`,
-    as every RELAY_* outranks the file); "" when they give none it can send. The one reading
-    of the key's sources: what it found is noted in `cfg` (`key_setting`, `unsent_key`) for
-    messages to word."""
+    names (first when RELAY_API_KEY_FILE names one and only the config file has `api_key`,
+    as every RELAY_* outranks the file; an empty one names no file); "" when they give none
+    it can send. The one reading of the key's sources: what it found is noted in `cfg`
+    (`key_setting`, `unsent_key`) for messages to word."""
     key, error = cfg["api_key"], None
-    if cfg.origin.get("api_key_file", "").startswith("RELAY_") and not cfg.origin.get(
-        "api_key", ""
-    ).startswith("RELAY_"):
+    env_file = cfg["api_key_file"] and cfg.origin.get("api_key_file", "").startswith("RELAY_")
+    if env_file and not cfg.origin.get("api_key", "").startswith("RELAY_"):
         key = ""  # this environment's key file outranks a key the config file spells out
     cfg.key_setting = "api_key" if key else ""
     if not key and cfg["api_key_file"]:
