@@ -276,11 +276,20 @@ class BatchProxy:
 def web_server(directory: Path):
     """A real web server that is not Relay, serving `directory` on loopback."""
     import functools
-    import threading
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import SimpleHTTPRequestHandler
 
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(directory))
     handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    with serving(handler) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(handler):  # noqa: ANN001  (a request handler class, or a partial of one)
+    """`handler` served on a loopback port by a thread; yields its base URL."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

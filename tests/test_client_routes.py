@@ -11,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from integration_support import relay
+from integration_support import relay, serving
 
 from relay import client
 from relay.server import create_app
@@ -82,15 +81,8 @@ def fat_server(size: int, declared: bool) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Fat)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
+    with serving(Fat) as url:
+        yield url
 
 
 @pytest.mark.parametrize("declared", [True, False])
