@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
+from typing import Any
 
 SCOPES = ("memory:read", "memory:write", "admin")
 EVERYONE = "all"
@@ -257,6 +260,28 @@ class HookReport:
             "hook_ms": self.hook_ms,
             "breaker": self.breaker,
         }
+
+
+# The hook_outcomes table's columns after org_id, in both stores: the report's fields, its
+# dicts kept as JSON.
+HOOK_REPORT_COLUMNS = tuple(f.name for f in fields(HookReport))
+HOOK_REPORT_JSON = ("outcomes", "hook_ms")
+
+
+def hook_report_row(report: HookReport, received_at: object) -> tuple[object, ...]:
+    """The report's values in HOOK_REPORT_COLUMNS order, its dicts as JSON text and its time
+    as the store keeps it (`received_at`)."""
+    row = asdict(report) | {k: json.dumps(getattr(report, k)) for k in HOOK_REPORT_JSON}
+    return tuple(received_at if c == "received_at" else row[c] for c in HOOK_REPORT_COLUMNS)
+
+
+def hook_report_from_row(row: Mapping[str, Any], received_at: float) -> HookReport:
+    """A stored report back: its JSON as text (SQLite) or already read (PostgreSQL)."""
+    values = {c: row[c] for c in HOOK_REPORT_COLUMNS} | {"received_at": received_at}
+    for k in HOOK_REPORT_JSON:
+        if isinstance(values[k], str):
+            values[k] = json.loads(values[k])
+    return HookReport(**values)
 
 
 @dataclass(frozen=True)

@@ -5,20 +5,23 @@ one org at once never both pass a cap."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
-from typing import Any
 
 from relay.models import (
     DEVELOPERS_PER_ORG,
+    HOOK_REPORT_COLUMNS,
+    HOOK_REPORT_JSON,
     NAMES_PER_KEY,
     REPORTS_PER_DEVELOPER,
     HookHistory,
     HookReport,
+    hook_report_from_row,
+    hook_report_row,
 )
 from relay.store.postgres.connection import PgConnection, PostgresConnections
 
 _SENDER = "org_id = %s AND key_id = %s AND developer = %s"
+_MARKS = {c: "%s::json" if c in HOOK_REPORT_JSON else "%s" for c in HOOK_REPORT_COLUMNS}
 
 
 class HookOutcomes(PostgresConnections):
@@ -31,24 +34,9 @@ class HookOutcomes(PostgresConnections):
                 f"UPDATE hook_outcomes SET latest = false WHERE {_SENDER} AND latest", sender
             ).rowcount
             conn.execute(
-                "INSERT INTO hook_outcomes (org_id, key_id, developer, received_at,"
-                " period_since, period_until, invocations, outcomes, unauthorized_streak,"
-                " unauthorized_since, unavailable_streak, unavailable_since, hook_ms, breaker)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s::json, %s)",
-                (
-                    *sender,
-                    datetime.fromtimestamp(report.received_at, UTC),
-                    report.period_since,
-                    report.period_until,
-                    report.invocations,
-                    json.dumps(report.outcomes),
-                    report.unauthorized_streak,
-                    report.unauthorized_since,
-                    report.unavailable_streak,
-                    report.unavailable_since,
-                    json.dumps(report.hook_ms),
-                    report.breaker,
-                ),
+                f"INSERT INTO hook_outcomes (org_id, {', '.join(HOOK_REPORT_COLUMNS)}) VALUES"
+                f" (%s, {', '.join(_MARKS[c] for c in HOOK_REPORT_COLUMNS)})",
+                (org_id, *hook_report_row(report, datetime.fromtimestamp(report.received_at, UTC))),
             )
             conn.execute(
                 f"DELETE FROM hook_outcomes WHERE {_SENDER} AND id <= (SELECT id FROM"
@@ -72,7 +60,8 @@ class HookOutcomes(PostgresConnections):
             ).fetchall()
         return {
             (r["key_id"], r["developer"]): HookHistory(
-                _report(r), [(float(at), u, a) for at, u, a in r["streaks"]]
+                hook_report_from_row(r, r["received_at"].timestamp()),
+                [(float(at), u, a) for at, u, a in r["streaks"]],
             )
             for r in rows
         }
@@ -100,21 +89,3 @@ def _drop_oldest_senders(conn: PgConnection, org_id: str, key_id: str) -> None:
                 " WHERE h.org_id = %s AND h.key_id = s.k AND h.developer = s.d",
                 ([r["key_id"] for r in stale], [r["developer"] for r in stale], org_id),
             )
-
-
-def _report(r: dict[str, Any]) -> HookReport:
-    return HookReport(
-        received_at=r["received_at"].timestamp(),
-        developer=r["developer"],
-        key_id=r["key_id"],
-        period_since=r["period_since"],
-        period_until=r["period_until"],
-        invocations=r["invocations"],
-        outcomes=r["outcomes"],
-        unauthorized_streak=r["unauthorized_streak"],
-        unauthorized_since=r["unauthorized_since"],
-        unavailable_streak=r["unavailable_streak"],
-        unavailable_since=r["unavailable_since"],
-        hook_ms=r["hook_ms"],
-        breaker=r["breaker"],
-    )

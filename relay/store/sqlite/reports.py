@@ -3,15 +3,17 @@ of each (key, developer name), capped in the write's transaction (`relay.models`
 
 from __future__ import annotations
 
-import json
 import sqlite3
 
 from relay.models import (
     DEVELOPERS_PER_ORG,
+    HOOK_REPORT_COLUMNS,
     NAMES_PER_KEY,
     REPORTS_PER_DEVELOPER,
     HookHistory,
     HookReport,
+    hook_report_from_row,
+    hook_report_row,
 )
 from relay.store.sqlite.connection import SQLiteConnections
 
@@ -28,24 +30,9 @@ class HookOutcomes(SQLiteConnections):
                 f"UPDATE hook_outcomes SET latest = 0 WHERE {_SENDER} AND latest", sender
             ).rowcount
             conn.execute(
-                "INSERT INTO hook_outcomes (org_id, key_id, developer, received_at,"
-                " period_since, period_until, invocations, outcomes, unauthorized_streak,"
-                " unauthorized_since, unavailable_streak, unavailable_since, hook_ms, breaker)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    *sender,
-                    report.received_at,
-                    report.period_since,
-                    report.period_until,
-                    report.invocations,
-                    json.dumps(report.outcomes),
-                    report.unauthorized_streak,
-                    report.unauthorized_since,
-                    report.unavailable_streak,
-                    report.unavailable_since,
-                    json.dumps(report.hook_ms),
-                    report.breaker,
-                ),
+                f"INSERT INTO hook_outcomes (org_id, {', '.join(HOOK_REPORT_COLUMNS)})"
+                f" VALUES (?{', ?' * len(HOOK_REPORT_COLUMNS)})",
+                (org_id, *hook_report_row(report, report.received_at)),
             )
             conn.execute(
                 f"DELETE FROM hook_outcomes WHERE {_SENDER} AND id <= (SELECT id FROM"
@@ -69,7 +56,7 @@ class HookOutcomes(SQLiteConnections):
                 streaks.setdefault((r[0], r[1]), []).append((r[2], r[3], r[4]))
         return {
             (r["key_id"], r["developer"]): HookHistory(
-                _report(r), streaks[(r["key_id"], r["developer"])]
+                hook_report_from_row(r, r["received_at"]), streaks[(r["key_id"], r["developer"])]
             )
             for r in latest
         }
@@ -92,21 +79,3 @@ def _drop_oldest_senders(conn: sqlite3.Connection, org_id: str, key_id: str) -> 
     ):
         stale = [(org_id, r["key_id"], r["developer"]) for r in conn.execute(query, args)]
         conn.executemany(f"DELETE FROM hook_outcomes WHERE {_SENDER}", stale)
-
-
-def _report(r: sqlite3.Row) -> HookReport:
-    return HookReport(
-        received_at=r["received_at"],
-        developer=r["developer"],
-        key_id=r["key_id"],
-        period_since=r["period_since"],
-        period_until=r["period_until"],
-        invocations=r["invocations"],
-        outcomes=json.loads(r["outcomes"]),
-        unauthorized_streak=r["unauthorized_streak"],
-        unauthorized_since=r["unauthorized_since"],
-        unavailable_streak=r["unavailable_streak"],
-        unavailable_since=r["unavailable_since"],
-        hook_ms=json.loads(r["hook_ms"]),
-        breaker=r["breaker"],
-    )
