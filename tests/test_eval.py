@@ -404,6 +404,11 @@ def test_a_server_lost_part_of_the_way_in_stops_the_replay_without_advice(tmp_pa
     assert report["advice"]["refused"] in line
     assert report["figures"]["on"]["outcomes"]["unavailable"] > 0
     assert "no advice: " in out and "got no answer from the server" in out
+    # ... and the report's cards judge no target on an outage's figures (QA: they said met)
+    page = (tmp_path / "rep" / "replay.html").read_text()
+    cards = page.split('<div class="cards">', 1)[1].split("</div></div>", 1)[0]
+    assert cards.count("not measured") == 5 and ">met<" not in cards and "not met" not in cards
+    assert "hook runs got no answer from the server (it stopped answering part of" in page
 
 
 def test_a_key_that_cannot_read_is_refused_with_a_command_that_makes_one(team_server, tmp_path):

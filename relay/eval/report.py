@@ -24,6 +24,7 @@ from relay.eval.advice import (
     knob_and_effect,
 )
 from relay.eval.conversations import MEMORY_CLASSES, UNLABELLED
+from relay.eval.replay import SERVER_FAILURES
 from relay.hook_bench import ON_TIME_SLACK_MS
 
 COLOURS = {"on": "#2f6fdf", "off": "#9aa5b4", "ungated": "#e0832f"}
@@ -260,15 +261,17 @@ def _at_least(value: float | None, target: float) -> bool | None:
 
 def targets(result: dict[str, Any], more: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """The issue's targets, each with the measured figure (None: the data cannot tell, e.g.
-    usefulness when no prompt names the memories it needs)."""
+    usefulness when no prompt names the memories it needs, or any target of a replay whose
+    server stopped answering part of the way: `unanswered`)."""
     on, ungated = result["on"], result["ungated"]
+    outage = unanswered(result) > 0
     ratio = (
         on["tokens_cumulative"] / ungated["tokens_cumulative"]
         if ungated["tokens_cumulative"]
         else 0.0
     )
     over = more["modes"]["on"]["over_deadline"]
-    return [
+    measured = [
         ("duplicate rate 0", f"{on['duplicate_rate']:.4f}", on["duplicate_rate"] == 0),
         (f"no prompt over deadline + {ON_TIME_SLACK_MS} ms", f"{over} over", over == 0),
         (
@@ -283,6 +286,13 @@ def targets(result: dict[str, Any], more: dict[str, Any]) -> list[tuple[str, str
         ),
         ("cumulative tokens ≤ 1/3 of ungated", f"{ratio:.3f} of ungated", ratio <= TOKEN_TARGET),
     ]
+    return [(name, figure, None if outage else ok) for name, figure, ok in measured]
+
+
+def unanswered(result: dict[str, Any]) -> int:
+    """Hook runs of the modes that search which the server failed (`relay eval replay`
+    exits 1 for them): their turns read as quiet and not useful, so nothing is judged."""
+    return sum(result[m]["outcomes"].get(o, 0) for m in ("on", "ungated") for o in SERVER_FAILURES)
 
 
 def replay_page(report: dict[str, Any]) -> str:
@@ -311,6 +321,12 @@ def replay_page(report: dict[str, Any]) -> str:
         '<p class="meta">The targets as measured in this replay, recall on with the knobs '
         "replayed; the advice below predicts them for the setting it advises.</p>"
     )
+    if failed := unanswered(result):
+        body.append(
+            f'<p class="fail">{failed} hook runs got no answer from the server (it stopped '
+            "answering part of the way): these figures measure that, not recall, so no target "
+            "is judged. Replay once <code>relay doctor</code> finds the server well.</p>"
+        )
     body.append(f'<div class="cards">{"".join(cards)}</div>')
     body.append("<h2>Hook wall time, spawn to exit</h2>")
     body.append(
