@@ -369,7 +369,8 @@ def strip_codex_config(text: str) -> str:
     return "".join(out)
 
 
-_FEATURES_HEADER = re.compile(r"^[ \t]*\[[ \t]*features[ \t]*\][ \t]*(#.*)?$")
+# A header line as splitlines(keepends=True) gives it: CRLF files end it in "\r\n".
+_FEATURES_HEADER = re.compile(r"^[ \t]*\[[ \t]*features[ \t]*\][ \t]*(#[^\r\n]*)?\r?$")
 
 
 def add_codex_config(
@@ -423,17 +424,18 @@ def add_codex_config(
                 f"relay install); make it run `{relay_bin} mcp` for explicit recall"
             )
     new = base
+    nl = "\r\n" if base.split("\n", 1)[0].endswith("\r") else "\n"  # the file's line ends
     if feature_line_at is not None:
         lines = new.splitlines(keepends=True)
         if not lines[feature_line_at - 1].endswith("\n"):
-            lines[feature_line_at - 1] += "\n"
-        lines.insert(feature_line_at, f"hooks = true  {TOML_FEATURE_MARK}\n")
+            lines[feature_line_at - 1] += nl
+        lines.insert(feature_line_at, f"hooks = true  {TOML_FEATURE_MARK}{nl}")
         new = "".join(lines)
     if block:
         if new and not new.endswith("\n"):
-            new += "\n"
-        sep = "\n" if new.strip() else ""
-        new += sep + "\n".join([TOML_BEGIN, *block, TOML_END]) + "\n"
+            new += nl
+        sep = nl if new.strip() else ""
+        new += sep + nl.join([TOML_BEGIN, *block, TOML_END]) + nl
     check = parse_toml(new, where)  # never hand back text that Codex could not read
     if relay_bin is not None and current is None:
         assert check["mcp_servers"][SERVER_NAME] == {"command": relay_bin, "args": ["mcp"]}

@@ -97,6 +97,7 @@ CODEX_CASES = {
     "features header with comment": "[ features ]  # flags\nfoo = 1",
     "legacy flag on": "[features]\ncodex_hooks = true\n",
     "features header last, no newline": 'model = "o3"\n[features]',
+    "CRLF line endings": "[features]\r\nweb_search = true # on\r\n\r\n[x]\r\ny = 1\r\n",
 }
 
 
@@ -113,6 +114,18 @@ def test_codex_config_edit_is_valid_minimal_and_reversible(text):
     assert tomllib.loads(agents.strip_codex_config(new)) == tomllib.loads(text)
     kept = [line for line in text.splitlines() if line.strip()]
     assert all(line in new.splitlines() for line in kept)  # nothing the user wrote is rewritten
+
+
+def test_a_crlf_config_gets_crlf_lines_and_strips_back_to_its_bytes():
+    # A config.toml saved on Windows: its [features] header ends in "\r\n". The header went
+    # unrecognised, so the hooks flag was never set, and install's note said [features]
+    # was "in a form relay install does not edit".
+    text = "# mine\r\n[features]\r\nweb_search = true\r\n"
+    new, notes = agents.add_codex_config(text, RELAY, "config.toml")
+    assert notes == []
+    assert tomllib.loads(new)["features"] == {"hooks": True, "web_search": True}
+    assert "\n" not in new.replace("\r\n", "")  # every line Relay adds ends as the file's do
+    assert agents.strip_codex_config(new) == text
 
 
 def test_codex_config_respects_what_it_should_not_touch():
