@@ -347,22 +347,34 @@ def _toml_str(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# The lines `add_codex_config` writes inside its block.
+_BLOCK_LINE = re.compile(
+    rf'\[features\]|hooks = true|\[mcp_servers\.{SERVER_NAME}\]|command = ".*"|args = \["mcp"\]'
+)
+
+
 def strip_codex_config(text: str) -> str:
-    """`text` without Relay's marked block and marked feature line, everything else untouched."""
+    """`text` without Relay's marked block and marked feature line, everything else untouched.
+    A block whose end marker was deleted ends at the first line Relay does not write there:
+    taking all that follows took the user's own tables with it."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
-    inside = False
-    for line in lines:
+    inside = closed = False
+    for i, line in enumerate(lines):
         stripped = line.strip()
         if stripped == TOML_BEGIN:
             inside = True
+            closed = any(later.strip() == TOML_END for later in lines[i + 1 :])
             if out and out[-1].strip() == "" and (len(out) < 2 or out[-2].strip() != ""):
                 out.pop()  # the blank line install put before the block
             continue
         if inside:
             if stripped == TOML_END:
                 inside = False
-            continue
+                continue
+            if closed or _BLOCK_LINE.fullmatch(stripped):
+                continue
+            inside = False
         if stripped.endswith(TOML_FEATURE_MARK) and stripped.split("=")[0].strip() == "hooks":
             continue
         out.append(line)

@@ -128,6 +128,17 @@ def test_a_crlf_config_gets_crlf_lines_and_strips_back_to_its_bytes():
     assert agents.strip_codex_config(new) == text
 
 
+def test_a_block_whose_end_marker_was_deleted_takes_none_of_the_users_tables():
+    # The user deleted `# <<< relay` (a comment, to them) and added a server below the block:
+    # uninstall, and re-install, dropped every line after the block's first.
+    installed, _ = agents.add_codex_config('model = "o3"\n', RELAY, "config.toml")
+    theirs = '\n[mcp_servers.linear]\nurl = "https://mcp.linear.app/mcp"\n'
+    edited = installed.replace(agents.TOML_END + "\n", "") + theirs
+    assert agents.strip_codex_config(edited) == 'model = "o3"\n' + theirs
+    again, _ = agents.add_codex_config(edited, RELAY, "config.toml")
+    assert tomllib.loads(again)["mcp_servers"]["linear"] == {"url": "https://mcp.linear.app/mcp"}
+
+
 def test_codex_config_respects_what_it_should_not_touch():
     off, notes = agents.add_codex_config("[features]\nhooks = false\n", RELAY, "c")
     assert tomllib.loads(off)["features"]["hooks"] is False and "turned off" in notes[0]
