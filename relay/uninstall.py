@@ -243,6 +243,11 @@ def plan_uninstall_without_manifest(paths: Paths) -> list[Change]:
         str(paths.claude_json): {"role": "claude-mcp"},
         str(paths.codex_config): {"role": "codex-config"},
     }
+    # Every entry of Relay's names it ("relay"): a file without the word holds none, and is
+    # not read, so one the user keeps as JSON with comments is no reason to stop.
+    records = {
+        name: r for name, r in records.items() if b"relay" in (read_bytes(Path(name)) or b"")
+    }
     changes, _ = plan_uninstall(paths, {"files": records})
     if paths.script.exists():
         changes.append(

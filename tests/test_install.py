@@ -793,6 +793,18 @@ def test_uninstall_with_nothing_installed_says_there_was_nothing_to_remove(tmp_p
     assert relay(home, "uninstall").stdout == nothing
 
 
+def test_uninstall_with_nothing_installed_reads_no_settings_file_without_relay_in_it(tmp_path):
+    """QA: with no install record, a settings.json holding comments (JSONC, which install
+    refuses to edit) stopped `relay uninstall` with "Relay is still wired in", exit 1, in a
+    HOME where Relay had never written anything."""
+    write(tmp_path / ".claude/settings.json", '{\n  // mine\n  "model": "opus",\n}\n')
+    before = snapshot(tmp_path)
+    done = relay(tmp_path, "uninstall")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("Nothing to remove")
+    assert snapshot(tmp_path) == before
+
+
 def test_uninstall_help_names_the_project_and_the_skill():
     from click.testing import CliRunner
 
