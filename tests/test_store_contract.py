@@ -205,6 +205,26 @@ def test_a_memory_two_others_supersede_stays_hidden_until_neither_does(store):
     assert recalled() == ["first", "old", "third"]
 
 
+def test_a_superseded_memory_gains_no_audience_any_of_its_replacements_lacks(store):
+    """QA: 'old' (dev) was superseded by 'narrow' (dev), then by 'wide' (dev, sre), and
+    only the latest, 'wide', was judged when 'old' was opened to sre. Once 'wide' went, sre
+    readers held 'old' as current (its superseded_by null to them) while recall never
+    showed it, nor 'narrow', which they cannot read. Every live replacement is judged."""
+    org = store.create_org("acme").id
+    save(store, org, "old", "Builds cache for five minutes", seed=1, audiences=("dev",))
+    for mid, body, seed, audiences in (
+        ("narrow", "Builds cache for ten minutes", 2, ("dev",)),
+        ("wide", "Builds cache for an hour", 3, ("dev", "sre")),
+    ):
+        save(store, org, mid, body, seed=seed, audiences=audiences, supersedes=("old",))
+    assert store.current_memory(org, "old").superseded_by == "wide"
+    widen = {"audiences": ("dev", "sre")}
+    with pytest.raises(InvalidRequestError, match="'narrow' supersedes this memory and does not"):
+        save(store, org, "old", "Builds cache for five minutes", "edit", seed=1, **widen)
+    store.delete_memory(org, "wide", "tester", None)
+    assert store.current_memory(org, "old").audiences == ("dev",)
+
+
 def _recalled(store, org, words, audiences=EVERY) -> list[str]:  # noqa: ANN001
     now = datetime.now(UTC)
     hits = store.lexical_search(org, audiences, now, words, 10)

@@ -287,33 +287,38 @@ def judge_replacement(
     memory_id: str,
     before: Sequence[str],
     audiences: Sequence[str],
-    replacement: str,
-    reach: Sequence[str],
+    replacements: Sequence[tuple[str, Sequence[str]]],
     writer: frozenset[str] | None,
 ) -> None:
-    """Raise unless a memory superseded by the live `replacement` (reaching `reach`) may
-    go from audiences `before` to `audiences`; `writer` as for `judge_supersedes`.
+    """Raise unless a memory superseded by the live `replacements` ((id, audiences), the
+    one its `superseded_by` names first) may go from audiences `before` to `audiences`;
+    `writer` as for `judge_supersedes`.
 
-    A superseded memory never reaches recall, so an audience it gains that its replacement
-    does not reach would find neither: the rule `judge_supersedes` holds a replacement to,
-    from the other side. Only audiences it gains are judged, so an edit that widens nothing
-    never fails on a pair written before this rule. A writer that may not read the
-    replacement (only such a pair can leave it so) is refused any new audience, whichever
-    the replacement reaches, so that the answer says nothing of them."""
+    A superseded memory never reaches recall, so an audience it gains that one of its
+    replacements does not reach would find neither: the rule `judge_supersedes` holds a
+    replacement to, from the other side. Each replacement is judged, not only the one
+    `superseded_by` names: once that one goes, the next stands in its place. Only audiences
+    it gains are judged, so an edit that widens nothing never fails on a pair written
+    before this rule. A writer that may not read a replacement (only such a pair can leave
+    it so) is refused any new audience, whichever the replacement reaches, so that the
+    answer says nothing of them."""
     gained = set(audiences) - set(before)
-    if not gained or EVERYONE in reach:
+    if not gained:
         return
-    if not _reads(writer, reach):
-        raise InvalidRequestError(
-            "this memory is superseded by one this key cannot read: keep its audiences"
-        )
-    left_out = gained - set(reach)
-    if left_out:
-        raise InvalidRequestError(
-            f"{replacement!r} supersedes this memory and does not reach"
-            f" {', '.join(sorted(left_out))}: give it those audiences first, or drop its link"
-            f" to {memory_id!r}"
-        )
+    for replacement, reach in replacements:
+        if EVERYONE in reach:
+            continue
+        if not _reads(writer, reach):
+            raise InvalidRequestError(
+                "this memory is superseded by one this key cannot read: keep its audiences"
+            )
+        left_out = gained - set(reach)
+        if left_out:
+            raise InvalidRequestError(
+                f"{replacement!r} supersedes this memory and does not reach"
+                f" {', '.join(sorted(left_out))}: give it those audiences first, or drop its"
+                f" link to {memory_id!r}"
+            )
 
 
 def linked_ids(items: Iterable[Memory | Revision]) -> set[str]:

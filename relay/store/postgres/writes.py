@@ -145,20 +145,18 @@ class MemoryWrites(PostgresConnections):
         kept = () if current is None else current.supersedes
         draft = _check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and current.superseded_by is not None:
-            replacement = conn.execute(
-                "SELECT audiences FROM memories WHERE org_id = %s AND id = %s"
-                " AND deleted_at IS NULL",
-                (org_id, current.superseded_by),
-            ).fetchone()
-            if replacement is not None:
-                judge_replacement(
-                    memory_id,
-                    current.audiences,
-                    draft.audiences,
-                    current.superseded_by,
-                    replacement["audiences"],
-                    audiences,
-                )
+            replacements = conn.execute(
+                "SELECT id, audiences FROM memories WHERE org_id = %s AND deleted_at IS NULL"
+                " AND %s = ANY(supersedes) ORDER BY id != %s, updated_at DESC, id",
+                (org_id, memory_id, current.superseded_by),
+            ).fetchall()
+            judge_replacement(
+                memory_id,
+                current.audiences,
+                draft.audiences,
+                [(r["id"], r["audiences"]) for r in replacements],
+                audiences,
+            )
         if current is not None and same_content(current, draft):
             return current, False
         values = _values(org_id, memory_id, draft, author, current)

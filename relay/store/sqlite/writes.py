@@ -113,19 +113,19 @@ class MemoryWrites(SQLiteConnections):
         kept = () if current is None else current.supersedes
         draft = self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and current.superseded_by is not None:
-            replacement = conn.execute(
-                "SELECT audiences FROM memories WHERE org_id = ? AND id = ? AND deleted_at IS NULL",
-                (org_id, current.superseded_by),
-            ).fetchone()
-            if replacement is not None:
-                judge_replacement(
-                    memory_id,
-                    current.audiences,
-                    draft.audiences,
-                    current.superseded_by,
-                    json.loads(replacement["audiences"]),
-                    audiences,
-                )
+            replacements = conn.execute(
+                "SELECT s.id, s.audiences FROM memories s, json_each(s.supersedes) j"
+                " WHERE s.org_id = ? AND s.deleted_at IS NULL AND j.value = ?"
+                " ORDER BY s.id != ?, s.updated_at DESC, s.id",
+                (org_id, memory_id, current.superseded_by),
+            ).fetchall()
+            judge_replacement(
+                memory_id,
+                current.audiences,
+                draft.audiences,
+                [(r["id"], json.loads(r["audiences"])) for r in replacements],
+                audiences,
+            )
         if current is not None and same_content(current, draft):
             return current, False
         revision = 1 if current is None else current.revision + 1
