@@ -5,6 +5,7 @@ reports in one line."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -691,6 +692,32 @@ def test_forget_says_which_memories_it_brings_back_into_recall(tmp_path, live_se
         f"forgot {first}; {gone}, which it superseded, is back in recall (forget it too if it"
         " is out of date)\n"
     )
+
+
+def test_history_says_a_memory_past_its_valid_until_is_out_of_recall(tmp_path, live_server):
+    """QA: `relay history` of a memory past its valid_until read like a current one (the
+    date showed only beside the revision that set it), while a superseded one's says that
+    recall leaves it out: an expired one's now says so too, and how to bring it back."""
+    from integration_support import relay
+
+    given = ("--url", live_server.url, "--key", live_server.admin_key)
+    until = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    stamp = until.isoformat().replace("+00:00", "Z")
+    made = relay(
+        tmp_path, "remember", "History-expiry: the freeze ends.", "--valid-until", stamp, *given
+    )
+    assert made.returncode == 0, made.stderr
+    memory_id = made.stdout.split()[1]
+    assert "expired" not in relay(tmp_path, "history", memory_id, *given).stdout
+    time.sleep(max(0.0, (until - datetime.now(UTC)).total_seconds()) + 0.3)
+    relay(tmp_path, "edit", memory_id, "--body", "History-expiry: the freeze ended.", *given)
+    shown = relay(tmp_path, "history", memory_id, *given).stdout.splitlines()
+    assert shown[-1] == (
+        f"expired at {stamp}: recall no longer returns this memory ('relay edit {memory_id}"
+        " --valid-until DATE' or '--no-valid-until' brings it back)"
+    )
+    relay(tmp_path, "edit", memory_id, "--no-valid-until", *given)
+    assert "expired" not in relay(tmp_path, "history", memory_id, *given).stdout
 
 
 def test_forget_at_a_revision_keeps_a_memory_edited_since(tmp_path, live_server):

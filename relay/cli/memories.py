@@ -279,7 +279,8 @@ def _current(memory: dict[str, Any]) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @client_options
 def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
-    """Show every revision of a memory, and the memory that supersedes it, if one does."""
+    """Show every revision of a memory, and whether recall leaves it out: expired, or
+    superseded (by which memory)."""
     answer = client.get(_memory_path(memory_id, "/revisions"))
     items = answer["items"]
     if as_json:
@@ -305,6 +306,12 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
         if changed:
             click.echo("    (" + "; ".join(changed) + ")")
         before = fields
+    last = items[-1] if items else {}
+    if not last.get("withheld") and last.get("action") != "delete" and not _current(last):
+        click.echo(
+            f"expired at {last['valid_until']}: recall no longer returns this memory"
+            f" ('relay edit {memory_id} --valid-until DATE' or '--no-valid-until' brings it back)"
+        )
     if answer.get("superseded_by"):  # an older server does not say
         replaced = answer["superseded_by"]
         click.echo(
