@@ -77,7 +77,8 @@ def _memory_options(
         clears and _clear_option("tags", "Remove all its tags."),
         click.option(
             "--valid-until",
-            help="ISO 8601 date-time after which recall (search, hook, MCP) never returns it.",
+            help="ISO 8601 date or date-time after which recall (search, hook, MCP) never"
+            " returns it; one without an offset is UTC (2027-01-31, 2027-01-31T18:00:00+02:00).",
         ),
         clears
         and _clear_option(
