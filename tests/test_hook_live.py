@@ -268,3 +268,14 @@ def test_a_fact_remembered_twice_is_injected_once(tmp_path, org):
     assert context.count("payments-primary") == 1, context
     # one of the two, whichever scored better (their sources differ, so may their scores)
     assert sum(f'id="{i}"' in context for i in ids) == 1, context
+
+
+def test_a_prompt_holding_a_lone_surrogate_still_recalls(tmp_path, org):
+    """Claude Code's JSON can carry a lone surrogate (`\\ud83d`, half of a pasted emoji): the
+    hook sent it on, the server refused the query with a 422, and the prompt recalled nothing,
+    logged `invalid_response` (QA)."""
+    hook = Hook(tmp_path, org["url"], RELAY_API_KEY=org["admin"])
+    stdin = hook.payload("how do I create and apply a new database migration? \ud83d")
+    assert b"\\ud83d" in stdin
+    context = assert_hit_contract(hook.run(stdin))
+    assert "make migrate" in context and hook.last()["outcome"] == "hit", hook.last()

@@ -309,9 +309,13 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
     if server_ms < config.MIN_SERVER_MS:
         return inv.finish("timeout", "no_budget_left")
     inv.log["deadline_ms"] = server_ms
+    # A lone surrogate (Claude Code's JSON may carry one, from a pasted half of an emoji) is
+    # no UTF-8: the server refused the whole query with a 422, so the prompt recalled nothing
+    # and was logged `invalid_response`. It goes as "?" instead.
+    query = prompt[:QUERY_MAX_CHARS].encode("utf-8", "replace").decode()
     body = codec.dumps(
         {
-            "query": prompt[:QUERY_MAX_CHARS],
+            "query": query,
             "k": results_wanted(cfg.max_records),
             "deadline_ms": server_ms,
         }
