@@ -614,6 +614,8 @@ def test_a_prompt_that_reaches_the_hook_twice_counts_once(tmp_path):
         assert sum(bool(out) for _, out in done) == 1  # one of them injected, the other nothing
         reasons = sorted(str(e.get("reason")) for e in hook.outcomes())
         assert reasons == ["None", "repeat_prompt"]
+        # QA: the repeat's time in the session's lock was in no phase of its log line
+        assert all("gate" in e["ms"] for e in hook.outcomes()), hook.outcomes()
         assert hook.session_state()["count"] == 1
         # the next prompt is a prompt like any other
         hook.prompt("which logging conventions does the worker follow?", prompt_id="p2")

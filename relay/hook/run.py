@@ -261,11 +261,16 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
     if cfg.log_prompt_text:
         inv.log["prompt"] = prompt[:QUERY_MAX_CHARS]
     t = time.monotonic()
+
+    def skip(reason: str) -> None:  # from inside the session's lock, whose wait is gate time
+        inv.ms["gate"] = _ms(time.monotonic() - t)
+        return inv.finish("skipped", reason)
+
     words = gate.keywords(prompt)
     probe = False
     with _session(inv, session_id) as session:
         if not session.held:
-            return inv.finish("skipped", "state_busy")
+            return skip("state_busy")
         data = session.data
         # One prompt reaching the hook twice (registered both for the user and in a committed
         # project's settings, the two commands differ, so the agent runs both) counts once:
@@ -274,14 +279,14 @@ def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
         last, now = data["last_prompt"], time.time()
         if prompt_id:
             if data["last_prompt_id"] == prompt_id:
-                return inv.finish("skipped", "repeat_prompt")
+                return skip("repeat_prompt")
         elif (
             last is not None
             and last["sha"] == inv.log["prompt_sha256"]
             and last["count"] == data["count"]  # no prompt since
             and 0 <= now - last["at"] < cfg.deadline_ms / 1000 + REPEAT_SLACK_S
         ):
-            return inv.finish("skipped", "repeat_prompt")
+            return skip("repeat_prompt")
         data["last_prompt_id"] = prompt_id
         data["count"] += 1
         data["last_prompt"] = {"sha": inv.log["prompt_sha256"], "at": now, "count": data["count"]}
