@@ -171,8 +171,10 @@ def split_front_matter(text: str) -> tuple[dict[str, str | list[str]], str]:
     """Split a leading `---` ... `---` block into a flat dict of strings and string lists.
 
     Handles what rule files use: `key: value` (quoted or not), flow lists `[a, b]`, block
-    lists of `- item` lines, and `|`/`>` block scalars. Anything else is ignored. Without a
-    closing `---` the text has no front matter.
+    lists of `- item` lines, and `|`/`>` block scalars; other keys' values are ignored.
+    Without a closing `---`, or with a line between the fences that is none of those (a
+    Markdown file that opens with a `---` rule and a paragraph), the text has no front
+    matter: reading it as such would drop that text from the import.
     """
     lines = text.split("\n")
     if not lines or lines[0].strip() != "---":
@@ -197,14 +199,16 @@ def split_front_matter(text: str) -> tuple[dict[str, str | list[str]], str]:
                 meta[key] = _unquote(value)
             continue
         if key is None:
-            continue
-        current = meta.get(key)
+            return {}, text
+        current = meta[key]
         if stripped.startswith("- ") and (current == "" or isinstance(current, list)):
             items = current if isinstance(current, list) else []
             items.append(_unquote(stripped[2:]))
             meta[key] = items
-        elif isinstance(current, str):
+        elif isinstance(current, str) and line[0].isspace():
             meta[key] = f"{current} {stripped}".strip()  # block scalar or wrapped value
+        else:
+            return {}, text
     return meta, "\n".join(lines[end + 1 :])
 
 

@@ -991,3 +991,26 @@ def test_a_folder_walk_in_a_git_work_tree_leaves_out_what_git_ignores(tmp_path):
     unsure = GitIgnored()
     assert list(iter_import_files([tmp_path / "fake"], unsure)) == [tmp_path / "fake" / "a.md"]
     assert "not a git repository" in unsure.unsure[tmp_path / "fake"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(
+            "---\n\nAlways run the tests before pushing.\n\n---\n\n# Deploy\n\nmake deploy\n",
+            id="paragraph-between-rules",
+        ),
+        pytest.param("---\n- use ruff\n- test first\n---\n# Deploy\n\nmake deploy\n", id="list"),
+        pytest.param(
+            "---\ntitle: Notes\nSee the wiki first.\n---\n# Deploy\n\nmake deploy\n",
+            id="key-then-text",
+        ),
+    ],
+)
+def test_text_between_opening_rules_is_not_front_matter(text):
+    # A Markdown file may open with a `---` rule: what sits between it and the next one is
+    # text to import, not front matter to drop (it was lost without a word).
+    assert split_front_matter(text) == ({}, text)
+    bodies = [d.body for d in drafts_from_text(text, "CLAUDE.md")]
+    assert bodies[-1] == "make deploy"
+    assert len(bodies) == 2
