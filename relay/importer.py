@@ -452,7 +452,8 @@ def split_long(body: str, limit: int = MAX_BODY_CHARS) -> list[str]:
     """Split `body` into parts of at most `limit` characters.
 
     Cuts fall between paragraphs where possible (never inside a fenced code block that
-    fits), then between lines, and only as a last resort inside a line.
+    fits), then between lines, then inside a line between words, and only as a last resort
+    inside a word.
     """
     if len(body) <= limit:
         return [body]
@@ -476,8 +477,8 @@ def split_long(body: str, limit: int = MAX_BODY_CHARS) -> list[str]:
             continue
         separator = "\n\n"
         for line in block.split("\n"):
-            for i in range(0, max(len(line), 1), limit):
-                pieces.append((separator, line[i : i + limit]))
+            for chunk in _cut_line(line, limit):
+                pieces.append((separator, chunk))
                 separator = "\n"
 
     parts: list[str] = []
@@ -492,3 +493,15 @@ def split_long(body: str, limit: int = MAX_BODY_CHARS) -> list[str]:
     if current_part:
         parts.append(current_part)
     return [normalize_text(p) for p in parts if p.strip()]
+
+
+def _cut_line(line: str, limit: int) -> list[str]:
+    """`line` in chunks of at most `limit` characters, cut after a space where one is in the
+    second half of the chunk (a word cut in two is found by neither half's search)."""
+    chunks: list[str] = []
+    while len(line) > limit:
+        cut = line.rfind(" ", limit // 2, limit) + 1 or limit
+        chunks.append(line[:cut])
+        line = line[cut:]
+    chunks.append(line)
+    return chunks

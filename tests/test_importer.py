@@ -351,6 +351,15 @@ def test_split_long_falls_back_to_lines_then_characters():
     assert split_long("short", 1000) == ["short"]
 
 
+def test_split_long_cuts_a_long_line_between_words():
+    # One long paragraph on a single line (an editor's soft wrap) was cut at the limit
+    # itself, mid-word: "word190" in one memory, "1" in the next, found by neither.
+    words = [f"word{i}" for i in range(800)]
+    parts = split_long(" ".join(words), 1000)
+    assert all(len(part) <= 1000 for part in parts)
+    assert [w for part in parts for w in part.split()] == words
+
+
 def test_preamble_too_long_gets_part_titles():
     drafts = drafts_from_text(("word " * 4000).strip(), "notes.md")
     assert [d.title for d in drafts] == ["Part 1", "Part 2"]
