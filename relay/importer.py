@@ -72,6 +72,11 @@ def is_rule_file(path: PurePath) -> bool:
 
 def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[ImportDraft]:
     """Parse file contents into drafts; `rules` reads bullet-style rule files one rule each."""
+    # A page break (form feed, ^L in older text files) or a vertical tab is whitespace, as
+    # at a line's end (normalize_text strips it there): kept inside a line, it is a control
+    # character the server refuses, and one refused the whole import. A space, not a line
+    # break, so a file that imported before reads the same.
+    text = text.replace("\f", " ").replace("\v", " ")
     meta, body = split_front_matter(normalize_text(text))
     context = _title_context(meta)
     tags = _front_matter_tags(meta)

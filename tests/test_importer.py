@@ -1023,3 +1023,13 @@ def test_text_between_opening_rules_is_not_front_matter(text):
     bodies = [d.body for d in drafts_from_text(text, "CLAUDE.md")]
     assert bodies[-1] == "make deploy"
     assert len(bodies) == 2
+
+
+def test_a_page_break_or_vertical_tab_is_a_line_break_not_a_refused_import():
+    """QA: one form feed (^L, a page break in an older text file) in any file refused the
+    whole import, the server refusing control characters in a body."""
+    text = "# Printing\n\nPage one.\fPage two.\vstill page two.\n\f\nPage three.\f\n"
+    (draft,) = drafts_from_text(text, "docs/printing.md")
+    # a page break on its own line or at a line's end reads as before (stripped there)
+    assert draft.body == "Page one. Page two. still page two.\n\nPage three."
+    assert check_body(draft.body) == draft.body  # what the server takes, as it is
