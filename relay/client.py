@@ -153,16 +153,16 @@ ANSWER_BYTES = 8 * 1024 * 1024
 LIST_ANSWER_BYTES = 128 * 1024 * 1024
 
 # Relay's routes: what each answer holds at its top level (None: no body, a 204), whether
-# the request writes, and what bounds its answer ("one": ANSWER_BYTES, "page":
-# LIST_ANSWER_BYTES, None: nothing). An answer without those keys is some other server's
-# (one that answers JSON 200 to everything), said here once rather than a KeyError in
-# whichever command read it; and a request that writes nothing (a search is a POST) is not
-# said to maybe have written. Keys a newer server added are not required (an older one
-# lacks them).
+# the request writes, and what bounds its answer (`answer_bytes`). An answer without
+# those keys is some other server's (one that answers JSON 200 to everything), said here
+# once rather than a KeyError in whichever command read it; and a request that writes
+# nothing (a search is a POST) is not said to maybe have written. Keys a newer server added
+# are not required (an older one lacks them).
 _ID = r"/[^/?]+"
-_ONE, _PAGE = "one", "page"
-_ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, bool, str | None], ...] = tuple(
-    (method, re.compile(path + r"(\?.*)?"), keys, writes, most)
+_ONE, _PAGE = "one", "page"  # ANSWER_BYTES, LIST_ANSWER_BYTES (read as a request is)
+_Route = tuple[tuple[str, ...] | None, bool, str | None]
+_ROUTES: tuple[tuple[str, re.Pattern[str], _Route], ...] = tuple(
+    (method, re.compile(path + r"(\?.*)?"), (keys, writes, most))
     for method, path, keys, writes, most in (
         ("GET", "/healthz", ("status", "version"), False, _ONE),
         ("GET", "/v1/whoami", ("org", "key"), False, _ONE),
@@ -181,24 +181,24 @@ _ROUTES: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, bool, str | N
         ("POST", "/v1/hook-outcomes", ("developer",), True, _ONE),
     )
 )
+# Said of a write whose answer never came: it may have happened, and a retry would double it.
+MAY_HAVE_WRITTEN = "; it may still have written this request"
 
 
-def _route(method: str, path: str) -> tuple[tuple[str, ...] | None, bool]:
-    """The keys Relay's answer to `method path` holds (None: it has no body), and whether
-    the request writes (an unknown route: nothing checked, and it may write unless a GET)."""
-    for m, pattern, keys, writes, _ in _ROUTES:
+def _route(method: str, path: str) -> _Route:
+    """The keys Relay's answer to `method path` holds (None: it has no body), whether the
+    request writes, and what bounds its answer; an unknown route: nothing checked, it may
+    write unless a GET, and its answer may weigh a page's."""
+    for m, pattern, route in _ROUTES:
         if m == method and pattern.fullmatch(path):
-            return keys, writes
-    return (), method not in ("GET", "HEAD")
+            return route
+    return (), method not in ("GET", "HEAD"), _PAGE
 
 
 def answer_bytes(method: str, path: str) -> int | None:
-    """The most Relay's answer to `method path` may weigh (None: no bound; an unknown route:
-    a page's)."""
-    for m, pattern, _, _, most in _ROUTES:
-        if m == method and pattern.fullmatch(path):
-            return None if most is None else ANSWER_BYTES if most == _ONE else LIST_ANSWER_BYTES
-    return LIST_ANSWER_BYTES
+    """The most Relay's answer to `method path` may weigh (None: no bound)."""
+    most = _route(method, path)[2]
+    return None if most is None else ANSWER_BYTES if most == _ONE else LIST_ANSWER_BYTES
 
 
 def settings(url: str | None = None) -> hook_config.Config:
@@ -304,8 +304,8 @@ class RelayClient:
         except urllib.error.HTTPError as exc:
             raise _remote_error(exc, self.url, f"{method} {self.url}{path}") from None
         except TimeoutError as exc:  # sent whole: only the answer is missing
-            _, writes = _route(method, path)
-            written = "; it may still have written this request" if writes else ""
+            _, writes, _ = _route(method, path)
+            written = MAY_HAVE_WRITTEN if writes else ""
             raise TimedOutError(
                 f"the Relay server at {self.url} did not answer within {self.timeout:g} s{written}"
             ) from exc
@@ -320,9 +320,7 @@ class RelayClient:
                     f" {self.timeout:g} s"
                 )
             elif sent:  # it was reached: a write it took may have happened (a retry doubles it)
-                written = (
-                    "; it may still have written this request" if _route(method, path)[1] else ""
-                )
+                written = MAY_HAVE_WRITTEN if _route(method, path)[1] else ""
                 failed = ConnectionFailedError(
                     f"the Relay server at {self.url} closed the connection without answering"
                     f" ({reason}){written}"
@@ -359,7 +357,7 @@ class RelayClient:
             answer = json.loads(raw) if raw else None
         except ValueError:  # HTML, or bytes that are not UTF-8: some other web server
             raise not_relay_root(self.url, request, "an answer that is not JSON") from None
-        keys, _ = _route(method, path)
+        keys, _, _ = _route(method, path)
         relays = (
             answer is None
             if keys is None
@@ -399,7 +397,7 @@ def _remote_error(exc: urllib.error.HTTPError, url: str, request: str) -> errors
             method, _, target = request.partition(" ")
             # 502 and 504: the proxy may have passed the whole request on before it gave up.
             writes = exc.code != 503 and _route(method, urllib.parse.urlsplit(target).path)[1]
-            written = "; it may still have written this request" if writes else ""
+            written = MAY_HAVE_WRITTEN if writes else ""
             failed = ConnectionFailedError(f"{message}{written}")
             failed.sent = exc.code != 503
             return failed

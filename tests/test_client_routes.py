@@ -49,7 +49,7 @@ def test_every_row_of_the_clients_table_is_a_route_of_the_api(api) -> None:
     routes = _api_routes(api)
     stale = [
         (method, pattern.pattern)
-        for method, pattern, _, _, _ in client._ROUTES
+        for method, pattern, _ in client._ROUTES
         if not any(m == method and pattern.fullmatch(p) for m, p in routes)
     ]
     assert stale == []
