@@ -101,6 +101,19 @@ def deleted_at(memory_id: str, tombstone: dict[str, Any]) -> str:
     )
 
 
+def expired(valid_until: object) -> bool | None:
+    """Whether a memory's or revision's `valid_until`, as a server sends it, has passed:
+    recall no longer returns it (None: no date, or none a Relay server writes)."""
+    from datetime import UTC, datetime
+
+    if not isinstance(valid_until, str):
+        return None
+    try:
+        return datetime.fromisoformat(valid_until.replace("Z", "+00:00")) <= datetime.now(UTC)
+    except ValueError:
+        return None
+
+
 def search_records(answer: dict[str, Any]) -> list[dict[str, Any]]:
     """A search answer's results as the recall hook checks and reads them (`score`, `title`
     and `source` may be missing): a flaw is one error line naming it, not a KeyError in the

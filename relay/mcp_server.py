@@ -23,13 +23,12 @@ error that says why; nothing ever falls back to a broader search.
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import click
 
 from relay import errors
-from relay.client import deleted_at, deletion, memory_path, search_records
+from relay.client import deleted_at, deletion, expired, memory_path, search_records
 from relay.hook.pack import label_attribute, label_text
 from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
 from relay.key_file import given_key, key_file_option
@@ -189,23 +188,20 @@ def render_search(response: dict[str, Any], k: int) -> str:
     return context
 
 
-def _validity(revision: dict[str, Any], now: datetime) -> str:
-    """The label attributes saying until when a revision held, and whether that is past."""
+def _validity(revision: dict[str, Any]) -> str:
+    """The label attributes saying until when a revision held, and whether that is past (a
+    date no Relay server writes: shown, not judged)."""
     until = revision.get("valid_until")
     if not isinstance(until, str) or revision.get("body") is None:
         return ""
-    shown = f' valid_until="{label_attribute(until)}"'
-    try:
-        past = datetime.fromisoformat(until.replace("Z", "+00:00")) <= now
-    except (ValueError, TypeError):  # no date a Relay server writes: shown, not judged
-        return shown
-    return shown + (' expired="true"' if past else "")
+    return f' valid_until="{label_attribute(until)}"' + (
+        ' expired="true"' if expired(until) else ""
+    )
 
 
 def render_history(
     memory_id: str, items: list[dict[str, Any]], superseded_by: str | None = None
 ) -> str:
-    now = datetime.now(UTC)
     newest = sorted(items, key=lambda r: r.get("revision", 0), reverse=True)
     lines = [HISTORY_INTRO]
     if superseded_by:
@@ -234,7 +230,7 @@ def render_history(
             f'action="{label_attribute(str(r.get("action")))}" '
             f"{shown} "
             f'recorded="{label_attribute((r.get("recorded_at") or "")[:10])}"'
-            f"{_validity(r, now)}"  # a withheld or deleted revision has no text to date
+            f"{_validity(r)}"  # a withheld or deleted revision has no text to date
         )
         lines.append(f"<relay-memory {attrs}>\n{label_text(text)}\n</relay-memory>")
     if len(newest) > HISTORY_MAX_REVISIONS:

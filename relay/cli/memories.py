@@ -269,10 +269,9 @@ def _deletion(client, memory_id: str) -> dict[str, Any] | None:  # noqa: ANN001
 
 def _current(memory: dict[str, Any]) -> bool:
     """Not past its valid_until: recall returns it."""
-    from datetime import UTC, datetime
+    from relay.client import expired
 
-    until = memory.get("valid_until")
-    return until is None or datetime.fromisoformat(until.replace("Z", "+00:00")) > datetime.now(UTC)
+    return not expired(memory.get("valid_until"))
 
 
 @click.command()
