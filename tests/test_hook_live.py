@@ -279,3 +279,15 @@ def test_a_prompt_holding_a_lone_surrogate_still_recalls(tmp_path, org):
     assert b"\\ud83d" in stdin
     context = assert_hit_contract(hook.run(stdin))
     assert "make migrate" in context and hook.last()["outcome"] == "hit", hook.last()
+
+
+def test_stdin_opening_with_a_byte_order_mark_is_read(tmp_path, org):
+    """QA: some Windows shells and agents write a UTF-8 byte-order mark before the JSON;
+    the hook logged `skipped`, reason `bad_input`, and recalled nothing for the prompt."""
+    hook = Hook(tmp_path, org["url"], RELAY_API_KEY=org["admin"])
+    payload = hook.payload("how do I create and apply a new database migration?")
+    context = assert_hit_contract(hook.run(b"\xef\xbb\xbf" + payload))
+    assert "make migrate" in context and hook.last()["outcome"] == "hit"
+    # One mark is skipped, not any text before the JSON.
+    assert_silent(hook.run(b"\xef\xbb\xbf\xef\xbb\xbf" + payload))
+    assert (hook.last()["outcome"], hook.last()["reason"]) == ("skipped", "bad_input")

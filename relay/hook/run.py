@@ -29,6 +29,7 @@ from relay.hook.pack import (
 )
 
 STDIN_MAX = 4 * 1024 * 1024
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark
 RESPONSE_MAX = 256 * 1024
 QUERY_MAX_CHARS = 2000
 EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
@@ -210,7 +211,8 @@ def _dispatch(inv: Invocation) -> None:
     payload = None
     if raw is not None:
         try:
-            payload = codec.loads(raw)
+            # Some Windows shells and agents write a UTF-8 byte-order mark before the JSON.
+            payload = codec.loads(raw.removeprefix(BOM))
         except ValueError:
             payload = None
     inv.ms["stdin"] = _ms(time.monotonic() - t)
