@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -291,3 +292,22 @@ def test_stdin_opening_with_a_byte_order_mark_is_read(tmp_path, org):
     # One mark is skipped, not any text before the JSON.
     assert_silent(hook.run(b"\xef\xbb\xbf\xef\xbb\xbf" + payload))
     assert (hook.last()["outcome"], hook.last()["reason"]) == ("skipped", "bad_input")
+
+
+def test_a_turn_id_sent_as_a_number_is_logged_as_its_string(tmp_path, org):
+    """QA: a Codex-shaped input whose turn_id was a JSON number logged `prompt_id: null`, so
+    the log line could not be joined to the agent's turn, and the same turn reaching the
+    hook twice was told apart only by its text."""
+    hook = Hook(tmp_path, org["url"], RELAY_API_KEY=org["admin"])
+    codex = {
+        "session_id": "codex-1",
+        "turn_id": 42,
+        "model": "gpt-x",
+        "hook_event_name": "UserPromptSubmit",
+        "prompt": "how do I create and apply a new database migration?",
+    }
+    assert_hit_contract(hook.run(json.dumps(codex).encode()))
+    assert hook.last()["prompt_id"] == "42"
+    assert hook.session_state("codex-1")["last_prompt_id"] == "42"
+    assert_silent(hook.run(json.dumps(codex).encode()))
+    assert hook.last()["reason"] == "repeat_prompt" and hook.last()["prompt_id"] == "42"

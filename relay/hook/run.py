@@ -222,9 +222,8 @@ def _dispatch(inv: Invocation) -> None:
         return inv.finish("skipped", problem or "bad_input")
     session_id = payload.get("session_id")
     session_id = session_id if isinstance(session_id, str) and session_id else None
-    prompt_id = payload.get("prompt_id") or payload.get("turn_id")
     inv.log["session"] = session_id[:200] if session_id else None
-    inv.log["prompt_id"] = prompt_id[:200] if isinstance(prompt_id, str) else None
+    inv.log["prompt_id"] = _prompt_id(payload)
     if payload.get("hook_event_name") == "SessionStart":
         inv.event = inv.log["event"] = "session_start"
     if cfg.memory_off:
@@ -249,6 +248,18 @@ def _dispatch(inv: Invocation) -> None:
     if inv.event == "session_start":
         return _session_start(inv, payload, session_id)
     return _prompt(inv, payload, session_id)
+
+
+def _prompt_id(payload: dict) -> str | None:
+    """The agent's id for this prompt, `prompt_id` or else Codex's `turn_id`, as text: one sent
+    as a JSON number is its decimal string, so the log line still joins to the agent's turn."""
+    for name in ("prompt_id", "turn_id"):
+        value = payload.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str) and value:
+            return value[:200]
+    return None
 
 
 def _prompt(inv: Invocation, payload: dict, session_id: str | None) -> None:
