@@ -60,10 +60,11 @@ class LogChecks:
             return
         streak = summary["unauthorized_streak"]
         if streak["length"]:
+            key = f" with key {streak['key']}" if streak["key"] else ""
             self.add(
                 "fail" if self.key_ok is not True else "warn",
                 "log",
-                f"the last {_searches(streak['length'])} rejected (401/403) since "
+                f"the last {_searches(streak['length'])} rejected (401/403){key} since "
                 f"{streak['since']}"
                 + (
                     ""
@@ -74,6 +75,7 @@ class LogChecks:
                 if self.key_ok is not True
                 else "",
             )
+        self._check_rejected_keys(summary)
         down = summary["unavailable_streak"]
         if down["length"] >= hook_stats.UNAVAILABLE_STREAK_ALERT:
             self.add(
@@ -116,6 +118,24 @@ class LogChecks:
             if level == "warn"
             else "",
         )
+
+    def _check_rejected_keys(self, summary: dict[str, Any]) -> None:
+        """401s another key than the configured one got: the agent's environment set it
+        (RELAY_API_KEY), which this shell may not show, or it was replaced since."""
+        from relay import hook_stats
+
+        configured = summary["unauthorized_streak"]["key"]
+        for rejected in summary["rejected_keys"]:
+            if rejected["from"]:
+                self.add("warn", "log", hook_stats.env_key_problem(rejected, configured))
+            else:
+                self.add(
+                    "ok",
+                    "log",
+                    f"key {rejected['key']} was rejected (401/403) on "
+                    f"{hook_stats.last_searches(rejected['length'])} since {rejected['since']};"
+                    f" it is not the configured key {configured}, which the next prompt sends",
+                )
 
     def _check_budget(self, summary: dict[str, Any]) -> None:
         """A deadline too short for this machine: at least as many runs ran out of budget

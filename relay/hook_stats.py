@@ -21,7 +21,7 @@ import click
 from relay.hook import config as hook_config
 from relay.hook.codec import finite, no_constant
 from relay.hook.files import is_own_dir
-from relay.hook.outcome_log import LOG_NAME, fallback_dir
+from relay.hook.outcome_log import LOG_NAME, fallback_dir, key_label
 
 OUTCOMES = (
     "hit",
@@ -157,13 +157,24 @@ def _elsewhere(entry: dict, url: str) -> bool:
     return bool(url) and entry.get("url", url) != url
 
 
-def _streak(entries: list[dict], outcomes: tuple[str, ...], url: str) -> dict[str, Any]:
-    """The trailing run of searches of `url` ending in `outcomes`; breaker skips, and runs
-    that asked another server (`RELAY_URL` set for one session), neither break nor count."""
+def _other_key(entry: dict, key: str) -> bool:
+    """A run that sent another key than `key` (a `key_label`); with no key given every run
+    counts, as does a line logged without one."""
+    return bool(key) and entry.get("key", key) != key
+
+
+def _streak(
+    entries: list[dict], outcomes: tuple[str, ...], url: str, key: str = ""
+) -> dict[str, Any]:
+    """The trailing run of searches of `url` ending in `outcomes`, with `key` when given;
+    breaker skips, and runs that asked another server (`RELAY_URL` set for one session) or
+    sent another key, neither break nor count."""
     length, started = 0, None
     for entry in reversed(entries):
         outcome = entry.get("outcome")
         if outcome == "circuit_open" or _unsent(entry) or _elsewhere(entry, url):
+            continue
+        if _other_key(entry, key):
             continue
         if outcome not in SEARCHED and not _unshown(entry):
             continue
@@ -172,6 +183,27 @@ def _streak(entries: list[dict], outcomes: tuple[str, ...], url: str) -> dict[st
         length += 1
         started = entry.get("ts")
     return {"length": length, "since": started}
+
+
+def _rejected_keys(entries: list[dict], url: str, configured: str) -> list[dict[str, Any]]:
+    """The `unauthorized` streaks of the keys other than `configured` that searches of `url`
+    sent (RELAY_API_KEY in an agent's environment, or a key since replaced), newest first:
+    each with the key's id and, when the agent's environment set it, the variable
+    (`from`). None without a configured key: then every run counts in the one streak."""
+    if not configured:
+        return []
+    found: dict[str, dict[str, Any]] = {}
+    for entry in reversed(entries):
+        key = entry.get("key")
+        if isinstance(key, str) and key != configured and key not in found:
+            if not _elsewhere(entry, url):
+                found[key] = {"key": key, "from": entry.get("key_from")}
+    out = []
+    for key, about in found.items():
+        streak = _streak(entries, ("unauthorized",), url, key)
+        if streak["length"]:
+            out.append({**about, **streak})
+    return out
 
 
 def breaker_state(state_dir: str, cfg: dict) -> dict[str, Any]:
@@ -232,6 +264,7 @@ def summarise(
         tokens += _num(entry.get("tokens"))
         dupes += _num(entry.get("duplicates"))
     cfg = hook_config.load() if cfg is None else cfg
+    configured = key_label(cfg.api_key) if cfg.api_key else ""
     unsent = reasons.get(UNSENT, 0)
     unshown = sum(reasons.get(key, 0) for key in UNSHOWN)
     searched = {o: counts[o] - (unsent if o == "timeout" else 0) for o in SEARCHED}
@@ -262,7 +295,12 @@ def summarise(
         "duplicates_avoided": dupes,
         # Runs that could not write the state folder, by why: no throttle and no ledger.
         "state_errors": state_errors,
-        "unauthorized_streak": _streak(entries, ("unauthorized",), cfg.url),
+        # The configured key's: a 401 another key got says nothing of it.
+        "unauthorized_streak": {
+            **_streak(entries, ("unauthorized",), cfg.url, configured),
+            "key": configured or None,
+        },
+        "rejected_keys": _rejected_keys(entries, cfg.url, configured),
         "unavailable_streak": _streak(entries, ("timeout", "unavailable"), cfg.url),
         "breaker": breaker_state(state_dir, cfg),
     }
@@ -273,13 +311,19 @@ def summarise(
 def problems(summary: dict) -> list[str]:
     """Loud, one-line findings for `relay stats` and `relay doctor`."""
     out = []
-    bad_key = summary["unauthorized_streak"]["length"]
-    if bad_key:
+    streak = summary["unauthorized_streak"]
+    if streak["length"]:
+        key = f" {streak['key']}" if streak["key"] else ""
         out.append(
-            f"the last {bad_key} searches were rejected (401/403) since "
-            f"{summary['unauthorized_streak']['since']}: the hook's API key is revoked, expired "
-            "or lacks memory:read; recall is off until it is fixed"
+            f"the last {streak['length']} searches were rejected (401/403) since "
+            f"{streak['since']}: the hook's API key{key} is revoked, expired or lacks "
+            "memory:read; recall is off until it is fixed"
         )
+    out += [
+        env_key_problem(rejected, streak["key"])
+        for rejected in summary["rejected_keys"]
+        if rejected["from"]
+    ]
     down = summary["unavailable_streak"]["length"]
     if down >= UNAVAILABLE_STREAK_ALERT:
         out.append(
@@ -300,6 +344,21 @@ def problems(summary: dict) -> list[str]:
             "throttle and ledger, so records repeat; `relay doctor` says how to fix it"
         )
     return out
+
+
+def env_key_problem(rejected: dict[str, Any], configured: str) -> str:
+    """A key an agent's environment set in place of the configured one (`rejected`, one of
+    `rejected_keys`), rejected on its last searches: those prompts recall nothing."""
+    return (
+        f"key {rejected['key']}, which {rejected['from']} in an agent's environment set in "
+        f"place of the configured key {configured}, was rejected (401/403) on "
+        f"{last_searches(rejected['length'])} since {rejected['since']}: prompts run there "
+        f"recall nothing until {rejected['from']} is unset or names a valid key"
+    )
+
+
+def last_searches(n: int) -> str:
+    return "the last search" if n == 1 else f"the last {n} searches"
 
 
 def _num(value: object) -> int:
@@ -346,6 +405,13 @@ def render(summary: dict) -> str:
         f"({inj['tokens_per_hit']} per hit)"
     )
     lines.append(f"  duplicates avoided {summary['duplicates_avoided']}")
+    for rejected in summary["rejected_keys"]:
+        if not rejected["from"]:  # no longer sent: a key since replaced, or another config's
+            lines.append(
+                f"  key {rejected['key']} rejected (401/403) on"
+                f" {last_searches(rejected['length'])} since {rejected['since']}, and is not"
+                f" the key configured here ({summary['unauthorized_streak']['key']})"
+            )
     b = summary["breaker"]
     where = f" for {b['url']}" if b.get("url") else ""
     lines.append(

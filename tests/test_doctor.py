@@ -101,17 +101,50 @@ def test_revoked_key(tmp_path, server):
 
 def test_rejections_before_a_new_key_get_no_fix(tmp_path, server):
     """QA: after a good key was installed, the warning of rejected searches said the key
-    works now, and still gave the fix `install a valid key`."""
+    works now, and still gave the fix `install a valid key`; they were the old key's, which
+    the log now names, so they are no warning about the new one at all."""
     key = mint(server.url, server.admin_key, "doctor-replaced", ["memory:read"])
     installed(tmp_path, server.url, key["secret"])
     revoke(server.url, server.admin_key, key["id"])
     prompt(tmp_path)
     installed(tmp_path, server.url, server.admin_key)
     (log,) = [f for f in findings(tmp_path) if "rejected (401/403)" in f["message"]]
-    assert log["level"] == "warn" and log["message"].endswith(
-        "; the key works now, so the next prompt should too"
+    admin_id = server.admin_key.split("_")[1]
+    assert log["level"] == "ok", log
+    assert log["message"].startswith(
+        f"key {key['id']} was rejected (401/403) on the last search since "
+    ) and log["message"].endswith(
+        f"; it is not the configured key {admin_id}, which the next prompt sends"
     ), log
     assert log["fix"] == ""
+
+
+def test_rejections_of_a_key_the_agents_environment_set_are_that_keys(tmp_path, server):
+    """QA: prompts run with RELAY_API_KEY exported (a stale key) in place of the installed
+    one were rejected, and doctor said the installed key's searches were."""
+    good = mint(server.url, server.admin_key, "doctor-env-good", ["memory:read"])
+    stale = mint(server.url, server.admin_key, "doctor-env-stale", ["memory:read"])
+    revoke(server.url, server.admin_key, stale["id"])
+    installed(tmp_path, server.url, good["secret"])
+    command = registered_command(tmp_path / ".claude/settings.json", "UserPromptSubmit")
+    for session in ("env-1", "env-2"):
+        payload = {
+            "session_id": session,
+            "prompt_id": "p",
+            "hook_event_name": "UserPromptSubmit",
+            "prompt": "how do we deploy the billing service to staging?",
+        }
+        done = run_registered(
+            command, tmp_path, payload, extra_env={"RELAY_API_KEY": stale["secret"]}
+        )
+        assert done.returncode == 0
+    (log,) = [f for f in findings(tmp_path) if "rejected (401/403)" in f["message"]]
+    assert log["level"] == "warn", log
+    assert log["message"].startswith(
+        f"key {stale['id']}, which RELAY_API_KEY in an agent's environment set in place of the"
+        f" configured key {good['id']}, was rejected (401/403) on the last 2 searches since "
+    ), log
+    assert "relay install" not in log["fix"]
 
 
 def test_stopped_server(tmp_path, tmp_path_factory):

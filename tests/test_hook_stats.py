@@ -263,3 +263,100 @@ def test_a_fallback_log_folder_that_is_not_this_users_alone_is_not_read(tmp_path
     os.rename(fallback, planted)
     os.symlink(planted, fallback)
     assert summarise(str(state), since_s=None)["invocations"] == 0  # a link to elsewhere
+
+
+MIGRATION_PROMPT = "how do we write a database migration for the stats-keys orders table?"
+
+
+def configured(home, url: str, key: str) -> str:
+    """A config file naming `url` and a key file holding `key`, as `relay install` leaves
+    them; returns the config file's path."""
+    relay_dir = home / ".relay"
+    relay_dir.mkdir(exist_ok=True)
+    (relay_dir / "key").write_text(key + "\n")
+    path = relay_dir / "config.json"
+    path.write_text(json.dumps({"url": url, "api_key_file": str(relay_dir / "key")}))
+    return str(path)
+
+
+def test_a_rejected_key_the_environment_set_is_named_not_the_configured_one(tmp_path, live_server):
+    """QA: prompts run with RELAY_API_KEY (a stale export) in place of the installed key were
+    rejected, and `relay stats` said the hook's API key was revoked: the installed key, which
+    worked. The log now says which key each search sent (its id, never the secret)."""
+    from integration_support import mint, revoke
+
+    url, admin = live_server.url, live_server.admin_key
+    good = mint(url, admin, "stats-keys-env-good", ["memory:read"])
+    stale = mint(url, admin, "stats-keys-env-stale", ["memory:read"])
+    revoke(url, admin, stale["id"])
+    config_file = configured(tmp_path, url, good["secret"])
+    hook = Hook(tmp_path, None)
+    hook.prompt(MIGRATION_PROMPT, session="installed")
+    for session in ("exported-1", "exported-2"):
+        hook.run(hook.payload(MIGRATION_PROMPT, session), env={"RELAY_API_KEY": stale["secret"]})
+    first, *_, last = hook.outcomes()
+    assert first["outcome"] in ("hit", "no_match") and first["key"] == good["id"]
+    assert "key_from" not in first
+    assert (last["outcome"], last["key"], last["key_from"]) == (
+        "unauthorized",
+        stale["id"],
+        "RELAY_API_KEY",
+    )
+    log = (hook.state_dir / "outcomes.jsonl").read_text()
+    assert good["secret"] not in log and stale["secret"] not in log
+
+    cfg = config.load({"RELAY_CONFIG": config_file})
+    summary = summarise(str(hook.state_dir), None, cfg=cfg)
+    assert summary["unauthorized_streak"] == {"length": 0, "since": None, "key": good["id"]}
+    (rejected,) = summary["rejected_keys"]
+    assert (rejected["key"], rejected["from"], rejected["length"]) == (
+        stale["id"],
+        "RELAY_API_KEY",
+        2,
+    )
+    assert summary["problems"] == [
+        f"key {stale['id']}, which RELAY_API_KEY in an agent's environment set in place of the"
+        f" configured key {good['id']}, was rejected (401/403) on the last 2 searches since"
+        f" {rejected['since']}: prompts run there recall nothing until RELAY_API_KEY is unset"
+        " or names a valid key"
+    ]
+    args = ["--state-dir", str(hook.state_dir), "--since", "all"]
+    text = CliRunner().invoke(stats, args, env={"RELAY_CONFIG": config_file}).output
+    assert text.startswith(f"PROBLEM: key {stale['id']}, which RELAY_API_KEY"), text
+    assert "the hook's API key" not in text
+
+
+def test_rejections_of_a_key_replaced_since_are_not_the_new_keys(tmp_path, live_server):
+    """QA: after a revoked key was replaced (the key file rewritten), `relay stats` went on
+    saying the hook's API key was revoked until a prompt had used the new one."""
+    from integration_support import mint, revoke
+
+    url, admin = live_server.url, live_server.admin_key
+    old = mint(url, admin, "stats-keys-old", ["memory:read"])
+    revoke(url, admin, old["id"])
+    config_file = configured(tmp_path, url, old["secret"])
+    hook = Hook(tmp_path, None)
+    for session in ("before-1", "before-2"):
+        hook.prompt(MIGRATION_PROMPT, session=session)
+    assert [e["outcome"] for e in hook.outcomes()] == ["unauthorized"] * 2
+    summary = summarise(str(hook.state_dir), None, cfg=config.load({"RELAY_CONFIG": config_file}))
+    assert summary["unauthorized_streak"]["length"] == 2
+    assert summary["problems"][0].endswith(
+        f": the hook's API key {old['id']} is revoked, expired or lacks memory:read; recall is"
+        " off until it is fixed"
+    )
+
+    new = mint(url, admin, "stats-keys-new", ["memory:read"])
+    configured(tmp_path, url, new["secret"])
+    summary = summarise(str(hook.state_dir), None, cfg=config.load({"RELAY_CONFIG": config_file}))
+    assert summary["unauthorized_streak"] == {"length": 0, "since": None, "key": new["id"]}
+    assert summary["problems"] == []
+    (rejected,) = summary["rejected_keys"]
+    assert (rejected["key"], rejected["from"], rejected["length"]) == (old["id"], None, 2)
+    args = ["--state-dir", str(hook.state_dir), "--since", "all"]
+    text = CliRunner().invoke(stats, args, env={"RELAY_CONFIG": config_file}).output
+    assert "PROBLEM" not in text
+    assert (
+        f"  key {old['id']} rejected (401/403) on the last 2 searches since {rejected['since']},"
+        f" and is not the key configured here ({new['id']})\n"
+    ) in text

@@ -4,7 +4,8 @@ Each line is appended with a single O_APPEND write, so concurrent hooks never
 interleave. When the file passes `log_max_bytes` the writer that holds the
 rotation lock shifts outcomes.jsonl -> .1 -> .2 ... keeping `log_keep` old files.
 The prompt is logged as a sha256 prefix and a length; its text only when the
-user opts in with `log_prompt_text`.
+user opts in with `log_prompt_text`. The key a request went with is logged by its id
+(`key_label`), never its secret.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ except ImportError:  # pragma: no cover - hashlib is the slower, portable spelli
 
 def sha256_hex(data: bytes) -> str:
     return _sha256(data).hexdigest()
+
+
+def key_label(key: str) -> str:
+    """Which key a run sent, never its secret: the id of a key shaped `relay_<id>_<secret>`
+    (what `relay keys` and `relay doctor` show), else `sha256:` and 8 hex digits of it, so
+    `relay stats` can tell whose 401s they were (docs/hook.md)."""
+    key_id, sep, _ = key.removeprefix("relay_").partition("_")
+    if key.startswith("relay_") and sep and key_id.isalnum() and len(key_id) <= 64:
+        return key_id
+    return "sha256:" + sha256_hex(key.encode())[:8]
 
 
 def timestamp(now: float | None = None) -> str:

@@ -15,7 +15,7 @@ import time
 
 from relay.hook import breaker, codec, config, gate, state
 from relay.hook.client import HookFailure, parse_url, request
-from relay.hook.outcome_log import append, fallback_dir, sha256_hex, timestamp
+from relay.hook.outcome_log import append, fallback_dir, key_label, sha256_hex, timestamp
 from relay.hook.pack import (
     PROFILE_INTRO,
     PROMPT_INTRO,
@@ -417,6 +417,10 @@ def _fetch(
     t = time.monotonic()
     outcome = "no_match"
     inv.log["url"] = cfg.url  # which server this outcome speaks of (relay stats' streaks)
+    inv.log["key"] = key_label(cfg.api_key)  # and which key: a 401 is that key's
+    key_from = cfg.origin.get(cfg.key_setting, "")
+    if key_from.startswith("RELAY_"):  # the agent's environment, in place of the config file
+        inv.log["key_from"] = key_from
     try:
         status, raw = request(
             method,
