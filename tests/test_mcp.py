@@ -318,6 +318,20 @@ def test_stdio_server_says_the_url_is_not_the_installed_server(tmp_path, server)
     assert "or unset RELAY_URL" in text(result)
 
 
+def test_explicit_search_keeps_the_servers_threshold_not_the_hooks_min_score(tmp_path, server):
+    """By design (docs/integrations.md, MCP server): the hook's min_score is the floor for
+    what it injects unasked; a search the agent asks for keeps the server's threshold, as
+    `relay search` does. With the floor at its highest (1, in the config file and the
+    environment), the tool still finds the record."""
+    stdio_params(tmp_path, server, "reader")
+    home = tmp_path / "reader"
+    (home / ".relay/config.json").write_text(
+        json.dumps({**json.loads((home / ".relay/config.json").read_text()), "min_score": 1})
+    )
+    result = search_with(home, RELAY_MIN_SCORE="1")
+    assert not result.is_error and "blue cluster" in text(result), text(result)
+
+
 def test_stdio_server_refuses_at_start_a_key_it_cannot_send(tmp_path):
     """QA: `relay mcp --key-file F`, F with a byte-order mark, answered each call only
     "Error executing tool team_memory_search", a UnicodeEncodeError traceback on stderr:
