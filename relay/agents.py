@@ -44,6 +44,11 @@ SERVER_NAME = "relay"
 TOML_BEGIN = "# >>> relay: added by `relay install`; `relay uninstall` removes this block"
 TOML_END = "# <<< relay"
 TOML_FEATURE_MARK = "# added by relay install"
+# What `relay mcp` reads from its environment, as the hook does. Claude Code starts an MCP
+# server with the agent's whole environment; Codex only with a few variables (HOME, PATH,
+# ...) and those its entry's `env_vars` names: without these, Codex's `relay mcp` read
+# ~/.relay/config.json while the hook read the config install wrote at $RELAY_CONFIG.
+MCP_ENV_VARS = ("RELAY_CONFIG", "RELAY_URL", "RELAY_API_KEY", "RELAY_API_KEY_FILE")
 
 
 class SettingsFileError(InvalidRequestError):
@@ -350,6 +355,7 @@ def _toml_str(value: str) -> str:
 # The lines `add_codex_config` writes inside its block.
 _BLOCK_LINE = re.compile(
     rf'\[features\]|hooks = true|\[mcp_servers\.{SERVER_NAME}\]|command = ".*"|args = \["mcp"\]'
+    r"|env_vars = \[.*\]"
 )
 
 
@@ -429,6 +435,7 @@ def add_codex_config(
                 f"[mcp_servers.{SERVER_NAME}]",
                 f"command = {_toml_str(relay_bin)}",
                 'args = ["mcp"]',
+                f"env_vars = [{', '.join(map(_toml_str, MCP_ENV_VARS))}]",
             ]
         elif current.get("command") != relay_bin or current.get("args") != ["mcp"]:
             notes.append(
@@ -450,8 +457,13 @@ def add_codex_config(
         new += sep + nl.join([TOML_BEGIN, *block, TOML_END]) + nl
     check = parse_toml(new, where)  # never hand back text that Codex could not read
     if relay_bin is not None and current is None:
-        assert check["mcp_servers"][SERVER_NAME] == {"command": relay_bin, "args": ["mcp"]}
+        assert check["mcp_servers"][SERVER_NAME] == codex_mcp_entry(relay_bin)
     return new, notes
+
+
+def codex_mcp_entry(relay_bin: str) -> dict[str, Any]:
+    """The `[mcp_servers.relay]` table install writes into Codex's config.toml."""
+    return {"command": relay_bin, "args": ["mcp"], "env_vars": list(MCP_ENV_VARS)}
 
 
 def codex_hooks_enabled(config: dict[str, Any]) -> bool | None:

@@ -25,6 +25,7 @@ class McpChecks:
 
     paths: Paths
     manifest: dict[str, Any]
+    environ: dict[str, str]
 
     if TYPE_CHECKING:
 
@@ -125,5 +126,28 @@ class McpChecks:
             problem = sdk_problem()
             if problem:
                 self.add("warn", "mcp", f"{label}: `relay mcp` cannot start: {problem}", problem)
+            elif label == "Codex" and self.environ.get("RELAY_CONFIG") and not _hands_config(entry):
+                self.add(
+                    "warn",
+                    "mcp",
+                    f"{where}, without RELAY_CONFIG: Codex starts an MCP server with HOME, "
+                    "PATH and a few others, and only the variables its entry names beyond "
+                    "them, so `relay mcp` reads ~/.relay/config.json, "
+                    f"not {self.home(self.environ['RELAY_CONFIG'])}, and every call fails",
+                    fix
+                    if rewrites
+                    else f'add env_vars = ["RELAY_CONFIG"] to it in {self.home(path)}',
+                )
             else:
                 self.add("ok", "mcp", f"{label}: MCP server `relay` -> {shown}")
+
+
+def _hands_config(entry: dict[str, Any]) -> bool:
+    """Whether a Codex [mcp_servers] entry hands the server RELAY_CONFIG: forwarded from
+    Codex's environment (`env_vars`), or set (`env`)."""
+    forwarded, env = entry.get("env_vars"), entry.get("env")
+    forwarded = forwarded if isinstance(forwarded, list) else []
+    names = [
+        v if isinstance(v, str) else v.get("name") for v in forwarded if isinstance(v, str | dict)
+    ]
+    return "RELAY_CONFIG" in names or (isinstance(env, dict) and "RELAY_CONFIG" in env)

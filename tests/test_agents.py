@@ -107,7 +107,7 @@ def test_codex_config_edit_is_valid_minimal_and_reversible(text):
     data = tomllib.loads(new)
     features = data["features"]
     assert features.get("hooks", features.get("codex_hooks")) is True
-    assert data["mcp_servers"]["relay"] == {"command": RELAY, "args": ["mcp"]}
+    assert data["mcp_servers"]["relay"] == agents.codex_mcp_entry(RELAY)
     assert notes == []
     again, _ = agents.add_codex_config(new, RELAY, "config.toml")
     assert again == new

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -902,6 +903,31 @@ def test_an_mcp_server_install_did_not_write_gets_a_fix_by_hand(tmp_path, server
         ),
     ]
     assert mcp[1]["fix"].startswith("`relay install` leaves a [mcp_servers.relay] it did not")
+
+
+def test_codex_mcp_server_gets_the_relay_config_install_wrote(tmp_path, server):
+    """QA: installed with RELAY_CONFIG set, Codex's `relay mcp` never saw it (Codex hands an
+    MCP server only a few variables and those its entry names): it read ~/.relay/config.json,
+    absent, and every tool call failed with "no server URL" while doctor said ok."""
+    where = {"RELAY_CONFIG": str(tmp_path / "relay-elsewhere.json")}
+    done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key, **where)
+    assert done.returncode == 0, done.stderr
+    relay_bin = str(BIN / "relay")
+    codex = [f for f in findings(tmp_path, **where) if f["message"].startswith("Codex: MCP")]
+    assert [(f["level"], f["message"]) for f in codex] == [
+        ("ok", f"Codex: MCP server `relay` -> {relay_bin} mcp")
+    ]
+    # What an earlier install wrote: the entry without env_vars.
+    config = tmp_path / ".codex/config.toml"
+    config.write_text(re.sub(r"^env_vars = .*\n", "", config.read_text(), flags=re.M))
+    mcp = [f for f in findings(tmp_path, **where) if f["area"] == "mcp" and "Codex" in f["message"]]
+    assert [(f["level"], f["fix"]) for f in mcp] == [
+        ("warn", "run `relay install` again: it rewrites this entry")
+    ]
+    assert "without RELAY_CONFIG" in mcp[0]["message"]
+    assert "~/relay-elsewhere.json, and every call fails" in mcp[0]["message"]
+    # A shell without RELAY_CONFIG is not told of it: that Codex reads ~/.relay/config.json.
+    assert all(f["level"] == "ok" for f in findings(tmp_path) if "Codex: MCP" in f["message"])
 
 
 def test_doctor_checks_the_files_install_wrote_wherever_they_are(tmp_path, server):

@@ -189,7 +189,12 @@ def test_install_into_an_empty_home_then_uninstall_leaves_it_empty(tmp_path, ser
     assert mcp == {"type": "stdio", "command": str(BIN / "relay"), "args": ["mcp"], "env": {}}
     codex = tomllib.loads((home / ".codex/config.toml").read_text())
     assert codex["features"]["hooks"] is True
-    assert codex["mcp_servers"]["relay"] == {"command": str(BIN / "relay"), "args": ["mcp"]}
+    assert codex["mcp_servers"]["relay"] == {
+        "command": str(BIN / "relay"),
+        "args": ["mcp"],
+        # Codex hands an MCP server only these of its variables (and HOME, PATH, ...)
+        "env_vars": ["RELAY_CONFIG", "RELAY_URL", "RELAY_API_KEY", "RELAY_API_KEY_FILE"],
+    }
 
     undone = relay(home, "uninstall")
     assert undone.returncode == 0, undone.stderr

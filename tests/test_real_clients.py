@@ -195,10 +195,13 @@ def server(tmp_path_factory):
     stop_server(live)
 
 
-def make_home(tmp: Path, client: AgentClient, url: str, key: str, recorder: bool = False) -> Path:
+def make_home(
+    tmp: Path, client: AgentClient, url: str, key: str, recorder: bool = False, **env: str
+) -> Path:
+    """A HOME where `relay install` (run with `env`) wired Relay into `client`."""
     home = tmp / "home"
     (home / "work").mkdir(parents=True)
-    done = relay(home, "install", "--url", url, "--key", key, "--agent", client.name)
+    done = relay(home, "install", "--url", url, "--key", key, "--agent", client.name, **env)
     assert done.returncode == 0, done.stderr
     client.prepare(home)
     if recorder:
@@ -590,12 +593,19 @@ def test_the_suite_would_see_a_hook_error(client_name, server, tmp_path):
 
 
 # -- MCP: listed by the client, answers a tool call from the model --------------------------------
+@pytest.mark.parametrize("config_at", ["default", "RELAY_CONFIG"])
 @pytest.mark.parametrize("client_name", ["claude-code", "codex"])
-def test_the_installed_mcp_server_is_listed_and_answers_a_tool_call(client_name, server, tmp_path):
+def test_the_installed_mcp_server_is_listed_and_answers_a_tool_call(
+    client_name, config_at, server, tmp_path
+):
+    # RELAY_CONFIG: install, and then the agent, run in a shell that sets it, so the config
+    # is written there. Codex starts MCP servers with only a few of its variables: its
+    # `relay mcp` read ~/.relay/config.json, absent, and every call failed "no server URL".
+    relay_env = {"RELAY_CONFIG": str(tmp_path / "elsewhere.json")} if config_at != "default" else {}
     api = FakeModelApi()
     client = CLIENTS[client_name](api)
     try:
-        home = make_home(tmp_path, client, server.url, server.admin_key)
+        home = make_home(tmp_path, client, server.url, server.admin_key, **relay_env)
         listed = client.mcp_list(home)
         assert listed.returncode == 0, listed.stderr
         out = listed.stdout
@@ -636,10 +646,10 @@ def test_the_installed_mcp_server_is_listed_and_answers_a_tool_call(client_name,
         if isinstance(client, ClaudeClient):
             # Connect MCP servers before the first request (by default they connect in the
             # background and the first turn may not list them); allow the one read-only tool.
-            env = {"MCP_CONNECTION_NONBLOCKING": "0"}
+            env = {"MCP_CONNECTION_NONBLOCKING": "0", **relay_env}
             args = ("--allowedTools", "mcp__relay__team_memory_search")
         else:
-            env = None
+            env = relay_env
             args = ("-c", "mcp_servers.relay.required=true")  # wait for it, as above
         turn = client.run(
             home, "mcp", "search team memory for the staging cluster", env=env, args=args
