@@ -415,16 +415,24 @@ def add_codex_config(
             "Relay's recall hook will not run in Codex until you set it to true"
         )
     elif want_feature and enabled is None:
-        lines = base.splitlines(keepends=True)
-        headers = [i for i, line in enumerate(lines) if _FEATURES_HEADER.match(line)]
-        if headers:
-            feature_line_at = headers[0] + 1
-        elif "features" in data:
+        # The first line that reads as the [features] header and is one: a line inside a
+        # multi-line string (`developer_instructions = """...`) may read the same, and the
+        # flag written under it went into the user's text, leaving hooks off.
+        wanted = {**data, "features": {**features, "hooks": True}}
+        feature_line_at = next(
+            (
+                i + 1
+                for i, line in enumerate(base.splitlines(keepends=True))
+                if _FEATURES_HEADER.match(line) and _reads_as(_flag_under(base, i + 1), wanted)
+            ),
+            None,
+        )
+        if feature_line_at is None and "features" in data:
             notes.append(
                 "config.toml defines [features] in a form relay install does not edit; add "
                 "`hooks = true` under [features] if your Codex version needs it"
             )
-        else:
+        elif feature_line_at is None:
             block += ["[features]", "hooks = true"]
     servers = data.get("mcp_servers")
     servers = servers if isinstance(servers, dict) else {}
@@ -442,14 +450,8 @@ def add_codex_config(
                 f"left [mcp_servers.{SERVER_NAME}] in config.toml as it was (not written by "
                 f"relay install); make it run `{relay_bin} mcp` for explicit recall"
             )
-    new = base
-    nl = "\r\n" if base.split("\n", 1)[0].endswith("\r") else "\n"  # the file's line ends
-    if feature_line_at is not None:
-        lines = new.splitlines(keepends=True)
-        if not lines[feature_line_at - 1].endswith("\n"):
-            lines[feature_line_at - 1] += nl
-        lines.insert(feature_line_at, f"hooks = true  {TOML_FEATURE_MARK}{nl}")
-        new = "".join(lines)
+    new = base if feature_line_at is None else _flag_under(base, feature_line_at)
+    nl = _line_end(base)
     if block:
         if new and not new.endswith("\n"):
             new += nl
@@ -459,6 +461,27 @@ def add_codex_config(
     if relay_bin is not None and current is None:
         assert check["mcp_servers"][SERVER_NAME] == codex_mcp_entry(relay_bin)
     return new, notes
+
+
+def _line_end(text: str) -> str:
+    return "\r\n" if text.split("\n", 1)[0].endswith("\r") else "\n"  # the file's own
+
+
+def _flag_under(text: str, at: int) -> str:
+    """`text` with Relay's marked `hooks = true` line inserted as its line number `at`."""
+    nl = _line_end(text)
+    lines = text.splitlines(keepends=True)
+    if not lines[at - 1].endswith("\n"):
+        lines[at - 1] += nl
+    lines.insert(at, f"hooks = true  {TOML_FEATURE_MARK}{nl}")
+    return "".join(lines)
+
+
+def _reads_as(text: str, wanted: dict[str, Any]) -> bool:
+    try:
+        return tomllib.loads(text) == wanted
+    except tomllib.TOMLDecodeError:
+        return False
 
 
 def codex_mcp_entry(relay_bin: str) -> dict[str, Any]:

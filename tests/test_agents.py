@@ -128,6 +128,24 @@ def test_a_crlf_config_gets_crlf_lines_and_strips_back_to_its_bytes():
     assert agents.strip_codex_config(new) == text
 
 
+def test_a_features_line_inside_a_multiline_string_is_not_the_header():
+    # QA: install wrote its flag under the first line reading `[features]`, here a line of
+    # the user's developer_instructions: the text gained a line and Codex hooks stayed off.
+    text = 'developer_instructions = """\nConfig notes:\n[features]\nis where flags go\n"""\n'
+    new, notes = agents.add_codex_config(text, RELAY, "config.toml")
+    data = tomllib.loads(new)
+    assert data["developer_instructions"] == tomllib.loads(text)["developer_instructions"]
+    assert data["features"] == {"hooks": True} and notes == []
+    assert agents.strip_codex_config(new) == text
+    # Under a real [features] table after such a string, the flag goes under the real header.
+    theirs = text + "\n[features]\nweb_search = true\n"
+    new, notes = agents.add_codex_config(theirs, RELAY, "config.toml")
+    data = tomllib.loads(new)
+    assert data["developer_instructions"] == tomllib.loads(text)["developer_instructions"]
+    assert data["features"] == {"hooks": True, "web_search": True} and notes == []
+    assert new.count("[features]") == 2 and agents.strip_codex_config(new) == theirs
+
+
 def test_a_block_whose_end_marker_was_deleted_takes_none_of_the_users_tables():
     # The user deleted `# <<< relay` (a comment, to them) and added a server below the block:
     # uninstall, and re-install, dropped every line after the block's first.
