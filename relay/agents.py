@@ -438,7 +438,15 @@ def add_codex_config(
     servers = servers if isinstance(servers, dict) else {}
     current = servers.get(SERVER_NAME)
     if relay_bin is not None:
-        if current is None:
+        if current is None and not _takes_table(base, f"mcp_servers.{SERVER_NAME}"):
+            # `mcp_servers = { ... }` on one line: TOML lets no table extend it. The file is
+            # valid; it was refused as "not valid TOML", and the whole install with it.
+            notes.append(
+                "config.toml defines mcp_servers as an inline table, which relay install does"
+                f' not edit; add relay = {{ command = {_toml_str(relay_bin)}, args = ["mcp"] }}'
+                " to it for explicit recall"
+            )
+        elif current is None:
             block += [
                 f"[mcp_servers.{SERVER_NAME}]",
                 f"command = {_toml_str(relay_bin)}",
@@ -458,7 +466,7 @@ def add_codex_config(
         sep = nl if new.strip() else ""
         new += sep + nl.join([TOML_BEGIN, *block, TOML_END]) + nl
     check = parse_toml(new, where)  # never hand back text that Codex could not read
-    if relay_bin is not None and current is None:
+    if relay_bin is not None and f"[mcp_servers.{SERVER_NAME}]" in block:
         assert check["mcp_servers"][SERVER_NAME] == codex_mcp_entry(relay_bin)
     return new, notes
 
@@ -475,6 +483,15 @@ def _flag_under(text: str, at: int) -> str:
         lines[at - 1] += nl
     lines.insert(at, f"hooks = true  {TOML_FEATURE_MARK}{nl}")
     return "".join(lines)
+
+
+def _takes_table(text: str, name: str) -> bool:
+    """Whether a `[name]` table appended to `text` (valid TOML) leaves it valid."""
+    try:
+        tomllib.loads(f"{text}\n[{name}]\n")
+    except tomllib.TOMLDecodeError:
+        return False
+    return True
 
 
 def _reads_as(text: str, wanted: dict[str, Any]) -> bool:

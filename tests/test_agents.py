@@ -168,6 +168,19 @@ def test_codex_config_respects_what_it_should_not_touch():
     assert "left [mcp_servers.relay]" in notes[0]
     with pytest.raises(agents.SettingsFileError, match="not valid TOML"):
         agents.add_codex_config("[features\n", RELAY, "config.toml")
+    # QA: a valid file with its servers on one line was refused as "not valid TOML" (no table
+    # can extend an inline one), and the whole install with it.
+    inline_servers = 'mcp_servers = { docs = { command = "docs-mcp" } }\n'
+    new, notes = agents.add_codex_config(inline_servers, RELAY, "c")
+    assert tomllib.loads(new) == {
+        "mcp_servers": {"docs": {"command": "docs-mcp"}},
+        "features": {"hooks": True},
+    }
+    assert notes == [
+        "config.toml defines mcp_servers as an inline table, which relay install does not edit;"
+        f' add relay = {{ command = "{RELAY}", args = ["mcp"] }} to it for explicit recall'
+    ]
+    assert agents.strip_codex_config(new) == inline_servers
 
 
 def test_paths_with_quotes_and_unicode_stay_valid_toml():
