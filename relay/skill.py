@@ -69,7 +69,9 @@ path such as `team/infra/clusters`) and a date.
   infrastructure, release steps, access.
 
 Search with `team_memory_search` (the `relay` MCP server). If that tool is not
-available, `relay search "..."` in a terminal gives the same answer. If
+available but a terminal is, `relay search "..."` finds the same memories
+(if `relay` is not on the PATH, it is in the `.venv/bin` of the Relay
+checkout); it also lists weak matches, so weigh each record's score. If
 neither is available, say so and continue; never invent a memory.
 
 Automatic recall may already have put records into the conversation, under
