@@ -21,6 +21,7 @@ error that says why; nothing ever falls back to a broader search.
 """
 
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
@@ -404,40 +405,30 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
         answer = await call(ctx, lambda b: b.history(memory_id))
         return render_history(memory_id, answer["items"], answer.get("superseded_by"))
 
-    read_only = ToolAnnotations(
-        read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-    )
-    server.add_tool(
-        team_memory_search,
-        title="Search team memory",
-        annotations=read_only,
-        structured_output=False,
-    )
-    server.add_tool(
-        team_memory_remember,
-        title="Remember a team fact",
-        annotations=ToolAnnotations(
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=False,
+    def hints(read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+        return ToolAnnotations(
+            read_only_hint=read_only,
+            destructive_hint=destructive,
+            idempotent_hint=idempotent,
             open_world_hint=False,
-        ),
-        structured_output=False,
+        )
+
+    tools = (
+        (team_memory_search, "Search team memory", hints(True, False, True)),
+        (team_memory_remember, "Remember a team fact", hints(False, False, False)),
+        (team_memory_forget, "Forget a team memory", hints(False, True, True)),
+        (team_memory_history, "Team memory history", hints(True, False, True)),
     )
-    server.add_tool(
-        team_memory_forget,
-        title="Forget a team memory",
-        annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
-        ),
-        structured_output=False,
-    )
-    server.add_tool(
-        team_memory_history,
-        title="Team memory history",
-        annotations=read_only,
-        structured_output=False,
-    )
+    for fn, title, annotations in tools:
+        # cleandoc: the docstring's source indentation would reach the model as
+        # whitespace in every tools/list (about 100 characters over the four tools).
+        server.add_tool(
+            fn,
+            title=title,
+            description=inspect.cleandoc(fn.__doc__ or ""),
+            annotations=annotations,
+            structured_output=False,
+        )
     return server
 
 

@@ -59,6 +59,10 @@ async def exercise(client: Client, label: str) -> dict[str, str]:
     assert listed["team_memory_remember"].annotations.read_only_hint is False
     assert listed["team_memory_remember"].annotations.destructive_hint is False
     assert listed["team_memory_search"].input_schema["properties"]["k"]["maximum"] <= 8
+    for tool in listed.values():  # no source indentation spent on the model's context
+        assert tool.description and "\n " not in tool.description, tool.description
+        assert tool.annotations.open_world_hint is False
+    assert listed["team_memory_search"].title == "Search team memory"
 
     found = await client.call_tool("team_memory_search", {"query": "which cluster is staging?"})
     assert not found.is_error, text(found)
