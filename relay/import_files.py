@@ -54,13 +54,17 @@ def is_supported(path: Path) -> bool:
     return not name.startswith(".") and path.suffix.lower() in MARKDOWN_SUFFIXES | RULE_SUFFIXES
 
 
-def iter_import_files(paths: Iterable[Path], ignored: GitIgnored | None = None) -> Iterator[Path]:
+def iter_import_files(
+    paths: Iterable[Path], ignored: GitIgnored | None = None, broken: list[Path] | None = None
+) -> Iterator[Path]:
     """Yield the files to import: files as given, directories expanded recursively.
 
     Directories yield supported files only, in sorted order, skipping `.git`,
     `node_modules`, virtualenvs and hidden directories other than `.github` and
     `.cursor/rules`, and in a git work tree what git ignores (`ignored` records it).
-    Symlinked directories are not followed. A file named explicitly is yielded whatever
+    Symlinked directories are not followed. A symlink with a supported name that leads
+    nowhere (its target deleted or moved, a loop) is left out and added to `broken`, for
+    the caller to say. A file named explicitly is yielded whatever
     its name (it is read as Markdown) and whether git ignores it or not (`ignored.named`),
     unless it holds structured data: then, as for any file that turns out to hold JSON,
     `refuse_structured` raises before the caller has written anything. Each file is
@@ -74,7 +78,7 @@ def iter_import_files(paths: Iterable[Path], ignored: GitIgnored | None = None) 
     seen: set[Path] = set()
     for path in paths:
         if path.is_dir():
-            candidates: Iterable[Path] = _walk(path, ignored)
+            candidates: Iterable[Path] = _walk(path, ignored, broken)
         elif path.is_file():
             candidates = [path]
         elif path.exists():  # /dev/null, a pipe such as <(cat notes.md), a socket
@@ -192,9 +196,12 @@ class GitIgnored:
         self.paths.update(os.path.join(base, entry.rstrip("/")) for entry in listed)
 
 
-def _walk(top: Path, ignored: GitIgnored | None = None) -> Iterator[Path]:
+def _walk(
+    top: Path, ignored: GitIgnored | None = None, broken: list[Path] | None = None
+) -> Iterator[Path]:
     ignored = GitIgnored() if ignored is None else ignored
     found: list[Path] = []
+    dangling: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(top):
         here = Path(dirpath)
         # A work tree's top (`.git` a folder, or a file in a submodule or linked worktree)
@@ -205,10 +212,26 @@ def _walk(top: Path, ignored: GitIgnored | None = None) -> Iterator[Path]:
         entered = [d for d in dirnames if _enter_dir(here, d)]
         dirnames[:] = _unless_ignored(here, base, entered, ignored)
         if here.name != ".cursor":  # .cursor holds settings too; only its rules are memories
-            # Regular files only: reading a FIFO named notes.md would wait for ever.
-            files = [f for f in filenames if is_supported(here / f) and (here / f).is_file()]
-            found.extend(here / f for f in _unless_ignored(here, base, files, ignored))
+            # Regular files only: reading a FIFO named notes.md would wait for ever. A
+            # symlink that leads nowhere is no file either, but was meant to be one: said.
+            files = [
+                f
+                for f in filenames
+                if is_supported(here / f) and ((here / f).is_file() or is_broken_link(here / f))
+            ]
+            for f in _unless_ignored(here, base, files, ignored):
+                if not (here / f).is_file():
+                    dangling.append(here / f)
+                else:
+                    found.append(here / f)
+    if broken is not None:
+        broken.extend(sorted(dangling, key=lambda p: p.relative_to(top).as_posix()))
     yield from sorted(found, key=lambda p: p.relative_to(top).as_posix())
+
+
+def is_broken_link(path: Path) -> bool:
+    """Whether `path` is a symlink that leads to nothing (its target gone, or a loop)."""
+    return path.is_symlink() and not path.exists()
 
 
 def _unless_ignored(here: Path, base: str, names: list[str], ignored: GitIgnored) -> list[str]:

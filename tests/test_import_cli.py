@@ -1381,6 +1381,45 @@ def test_a_file_with_nothing_to_import_says_so(tmp_path, server):
 # --- what the command says -------------------------------------------------------------------
 
 
+def test_broken_symlinks_in_a_folder_are_named_and_the_rest_imported(tmp_path, server):
+    """QA: a folder whose CLAUDE.md was a symlink to a file since moved imported the other
+    files and said nothing of it: its memories were simply missing. Each broken symlink
+    with an importable name is named (the first few; the others counted), the import
+    still succeeds, and one git ignores stays unsaid, as git ignores it."""
+    repo = git_repo(tmp_path / "qa-broken-links")
+    write(repo / ".gitignore", "*.local.md\n")
+    write(repo / "docs" / "build.md", "# Build\nRun make.\n")
+    (repo / "CLAUDE.md").symlink_to("docs/moved-away.md")
+    (repo / "docs" / "loop.mdc").symlink_to("loop.mdc")
+    for i in range(6):
+        (repo / "docs" / f"old-{i}.md").symlink_to(f"../archive/old-{i}.md")
+    (repo / "mine.local.md").symlink_to("nowhere.md")  # git ignores it: not said
+    (repo / "diagram.svg").symlink_to("nowhere.svg")  # not an importable name: not said
+    done = relay_import(server, repo, "--source-prefix", "qa-broken-links", ".")
+    assert summary(done) == (
+        "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired; skipped 1 file git ignores"
+    )
+    assert done.stderr.splitlines() == [
+        "relay: warning: skipped CLAUDE.md: a symlink to docs/moved-away.md, which is not there",
+        "relay: warning: skipped docs/loop.mdc: a symlink to loop.mdc, which is not there",
+        *(
+            f"relay: warning: skipped docs/old-{i}.md: a symlink to ../archive/old-{i}.md,"
+            " which is not there"
+            for i in range(3)
+        ),
+        "relay: warning: skipped 3 more broken symlinks",
+    ], done.stderr
+    assert bodies(server, "qa-broken-links/docs/build.md") == ["Run make."]
+
+    named = relay_import(server, repo, "CLAUDE.md")
+    assert (named.returncode, named.stdout, named.stderr) == (
+        2,
+        "",
+        "relay: error: CLAUDE.md is a symlink to docs/moved-away.md, which is not there"
+        " (see 'relay import --help')\n",
+    )
+
+
 def test_what_is_not_a_file_and_a_missing_root_are_refused_up_front(tmp_path, server):
     """QA: `relay import /dev/null` said 'no such file or directory: /dev/null', and
     `--root /nonexist` was accepted, each file then failing on its own."""

@@ -31,8 +31,17 @@ def _there_or_gone(
 
     for path in paths:
         if not path.exists() and not gone_path(path):
-            raise click.UsageError(f"no such file or folder: {path}", ctx)
+            raise click.UsageError(_not_there(path), ctx)
     return paths
+
+
+def _not_there(path: Path) -> str:
+    """Why `path`, named, cannot be read: a symlink whose target is gone says so."""
+    import os
+
+    if os.path.islink(path):
+        return f"{path} is a symlink to {os.readlink(path)}, which is not there"
+    return f"no such file or folder: {path}"
 
 
 @click.command("import")
@@ -101,7 +110,8 @@ def import_(
     An ignore rule deletes nothing: the memories an import made of a file git ignores
     now (read before, or named), still there, are left as they are and counted;
     --retire-ignored retires them (not with --root). Outside git, and where git cannot
-    say (not installed: warned), every file is read.
+    say (not installed: warned), every file is read. A symlink in a folder that leads
+    nowhere (its file moved or deleted) is skipped with a warning naming it.
 
     \b
     Each memory's source names its file the same way from any folder:
@@ -176,7 +186,7 @@ def import_(
     looks = not (keep_removed or root)  # for the memories of files gone from the folders
     for path in paths:  # a file or folder a git work tree lost is looked for too
         if not path.exists() and not (looks and gone_path(path)):
-            raise click.UsageError(f"no such file or folder: {path}")
+            raise click.UsageError(_not_there(path))
     drafts_by_source: dict[str, list] = {}
     failed: list[RelayError] = []
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
@@ -184,7 +194,8 @@ def import_(
     files_by_source: dict[str, Path] = {}
     former: dict[str, FormerName] = {}  # source -> where an import before today put the file
     ignored = GitIgnored()
-    for f in iter_import_files([path for path in paths if path.exists()], ignored):
+    broken: list[Path] = []  # symlinks in the folders that lead nowhere
+    for f in iter_import_files([path for path in paths if path.exists()], ignored, broken):
         work_tree = named_by_folder(f, root, source_prefix)
         if work_tree is not None:
             unnamed[work_tree] = None
@@ -221,6 +232,7 @@ def import_(
             err=True,
         )
     _say_what_git_ignored(ignored)
+    _say_broken(broken)
     if placed:
         first, more = placed[0], len(placed) - 1
         click.echo(
@@ -405,6 +417,30 @@ def _say_what_git_ignored(ignored: GitIgnored) -> None:
                 f"relay: note: git ignores {first}{f' and {more} more' if more else ''}, named"
                 " here: imported as named (importing a folder leaves out what git ignores)"
             ),
+            err=True,
+        )
+
+
+# How many broken symlinks are named one a line; the rest are counted.
+SHOWN_BROKEN = 5
+
+
+def _say_broken(broken: list[Path]) -> None:
+    """Warn of the symlinks a folder's walk left out because they lead nowhere (a target
+    deleted or moved): each was meant to be read, and its file's memories are not there."""
+    import os
+
+    for link in broken[:SHOWN_BROKEN]:
+        click.echo(
+            one_line(
+                f"relay: warning: skipped {link}: a symlink to {os.readlink(link)}, which is"
+                " not there"
+            ),
+            err=True,
+        )
+    if (more := len(broken) - SHOWN_BROKEN) > 0:
+        click.echo(
+            f"relay: warning: skipped {more} more broken symlink{'s' if more > 1 else ''}",
             err=True,
         )
 
