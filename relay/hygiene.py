@@ -51,6 +51,13 @@ def normalize_text(text: str) -> str:
     return "\n".join(lines).strip("\n")
 
 
+def replace_controls(text: str) -> tuple[str, list[str]]:
+    """`text` with each control character a body or title may not hold replaced by U+FFFD
+    (the replacement character: something was here), and those replaced, in order."""
+    found = _CONTROL.findall(text)
+    return (_CONTROL.sub("\ufffd", text) if found else text), found
+
+
 # --- field checks --------------------------------------------------------------------------
 
 

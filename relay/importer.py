@@ -19,7 +19,9 @@ section lives in the title. Ids are derived from the source and the section's he
 path, and for sections that share a path (rules, namesake headings) from their text too,
 never from their place (`draft_id`), so re-importing an unchanged file yields the same ids
 and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
-into parts rather than rejected.
+into parts rather than rejected. A control character the server refuses (NUL, ESC, ...)
+is replaced by U+FFFD where it stood, and the draft records it (`replaced`) for the caller
+to say: one such character refused the whole import.
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from relay.errors import InvalidRequestError
-from relay.hygiene import MAX_BODY_CHARS, MAX_TAG_CHARS, MAX_TITLE_CHARS, normalize_text
+from relay.hygiene import (
+    MAX_BODY_CHARS,
+    MAX_TAG_CHARS,
+    MAX_TITLE_CHARS,
+    normalize_text,
+    replace_controls,
+)
 from relay.import_files import RULE_FILE_NAMES, RULE_SUFFIXES, source_for
 
 TITLE_SEPARATOR = " › "
@@ -48,6 +56,8 @@ class ImportDraft:
     tags: tuple[str, ...]
     # Those of the memory it continues; none: the import's --audience, or everyone.
     audiences: tuple[str, ...] = ()
+    # Control characters of its title, body and tags in the file, each replaced by U+FFFD.
+    replaced: tuple[str, ...] = ()
 
 
 def drafts_from_path(
@@ -61,6 +71,12 @@ def drafts_from_path(
         raise InvalidRequestError(f"{path} is not UTF-8 text", path=str(path)) from None
     except OSError as exc:
         raise InvalidRequestError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
+    if text.count("\0") * 10 > len(text):  # UTF-16 text (half NULs) or binary data, read
+        raise InvalidRequestError(  # as UTF-8: each NUL would become a U+FFFD in a memory
+            f"{path} is not UTF-8 text (one character in {len(text) // text.count(chr(0))} is"
+            " a NUL: binary data, or UTF-16 text)",
+            path=str(path),
+        )
     source = source_for(path, root, prefix)
     return drafts_from_text(text, source, rules=is_rule_file(path))
 
@@ -79,7 +95,7 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
     text = text.replace("\f", " ").replace("\v", " ")
     meta, body = split_front_matter(normalize_text(text))
     context = _title_context(meta)
-    tags = _front_matter_tags(meta)
+    tags, in_tags = _visible_tags(_front_matter_tags(meta))
     sections = split_sections(body)
     if rules and _is_bullet_style(sections):
         units = [unit for section in sections for unit in _rule_units(section)]
@@ -101,17 +117,32 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
             twins[heading_path, unit_body] += 1
         parts = split_long(unit_body, MAX_BODY_CHARS)
         for number, part in enumerate(parts, start=1):
-            title = _title(context, heading_path, number if len(parts) > 1 else None)
+            title, in_title = replace_controls(
+                _title(context, heading_path, number if len(parts) > 1 else None) or ""
+            )
+            part, in_body = replace_controls(part)
             drafts.append(
                 ImportDraft(
                     id=draft_id(source, heading_path, number, own_text, twin),
-                    title=title,
+                    title=title or None,
                     body=part,
                     source=source,
                     tags=tags,
+                    replaced=(*in_title, *in_body, *in_tags),
                 )
             )
     return drafts
+
+
+def _visible_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+    """`tags` with their control characters replaced (`replace_controls`), and those."""
+    found: list[str] = []
+    visible = []
+    for tag in tags:
+        tag, in_tag = replace_controls(tag)
+        visible.append(tag)
+        found += in_tag
+    return tuple(dict.fromkeys(visible)), found
 
 
 def draft_id(

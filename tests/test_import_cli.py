@@ -1378,6 +1378,48 @@ def test_a_file_with_nothing_to_import_says_so(tmp_path, server):
     assert "meta.mdc holds no section with text: nothing to import" in done.stderr
 
 
+def test_a_control_character_in_one_file_is_replaced_and_named_not_a_refused_import(
+    tmp_path, server
+):
+    """QA: one NUL, or the ESC of a terminal colour pasted into a runbook, refused the whole
+    import ('body contains control characters'), every other file with it. Such a character
+    is replaced by U+FFFD where it stood, a warning names the file, the section and the
+    characters, and everything is imported; a file of NULs (UTF-16) is skipped as not text."""
+    repo = git_repo(tmp_path / "qa-controls")
+    write(repo / "AGENTS.md", "# Build\nRun make.\n")
+    write(repo / "docs" / "runbook.md", "# Errors\nThey show \x1b[31mred\x1b[0m.\n# Ok\nFine.\n")
+    write(repo / "docs" / "notes.md", "# Dump\nA NUL\x00 here.\n")
+    args = ("--source-prefix", "qa-controls", "AGENTS.md", "docs")
+    done = relay_import(server, repo, *args)
+    assert summary(done) == "imported 4 memories: 4 new or changed, 0 unchanged, 0 retired"
+    said = (
+        " replaced with U+FFFD (\ufffd): a memory holds none (terminal escape codes, binary"
+        " data); edit the file to drop or replace them"
+    )
+    warnings = [
+        f"relay: warning: qa-controls/docs/notes.md › Dump: 1 control character (\\x00){said}",
+        f"relay: warning: qa-controls/docs/runbook.md › Errors: 2 control characters (\\x1b){said}",
+    ]
+    assert done.stderr.splitlines() == warnings, done.stderr
+    runbook = ["Fine.", "They show \ufffd[31mred\ufffd[0m."]
+    assert bodies(server, "qa-controls/docs/runbook.md") == runbook
+    assert bodies(server, "qa-controls/docs/notes.md") == ["A NUL\ufffd here."]
+    assert bodies(server, "qa-controls/AGENTS.md") == ["Run make."]
+    again = relay_import(server, repo, *args)  # the same memories, said again till fixed
+    assert summary(again) == "imported 4 memories: 0 new or changed, 4 unchanged, 0 retired"
+    assert again.stderr.splitlines() == warnings
+
+    (repo / "docs" / "wide.md").write_bytes("# Wide\nUTF-16 text.\n".encode("utf-16-le"))
+    wide = relay_import(server, repo, *args)
+    assert wide.returncode == 2
+    assert wide.stdout.startswith("imported 4 memories: 0 new or changed, 4 unchanged")
+    assert wide.stderr.splitlines()[-2:] == [
+        "relay: skipped docs/wide.md: docs/wide.md is not UTF-8 text (one character in 2 is a"
+        " NUL: binary data, or UTF-16 text)",
+        "relay: error: 1 file(s) could not be imported (see above)",
+    ]
+
+
 # --- what the command says -------------------------------------------------------------------
 
 

@@ -1033,3 +1033,34 @@ def test_a_page_break_or_vertical_tab_is_a_line_break_not_a_refused_import():
     # a page break on its own line or at a line's end reads as before (stripped there)
     assert draft.body == "Page one. Page two. still page two.\n\nPage three."
     assert check_body(draft.body) == draft.body  # what the server takes, as it is
+
+
+def test_a_control_character_is_replaced_where_it_stood_and_recorded():
+    """QA: one NUL or ESC (a terminal colour pasted into a runbook) in any file refused the
+    whole import. It is replaced by U+FFFD, visibly, in that section alone, and the draft
+    records what was replaced for the import to say; the other sections are untouched."""
+    text = (
+        "---\ndescription: Colours\x07\nglobs: src/\x1b*.py\n---\n"
+        "# Errors \x1b[31mred\x1b[0m\nRun\x00 it.\n# Clean\nNothing odd.\n"
+    )
+    first, clean = drafts_from_text(text, "rules.mdc", rules=True)
+    assert (first.title, first.body, first.tags) == (
+        "Colours\ufffd › Errors \ufffd[31mred\ufffd[0m",
+        "Run\ufffd it.",
+        ("glob:src/\ufffd*.py",),
+    )
+    assert sorted(first.replaced) == ["\x00", "\x07", "\x1b", "\x1b", "\x1b"]
+    assert (clean.title, clean.body) == ("Colours\ufffd › Clean", "Nothing odd.")
+    assert sorted(clean.replaced) == ["\x07", "\x1b"]  # the description and glob it shares
+    for draft in (first, clean):
+        assert check_body(draft.body) == draft.body and check_title(draft.title) == draft.title
+    assert drafts_from_text("# A\nPlain.\n", "a.md")[0].replaced == ()
+
+
+def test_a_file_of_nuls_is_not_text(tmp_path):
+    """A UTF-16 file without a byte-order mark reads as UTF-8 with a NUL every other
+    character: not a few stray control characters to replace, but no UTF-8 text."""
+    path = tmp_path / "notes.md"
+    path.write_bytes("# Notes\nWritten by a Windows tool.\n".encode("utf-16-le"))
+    with pytest.raises(InvalidRequestError, match=r"is not UTF-8 text \(one character in 2 is"):
+        drafts_from_path(path, tmp_path)

@@ -19,6 +19,7 @@ from relay.errors import InvalidRequestError, RelayError
 
 if TYPE_CHECKING:
     from relay.import_files import FormerName, GitIgnored
+    from relay.importer import ImportDraft
 
 
 def _there_or_gone(
@@ -99,7 +100,9 @@ def import_(
 
     Any other text file named explicitly (CONVENTIONS.txt, .windsurfrules) is read as
     Markdown. Structured data (JSON, JSON lines, CSV, TSV, YAML, TOML, XML) is refused
-    and nothing is imported.
+    and nothing is imported. A control character no memory may hold (NUL, the ESC of a
+    terminal colour) is replaced by U+FFFD, and a warning names the file and section; a
+    file that is not UTF-8 text is skipped, named, and the import exits 2 at the end.
 
     In a git work tree a folder's import reads only what git does not ignore: tracked
     files, and untracked ones no .gitignore, .git/info/exclude or core.excludesFile
@@ -205,6 +208,7 @@ def import_(
             failed.append(exc)
             click.echo(one_line(f"relay: skipped {f}: {exc.message}"), err=True)
             continue
+        _say_replaced(drafts)
         source = source_for(f, root, source_prefix)
         if source in files_by_source:  # one would overwrite and retire the other's memories
             raise InvalidRequestError(
@@ -419,6 +423,25 @@ def _say_what_git_ignored(ignored: GitIgnored) -> None:
             ),
             err=True,
         )
+
+
+def _say_replaced(drafts: list[ImportDraft]) -> None:
+    """Warn, by file and section, of the control characters replaced by U+FFFD (a NUL, the
+    ESC of a pasted terminal colour): the memory is written, but not as the file has it."""
+    from relay.importer import draft_label
+
+    for ordinal, draft in enumerate(drafts, start=1):
+        if n := len(draft.replaced):
+            shown = ", ".join(repr(ch)[1:-1] for ch in sorted(set(draft.replaced)))
+            click.echo(
+                one_line(
+                    f"relay: warning: {draft_label(draft, ordinal)}: {n} control"
+                    f" character{'s' if n > 1 else ''} ({shown}) replaced with U+FFFD (\ufffd):"
+                    " a memory holds none (terminal escape codes, binary data); edit the file"
+                    " to drop or replace them"
+                ),
+                err=True,
+            )
 
 
 # How many broken symlinks are named one a line; the rest are counted.
