@@ -675,7 +675,7 @@ def test_a_folder_with_no_file_left_still_retires_those_gone_from_it(tmp_path, s
     said 'no importable files found' (exit 2) and retired nothing, so recall kept the
     deleted runbook; only `relay import .` retired it. A folder with nothing left to read
     is imported all the same (a CI job importing docs/ succeeds: 0 imported, 1 retired);
-    only when there is nothing to retire either is that an error, said as such."""
+    when there is nothing to retire either, it says there is nothing to import."""
     repo = git_repo(tmp_path / "qa-emptied")
     git(repo, "remote", "add", "origin", "git@github.com:acme/qa-emptied-backend.git")
     write(repo / ".gitignore", "*.local.md\n")
@@ -696,11 +696,11 @@ def test_a_folder_with_no_file_left_still_retires_those_gone_from_it(tmp_path, s
     assert history(server, runbook["id"]) == ["create", "delete"]
 
     again = relay_import(server, repo, "docs")
-    assert again.returncode == 2, again.stdout
-    assert again.stderr.startswith(
-        "relay: error: no importable files found in docs (skipped 1 file git ignores), nor"
-        " memories of files gone from there: nothing to import or retire"
-    ), again.stderr
+    assert (summary(again), again.stderr) == (
+        "nothing to import in docs: no file relay import reads there (skipped 1 file git"
+        " ignores), nor memories of files gone from there to retire",
+        "",
+    )
 
 
 def test_a_folder_git_deleted_whole_can_be_named_and_retires_its_memories(tmp_path, server):
@@ -799,8 +799,7 @@ def test_outside_git_a_folder_with_no_file_left_names_those_gone_from_it(tmp_pat
     assert live_memories(server, placed(old)) == [memory]
     # Nothing to look for with --root: nothing to do.
     rooted = relay_import(server, tmp_path, "--root", "x", "x", home=home)
-    assert rooted.returncode == 2, rooted.stdout
-    assert "no importable files found in x: nothing to import (see" in rooted.stderr
+    assert summary(rooted) == "nothing to import in x: no file relay import reads there"
 
 
 def test_a_file_this_checkout_never_had_keeps_its_memories(tmp_path, server):
@@ -1023,10 +1022,10 @@ def test_a_folder_holding_only_files_git_ignores_is_not_a_folder_git_ignores(tmp
     assert history(server, runbook["id"]) == ["create", "delete"]
     for named in ("docs", "."):
         again = relay_import(server, repo, named)
-        assert (again.returncode, again.stdout) == (2, ""), again.stderr
-        assert again.stderr.startswith(
-            f"relay: error: no importable files found in {named} (skipped 1 file git ignores)"
-        ), again.stderr
+        assert summary(again).startswith(
+            f"nothing to import in {named}: no file relay import reads there (skipped 1 file"
+            " git ignores)"
+        )
     assert live_memories(server, "acme/gi-only-ignored/docs/notes.local.md") == []
 
 
@@ -1365,6 +1364,28 @@ def test_long_sections_travel_in_requests_the_server_accepts(tmp_path, server):
     done = relay_import(server, repo, "GUIDE.md")
     assert summary(done) == "imported 40 memories: 40 new or changed, 0 unchanged, 0 retired"
     assert len(live_memories(server, "qa-long/GUIDE.md")) == 40
+
+
+def test_an_empty_folder_has_nothing_to_import_and_that_is_no_error(tmp_path, server):
+    """QA: `relay import docs` of a folder with no importable file yet (a new repository's
+    docs/, a CI job run before its first runbook) failed as a usage error, exit 2, which
+    failed the job. It says there is nothing to import, and exits 0; a path that is not
+    there is still an error."""
+    home = tmp_path / "home"
+    (tmp_path / "docs" / "img").mkdir(parents=True)
+    write(tmp_path / "docs" / "img" / "diagram.svg", "<svg/>\n")
+    (tmp_path / "empty").mkdir()
+    done = relay_import(server, tmp_path, "docs", "empty", home=home)
+    assert (summary(done), done.stderr) == (
+        "nothing to import in docs and 1 more: no file relay import reads there, nor memories"
+        " of files gone from there to retire",
+        "",
+    )
+    kept = relay_import(server, tmp_path, "--keep-removed", "empty", home=home)
+    assert summary(kept) == "nothing to import in empty: no file relay import reads there"
+    typo = relay_import(server, tmp_path, "emtpy", home=home)
+    assert (typo.returncode, typo.stdout) == (2, "")
+    assert typo.stderr.startswith("relay: error: no such file or folder: emtpy")
 
 
 def test_a_file_with_nothing_to_import_says_so(tmp_path, server):

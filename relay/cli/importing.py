@@ -137,8 +137,8 @@ def import_(
     Re-importing a file forgets the memories of sections it no longer has, and importing
     a folder of a git work tree forgets those of its files deleted or renamed since, as
     git tells (in the current branch's history, or from the work tree; not with
-    --keep-removed), even when it has no file left to read ("imported 0 memories"; "no
-    importable files found" only when nothing imported from it is gone either), or is
+    --keep-removed), even when it has no file left to read ("imported 0 memories"; "nothing
+    to import", exit 0, only when nothing imported from it is gone either), or is
     gone whole (git keeps no empty folder): a path a work tree no longer has may be
     named when memories were imported from it (a file deleted: its own are retired) or
     from under it. A file this checkout merely lacks
@@ -260,8 +260,10 @@ def import_(
         found.ignored = {}
     if not drafts_by_source and not failed and found.empty():
         # Only now: a folder with no file left to read still retires (or names) the
-        # memories of those gone from it, as `relay import .` would.
-        raise click.UsageError(_nothing_found(paths, ignored, looked=looks))
+        # memories of those gone from it, as `relay import .` would. An empty folder is no
+        # mistake of the user's (a CI job importing docs/ before it has any): said, exit 0.
+        click.echo(_nothing_found(paths, ignored, looked=looks))
+        return
     # A link named by its target now: the memories an import made under its own name are
     # a stale copy of the target's (not another file's: a source this import writes stays).
     relinked = {
@@ -496,15 +498,15 @@ def _skipped(ignored: GitIgnored) -> str:
 
 
 def _nothing_found(paths: tuple[Path, ...], ignored: GitIgnored, looked: bool) -> str:
-    """The error for an import with nothing to do: no file to read in the folders named
+    """The summary of an import with nothing to do: no file to read in the folders named
     and, when it `looked` (not with --keep-removed or --root), no memory of a file gone
     from them to retire or name."""
     first, more = paths[0], len(paths) - 1
     skipped = f" ({why})" if (why := _skipped(ignored)) else ""
-    gone = ", nor memories of files gone from there" if looked else ""
+    gone = ", nor memories of files gone from there to retire" if looked else ""
     return (
-        f"no importable files found in {first}{f' and {more} more' if more else ''}{skipped}"
-        f"{gone}: nothing to import{' or retire' if looked else ''}"
+        f"nothing to import in {first}{f' and {more} more' if more else ''}: no file relay"
+        f" import reads there{skipped}{gone}"
     )
 
 
