@@ -118,9 +118,9 @@ def refuse_structured(path: Path) -> None:
 
 def _json_kind(path: Path) -> str | None:
     """What the file holds when it is a JSON document ("JSON"), one JSON object or array a
-    line ("JSON lines"), or one exported memory a line (`EXPORT`), else None. Markdown that
+    line ("JSON lines"), or the lines of a `relay export` (`EXPORT`), else None. Markdown that
     opens with `[link](...)` is none of these."""
-    from relay.restore import is_exported_memory, json_lines
+    from relay.restore import is_export_line, json_lines
 
     try:
         text = path.read_text(encoding="utf-8-sig").strip()
@@ -133,7 +133,7 @@ def _json_kind(path: Path) -> str | None:
     except ValueError:
         values = []
     if values and all(isinstance(value, dict | list) for value in values):
-        if all(map(is_exported_memory, values)):
+        if all(map(is_export_line, values)):
             return EXPORT
         return "JSON lines" if len(values) > 1 else "JSON"
     try:

@@ -1,7 +1,12 @@
 """Restore a `relay export` file: `relay restore`, export's way back.
 
 An export is JSON lines, one memory a line as `GET /v1/memories` shows it
-(`Memory.to_dict`). Each memory is written back under its id with what a write can
+(`Memory.to_dict`), between a first line `{"relay_export": "begin", "format": 2}` and a
+last line `{"relay_export": "end", "memories": N}`, N the memory lines written: a file
+cut short (a partial copy, a disk full while exporting) ends without it, and one whose
+lines were removed or added since holds another count (`read_export` refuses both unless
+asked). An export by an older release has neither line, and is read with a word that its
+completeness cannot be checked. Each memory is written back under its id with what a write can
 carry (`RESTORED_FIELDS`) through the batch endpoint, so the restoring key may write
 only what it may, every field is checked as on every write, and an unchanged memory
 makes no new revision: restoring twice changes nothing. History and authorship cannot
@@ -62,6 +67,22 @@ RESTORED_FIELDS = (
 _BREAKS_IN_STRINGS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 
 
+# The export format with begin and end lines; an older release's export (no such lines) is 1.
+EXPORT_FORMAT = 2
+_MARK = "relay_export"
+
+
+def export_begin() -> str:
+    """An export's first line."""
+    return json.dumps({_MARK: "begin", "format": EXPORT_FORMAT}) + "\n"
+
+
+def export_end(memories: int) -> str:
+    """An export's last line, counting the memory lines before it: without it, or with
+    another count, the file is not what the export wrote."""
+    return json.dumps({_MARK: "end", "memories": memories}) + "\n"
+
+
 def export_line(memory: dict[str, Any]) -> str:
     """One memory as a line of an export, readable by any line reader: the text stays
     UTF-8 as written, but for the few characters some readers take as a line break
@@ -107,6 +128,15 @@ class ExportedMemory:
         return self.fields.get("supersedes") or []
 
 
+@dataclass(frozen=True)
+class ExportFile:
+    """An export as read: its memories, and why its completeness is not vouched for (an
+    older release's file, or one found incomplete and read as asked), or None."""
+
+    memories: list[ExportedMemory]
+    unchecked: str | None = None
+
+
 @dataclass
 class RestoreTally:
     restored: int = 0
@@ -119,9 +149,35 @@ class RestoreTally:
     in_flight: int = 0  # memories of the batch sent and not yet answered: maybe written
 
 
-def is_exported_memory(value: object) -> bool:
-    """Whether a parsed JSON value has the shape of one `relay export` line."""
-    return _problem(value) is None
+def is_export_line(value: object) -> bool:
+    """Whether a parsed JSON value has the shape of one `relay export` line: a memory, or
+    the export's begin or end line."""
+    return _problem(value) is None or is_export_mark(value)
+
+
+def is_export_mark(value: object) -> bool:
+    """Whether a parsed JSON value is an export's begin or end line, by its shape."""
+    return isinstance(value, dict) and _MARK in value and "id" not in value
+
+
+def _mark_problem(value: dict) -> str | None:
+    kind = value[_MARK]
+    if kind == "begin":
+        version = value.get("format")
+        if not isinstance(version, int) or isinstance(version, bool):
+            return "its begin line has no format number"
+        if version > EXPORT_FORMAT:
+            return (
+                f"it is in export format {version}, newer than this relay reads"
+                f" ({EXPORT_FORMAT}): restore it with the release that exported it, or newer"
+            )
+        return None
+    if kind == "end":
+        count = value.get("memories")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return "its end line has no count of memories"
+        return None
+    return f"{_MARK} is {kind!r}, not 'begin' or 'end'"
 
 
 def _problem(value: object) -> str | None:
@@ -144,11 +200,13 @@ def _problem(value: object) -> str | None:
     return None
 
 
-def read_export(text: str, name: str) -> list[ExportedMemory]:
+def read_export(text: str, name: str, allow_incomplete: bool = False) -> ExportFile:
     """Parse an export, every line or none: raises naming the file and line of the first
-    one that is not an exported memory, or repeats an id."""
+    one that is not an exported memory (or its begin or end line), or repeats an id; and,
+    unless `allow_incomplete`, when the file is not whole (`_Completeness`)."""
     memories: list[ExportedMemory] = []
     lines: dict[str, int] = {}
+    whole = _Completeness(name)
     for number, raw in json_lines(text):
         try:
             value = json.loads(raw)
@@ -157,6 +215,12 @@ def read_export(text: str, name: str) -> list[ExportedMemory]:
                 f"{name}:{number}: not JSON ({exc.msg}); a relay export file has one memory a line",
                 line=number,
             ) from None
+        if is_export_mark(value):
+            if problem := _mark_problem(value):
+                raise InvalidRequestError(f"{name}:{number}: {problem}", line=number)
+            whole.mark(number, value)
+            continue
+        whole.memory()
         problem = _problem(value)
         if problem:
             raise InvalidRequestError(
@@ -170,7 +234,89 @@ def read_export(text: str, name: str) -> list[ExportedMemory]:
         lines[value["id"]] = number
         fields = {k: value[k] for k in RESTORED_FIELDS if k in value}
         memories.append(ExportedMemory(number, fields))
-    return memories
+    incomplete, unchecked = whole.verdict()
+    if incomplete and not allow_incomplete:
+        raise InvalidRequestError(
+            f"{incomplete}; nothing was restored (--allow-incomplete restores the"
+            f" {_memories(len(memories))} it holds)"
+        )
+    if incomplete:
+        unchecked = f"{incomplete}; restoring the {_memories(len(memories))} it holds, as asked"
+    return ExportFile(memories, unchecked)
+
+
+class _Completeness:
+    """Whether the memory lines of an export are all that `relay export` wrote: each begin
+    line is followed by an end line counting the memory lines between them. A begin line
+    never ended is a file cut short; another count, lines removed or added since. Memory
+    lines outside any begin and end (all of them, in an older release's export) cannot be
+    checked."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.begun: int | None = None  # the line of the begin line not yet ended
+        self.count = 0  # memory lines since the last begin or end line (or the start)
+        self.lines = 0  # lines read, of any kind
+        self.problem: str | None = None  # the first reason the file is not whole
+        self.unmarked = 0  # memory lines outside any begin and end
+        self.marked = False  # any begin or end line read
+
+    def memory(self) -> None:
+        self.count += 1
+        self.lines += 1
+
+    def mark(self, number: int, value: dict) -> None:
+        self.lines += 1
+        self.marked = True
+        if value[_MARK] == "begin":
+            if self.begun is not None and self.problem is None:
+                self.problem = (
+                    f"{self.name}:{number}: a new export begins before the one begun on line"
+                    f" {self.begun} ended: that one was cut short after {_memories(self.count)}"
+                )
+            elif self.begun is None:
+                self.unmarked += self.count
+            self.begun, self.count = number, 0
+            return
+        if value["memories"] != self.count and self.problem is None:
+            self.problem = (
+                f"{self.name}:{number}: relay export wrote {_memories(value['memories'])}"
+                f" before this end line, and the file holds {self.count}: lines were removed"
+                " or added since"
+            )
+        self.begun, self.count = None, 0
+
+    def verdict(self) -> tuple[str | None, str | None]:
+        """(why the file is not whole, or None; why its completeness cannot be checked,
+        or None)."""
+        if self.begun is not None:
+            self.problem = self.problem or (
+                f"{self.name} was cut short: it ends after {_memories(self.count)} without the"
+                " end line relay export writes last (a partial copy, or a disk full while"
+                " exporting)"
+            )
+        else:
+            self.unmarked += self.count
+        if not self.lines:
+            return None, (
+                f"{self.name} is empty: an older release's export of no memory, or a file cut"
+                " short before its first line"
+            )
+        if not self.marked:
+            return None, (
+                f"{self.name} has no begin and end lines (an export by an older release):"
+                " whether it is whole, not cut short, cannot be checked"
+            )
+        if n := self.unmarked:
+            return self.problem, (
+                f"{_memories(n)} of {self.name} {'lies' if n == 1 else 'lie'} outside its"
+                " export's begin and end lines: whether they are all there cannot be checked"
+            )
+        return self.problem, None
+
+
+def _memories(n: int) -> str:
+    return f"{n} {'memory' if n == 1 else 'memories'}"
 
 
 def split_expired(

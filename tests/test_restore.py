@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from relay.restore import (
     RESTORED_FIELDS,
     ExportedMemory,
     check_memories,
+    export_begin,
+    export_end,
     export_line,
     read_export,
     write_order,
@@ -41,6 +44,12 @@ def line(memory_id: str, **fields) -> str:
     return json.dumps(
         {"id": memory_id, "body": f"Fact {memory_id}.", "audiences": ["all"], **fields}
     )
+
+
+def sealed(lines: Iterable[str]) -> str:
+    """`lines` as relay export writes them: between its begin and end lines."""
+    lines = list(lines)
+    return "".join([export_begin(), *(f"{x}\n" for x in lines), export_end(len(lines))])
 
 
 @pytest.mark.parametrize(
@@ -81,7 +90,7 @@ def test_only_what_a_write_carries_is_read():
         "superseded_by": "m0",
         "pinned": True,
     }
-    (memory,) = read_export("\n" + json.dumps(exported) + "\n\n", "f")
+    (memory,) = read_export("\n" + json.dumps(exported) + "\n\n", "f").memories
     assert memory.line == 2
     assert memory.fields == {k: exported[k] for k in RESTORED_FIELDS}
 
@@ -95,7 +104,7 @@ def test_a_string_may_hold_what_other_readers_take_for_a_line_break():
     (Unterminated string)"): the file was cut at every character splitlines() breaks at."""
     raw = json.dumps({"id": "m1", "body": BREAKS, "audiences": ["all"]}, ensure_ascii=False)
     text = raw + "\r\n" + line("m2") + "\n"  # one line ends as on Windows
-    assert [(m.line, m.fields["body"]) for m in read_export(text, "f")] == [
+    assert [(m.line, m.fields["body"]) for m in read_export(text, "f").memories] == [
         (1, BREAKS),
         (2, "Fact m2."),
     ]
@@ -105,15 +114,71 @@ def test_an_export_line_escapes_those_breaks_and_reads_back_the_same():
     exported = export_line({"id": "m1", "body": BREAKS, "title": "é\u2028", "audiences": ["all"]})
     assert exported.endswith("}\n") and exported.splitlines(keepends=True) == [exported]
     assert "\\u2028" in exported and "non\u00a0breaking" in exported  # the rest stays UTF-8
-    (memory,) = read_export(exported, "f")
+    (memory,) = read_export(exported, "f").memories
     assert memory.fields == {"id": "m1", "body": BREAKS, "title": "é\u2028", "audiences": ["all"]}
 
 
 def test_a_secret_is_named_by_line_before_anything_is_written():
     token = "gh" + "p_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa"
-    memories = read_export(line("m1") + "\n" + line("m2", body=f"GITHUB_TOKEN={token}"), "f")
+    text = line("m1") + "\n" + line("m2", body=f"GITHUB_TOKEN={token}")
+    memories = read_export(text, "f").memories
     with pytest.raises(SecretDetectedError, match=r"^f:2: memory looks like it contains a secret"):
         check_memories(memories, "f", datetime.now(UTC))
+
+
+def test_a_file_cut_short_or_edited_is_refused_unless_asked():
+    """QA: an export cut short at a line's end (a partial copy, a disk full) restored as if
+    whole. Its begin line has no end line after it, or the end line counts other lines."""
+    whole = sealed([line("m1"), line("m2"), line("m3")])
+    assert read_export(whole, "f") == read_export(whole, "f", allow_incomplete=True)
+    assert read_export(whole, "f").unchecked is None
+    assert [m.line for m in read_export(whole, "f").memories] == [2, 3, 4]
+    lines = whole.splitlines(keepends=True)
+    for cut in range(1, len(lines)):  # at every line's end before the last
+        with pytest.raises(InvalidRequestError) as refused:
+            read_export("".join(lines[:cut]), "f")
+        held = f"{cut - 1} {'memory' if cut == 2 else 'memories'}"
+        assert refused.value.message == (
+            f"f was cut short: it ends after {held} without the end line relay export writes"
+            " last (a partial copy, or a disk full while exporting); nothing was restored"
+            f" (--allow-incomplete restores the {held} it holds)"
+        )
+        asked = read_export("".join(lines[:cut]), "f", allow_incomplete=True)
+        assert len(asked.memories) == cut - 1
+        assert asked.unchecked.endswith(f"; restoring the {held} it holds, as asked")
+    edited = "".join(lines[:2] + lines[3:])  # m2 taken out by hand
+    with pytest.raises(InvalidRequestError, match=r"^f:4: relay export wrote 3 memories before"):
+        read_export(edited, "f")
+    twice = "".join(lines[:3]) + sealed([line("m4")])  # one cut short, another after it
+    with pytest.raises(InvalidRequestError, match=r"^f:4: a new export begins before the one"):
+        read_export(twice, "f")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (line("m1") + "\n", "f has no begin and end lines (an export by an older release)"),
+        ("", "f is empty: an older release's export of no memory, or a file cut short"),
+        (line("m0") + "\n" + sealed([line("m1")]), "1 memory of f lies outside its export's"),
+    ],
+)
+def test_what_an_older_release_wrote_is_read_with_a_word_that_it_is_unchecked(text, says):
+    assert read_export(text, "f").unchecked.startswith(says)
+
+
+@pytest.mark.parametrize(
+    ("mark", "message"),
+    [
+        ({"relay_export": "begin"}, "its begin line has no format number"),
+        ({"relay_export": "begin", "format": 3}, "it is in export format 3, newer than"),
+        ({"relay_export": "end", "memories": -1}, "its end line has no count of memories"),
+        ({"relay_export": "middle"}, "relay_export is 'middle', not 'begin' or 'end'"),
+    ],
+)
+def test_a_malformed_begin_or_end_line_is_named(mark, message):
+    with pytest.raises(InvalidRequestError) as refused:
+        read_export(line("m1") + "\n" + json.dumps(mark) + "\n", "f")
+    assert refused.value.message.startswith(f"f:2: {message}")
 
 
 def memories(*supersedes: tuple[str, list[str]]) -> list[ExportedMemory]:
@@ -222,7 +287,12 @@ def test_export_then_restore_into_a_fresh_server(tmp_path, source, target):
 
     backup = tmp_path / "memories-backup.jsonl"
     assert run(source, tmp_path, "export", "-o", str(backup)).returncode == 0
-    exported = {m["id"]: m for m in map(json.loads, backup.read_text().splitlines())}
+    begin, *rows, end = map(json.loads, backup.read_text().splitlines())
+    assert (begin, end) == (
+        {"relay_export": "begin", "format": 2},
+        {"relay_export": "end", "memories": len(rows)},
+    )
+    exported = {m["id"]: m for m in rows}
     assert list(exported)[:4] == ["rt-a-new", "rt-b-pay", "rt-c-old", "rt-d-gone"]
     # The export was taken long ago: one of its memories has expired since.
     backup.write_text(backup.read_text().replace(iso(soon), "2000-01-01T00:00:00Z"))
@@ -230,7 +300,7 @@ def test_export_then_restore_into_a_fresh_server(tmp_path, source, target):
     # The fresh server has no key with the role yet: the audience is refused, by line.
     refused = run(target, tmp_path, "restore", "memories-backup.jsonl")
     assert refused.returncode == 2
-    assert "memories-backup.jsonl:2: unknown audience" in refused.stderr.splitlines()[-1]
+    assert "memories-backup.jsonl:3: unknown audience" in refused.stderr.splitlines()[-1]
     assert listed(target, "rt-") == {}
 
     mint(target.url, target.admin_key, "payments dev", ["memory:write"], ["payments"])
@@ -337,8 +407,7 @@ def test_more_than_a_batch_with_supersedes_across_batches(tmp_path, target):
 def test_ctrl_c_says_how_far_the_restore_got(tmp_path, target):
     """QA: a Ctrl-C'd `relay restore` printed only 'aborted', where import says how far it
     got; the batch on its way when Ctrl-C came may be written all the same."""
-    text = "\n".join(exported_line(f"intr-{i:03d}") for i in range(300))
-    (tmp_path / "intr.jsonl").write_text(text + "\n")
+    (tmp_path / "intr.jsonl").write_text(sealed(exported_line(f"intr-{i:03d}") for i in range(300)))
     with BatchProxy(target.url, nth=2, act="interrupt") as proxy:
         env = clean_env(tmp_path, RELAY_URL=proxy.url, RELAY_API_KEY=target.admin_key)
         code, out, err = proxy.run(["restore", "intr.jsonl"], env, tmp_path)
@@ -353,6 +422,43 @@ def test_ctrl_c_says_how_far_the_restore_got(tmp_path, target):
     assert (
         summary(again)
         == "restored 300 memories: 172 new or changed, 128 unchanged, 0 expired skipped"
+    )
+
+
+def test_an_export_cut_short_is_refused_before_anything_is_written(tmp_path, source, target):
+    """QA: `head -n 3000 backup.jsonl > copy.jsonl` (or a disk full during `relay export >
+    backup.jsonl`) restored 2,999 memories as if that were all. The export's end line is
+    missing: the restore stops before writing anything, unless asked. An older release's
+    export, which has no such lines, restores with a warning."""
+    for i in range(5):
+        remember(source.url, source.admin_key, id=f"cut-{i}", body=f"Cut-short fact {i}.")
+    assert run(source, tmp_path, "export", "-o", "all.jsonl").returncode == 0
+    lines = (tmp_path / "all.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    assert json.loads(lines[0]) == {"relay_export": "begin", "format": 2}
+    assert json.loads(lines[-1]) == {"relay_export": "end", "memories": len(lines) - 2}
+    mine = [x for x in lines if '"id": "cut-' in x]
+    (tmp_path / "cut.jsonl").write_text(lines[0] + "".join(mine[:3]), encoding="utf-8")
+
+    done = run(target, tmp_path, "restore", "cut.jsonl")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2,
+        "",
+        "relay: error: cut.jsonl was cut short: it ends after 3 memories without the end line"
+        " relay export writes last (a partial copy, or a disk full while exporting); nothing"
+        " was restored (--allow-incomplete restores the 3 memories it holds)\n",
+    )
+    assert listed(target, "cut-") == {}
+    asked = run(target, tmp_path, "restore", "--allow-incomplete", "cut.jsonl")
+    assert summary(asked) == "restored 3 memories: 3 new or changed, 0 unchanged, 0 expired skipped"
+    assert asked.stderr.startswith("relay: warning: cut.jsonl was cut short: it ends after 3")
+    assert sorted(listed(target, "cut-")) == ["cut-0", "cut-1", "cut-2"]
+
+    (tmp_path / "old.jsonl").write_text("".join(mine), encoding="utf-8")  # no begin or end
+    old = run(target, tmp_path, "restore", "old.jsonl")
+    assert summary(old) == "restored 5 memories: 2 new or changed, 3 unchanged, 0 expired skipped"
+    assert old.stderr == (
+        "relay: warning: old.jsonl has no begin and end lines (an export by an older release):"
+        " whether it is whole, not cut short, cannot be checked\n"
     )
 
 
@@ -455,7 +561,8 @@ def test_links_to_memories_not_in_the_file(tmp_path, source, target):
 
     # The dev key cannot read ln-old-ops: its export holds ln-new without the memory it supersedes.
     assert run(source, tmp_path, "export", "-o", "dev.jsonl", key=dev).returncode == 0
-    exported = [json.loads(x) for x in (tmp_path / "dev.jsonl").read_text().splitlines()]
+    exported = read_export((tmp_path / "dev.jsonl").read_text(), "dev.jsonl").memories
+    exported = [m.fields for m in exported]
     assert {m["id"] for m in exported if m["id"].startswith("ln-")} == {"ln-new", "ln-newer"}
     (tmp_path / "new.jsonl").write_text(
         "\n".join(json.dumps(m) for m in exported if m["id"] == "ln-new") + "\n"
@@ -471,7 +578,7 @@ def test_links_to_memories_not_in_the_file(tmp_path, source, target):
         "".join(
             line + "\n"
             for line in (tmp_path / "all.jsonl").read_text().splitlines()
-            if json.loads(line)["id"] == "ln-new"
+            if json.loads(line).get("id") == "ln-new"
         )
     )
     unseen = run(source, tmp_path, "restore", "admin-new.jsonl", key=dev)
@@ -648,7 +755,7 @@ def test_an_export_writes_through_a_symlink_and_keeps_it(tmp_path: Path, source)
             done = run(source, tmp_path, "export", "-o", "latest.jsonl")
             assert done.returncode == 0 and done.stderr == "", done.stderr
             assert link.is_symlink() and link.resolve() == place, place
-            exported = read_export(place.read_text(encoding="utf-8"), str(place))
+            exported = read_export(place.read_text(encoding="utf-8"), str(place)).memories
             assert "link-1" in {m.id for m in exported}, place
             assert not list(place.parent.glob(f".{place.name}.*"))  # no partial left
         dangling = tmp_path / "next.jsonl"
@@ -679,11 +786,11 @@ def test_an_export_to_what_is_not_a_file_is_written_to_directly(tmp_path: Path, 
     reader.join(timeout=30)
     assert done.returncode == 0, done.stderr
     assert stat.S_ISFIFO(fifo.stat().st_mode)
-    assert "fifo-1" in {m.id for m in read_export(got[0], "pipe")}
+    assert "fifo-1" in {m.id for m in read_export(got[0], "pipe").memories}
 
     to_stdout = run(source, tmp_path, "export", "-o", "/dev/stdout")
     assert to_stdout.returncode == 0, to_stdout.stderr
-    assert "fifo-1" in {m.id for m in read_export(to_stdout.stdout, "stdout")}
+    assert "fifo-1" in {m.id for m in read_export(to_stdout.stdout, "stdout").memories}
 
     # /dev/stdout opened for appending (`>> log`): appended to, not replaced.
     log = tmp_path / "log.jsonl"
@@ -694,7 +801,7 @@ def test_an_export_to_what_is_not_a_file_is_written_to_directly(tmp_path: Path, 
             [RELAY, "export", "-o", "/dev/stdout"], env=env, stdout=out, stderr=subprocess.PIPE
         )
     assert appended.returncode == 0, appended.stderr
-    ids = [m.id for m in read_export(log.read_text(encoding="utf-8"), "log")]
+    ids = [m.id for m in read_export(log.read_text(encoding="utf-8"), "log").memories]
     assert ids[0] == "earlier" and "fifo-1" in ids
 
 

@@ -15,6 +15,7 @@ from relay.cli.common import (
     client_options,
     failed_midway,
     maybe_written,
+    one_line,
     progress_bar,
     stop_interrupted,
 )
@@ -32,6 +33,11 @@ from relay.errors import InvalidRequestError, RelayError
 @client_options
 def export(client, output: Path) -> None:  # noqa: ANN001
     """Export every memory the key may read as JSONL (relay restore reads it back).
+
+    \b
+    The first line is {"relay_export": "begin", "format": 2}, then one memory a
+    line, and the last line {"relay_export": "end", "memories": N}: relay restore
+    refuses a file cut short (no end line) or whose lines were removed since.
 
     Expired and superseded memories are included; deleted ones are not. A file is
     written beside its final name (readable by you alone) and renamed into place at
@@ -103,25 +109,38 @@ def _descriptor(path: Path) -> int | None:
 
 
 def _export_pages(client, out: TextIO) -> None:  # noqa: ANN001
-    from relay.restore import export_line
+    """Every memory the key may list, one a line, between the begin line (written once the
+    first page is in: a key refused leaves nothing) and the end line that counts them."""
+    from relay.restore import export_begin, export_end, export_line
 
     cursor = None
+    written = 0
     while True:
         query = "" if cursor is None else "&cursor=" + urllib.parse.quote(cursor)
         page = client.get("/v1/memories?limit=500" + query)
+        if cursor is None:
+            out.write(export_begin())
         for item in page["items"]:
             out.write(export_line(item))
+        written += len(page["items"])
         cursor = page["next_cursor"]
         if not cursor:
             break
+    out.write(export_end(written))
 
 
 @click.command()
 @click.argument(
     "file", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path)
 )
+@click.option(
+    "--allow-incomplete",
+    is_flag=True,
+    help="Restore what a file holds even when it is not the whole export: cut short (no"
+    " end line), or lines removed or added since (a warning says so).",
+)
 @client_options
-def restore(client, file: Path) -> None:  # noqa: ANN001
+def restore(client, file: Path, allow_incomplete: bool) -> None:  # noqa: ANN001
     """Restore the memories of a relay export file (FILE, or - for stdin).
 
     \b
@@ -144,6 +163,11 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
       so where it says a memory has such links, a link of the file it does not show
       is counted as left to the server instead;
     - a malformed line stops the restore, naming it, before anything is written;
+    - so does a file that is not the whole export: cut short (its end line
+      missing: a partial copy, a disk full while exporting) or with lines
+      removed or added since (the end line counts them); --allow-incomplete
+      restores what it holds. A file by an older release has no begin and end
+      lines: it is restored, with a warning that its completeness is unchecked;
     - it also stops at a memory deleted here since (deleted ids are never reused) or
       held here for audiences this key lacks, and at a batch the server refuses (an
       unknown audience): the batches before stay written, and running the restore
@@ -155,7 +179,10 @@ def restore(client, file: Path) -> None:  # noqa: ANN001
         text = sys.stdin.read() if name == "<stdin>" else file.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise InvalidRequestError(f"{name} is not UTF-8 text") from None
-    memories = read_export(text, name)
+    export = read_export(text, name, allow_incomplete)
+    if export.unchecked:
+        click.echo(one_line(f"relay: warning: {export.unchecked}"), err=True)
+    memories = export.memories
     tally = RestoreTally()
 
     def done(exc: BaseException | None = None) -> str:
