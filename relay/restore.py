@@ -32,8 +32,10 @@ What a write would refuse, and what a restore must still get right:
   refuses the batch (`closes_cycle`), and the batch is sent again without it, so where
   the server already holds one of a cycle's links, that one is kept.
 - Every line is read and checked before anything is written: a malformed line stops the
-  restore with its file and line. The server may still refuse a batch (an audience the
-  organisation has no key for); the batches before it stay written.
+  restore with its file and line, as does one without a field of `RESTORED_FIELDS` (a
+  hand edit), which a write would otherwise set to its default. The server may still
+  refuse a batch (an audience the organisation has no key for); the batches before it
+  stay written.
 """
 
 from __future__ import annotations
@@ -200,6 +202,20 @@ def _problem(value: object) -> str | None:
     return None
 
 
+def _missing(value: dict) -> str | None:
+    """What a memory line lacks of the fields a write carries: every export has held them
+    all, and one left out (a hand edit) would be written as the write's default, over what
+    the server holds (a pin, an expiry)."""
+    if not (missing := [name for name in RESTORED_FIELDS if name not in value]):
+        return None
+    one = len(missing) == 1
+    return (
+        f"it lacks {', '.join(map(repr, missing))}, which every line of an export has (null,"
+        f" [] or false for none): a restore would write"
+        f" {'a default in its' if one else 'defaults in their'} place"
+    )
+
+
 def read_export(text: str, name: str, allow_incomplete: bool = False) -> ExportFile:
     """Parse an export, every line or none: raises naming the file and line of the first
     one that is not an exported memory (or its begin or end line), or repeats an id; and,
@@ -221,7 +237,7 @@ def read_export(text: str, name: str, allow_incomplete: bool = False) -> ExportF
             whole.mark(number, value)
             continue
         whole.memory()
-        problem = _problem(value)
+        problem = _problem(value) or _missing(value)
         if problem:
             raise InvalidRequestError(
                 f"{name}:{number}: not a memory from relay export: {problem}", line=number

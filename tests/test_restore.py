@@ -40,10 +40,24 @@ from relay.restore import (
 # --- reading an export (no server) ---------------------------------------------------------
 
 
+def fields_of(memory_id: str, **fields) -> dict:
+    """What an export line carries that a restore writes, as relay export writes it."""
+    return {
+        "id": memory_id,
+        "title": None,
+        "body": f"Fact {memory_id}.",
+        "source": None,
+        "audiences": ["all"],
+        "tags": [],
+        "valid_until": None,
+        "supersedes": [],
+        "pinned": False,
+        **fields,
+    }
+
+
 def line(memory_id: str, **fields) -> str:
-    return json.dumps(
-        {"id": memory_id, "body": f"Fact {memory_id}.", "audiences": ["all"], **fields}
-    )
+    return json.dumps(fields_of(memory_id, **fields))
 
 
 def sealed(lines: Iterable[str]) -> str:
@@ -58,6 +72,10 @@ def sealed(lines: Iterable[str]) -> str:
         ('{"id": "m2", "body": "x", "audiences": ["all"]', "not JSON (Expecting ',' delimiter)"),
         ('["m2"]', "not a memory from relay export: a JSON object is expected"),
         ('{"id": "m2", "body": "x"}', "not a memory from relay export: it has no 'audiences'"),
+        (
+            '{"id": "m2", "body": "x", "audiences": ["all"]}',
+            "not a memory from relay export: it lacks 'title', 'source', 'tags', 'valid_until',",
+        ),
         (line("m2", audiences=[]), "'audiences' is empty (an export names at least 'all')"),
         (line("m2", tags="a,b"), "'tags' is not a list of strings"),
         (line("m2", pinned="yes"), "'pinned' is not true or false"),
@@ -102,7 +120,7 @@ BREAKS = "non\u00a0breaking\u2028line\u2029paragraph\x85next\x1crecord\x0bvtab"
 def test_a_string_may_hold_what_other_readers_take_for_a_line_break():
     """QA: an export of a memory holding U+2028 could not be restored ("not JSON
     (Unterminated string)"): the file was cut at every character splitlines() breaks at."""
-    raw = json.dumps({"id": "m1", "body": BREAKS, "audiences": ["all"]}, ensure_ascii=False)
+    raw = json.dumps(fields_of("m1", body=BREAKS), ensure_ascii=False)
     text = raw + "\r\n" + line("m2") + "\n"  # one line ends as on Windows
     assert [(m.line, m.fields["body"]) for m in read_export(text, "f").memories] == [
         (1, BREAKS),
@@ -111,11 +129,11 @@ def test_a_string_may_hold_what_other_readers_take_for_a_line_break():
 
 
 def test_an_export_line_escapes_those_breaks_and_reads_back_the_same():
-    exported = export_line({"id": "m1", "body": BREAKS, "title": "é\u2028", "audiences": ["all"]})
+    exported = export_line(fields_of("m1", body=BREAKS, title="é\u2028"))
     assert exported.endswith("}\n") and exported.splitlines(keepends=True) == [exported]
     assert "\\u2028" in exported and "non\u00a0breaking" in exported  # the rest stays UTF-8
     (memory,) = read_export(exported, "f").memories
-    assert memory.fields == {"id": "m1", "body": BREAKS, "title": "é\u2028", "audiences": ["all"]}
+    assert memory.fields == fields_of("m1", body=BREAKS, title="é\u2028")
 
 
 def test_a_secret_is_named_by_line_before_anything_is_written():
@@ -124,6 +142,23 @@ def test_a_secret_is_named_by_line_before_anything_is_written():
     memories = read_export(text, "f").memories
     with pytest.raises(SecretDetectedError, match=r"^f:2: memory looks like it contains a secret"):
         check_memories(memories, "f", datetime.now(UTC))
+
+
+@pytest.mark.parametrize(
+    "missing", [name for name in RESTORED_FIELDS if name not in ("id", "body", "audiences")]
+)
+def test_a_line_missing_a_field_is_refused_not_given_a_default(missing):
+    """QA: a hand-edited backup line without "pinned" (or "valid_until", "supersedes")
+    restored silently with the default, unpinning the memory (or making it never expire)."""
+    exported = fields_of("m2")
+    del exported[missing]
+    with pytest.raises(InvalidRequestError) as refused:
+        read_export(sealed([line("m1"), json.dumps(exported)]), "backup.jsonl")
+    assert refused.value.message == (
+        f"backup.jsonl:3: not a memory from relay export: it lacks {missing!r}, which every"
+        " line of an export has (null, [] or false for none): a restore would write a default"
+        " in its place"
+    )
 
 
 def test_a_file_cut_short_or_edited_is_refused_unless_asked():
@@ -460,6 +495,34 @@ def test_an_export_cut_short_is_refused_before_anything_is_written(tmp_path, sou
         "relay: warning: old.jsonl has no begin and end lines (an export by an older release):"
         " whether it is whole, not cut short, cannot be checked\n"
     )
+
+
+def test_a_hand_edited_line_missing_a_field_stops_the_restore_before_anything_is_written(
+    tmp_path, target
+):
+    """QA: a backup edited by hand, its pinned memory's line without "pinned" (and another's
+    without "valid_until"), restored as "1 new or changed": the memory lost its pin without
+    a word. The line and the field are named, and nothing is written."""
+    later = iso((datetime.now(UTC) + timedelta(days=30)).replace(microsecond=0))
+    remember(target.url, target.admin_key, id="hand-pin", body="Pinned by hand.", pinned=True)
+    remember(target.url, target.admin_key, id="hand-end", body="Ends.", valid_until=later)
+    pinned, ending = (fields_of(f"hand-{x}") for x in ("pin", "end"))
+    pinned["body"], ending["body"] = "Pinned by hand.", "Ends."
+    del pinned["pinned"], ending["valid_until"]
+    (tmp_path / "hand.jsonl").write_text(
+        sealed([line("hand-new"), json.dumps(ending), json.dumps(pinned)])
+    )
+    done = run(target, tmp_path, "restore", "hand.jsonl")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2,
+        "",
+        "relay: error: hand.jsonl:3: not a memory from relay export: it lacks 'valid_until',"
+        " which every line of an export has (null, [] or false for none): a restore would"
+        " write a default in its place\n",
+    )
+    assert sorted(listed(target, "hand-")) == ["hand-end", "hand-pin"]  # hand-new not written
+    assert get(target, "/v1/memories/hand-pin").json()["pinned"] is True
+    assert get(target, "/v1/memories/hand-end").json()["valid_until"] == later
 
 
 def test_a_malformed_line_stops_the_restore_before_anything_is_written(tmp_path, target):

@@ -162,7 +162,9 @@ def restore(client, file: Path, allow_incomplete: bool) -> None:  # noqa: ANN001
       keeps the links it holds to memories this key cannot read without showing them,
       so where it says a memory has such links, a link of the file it does not show
       is counted as left to the server instead;
-    - a malformed line stops the restore, naming it, before anything is written;
+    - a malformed line stops the restore, naming it, before anything is written,
+      as does a line without one of the fields above (null, [] or false for
+      none: a field left out would be written as its default);
     - so does a file that is not the whole export: cut short (its end line
       missing: a partial copy, a disk full while exporting) or with lines
       removed or added since (the end line counts them); --allow-incomplete
