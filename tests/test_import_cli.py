@@ -1542,8 +1542,9 @@ def test_a_batch_failing_midway_says_how_many_were_written_before_it(tmp_path, s
         code, out, err = proxy.run(["import", "AGENTS.md"], env, repo)
     assert code == 6, err
     assert err.splitlines()[-1] == (
-        "relay: error: server busy; before it, 128 of 300 memories imported (128 new or"
-        " changed, 0 unchanged) and 0 retired"
+        "relay: error: server busy; the import stopped there, with 128 of 300 memories"
+        " imported (128 new or changed, 0 unchanged) and 0 retired; once that is dealt with,"
+        " running the same import again finishes it"
     ), err
     assert len(live_memories(server, "qa-midway/AGENTS.md")) == 128
 

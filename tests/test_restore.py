@@ -448,9 +448,9 @@ def test_ctrl_c_says_how_far_the_restore_got(tmp_path, target):
         code, out, err = proxy.run(["restore", "intr.jsonl"], env, tmp_path)
     assert (code, out) == (1, ""), err
     assert err == (
-        "relay: interrupted with 128 of 300 memories restored (128 new or changed, 0 unchanged,"
-        " 0 expired skipped), and 128 more sent that the server may still write; running the"
-        " same restore again finishes it\n"
+        "relay: interrupted with 128 of the file's 300 memories restored (128 new or changed,"
+        " 0 unchanged) and 172 not restored yet (128 of them sent, which the server may still"
+        " write); running the same restore again finishes it\n"
     )
     assert len(listed(target, "intr-")) == 128
     again = run(target, tmp_path, "restore", "intr.jsonl")
@@ -523,6 +523,30 @@ def test_a_hand_edited_line_missing_a_field_stops_the_restore_before_anything_is
     assert sorted(listed(target, "hand-")) == ["hand-end", "hand-pin"]  # hand-new not written
     assert get(target, "/v1/memories/hand-pin").json()["pinned"] is True
     assert get(target, "/v1/memories/hand-end").json()["valid_until"] == later
+
+
+def test_a_batch_failing_midway_says_plainly_how_far_the_restore_got(tmp_path, target):
+    """A new user's pass: "server busy; before it, 128 of 301 memories restored (128 new or
+    changed, 0 unchanged, 1 expired skipped)" left them asking before what, whether the
+    expired one was among the 128 (it was among the 301), what became of the rest, and what
+    to do. The counts add up to the file's, and the way to finish is said."""
+    gone = "2000-01-01T00:00:00Z"
+    lines = [exported_line(f"mid-{i:03d}") for i in range(300)]
+    (tmp_path / "mid.jsonl").write_text(sealed([*lines, exported_line("mid-x", valid_until=gone)]))
+    with BatchProxy(target.url, nth=2, act="overloaded") as proxy:
+        env = clean_env(tmp_path, RELAY_URL=proxy.url, RELAY_API_KEY=target.admin_key)
+        code, out, err = proxy.run(["restore", "mid.jsonl"], env, tmp_path)
+    assert (code, out) == (6, ""), err
+    assert err == (
+        "relay: error: server busy; the restore stopped there, with 128 of the file's 301"
+        " memories restored (128 new or changed, 0 unchanged), 1 expired skipped and 172 not"
+        " restored yet; once that is dealt with, running the same restore again finishes it\n"
+    )
+    assert len(listed(target, "mid-")) == 128
+    again = run(target, tmp_path, "restore", "mid.jsonl")
+    assert summary(again) == (
+        "restored 300 memories: 172 new or changed, 128 unchanged, 1 expired skipped"
+    )
 
 
 def test_a_malformed_line_stops_the_restore_before_anything_is_written(tmp_path, target):

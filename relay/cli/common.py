@@ -104,21 +104,32 @@ def stop_interrupted(done: str, again: str) -> NoReturn:
     sys.exit(1)
 
 
-def failed_midway(exc: RelayError, done: str) -> RelayError:
-    """`exc`, the error a bulk write stopped at, saying what was written before it."""
-    return type(exc)(f"{exc.message}; before it, {done}", **exc.details)
+def failed_midway(exc: RelayError, done: str, again: str) -> RelayError:
+    """`exc`, the error a bulk write stopped at, saying how far it got (`done`) and that
+    running the same command (`again`) finishes it."""
+    return type(exc)(
+        f"{exc.message}; the {again} stopped there, with {done}; once that is dealt with,"
+        f" running the same {again} again finishes it",
+        **exc.details,
+    )
+
+
+def sent_unanswered(in_flight: int, exc: BaseException | None = None) -> int:
+    """How many of the batch on its way (`in_flight` items) the server may still write: it
+    commits a batch it has read even when the client is gone; an answered refusal wrote
+    none of it."""
+    from relay.client import ConnectionFailedError
+
+    if exc is not None and not (isinstance(exc, ConnectionFailedError) and exc.sent):
+        return 0
+    return in_flight
 
 
 def maybe_written(in_flight: int, exc: BaseException | None = None) -> str:
-    """What to say of the batch that was on its way: the server commits a batch it has read
-    even when the client is gone; an answered refusal wrote none of it."""
-    from relay.client import ConnectionFailedError
-
-    if not in_flight or (
-        exc is not None and not (isinstance(exc, ConnectionFailedError) and exc.sent)
-    ):
+    """What to say of the batch that was on its way (`sent_unanswered`)."""
+    if not (n := sent_unanswered(in_flight, exc)):
         return ""
-    return f", and {in_flight} more sent that the server may still write"
+    return f", and {n} more sent that the server may still write"
 
 
 def figures_json_option(fn: Callable[..., Any]) -> Callable[..., Any]:

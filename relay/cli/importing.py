@@ -300,7 +300,7 @@ def import_(
         stop_interrupted(done(), "import")
     except RelayError as exc:
         if maybe_written(tally.in_flight, exc) or tally.written or tally.unchanged or tally.retired:
-            raise failed_midway(exc, done(exc)) from None
+            raise failed_midway(exc, done(exc), "import") from None
         raise
 
     # Not errors (the file is the source of truth), but neither should come as a surprise.

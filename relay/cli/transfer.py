@@ -14,9 +14,9 @@ import click
 from relay.cli.common import (
     client_options,
     failed_midway,
-    maybe_written,
     one_line,
     progress_bar,
+    sent_unanswered,
     stop_interrupted,
 )
 from relay.errors import InvalidRequestError, RelayError
@@ -188,11 +188,22 @@ def restore(client, file: Path, allow_incomplete: bool) -> None:  # noqa: ANN001
     tally = RestoreTally()
 
     def done(exc: BaseException | None = None) -> str:
-        return (
-            f"{tally.written + tally.unchanged} of {len(memories)} memories restored"
-            f" ({tally.written} new or changed, {tally.unchanged} unchanged, {tally.expired}"
-            f" expired skipped){maybe_written(tally.in_flight, exc)}"
-        )
+        """How far it got, in counts that add up to the file's: restored, expired and
+        skipped, and not restored yet (of which those sent the server may still write)."""
+        restored = tally.written + tally.unchanged
+        said = [
+            f"{restored} of the file's {len(memories)} memories restored ({tally.written} new"
+            f" or changed, {tally.unchanged} unchanged)"
+        ]
+        if tally.expired:
+            said.append(f"{tally.expired} expired skipped")
+        if left := len(memories) - restored - tally.expired:
+            sent = sent_unanswered(tally.in_flight, exc)
+            said.append(
+                f"{left} not restored yet"
+                + (f" ({sent} of them sent, which the server may still write)" if sent else "")
+            )
+        return ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else said[0]
 
     try:
         with progress_bar(len(memories), "restoring") as bar:
@@ -200,8 +211,8 @@ def restore(client, file: Path, allow_incomplete: bool) -> None:  # noqa: ANN001
     except KeyboardInterrupt:
         stop_interrupted(done(), "restore")
     except RelayError as exc:
-        if maybe_written(tally.in_flight, exc) or tally.written or tally.unchanged:
-            raise failed_midway(exc, done(exc)) from None
+        if sent_unanswered(tally.in_flight, exc) or tally.written or tally.unchanged:
+            raise failed_midway(exc, done(exc), "restore") from None
         raise
     links = "".join(
         [
