@@ -545,7 +545,3 @@ def parse_json(text: str, where: str, rerun: str = "relay install") -> dict[str,
     if not isinstance(doc, dict):
         raise SettingsFileError(f"{where} does not hold a JSON object; nothing was changed")
     return doc
-
-
-def dump_json(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from relay import agents
+from relay import agents, json_text
 from relay.errors import InvalidRequestError
 from relay.hook import config as hook_config
 from relay.install_files import (
@@ -58,7 +57,6 @@ CONFIG_KNOBS = (
     "breaker_cooldown_s",
 )
 AGENTS = ("claude-code", "codex")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # -- file contents (the hook script's own: relay/knob_script.py) ---------------------
@@ -93,25 +91,6 @@ def relay_config(
     return out, notes
 
 
-def _indent_of(text: str) -> int | str:
-    # Lines end at "\n": splitlines() would also break inside a string holding U+2028.
-    for line in text.split("\n")[1:]:
-        stripped = line.lstrip(" \t")
-        if stripped and len(stripped) < len(line):
-            lead = line[: len(line) - len(stripped)]
-            return "\t" if lead.startswith("\t") else len(lead)
-    return 2
-
-
-def dump_json_like(doc: dict[str, Any], original: str | None) -> bytes:
-    """`doc` as JSON, indented as `original` was. A lone surrogate ("\\ud800" is valid JSON)
-    has no UTF-8: it is written back as the escape it was read from. allow_nan=False: never
-    write `Infinity`, which the agents cannot read (parse_json refuses what would need it)."""
-    indent = _indent_of(original) if original else 2
-    text = json.dumps(doc, indent=indent, ensure_ascii=False, allow_nan=False)
-    return (_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n").encode()
-
-
 # -- planning ----------------------------------------------------------------------------
 def _json_change(path: Path, role: str, what: str, edit, mode: int = 0o644) -> Change:  # noqa: ANN001
     before = read_bytes(path)
@@ -121,7 +100,7 @@ def _json_change(path: Path, role: str, what: str, edit, mode: int = 0o644) -> C
     if before is not None and new_doc == doc:
         after = before  # same meaning: keep the user's bytes
     else:
-        after = dump_json_like(new_doc, text)
+        after = json_text.render(new_doc, text).encode()
     return Change(path, role, before, after, what, mode, notes)
 
 
@@ -147,7 +126,7 @@ def plan_install(
             paths.config,
             "relay-config",
             config_before,
-            dump_json_like(config_doc, None),
+            json_text.render(config_doc).encode(),
             "Relay config",
             0o600,
             config_notes,

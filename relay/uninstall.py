@@ -22,9 +22,8 @@ from typing import Any
 
 import click
 
-from relay import agents
+from relay import agents, json_text
 from relay.errors import RelayError
-from relay.install import dump_json_like
 from relay.install_files import (
     OWN_FILES,
     Change,
@@ -135,7 +134,7 @@ def _reverse(
         return original
     if stripped_doc == doc:
         return current
-    return dump_json_like(stripped_doc, text)
+    return json_text.render(stripped_doc, text).encode()
 
 
 def _reverse_what(role: str | None) -> str:

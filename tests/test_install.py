@@ -4,6 +4,7 @@ the exact command written into the agents' settings, run with realistic stdin.""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import json
 import os
@@ -348,9 +349,59 @@ def test_a_number_json_cannot_carry_is_refused_and_nothing_changes(
     assert path.read_bytes() == edited and snapshot(tmp_path) == before
 
 
+# A settings.json as kept in a dotfiles repository: four spaces, one-line objects, an
+# escape, a number written 1.50, no newline at the end.
+DOTFILES_SETTINGS = """{
+    "$schema": "https://json.schemastore.org/claude-code-settings.json",
+    "model": "opus",
+    "permissions": {"allow": ["Bash(npm test:*)", "Read(~/café/**)"], "deny": []},
+    "env": {"GREETING": "h\\u00e9llo", "RATIO": 1.50},
+    "hooks": {
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "check"}]}]
+    }
+}"""
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"], ids=["lf", "crlf"])
+def test_install_adds_its_lines_to_a_settings_file_and_leaves_every_other_as_written(
+    tmp_path, server, newline
+):
+    """QA: install rewrote all of settings.json (one-line objects spread over lines, the
+    escape decoded, 1.50 as 1.5, a newline added at the end): a dotfiles repository's
+    diff showed the whole file changed. Uninstall then takes out exactly Relay's lines,
+    keeping an edit made since, and an untouched file comes back byte for byte."""
+    home = tmp_path
+    original = DOTFILES_SETTINGS.replace("\n", newline)
+    claude, codex = home / ".claude/settings.json", home / ".codex/hooks.json"
+    for path in (claude, codex):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(original.encode())
+    assert install(home, server).returncode == 0
+    for path in (claude, codex):
+        after = path.read_bytes().decode()
+        assert without_relay(path) == json.loads(original)
+        lines = after.split(newline)
+        assert "\n" not in "".join(lines)  # every line ends as the file's lines did
+        old_lines = original.split(newline)
+        changed = [line for line in difflib.ndiff(old_lines, lines) if line[0] in "-+"]
+        pre_tool_use = old_lines[6]
+        # The one line of the user's that changes gains the comma before Relay's entries.
+        assert changed[:2] == [f"- {pre_tool_use}", f"+ {pre_tool_use},"]
+        added = changed[2:]
+        assert all(line.startswith("+ ") for line in added) and len(added) == 22
+        assert added[0] == '+         "UserPromptSubmit": ['  # indented as its neighbours
+        assert after.endswith("    }" + newline + "}")  # no newline added at the end
+
+    claude.write_bytes(claude.read_bytes().replace(b'"opus"', b'"sonnet"'))
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert claude.read_bytes() == original.replace('"opus"', '"sonnet"').encode()
+    assert codex.read_bytes() == original.encode()
+
+
 def test_settings_holding_lone_surrogates_and_line_separators_are_kept(tmp_path, server):
     """QA: a valid `"L": "\\ud800"` in settings.json ended install in a traceback
-    (UnicodeEncodeError): it has no UTF-8, so it is written back as the escape it was."""
+    (UnicodeEncodeError): it has no UTF-8, so it stays the escape it was."""
     settings = '{"env": {"L": "\\ud800", "\\udc00key": "x\u2028    y"},\n\t"model": "opus"\n}\n'
     for where in (".claude/settings.json", ".codex/hooks.json"):
         write(tmp_path / where, settings)
@@ -359,7 +410,7 @@ def test_settings_holding_lone_surrogates_and_line_separators_are_kept(tmp_path,
     assert done.returncode == 0, done.stderr
     for where in (".claude/settings.json", ".codex/hooks.json"):
         text = (tmp_path / where).read_text(encoding="utf-8")
-        assert '\n\t"env": {\n\t\t"L": "\\ud800",\n\t\t"\\udc00key": "x\u2028    y"\n' in text
+        assert text.startswith(settings[: settings.index('"opus"')])  # as it was written
         assert without_relay(tmp_path / where) == json.loads(settings)
     assert relay(tmp_path, "uninstall").returncode == 0
     assert snapshot(tmp_path) == before
