@@ -27,6 +27,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
+from relay import json_text
 from relay.errors import InvalidRequestError
 from relay.hook.codec import NotJSONNumber, finite, no_constant
 
@@ -538,6 +539,14 @@ def parse_json(text: str, where: str, rerun: str = "relay install") -> dict[str,
             f" number, then run {rerun} again. Nothing was changed"
         ) from None
     except ValueError as exc:
+        extras = json_text.jsonc_extras(text)
+        if extras:  # JSON with comments, which Claude Code refuses whole ("malformed JSON")
+            raise SettingsFileError(
+                f"{where} holds {' and '.join(what for what, _ in extras)}, which JSON does"
+                " not allow: the agents and Relay's hook read their files as JSON, and skip"
+                f" all of one that has them. Take out {' and '.join(r for _, r in extras)},"
+                f" then run {rerun} again. Nothing was changed"
+            ) from None
         raise SettingsFileError(
             f"{where} is not valid JSON ({exc}); fix or move it, then run {rerun} again. "
             "Nothing was changed"

@@ -1,6 +1,7 @@
 """JSON settings text as the user wrote it. `relay install` and `relay uninstall` edit the
 agents' settings files, which people keep in dotfiles repositories: `render` writes a new
-document in the old text's layout, so the diff shows Relay's entries and nothing else.
+document in the old text's layout, so the diff shows Relay's entries and nothing else, and
+`jsonc_extras` names the comments and trailing commas JSON, and so the agents, refuse.
 
 `render` copies every value that did not change as the file spelled it (indentation, key
 order, one-line objects, line ends, escapes, how a number is written, whether the file ends
@@ -227,3 +228,64 @@ def _container(
 
 def _key(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+# -- what JSON refuses ----------------------------------------------------------------
+def jsonc_extras(text: str) -> list[tuple[str, str]]:
+    """What makes `text` JSON with comments rather than JSON: for each kind, what it is with
+    its lines and what to take out ("a comment (line 2)", "the comment"). Empty unless
+    taking the comments and trailing commas out leaves valid JSON."""
+    comments: list[int] = []  # line numbers
+    commas: list[int] = []
+    out: list[str] = []  # the text without them
+    comma: tuple[int, int] | None = None  # the last comma (in text, in out) until a value
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            end = i + 1
+            while end < len(text) and text[end] != '"':
+                end += 2 if text[end] == "\\" else 1
+            out.append(text[i : end + 1])
+            comma = None
+            i = end + 1
+            continue
+        if text.startswith(("//", "/*"), i):
+            line = text.startswith("//", i)
+            end = text.find("\n", i) if line else text.find("*/", i + 2)
+            end = len(text) if end < 0 else end if line else end + 2
+            comments.append(text.count("\n", 0, i) + 1)
+            out.append(re.sub(r"[^\n]", " ", text[i:end]))
+            i = end
+            continue
+        if ch in "]}" and comma is not None:
+            commas.append(text.count("\n", 0, comma[0]) + 1)
+            out[comma[1]] = " "
+        if ch == ",":
+            comma = (i, len(out))
+        elif ch not in _WS:
+            comma = None
+        out.append(ch)
+        i += 1
+    if not comments and not commas:
+        return []
+    try:
+        json.loads("".join(out))
+    except ValueError:
+        return []
+    found = []
+    for lines, one, many in (
+        (comments, ("a comment", "the comment"), ("comments", "the comments")),
+        (
+            commas,
+            ("a comma before a closing bracket", "that comma"),
+            ("commas before closing brackets", "those commas"),
+        ),
+    ):
+        if not lines:
+            continue
+        shown = [str(n) for n in dict.fromkeys(lines)]
+        what, remove = one if len(lines) == 1 else many
+        where = ("lines " if len(shown) > 1 else "line ") + ", ".join(shown[:5])
+        found.append((f"{what} ({where}{', ...' if len(shown) > 5 else ''})", remove))
+    return found

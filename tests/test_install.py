@@ -399,6 +399,44 @@ def test_install_adds_its_lines_to_a_settings_file_and_leaves_every_other_as_wri
     assert codex.read_bytes() == original.encode()
 
 
+@pytest.mark.parametrize("where", [".claude/settings.json", ".codex/hooks.json", ".claude.json"])
+def test_settings_with_comments_are_refused_saying_which_lines_and_what_to_do(
+    tmp_path, server, where
+):
+    """QA: a settings.json with a `//` comment was refused as "not valid JSON (Expecting
+    property name enclosed in double quotes: line 2 column 5)". Claude Code refuses the
+    same file whole ("Invalid or malformed JSON"), so Relay's hooks could not run from it
+    either: install says what JSON lacks, on which lines, and what to take out."""
+    home = tmp_path
+    path = home / where
+    jsonc = '{\n    // pinned for the team\n    "model": "opus",\n    "env": {"A": "1",},\n}\n'
+    write(path, jsonc)
+    before = snapshot(home)
+    done = install(home, server)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"relay: error: {path} holds a comment (line 2) and commas before closing brackets"
+        " (line 4), which JSON does not allow: the agents and Relay's hook read their"
+        " files as JSON, and skip all of one that has them. Take out the comment and those"
+        " commas, then run relay install again. Nothing was changed\n"
+    )
+    assert snapshot(home) == before
+    write(path, '{\n    "model": "opus" /* pinned */\n}\n')
+    said = install(home, server).stderr
+    assert (
+        f"{path} holds a comment (line 2), which JSON" in said and "Take out the comment," in said
+    )
+    write(path, '{\n    "model": "opus",\n    "env": {"A": "1"}\n}\n')
+    assert install(home, server).returncode == 0
+
+    # Uninstall reads it alike: a comment added since stops it, saying the same.
+    write(path, path.read_text().replace('"opus",', '"opus", // pinned'))
+    undone = relay(home, "uninstall")
+    assert undone.returncode == 2
+    assert f"{path} holds a comment (line 2), which JSON does not allow" in undone.stderr
+    assert "then run relay uninstall again. Nothing was changed" in undone.stderr
+
+
 def test_settings_holding_lone_surrogates_and_line_separators_are_kept(tmp_path, server):
     """QA: a valid `"L": "\\ud800"` in settings.json ended install in a traceback
     (UnicodeEncodeError): it has no UTF-8, so it stays the escape it was."""

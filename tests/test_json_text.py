@@ -1,4 +1,4 @@
-"""relay.json_text: a settings file rewritten in its own layout."""
+"""relay.json_text: a settings file rewritten in its own layout, and JSON with comments named."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from relay import agents
-from relay.json_text import render
+from relay.json_text import jsonc_extras, render
 
 SCRIPT = "/home/me/.relay/relay-autosearch-hook.sh"
 
@@ -129,3 +129,40 @@ def test_any_edit_reads_back_as_the_document_and_growth_undoes_byte_for_byte(see
         assert json.loads(render(changed, like)) == changed  # render checks it strictly too
         grown = render(_grown(rng, doc), like)
         assert render(doc, grown) == like
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ('{\n  // a note\n  "a": 1\n}', [("a comment (line 2)", "the comment")]),
+        (
+            '{"a": 1 /* x\n y */, "b": [1, 2,]}',
+            [
+                ("a comment (line 1)", "the comment"),
+                ("a comma before a closing bracket (line 2)", "that comma"),
+            ],
+        ),
+        (
+            '{"a": "http://x//y /* no */",\n"b": [1,\n2,\n],\n}',
+            [("commas before closing brackets (lines 3, 4)", "those commas")],
+        ),
+        ("[1,\n2\n,]", [("a comma before a closing bracket (line 3)", "that comma")]),
+        ('{"a": 1} // end', [("a comment (line 1)", "the comment")]),
+    ],
+)
+def test_json_with_comments_is_named_with_its_lines(text, found):
+    assert jsonc_extras(text) == found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": 1}',  # JSON
+        '{"a": "// in a string", "b": "/* too */"}',
+        '{\n  // a note\n  "a": 1 "b": 2\n}',  # broken beyond its comment
+        '{"a": 1,, }',
+        '{"a": 1 /* never closed',
+    ],
+)
+def test_text_that_is_json_or_broken_otherwise_is_no_json_with_comments(text):
+    assert jsonc_extras(text) == []
