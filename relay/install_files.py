@@ -146,11 +146,17 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
             continue
         ensure_dir(c.path.parent, created_dirs)
         record = manifest["files"].get(str(c.path))
+        # What a write replaces is kept, a key an earlier install wrote too: a secret is
+        # shown once, and the key replacing it may be the wrong one (another organisation's).
         backup = None
-        # A key an earlier install wrote is not kept: uninstall restores only the original,
-        # and a secret replaced (say by a key with fewer rights) must not linger on disk.
-        if c.before is not None and not (c.role == "relay-key" and record is not None):
+        if c.before is not None:
             backup = back_up(paths, c.path, c.before, created_dirs, stamp)
+        extra = f"; backup {tilde(backup, paths.home)}" if backup else ""
+        if backup and record is not None and c.role == "relay-key":
+            extra = (
+                f"; the key it replaced is kept in {tilde(backup, paths.home)}, mode 600,"
+                " until `relay uninstall`"
+            )
         if record is None:
             record = {"role": c.role, "created": c.before is None, "original": None}
             record["original"] = str(backup) if backup else None
@@ -161,7 +167,6 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
         assert c.after is not None
         write_atomic(c.path, c.after, c.mode, force_mode=c.role in OWN_FILES)
         verb = "created" if c.before is None else "updated"
-        extra = f"; backup {tilde(backup, paths.home)}" if backup else ""
         lines.append(f"  {verb:<9}  {label}  ({c.what}{extra})")
     for c in changes:
         lines += [f"  note: {tilde(c.path, paths.home)}: {n}" for n in c.notes]

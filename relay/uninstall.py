@@ -165,6 +165,21 @@ def _leftovers(paths: Paths, manifest: dict[str, Any]) -> list[Path]:
     return [*dict.fromkeys(out), paths.manifest]
 
 
+_REPLACED_KEY = "a key a later install replaced"
+
+
+def _replaced_keys(manifest: dict[str, Any]) -> list[Path]:
+    """The backups of keys that a later install replaced (install named each one): gone
+    with the rest, but said, unlike the backups of originals, which come back."""
+    return [
+        Path(backup)
+        for record in manifest.get("files", {}).values()
+        if record.get("role") == "relay-key"
+        for backup in record.get("backups", [])
+        if backup and backup != record.get("original")
+    ]
+
+
 def apply_uninstall(
     changes: list[Change],
     paths: Paths,
@@ -196,14 +211,18 @@ def apply_uninstall(
             left = [tilde(x.path, paths.home) for x in ordered[i:] if x.changed]
             raise _stopped(label, exc, done, left, command) from exc
         echo(line)
+    replaced_keys = _replaced_keys(manifest)
     for path in _leftovers(paths, manifest):
         if path == paths.manifest and keep is not None:
             continue  # rewritten below, once the folders are gone
+        said = path in replaced_keys and path.exists()
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
             done = [tilde(x.path, paths.home) for x in ordered if x.changed]
             raise _stopped(tilde(path, paths.home), exc, done, [], command) from exc
+        if said:
+            echo(f"  removed    {tilde(path, paths.home)}  ({_REPLACED_KEY})")
     # The skill's folder goes once empty, even when an older `relay skill install` made it.
     skill_dirs = [str(c.path.parent) for c in ordered if c.role == "skill" and c.after is None]
     removed: set[str] = set()
@@ -334,7 +353,7 @@ def uninstall(project: Path | None, dry_run: bool) -> None:
             else "No install record (~/.relay/install.json): removing Relay's entries only."
         )
     if dry_run:
-        _dry_run(changes, paths)
+        _dry_run(changes, paths, manifest)
         return
     for warning in warnings:
         click.echo(f"  warning: {warning}", err=True)
@@ -363,7 +382,7 @@ def _uninstall_project(
     changes, warnings = plan_uninstall(paths, part, command)
     changes += skill.plan_removal(part["skills"])
     if dry_run:
-        _dry_run(changes, paths)
+        _dry_run(changes, paths, part)
         click.echo(f"  would rewrite  ~/.relay/install.json  (without {where}'s records)")
         return
     for warning in warnings:
@@ -376,8 +395,11 @@ def _uninstall_project(
     )
 
 
-def _dry_run(changes: list[Change], paths: Paths) -> None:
+def _dry_run(changes: list[Change], paths: Paths, manifest: dict[str, Any]) -> None:
     for c in uninstall_order(changes):
         state = "remove" if c.after is None else "restore" if c.changed else "keep"
         notes = f"  ({'; '.join(c.notes)})" if c.notes else ""
         click.echo(f"  would {state:<8} {tilde(c.path, paths.home)}{notes}")
+    for path in _replaced_keys(manifest):
+        if path.exists():
+            click.echo(f"  would remove   {tilde(path, paths.home)}  ({_REPLACED_KEY})")

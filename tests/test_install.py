@@ -548,10 +548,38 @@ def test_running_install_again_keeps_the_installed_server_and_key(tmp_path, serv
     assert swapped.returncode == 0, swapped.stderr
     assert (home / ".relay/key").read_text() == reader + "\n"
     assert json.loads((home / ".relay/config.json").read_text())["url"] == server["url"]
-    # The key it replaced is not kept in a backup: only a key Relay did not write would be.
-    backups = home / ".relay/backups"
-    kept = [p.read_text() for p in backups.iterdir()] if backups.exists() else []
-    assert not any(server["key"] in text or reader in text for text in kept)
+
+
+def test_a_key_install_replaces_is_kept_until_uninstall_and_both_say_so(tmp_path, server):
+    """QA: `relay install --key OTHER` over an installed key overwrote ~/.relay/key with no
+    backup: a secret is shown once, so a wrong paste (another organisation's key, one with
+    fewer rights) lost the only copy of the key that worked."""
+    home = tmp_path
+    first = install(home, server)
+    assert first.returncode == 0, first.stderr
+    assert "  created    ~/.relay/key  (API key)\n" in first.stdout  # nothing to keep yet
+    reader = mint(server["url"], server["admin"], "install-replaced", ["memory:read"])["secret"]
+    again = relay(home, "install", "--key", reader, stdin="")
+    assert again.returncode == 0, again.stderr
+    (kept,) = (home / ".relay/backups").glob("key.*")
+    assert kept.read_text() == server["key"] + "\n"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    shown = f"~/.relay/backups/{kept.name}"
+    assert (
+        f"  updated    ~/.relay/key  (API key; the key it replaced is kept in {shown}, mode 600,"
+        " until `relay uninstall`)\n"
+    ) in again.stdout
+    assert (home / ".relay/key").read_text() == reader + "\n"
+    same = relay(home, "install", "--key", reader, stdin="")  # the same key: nothing to keep
+    assert "  unchanged  ~/.relay/key  (API key)\n" in same.stdout
+    assert list((home / ".relay/backups").glob("key.*")) == [kept]
+
+    dry = relay(home, "uninstall", "--dry-run")
+    assert f"  would remove   {shown}  (a key a later install replaced)\n" in dry.stdout
+    done = relay(home, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert f"  removed    {shown}  (a key a later install replaced)\n" in done.stdout
+    assert not (home / ".relay").exists()
 
 
 def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
