@@ -18,77 +18,66 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _WS = " \t\r\n"
+_DECODER = json.JSONDecoder()
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
-class _Node:
-    """A value's place in the text. A container's `gaps` are the text between its opening
-    bracket, each child (a member from its key, or an element) and its closing bracket."""
+class _Value:
+    """Where a value lies in the text, and what it reads as."""
 
     start: int
-    end: int = 0
-    keys: list[str] = field(default_factory=list)  # an object's, one per child
+    end: int
+    value: object
+
+
+def _value_at(text: str, pos: int) -> _Value:
+    start = _skip_space(text, pos)
+    value, end = _DECODER.raw_decode(text, start)
+    return _Value(start, end, value)
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _WS:
+        pos += 1
+    return pos
+
+
+@dataclass
+class _Children:
+    """One level of a container (of a valid JSON text: no checks): its children, an
+    object's each with its key, and `gaps`, the text between its opening bracket, each
+    child (a member from its key) and its closing bracket. Only the containers on the way
+    to a change are read so, each child read whole by the json module's own scanner."""
+
+    values: list[_Value] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
     key_starts: list[int] = field(default_factory=list)
-    children: list[_Node] = field(default_factory=list)
     gaps: list[str] = field(default_factory=list)
+    colon: str | None = None  # what stands between its first key and that key's value
 
 
-class _Parser:
-    """Where each value of a valid JSON text lies (the text was parsed before: no checks)."""
-
-    def __init__(self, text: str) -> None:
-        self.text, self.pos = text, 0
-        self.colon = ": "  # the file's spelling of what stands between a key and its value
-
-    def _skip_ws(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos] in _WS:
-            self.pos += 1
-
-    def _skip_string(self) -> None:
-        self.pos += 1
-        while self.text[self.pos] != '"':
-            self.pos += 2 if self.text[self.pos] == "\\" else 1
-        self.pos += 1
-
-    def value(self) -> _Node:
-        self._skip_ws()
-        node = _Node(self.pos)
-        first = self.text[self.pos]
-        if first in "{[":
-            self._container(node, first == "{")
-        elif first == '"':
-            self._skip_string()
-        else:
-            while self.pos < len(self.text) and self.text[self.pos] not in _WS + ",]}":
-                self.pos += 1
-        node.end = self.pos
-        return node
-
-    def _container(self, node: _Node, is_object: bool) -> None:
-        self.pos += 1
-        after = self.pos  # the end of the opening bracket or of the last child
-        self._skip_ws()
-        while self.text[self.pos] not in "]}":
-            node.gaps.append(self.text[after : self.pos])
-            if is_object:
-                node.key_starts.append(self.pos)
-                self._skip_string()
-                node.keys.append(json.loads(self.text[node.key_starts[-1] : self.pos]))
-                key_end = self.pos
-                self._skip_ws()
-                self.pos += 1  # the colon
-                self._skip_ws()
-                if len(node.keys) == 1:
-                    self.colon = self.text[key_end : self.pos]
-            node.children.append(self.value())
-            after = self.pos
-            self._skip_ws()
-            if self.text[self.pos] == ",":
-                self.pos += 1
-                self._skip_ws()
-        node.gaps.append(self.text[after : self.pos])
-        self.pos += 1
+def _children(text: str, node: _Value) -> _Children:
+    out = _Children()
+    after = node.start + 1  # the end of the opening bracket, or of the last child
+    pos = _skip_space(text, after)
+    while text[pos] not in "]}":
+        out.gaps.append(text[after:pos])
+        if isinstance(node.value, dict):
+            key = _value_at(text, pos)
+            out.keys.append(str(key.value))
+            out.key_starts.append(pos)
+            pos = _skip_space(text, _skip_space(text, key.end) + 1)  # past the colon
+            if out.colon is None:
+                out.colon = text[key.end : pos]
+        child = _value_at(text, pos)
+        out.values.append(child)
+        after = child.end
+        pos = _skip_space(text, after)
+        if text[pos] == ",":
+            pos = _skip_space(text, pos + 1)
+    out.gaps.append(text[after:pos])
+    return out
 
 
 @dataclass
@@ -106,11 +95,10 @@ def render(doc: dict[str, Any], like: str = "") -> str:
     allow_nan=False: never `Infinity`, which the agents cannot read."""
     if not like.strip():
         return _fresh(doc, _Style("  ", "\n", ": ", ", "), "", compact=False) + "\n"
-    parser = _Parser(like)
-    root = parser.value()
-    nl = "\r\n" if "\r\n" in like else "\n"
-    comma = "," if parser.colon == ":" else ", "  # minified, or as json.dumps writes
-    style = _Style(_indent_unit(like), nl, parser.colon, comma)
+    root = _value_at(like, 0)
+    colon = (_children(like, root).colon if isinstance(root.value, dict) else None) or ": "
+    comma = "," if colon == ":" else ", "  # minified, or as json.dumps writes
+    style = _Style(_indent_unit(like), "\r\n" if "\r\n" in like else "\n", colon, comma)
     out = like[: root.start] + _render(doc, root, like, style, compact=False) + like[root.end :]
     # Never hand back text that means anything else than `doc`.
     assert _same(json.loads(out), doc), "json_text.render changed the document"
@@ -159,21 +147,23 @@ def _line_indent(text: str, pos: int) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
 
 
-def _render(new: object, node: _Node, text: str, style: _Style, compact: bool) -> str:
-    span = text[node.start : node.end]
-    if _same(new, json.loads(span)):
-        return span
-    # An object naming a key twice (JSON.parse keeps the last) is written anew, as a whole.
-    if isinstance(new, dict) and span[0] == "{" and len(set(node.keys)) == len(node.keys):
-        place = {key: i for i, key in enumerate(node.keys)}
-        return _container(node, text, style, compact, list(new.items()), place)
-    if isinstance(new, list) and span[0] == "[":
-        return _container(node, text, style, compact, new, None)
+def _render(new: object, node: _Value, text: str, style: _Style, compact: bool) -> str:
+    if _same(new, node.value):
+        return text[node.start : node.end]
+    if isinstance(new, dict) and isinstance(node.value, dict):
+        kids = _children(text, node)
+        # An object naming a key twice (JSON.parse keeps the last) is written anew, whole.
+        if len(set(kids.keys)) == len(kids.keys):
+            place = {key: i for i, key in enumerate(kids.keys)}
+            return _container(node, kids, text, style, compact, list(new.items()), place)
+    if isinstance(new, list) and isinstance(node.value, list):
+        return _container(node, _children(text, node), text, style, compact, new, None)
     return _fresh(new, style, _line_indent(text, node.start), compact)
 
 
 def _container(
-    node: _Node,
+    node: _Value,
+    kids: _Children,
     text: str,
     style: _Style,
     compact: bool,
@@ -184,11 +174,11 @@ def _container(
     elements, matched to the old ones as a diff matches lines) with what did not change
     kept as written."""
     span = text[node.start : node.end]
-    compact = compact if not node.children else "\n" not in span
+    compact = compact if not kids.values else "\n" not in span
     indent = _line_indent(text, node.start)
-    if node.children:
-        lead, trail = node.gaps[0], node.gaps[-1]
-        between = node.gaps[1] if len(node.children) > 1 else None
+    if kids.values:
+        lead, trail = kids.gaps[0], kids.gaps[-1]
+        between = kids.gaps[1] if len(kids.values) > 1 else None
     else:
         lead, trail = ("", "") if compact else (style.nl + indent + style.unit, style.nl + indent)
         between = None
@@ -202,17 +192,16 @@ def _container(
             head = "" if key is None else _fresh(key, style, "", True) + style.colon
             parts.append((None, head + _fresh(value, style, child_indent, compact)))
         else:
-            child = node.children[i]
-            head = "" if place is None else text[node.key_starts[i] : child.start]
+            child = kids.values[i]
+            head = "" if place is None else text[kids.key_starts[i] : child.start]
             parts.append((i, head + _render(value, child, text, style, compact)))
 
     if place is not None:
         for key, value in new:
             add(place.get(key), value, key)
     else:
-        old = [json.loads(text[c.start : c.end]) for c in node.children]
         matcher = difflib.SequenceMatcher(
-            None, [_key(v) for v in old], [_key(v) for v in new], autojunk=False
+            None, [_key(v.value) for v in kids.values], [_key(v) for v in new], autojunk=False
         )
         for _, i1, i2, j1, j2 in matcher.get_opcodes():
             for k in range(j2 - j1):  # equal, or replaced pairwise, then the new ones
@@ -222,7 +211,7 @@ def _container(
     out = [span[0], lead, parts[0][1]]
     for (before, _), (i, part) in zip(parts, parts[1:], strict=False):
         # Two children that stood side by side keep the text that stood between them.
-        out += [node.gaps[i] if i is not None and before == i - 1 else between, part]
+        out += [kids.gaps[i] if i is not None and before == i - 1 else between, part]
     return "".join([*out, trail, span[-1]])
 
 
