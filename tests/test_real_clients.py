@@ -54,6 +54,7 @@ from clients_support import (
 )
 from integration_support import mint, relay, remember, revoke, start_module_server, stop_server
 
+from relay import json_text
 from relay.hook.pack import PROFILE_INTRO, PROMPT_INTRO, PROMPT_REMINDER, tokens
 from relay.hook.run import UNAUTHORIZED_MESSAGE
 from relay.hook.state import session_file_stem
@@ -590,6 +591,32 @@ def test_the_suite_would_see_a_hook_error(client_name, server, tmp_path):
         f"(Claude Code: a hook_non_blocking_error transcript attachment; Codex: a "
         f"'hook: UserPromptSubmit Failed' line): {problems}\n{turn.describe()}"
     )
+
+
+@pytest.mark.parametrize("client_name", ["claude-code", "codex"])
+@pytest.mark.parametrize("extra", ["comment", "trailing_comma"])
+def test_a_hooks_file_with_a_comment_runs_none_of_its_hooks(extra, client_name, server, tmp_path):
+    """Why `relay install` refuses JSON with comments rather than edit around them: both
+    pinned clients read their hooks file as strict JSON and skip all of one that holds a
+    comment or a trailing comma, Relay's hooks with the rest (Codex warns on stderr; Claude
+    Code -p says nothing). A client version that reads such a file fails here."""
+    api = FakeModelApi()
+    client = CLIENTS[client_name](api)
+    try:
+        home = make_home(tmp_path, client, server.url, server.admin_key)
+        hooks = client.hooks_file(home)
+        text = hooks.read_text()
+        if extra == "comment":
+            text = "{\n  // the team's hooks\n" + text[2:]
+        else:
+            text = text.rstrip()[:-1].rstrip() + ",\n}\n"
+        assert json_text.jsonc_extras(text), text  # what install names and refuses
+        hooks.write_text(text)
+        turn = client.run(home, f"hooks_file_{extra}", NEEDED)
+    finally:
+        api.close()
+    body = prompt_call(client, turn).body
+    assert count_in(body, "<relay-memory") == 0 and turn.outcomes == [], turn.describe()
 
 
 # -- MCP: listed by the client, answers a tool call from the model --------------------------------
