@@ -126,12 +126,17 @@ class HookChecks:
         for agent, path, expected, doc in self._hook_docs:
             label = AGENT_LABELS[agent]
             if not isinstance(doc, dict):
-                self.add(
-                    "fail",
-                    "hooks",
-                    f"{label}: {self.home(path)} is unreadable ({doc}); the agent ignores it",
-                    "fix the file, then `relay install`",
+                # One Relay installed no hooks in is the agent's trouble, not recall's: a warning.
+                why, fix = (
+                    ("the agent ignores it", "fix the file, then `relay install`")
+                    if expected
+                    else (
+                        f"{label} ignores all of it, and Relay installed no hooks there",
+                        f"fix the file, then `relay install --agent {agent}` for recall in {label}",
+                    )
                 )
+                where = f"{label}: {self.home(path)} is unreadable ({doc}); {why}"
+                self.add("fail" if expected else "warn", "hooks", where, fix)
                 continue
             handlers = agents.relay_handlers(doc)
             missing = [e for e in agents.EVENTS if e not in {h.event for h in handlers}]

@@ -383,6 +383,36 @@ def test_a_claude_json_that_is_not_json_fails(tmp_path, server):
     assert "no longer in ~/.claude.json" not in done.stdout
 
 
+def test_an_unreadable_settings_file_of_an_agent_relay_is_not_installed_for_only_warns(
+    tmp_path, server
+):
+    """QA: `relay install --agent codex`, as a user whose ~/.claude/settings.json holds
+    comments (which install refuses) installs, then doctor failed with "1 problem(s) break
+    recall" and exit 1 over Claude Code's file, while Codex's recall was sound."""
+    settings = tmp_path / ".claude/settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{\n  // mine\n  "model": "opus"\n}\n')
+    done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key)
+    assert done.returncode == 2 and "holds a comment (line 2)" in done.stderr
+    done = relay(
+        tmp_path, "install", "--url", server.url, "--key", server.admin_key, "--agent", "codex"
+    )
+    assert done.returncode == 0, done.stderr
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert "Recall is wired up. 1 warning(s)." in done.stdout
+    (warning,) = [f for f in findings(tmp_path) if f["level"] == "warn"]
+    assert warning["message"].startswith(
+        f"Claude Code: ~/.claude/settings.json is unreadable ({settings} holds a comment (line 2),"
+    )
+    assert warning["message"].endswith(
+        "Claude Code ignores all of it, and Relay installed no hooks there"
+    )
+    assert warning["fix"] == (
+        "fix the file, then `relay install --agent claude-code` for recall in Claude Code"
+    )
+
+
 def test_a_breaker_left_by_another_url_is_not_reported(tmp_path, server):
     """QA: prompts run with RELAY_URL pointing elsewhere opened the breaker for that URL;
     doctor warned that the hook's breaker was open, though the hook ignores that state."""
