@@ -23,7 +23,7 @@ import click
 from click.core import ParameterSource
 
 from relay import agents, json_text
-from relay.errors import InvalidRequestError
+from relay.errors import InvalidRequestError, UnauthorizedError
 from relay.hook import config as hook_config
 from relay.install_files import (
     Change,
@@ -244,7 +244,13 @@ def verify(url: str, key: str) -> dict[str, Any]:
         raise InvalidRequestError(f"server URL must start with http:// or https:// (got {url!r})")
     if not key or not all("!" <= ch <= "~" for ch in key):
         raise InvalidRequestError("the API key is empty or contains spaces or non-ASCII characters")
-    who = whoami(RelayClient(url, key, timeout=10))
+    try:
+        who = whoami(RelayClient(url, key, timeout=10))
+    except UnauthorizedError as exc:
+        raise UnauthorizedError(
+            f"the server at {url} refused the key ({exc}): use a key this server made (the one"
+            " `relay serve` printed at its first start, or one from `relay key create`)"
+        ) from None
     scopes = set(who.get("key", {}).get("scopes") or [])
     if not scopes & {"memory:read", "admin"}:
         raise InvalidRequestError(

@@ -483,6 +483,9 @@ def test_a_bad_key_or_a_dead_server_writes_nothing(tmp_path, server):
     before = snapshot(tmp_path)
     bad_key = relay(tmp_path, "install", "--url", server["url"], "--key", "relay_abc_" + "x" * 32)
     assert bad_key.returncode == 3 and "invalid API key" in bad_key.stderr
+    # QA: the line named neither the server nor where a key it takes comes from.
+    assert f"the server at {server['url']} refused the key" in bad_key.stderr
+    assert "relay key create" in bad_key.stderr
     dead = relay(tmp_path, "install", "--url", "http://127.0.0.1:9", "--key", server["key"])
     assert dead.returncode != 0 and "cannot reach the Relay server" in dead.stderr
     assert snapshot(tmp_path) == before
