@@ -518,11 +518,12 @@ def codex_hooks_enabled(config: dict[str, Any]) -> bool | None:
 
 
 # -- JSON helpers ---------------------------------------------------------------------
-def parse_json(text: str, where: str, rerun: str = "relay install") -> dict[str, Any]:
+def parse_json(text: str, where: str, rerun: str | None = "relay install") -> dict[str, Any]:
     """A settings file's object. Refused, in one line naming `where` and the command to
-    `rerun` once the file is fixed (install's, unless uninstall is reading it): what is not
-    JSON, and a number past a double's range, which the rewrite would write as `Infinity`,
-    losing the whole file for the agent."""
+    `rerun` once the file is fixed (install's, unless uninstall is reading it; None for a
+    reader that changes nothing, as doctor): what is not JSON, and a number past a double's
+    range, which the rewrite would write as `Infinity`, losing the whole file for the agent."""
+    then = f", then run {rerun} again. Nothing was changed" if rerun else ""
     if not text.strip():
         return {}
     try:
@@ -536,7 +537,7 @@ def parse_json(text: str, where: str, rerun: str = "relay install") -> dict[str,
         )
         raise SettingsFileError(
             f"{where} holds the number {literal}, {why}; write it as a string or a finite"
-            f" number, then run {rerun} again. Nothing was changed"
+            f" number{then}"
         ) from None
     except ValueError as exc:
         extras = json_text.jsonc_extras(text)
@@ -544,13 +545,14 @@ def parse_json(text: str, where: str, rerun: str = "relay install") -> dict[str,
             raise SettingsFileError(
                 f"{where} holds {' and '.join(what for what, _ in extras)}, which JSON does"
                 " not allow: the agents and Relay's hook read their files as JSON, and skip"
-                f" all of one that has them. Take out {' and '.join(r for _, r in extras)},"
-                f" then run {rerun} again. Nothing was changed"
+                f" all of one that has them. Take out {' and '.join(r for _, r in extras)}"
+                f"{then}"
             ) from None
         raise SettingsFileError(
-            f"{where} is not valid JSON ({exc}); fix or move it, then run {rerun} again. "
-            "Nothing was changed"
+            f"{where} is not valid JSON ({exc}); fix or move it{then}"
         ) from None
     if not isinstance(doc, dict):
-        raise SettingsFileError(f"{where} does not hold a JSON object; nothing was changed")
+        raise SettingsFileError(
+            f"{where} does not hold a JSON object" + ("; nothing was changed" if rerun else "")
+        )
     return doc

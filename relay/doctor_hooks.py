@@ -88,7 +88,7 @@ class HookChecks:
         out: list[tuple[str, Path, bool, dict[str, Any] | Exception]] = []
         for agent, path, expected in self._hook_files():
             try:
-                doc = agents.parse_json(path.read_text(), str(path)) if path.exists() else {}
+                doc = agents.parse_json(path.read_text(), str(path), None) if path.exists() else {}
             except (OSError, RelayError) as exc:
                 out.append((agent, path, expected, exc))
             else:
