@@ -1,5 +1,5 @@
-"""What a request to the HTTP API may carry: its body models, list cursors, and the one
-line a refused body is named by.
+"""What a request to the HTTP API may carry: its body models, its query strings' integers,
+list cursors, and the one line a refused body is named by.
 
 Body models are strict (`"k": true` is not 1) and refuse unknown fields; text sizes are
 judged after the key, by `relay.hygiene`, so an oversized field is a 413 naming its
@@ -12,11 +12,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 from datetime import datetime
 from typing import Annotated, Any, get_args
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainValidator,
@@ -59,6 +61,23 @@ def _holds_bodies(annotation: Any) -> bool:
 class _Body(TextBody):
     # Strict: `"k": true` is not 1 and `"expected_revision": "2"` is not 2.
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _query_integer(value: Any) -> Any:
+    """A query string's integer as it is written: decimal digits, a minus sign at most. Read
+    laxly, `?expected_revision=1.0` was revision 1, `?limit=1_0` a page of 10, and
+    `?limit=%201` (a space) was 1: a typo or a client's float went unseen."""
+    if isinstance(value, str) and not _INTEGER.fullmatch(value):
+        said = repr(value) if len(value) <= 32 else "the value"  # a space shows between quotes
+        raise ValueError(f"{said} is not an integer: write it in digits alone (1, not 1.0)")
+    return value
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+# An integer in a query string (`?limit=`, `?expected_revision=`), as strict as a body's:
+# its range comes with its `Query(...)`.
+QueryInt = Annotated[int, BeforeValidator(_query_integer)]
 
 
 # Written as text (a date, or a date and time, with or without an offset), read by us.

@@ -32,6 +32,7 @@ from relay.api_requests import (
     MemoryBatch,
     MemoryBody,
     MemoryPatch,
+    QueryInt,
     SearchBody,
     check_query,
     decode_cursor,
@@ -369,7 +370,7 @@ def create_app(services: Services) -> FastAPI:
     @app.get("/v1/memories", tags=["memories"])
     def list_memories(
         p: Auth,
-        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        limit: Annotated[QueryInt, Query(ge=1, le=500)] = 50,
         cursor: str | None = None,
         source: str | None = None,
         tag: str | None = None,
@@ -405,7 +406,7 @@ def create_app(services: Services) -> FastAPI:
         memory_id: str,
         p: Auth,
         expected_revision: Annotated[
-            int | None,
+            QueryInt | None,
             Query(
                 ge=1,
                 description="The revision the caller read the memory at: when it is at"
@@ -440,7 +441,7 @@ def create_app(services: Services) -> FastAPI:
 
     @app.get("/v1/keys", tags=["keys"])
     def list_keys(
-        p: Auth, limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: str | None = None
+        p: Auth, limit: Annotated[QueryInt, Query(ge=1, le=500)] = 100, cursor: str | None = None
     ) -> dict[str, Any]:
         auth.require(p, "admin")
         after = decode_cursor(cursor)

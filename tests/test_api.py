@@ -235,6 +235,28 @@ def test_a_delete_at_a_stale_revision_deletes_nothing(api):
     assert [r["action"] for r in items] == ["create", "edit", "delete"]
 
 
+@pytest.mark.parametrize("lax", ["1.0", "true", " 1", "1 ", "+1", "1_0", "1e0", "\u0661"])
+def test_an_integer_in_a_query_string_is_read_strictly(api, lax):
+    """QA: `?expected_revision=1.0` deleted at revision 1, `?limit=1_0` listed 10 and
+    `?limit=%201` listed 1: query integers were read as laxly as Python reads them, while a
+    body's are strict. Each is refused in the one error shape, naming the field."""
+    m = remember(api, "acme_dev", "Use pnpm for the web app.")
+    dev, admin = api.headers("acme_dev"), api.headers("acme_admin")
+    asked = [
+        ("delete", f"/v1/memories/{m['id']}", "expected_revision", dev),
+        ("get", "/v1/memories", "limit", dev),
+        ("get", "/v1/keys", "limit", admin),
+    ]
+    for method, path, name, headers in asked:
+        r = getattr(api.client, method)(path, params={name: lax}, headers=headers)
+        err = assert_error(r, 422, "invalid_request")
+        assert err["message"].startswith(f"query.{name}: {lax!r} is not an integer"), err
+    assert api.client.get(f"/v1/memories/{m['id']}", headers=dev).status_code == 200
+    for method, path, name, headers in asked:  # as digits, each is read
+        r = getattr(api.client, method)(path, params={name: "1"}, headers=headers)
+        assert r.status_code < 300, r.text
+
+
 def test_a_deleted_memory_s_history_stays_with_those_who_could_read_it(api):
     """QA: once a memory was deleted, every key of the org read its revisions (source,
     audiences, tags, author) although it could never read the memory. The tombstone keeps

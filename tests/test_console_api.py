@@ -336,3 +336,24 @@ def test_a_developer_name_is_kept_per_key_so_one_key_cannot_speak_for_others(api
     assert alices["admin"]["broken"] == ["unauthorized"]  # not overwritten by the reader
     assert "reader" not in alices  # the reader's own alice aged out under its flood
     assert sum(r["key_name"] == "reader" for r in rows) == models.NAMES_PER_KEY
+
+
+def test_the_console_reads_integers_in_query_strings_strictly(api) -> None:
+    """As the API does: `?from=1.0` compared revision 1 and `?limit=%202` listed 2."""
+    csrf = sign_in(api, "acme_dev")
+    c = api.client
+    m = c.post("/console/api/memories", json={"body": "Use pnpm."}, headers=csrf).json()
+    c.patch(f"/console/api/memories/{m['id']}", json={"body": "Use pnpm 9."}, headers=csrf)
+    diff = f"/console/api/memories/{m['id']}/diff"
+    for path, query, name in (
+        (diff, {"from": "1.0", "to": "2"}, "from"),
+        (diff, {"from": "1", "to": " 2"}, "to"),
+        ("/console/api/memories", {"limit": "2.0"}, "limit"),
+        ("/console/api/memories", {"expiring_days": "+7"}, "expiring_days"),
+    ):
+        r = c.get(path, params=query)
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert error["code"] == "invalid_request"
+        assert error["message"].startswith(f"query.{name}: {query[name]!r} is not an integer")
+    assert c.get(diff, params={"from": "1", "to": "2"}).status_code == 200

@@ -27,6 +27,7 @@ from relay.api_requests import (
     KeyBody,
     MemoryBody,
     MemoryPatch,
+    QueryInt,
     TextBody,
     check_query,
     decode_cursor,
@@ -286,14 +287,14 @@ def build_routers(
     @api.get("/memories")
     def list_memories(
         p: Session,
-        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        limit: Annotated[QueryInt, Query(ge=1, le=500)] = 50,
         cursor: str | None = None,
         source: str | None = None,
         tag: str | None = None,
         audience: str | None = None,
         author: str | None = None,
         status: str = "any",
-        expiring_days: Annotated[int, Query(ge=1, le=3650)] = 7,
+        expiring_days: Annotated[QueryInt, Query(ge=1, le=3650)] = 7,
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
         for name, value in (
@@ -362,8 +363,8 @@ def build_routers(
     def compare(
         memory_id: str,
         p: Session,
-        old: Annotated[int, Query(alias="from", ge=1)],
-        new: Annotated[int, Query(alias="to", ge=1)],
+        old: Annotated[QueryInt, Query(alias="from", ge=1)],
+        new: Annotated[QueryInt, Query(alias="to", ge=1)],
     ) -> dict[str, Any]:
         auth.require(p, "memory:read")
         writes.check_memory_id(memory_id)
