@@ -232,6 +232,8 @@ def render_history(
             f"{shown} "
             f'recorded="{label_attribute((r.get("recorded_at") or "")[:10])}"'
             f"{_validity(r)}"  # a withheld or deleted revision has no text to date
+            # a pin is an edit too: two revisions alike but for it are told apart
+            + (' pinned="true"' if r.get("pinned") is True else "")
         )
         lines.append(f"<relay-memory {attrs}>\n{label_text(text)}\n</relay-memory>")
     if len(newest) > HISTORY_MAX_REVISIONS:

@@ -47,6 +47,7 @@ from relay.migrate_verify import (
     has_tokens,
     json_list,
     render,
+    revision_pinned,
     sqlite_time,
     verify,
 )
@@ -261,10 +262,10 @@ class Migration:
             )
             cur.executemany(
                 "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author,"
-                " title, body, source, tags, audiences, valid_until, supersedes) VALUES"
-                " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " title, body, source, tags, audiences, valid_until, supersedes, pinned) VALUES"
+                " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (org_id, id, revision) DO UPDATE SET title = excluded.title,"
-                " body = excluded.body",
+                " body = excluded.body, pinned = excluded.pinned",
                 [
                     (
                         org,
@@ -280,6 +281,7 @@ class Migration:
                         json_list(r["audiences"]),
                         sqlite_time(r["valid_until"]),
                         json_list(r["supersedes"]),
+                        revision_pinned(r),
                     )
                     for r in self.src.execute(
                         f"SELECT * FROM memory_revisions WHERE org_id = ? AND id IN ({marks})",

@@ -78,6 +78,12 @@ def json_list(value: str | None) -> list[str] | None:
     return None if value is None else list(json.loads(value))
 
 
+def revision_pinned(r: sqlite3.Row) -> bool | None:
+    """Whether a source revision pinned its memory; None when not known, as in a store not
+    opened since revisions kept it (migration 8 fills in what it can when one is)."""
+    return None if "pinned" not in r.keys() or r["pinned"] is None else bool(r["pinned"])
+
+
 def has_tokens(src: sqlite3.Connection) -> bool:
     """Whether the source stores token matrices (stores from before them do not)."""
     query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'passage_tokens'"
@@ -130,6 +136,7 @@ def _canon_sqlite(table: str, r: sqlite3.Row) -> tuple[Any, ...]:
             json_list(r["audiences"]),
             _iso(sqlite_time(r["valid_until"])),
             json_list(r["supersedes"]),
+            revision_pinned(r),
         )
     if table == "passages":
         return (
@@ -196,6 +203,7 @@ def _canon_pg(table: str, r: dict[str, Any]) -> tuple[Any, ...]:
             r["audiences"],
             _iso(r["valid_until"]),
             r["supersedes"],
+            r["pinned"],
         )
     if table == "passages":
         return (

@@ -133,6 +133,7 @@ WITHHELD_FIELDS = (
     "tags",
     "valid_until",
     "supersedes",
+    "pinned",
 )
 
 
@@ -156,6 +157,9 @@ class Revision:
     tags: tuple[str, ...] = ()
     valid_until: datetime | None = None
     supersedes: tuple[str, ...] = ()
+    # Whether this revision pinned the memory; None: not known (recorded before revisions
+    # kept it, and not to be worked out from the ones after: store migration 8).
+    pinned: bool | None = None
     withheld: bool = False
     supersedes_withheld: int = 0  # as a memory's: links the reader may not read, counted
 
@@ -175,6 +179,7 @@ class Revision:
             "valid_until": iso(self.valid_until),
             "supersedes": list(self.supersedes),
             "supersedes_withheld": self.supersedes_withheld,
+            "pinned": self.pinned,
         }
         if self.withheld:  # null, not []: unknown to this reader, not empty
             shown.update(dict.fromkeys((*WITHHELD_FIELDS, "supersedes_withheld")))

@@ -258,6 +258,48 @@ def test_history_says_what_else_each_revision_changed(relay, api):
     ]
 
 
+def test_history_says_which_revisions_pinned_and_unpinned_the_memory(relay, api):
+    """QA: a pin or unpin is a new revision, and revisions kept no pin: `relay history`
+    showed a revision that changed nothing. Each says it now, beside the other changes."""
+    made = relay("acme_dev", "remember", "Deploys go out on Tuesdays.", "--pinned")
+    memory_id = made.output.split()[1]
+    relay("acme_dev", "edit", memory_id, "--not-pinned")
+    relay("acme_dev", "edit", memory_id, "--pinned", "--tag", "deploy")
+    relay("acme_dev", "edit", memory_id, "--body", "Deploys go out on Wednesdays.")
+    shown = relay("acme_dev", "history", memory_id).output.splitlines()
+    assert shown[2::3] == [
+        "    (audiences: all; pinned)",
+        "    (unpinned)",
+        "    (tags: deploy; pinned)",
+    ]
+    assert len(shown) == 11  # the last revision changed the body alone: no line of changes
+    items = json.loads(relay("acme_dev", "history", memory_id, "--json").output)
+    assert [r["pinned"] for r in items] == [True, False, True, True]
+    # Revisions recorded before they kept the pin (store migration 8 could not tell): one
+    # that changed nothing else changed the pin, which way unknown.
+    _forget_pins(api.services.store)
+    shown = relay("acme_dev", "history", memory_id).output.splitlines()
+    assert shown[2::3] == [
+        "    (audiences: all)",
+        "    (pinned or unpinned: recorded before revisions said which)",
+        "    (tags: deploy)",
+    ]
+
+
+def _forget_pins(store) -> None:  # noqa: ANN001
+    """Every revision's pin made unknown, beneath the store's API."""
+    statement = "UPDATE memory_revisions SET pinned = NULL"
+    conninfo = getattr(store, "conninfo", None)
+    if conninfo is None:
+        with store._write() as conn:
+            conn.execute(statement)
+        return
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(statement)
+
+
 def test_a_body_on_stdin_that_is_not_utf8_is_said_so():
     """QA: `printf 'caf\\xe9' | relay remember -` said the body "contains an unpaired
     surrogate (\\udce9)"."""

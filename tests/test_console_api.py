@@ -357,3 +357,15 @@ def test_the_console_reads_integers_in_query_strings_strictly(api) -> None:
         assert error["code"] == "invalid_request"
         assert error["message"].startswith(f"query.{name}: {query[name]!r} is not an integer")
     assert c.get(diff, params={"from": "1", "to": "2"}).status_code == 200
+
+
+def test_comparing_revisions_shows_a_pin_or_unpin(api) -> None:
+    """QA: a revision that only pinned the memory compared as "No field changed"."""
+    csrf = sign_in(api, "acme_dev")
+    c = api.client
+    m = c.post("/console/api/memories", json={"body": "Use pnpm."}, headers=csrf).json()
+    c.patch(f"/console/api/memories/{m['id']}", json={"pinned": True}, headers=csrf)
+    diff = c.get(f"/console/api/memories/{m['id']}/diff", params={"from": 1, "to": 2}).json()
+    assert [f["field"] for f in diff["fields"] if f["changed"]] == ["pinned"]
+    pinned = next(f for f in diff["fields"] if f["field"] == "pinned")
+    assert pinned["lines"] == [{"op": "-", "text": "no"}, {"op": "+", "text": "yes"}]

@@ -671,8 +671,18 @@ def test_history_tool_shows_a_withheld_revision_as_withheld(api):
     made = api.client.post("/v1/memories", json={"body": "Deploys use the train."}, headers=h)
     memory_id = made.json()["id"]
     for edit in (
-        {"body": "Break-glass: envelope 7.", "source": "ops/vault", "audiences": ["sre"]},
-        {"body": "Deploys use the train on Tuesdays.", "source": None, "audiences": ["all"]},
+        {
+            "body": "Break-glass: envelope 7.",
+            "source": "ops/vault",
+            "audiences": ["sre"],
+            "pinned": True,
+        },
+        {
+            "body": "Deploys use the train on Tuesdays.",
+            "source": None,
+            "audiences": ["all"],
+            "pinned": False,
+        },
     ):
         edited = api.client.patch(f"/v1/memories/{memory_id}", json=edit, headers=h)
         assert edited.status_code == 200, edited.text
@@ -683,9 +693,13 @@ def test_history_tool_shows_a_withheld_revision_as_withheld(api):
     assert withheld.startswith(' action="edit" withheld="true" recorded="20')
     assert withheld.split("\n")[1] == WITHHELD
     assert "envelope" not in shown and "ops/vault" not in shown
+    assert 'pinned="true"' not in shown  # its pin is withheld with the rest
     sre = auth.authorize(api.services.store, api.headers("acme_sre")["Authorization"])
     shown = render_history(memory_id, LocalBackend(api.services, sre).history(memory_id)["items"])
     assert "envelope 7" in shown and "withheld" not in shown
+    # a pin is an edit: the revision that pinned it says so, as `relay history` does
+    assert shown.split('revision="2"')[1].split(">")[0].endswith(' pinned="true"')
+    assert shown.count('pinned="true"') == 1
 
 
 def test_local_tools_answer_an_impossible_id_alike_on_both_stores(api):

@@ -100,6 +100,8 @@ def test_round_trip_keeps_every_revision(tmp_path: Path, pg_url: str, pg_store: 
             assert sorted(pg) == sorted(sq)
         assert [k.revoked_at is not None for k in pg_store.list_keys(org)] == [True, False]
         assert src.hook_reports(org) and pg_store.hook_reports(org) == {}  # skipped, verified
+    # each revision's pin (migration 8) too: m1's third revision pinned it
+    assert [r.pinned for r in pg_store.history(orgs[0], "m1", None)] == [False, False, True]
     key, secret_hash = pg_store.key_for_auth("k0b")
     assert (key.org_id, secret_hash) == (orgs[0], "hash-b")
     assert pg_store.cached_embeddings("model-x", ["h6.0"]) == {"h6.0": bytes([6]) * 8}
@@ -109,6 +111,23 @@ def test_round_trip_keeps_every_revision(tmp_path: Path, pg_url: str, pg_store: 
     # Running it again copies the same rows over themselves and still verifies.
     again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
     assert again.exit_code == 0 and "verified: every table matches" in again.output, again.output
+
+
+def test_a_store_not_opened_since_revisions_kept_pins_migrates_without_them(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    """`relay migrate` reads its source as it is, without upgrading it: a file from before
+    migration 8 has no pins in its revisions, which it copies as not known."""
+    db = tmp_path / "relay.db"
+    orgs = _populate(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE memory_revisions DROP COLUMN pinned")
+        conn.execute("DELETE FROM schema_migrations WHERE version = 8")
+    conn.close()
+    result = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert result.exit_code == 0, result.output
+    assert "verified: every table matches" in result.output
+    assert [r.pinned for r in pg_store.history(orgs[0], "m1", None)] == [None, None, None]
 
 
 def test_a_rerun_brings_the_target_up_to_date(tmp_path: Path, pg_url: str, pg_store: PostgresStore):

@@ -687,6 +687,52 @@ def test_an_older_store_drops_the_embeddings_its_deletes_left_when_it_is_opened(
         upgraded.close()
 
 
+def test_each_revision_records_whether_it_pinned_its_memory(store):
+    """QA: a pin or unpin is a new revision, and revisions kept no pin, so it read as one
+    that changed nothing. A tombstone has none to keep."""
+    org = store.create_org("acme").id
+    save(store, org, "a", "alpha", pinned=True)
+    save(store, org, "a", "alpha")
+    store.save_memories(
+        org, [("a", MemoryDraft(body="alpha", pinned=True), passages("alpha"))], "t", "upsert"
+    )
+    store.delete_memory(org, "a", "t", None)
+    assert [r.pinned for r in store.history(org, "a", None)] == [True, False, True, None]
+
+
+def test_an_older_store_s_revisions_are_given_the_pins_that_can_be_known(store):
+    """Migration 8: the current revision's pin is its memory's, and going back from it, a
+    revision alike in every field recorded to the one before changed only the pin; before a
+    revision that changed more, and in a deleted memory's revisions (their text removed),
+    it cannot be known."""
+    org = store.create_org("acme").id
+    save(store, org, "a", "alpha")
+    save(store, org, "a", "alpha, edited")  # the pin before this edit cannot be known
+    for pinned in (True, False, True):
+        save(store, org, "a", "alpha, edited", pinned=pinned)
+    save(store, org, "b", "beta", pinned=True)
+    save(store, org, "c", "gamma", pinned=True)
+    save(store, org, "c", "gamma")
+    store.delete_memory(org, "c", "t", None)
+    _run_as_owner(
+        store,
+        [
+            "ALTER TABLE memory_revisions DROP COLUMN pinned",
+            "DELETE FROM schema_migrations WHERE version = 8",
+        ],
+    )
+    upgraded = _reopen(store)
+    try:
+        pins = {m: [r.pinned for r in upgraded.history(org, m, None)] for m in "abc"}
+    finally:
+        upgraded.close()
+    assert pins == {
+        "a": [None, False, True, False, True],
+        "b": [True],
+        "c": [None, None, None],
+    }
+
+
 def test_each_audience_sets_passage_total_follows_every_write(store):
     """A reader's share of the org is summed from these (relay.ranking.seen): they must equal
     a recount after creates, edits that move a memory to other audiences, batch upserts

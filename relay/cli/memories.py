@@ -286,7 +286,7 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
     if as_json:
         echo_json(items)
         return
-    before: dict[str, Any] = {}
+    before: dict[str, Any] = {"pinned": False}  # the last revision shown whole
     for r in items:
         if r.get("withheld"):
             text = "(withheld: written for audiences this key cannot read)"
@@ -296,16 +296,21 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
         click.echo(f"{head}\n    {text}")
         if r.get("withheld") or r["action"] == "delete":
             continue
-        # What else this revision changed: an edit of a tag or a date is a revision too.
-        fields = {name: r.get(name) for name in _HISTORY_FIELDS}
+        # What else this revision changed: an edit of a tag, a date or the pin is a revision too.
         changed = [
-            f"{name}: {_shown(value)}"
-            for name, value in fields.items()
-            if value != before.get(name, [] if isinstance(value, list) else None)
+            f"{name}: {_shown(r.get(name))}"
+            for name in _HISTORY_FIELDS
+            if r.get(name) != before.get(name, [] if isinstance(r.get(name), list) else None)
         ]
+        pin, was = r.get("pinned"), before.get("pinned")
+        if pin is not None and was is not None and pin != was:
+            changed.append("pinned" if pin else "unpinned")
+        elif pin is None and not changed and _alike(before, r):
+            # Recorded before revisions kept the pin: nothing else changes, so the pin did.
+            changed.append("pinned or unpinned: recorded before revisions said which")
         if changed:
             click.echo("    (" + "; ".join(changed) + ")")
-        before = fields
+        before = r
     last = items[-1] if items else {}
     if not last.get("withheld") and last.get("action") != "delete" and not _current(last):
         click.echo(
@@ -321,6 +326,16 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
 
 
 _HISTORY_FIELDS = ("source", "audiences", "tags", "valid_until", "supersedes")
+
+
+def _alike(before: dict[str, Any], r: dict[str, Any]) -> bool:
+    """Whether revision `r` holds what the one right before it, `before`, holds in every
+    field shown: an edit that changes none of them changed the pin (one that changes
+    nothing makes no revision)."""
+    return before.get("revision") == r["revision"] - 1 and all(
+        before.get(name) == r.get(name)
+        for name in ("title", "body", "supersedes_withheld", *_HISTORY_FIELDS)
+    )
 
 
 def _shown(value: Any) -> str:

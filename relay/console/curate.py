@@ -20,7 +20,16 @@ from relay.store import Store
 STATUSES = ("any", "active", "expiring", "expired", "superseded", "pinned")
 PAGE = 500  # rows per store read while scanning
 SCAN_MAX = 5_000  # rows one list request may inspect before answering with a cursor
-DIFF_FIELDS = ("title", "body", "source", "audiences", "tags", "valid_until", "supersedes")
+DIFF_FIELDS = (
+    "title",
+    "body",
+    "source",
+    "audiences",
+    "tags",
+    "valid_until",
+    "supersedes",
+    "pinned",
+)
 
 
 @dataclass(frozen=True)
@@ -120,8 +129,10 @@ def _lines(r: Revision, name: str) -> list[str]:
     value: Any = getattr(r, name)
     if name == "valid_until":
         value = iso(value)
-    if value is None:
+    if value is None:  # a pin not known (recorded before revisions kept it): no line
         return []
+    if isinstance(value, bool):
+        return ["yes" if value else "no"]
     if isinstance(value, tuple):
         if name == "supersedes" and r.supersedes_withheld:  # counted, never named
             return [*value, f"(and {r.supersedes_withheld} this key cannot read)"]

@@ -363,6 +363,26 @@ MIGRATIONS: list[str] = [
     CREATE INDEX hook_outcomes_latest ON hook_outcomes (org_id, key_id, id) WHERE latest;
     """
     + _rls("hook_outcomes", "org_id"),
+    # 8: each revision records whether it pinned the memory, filled in for the revisions
+    # recorded before where that can be known (SQLite's migration 8 says how). NULL: not
+    # known, as a replica on older code still writes it during a rolling upgrade.
+    """
+    ALTER TABLE memory_revisions ADD COLUMN pinned boolean;
+    WITH RECURSIVE walk(org_id, id, revision, pinned) AS (
+        SELECT org_id, id, revision, pinned FROM memories WHERE deleted_at IS NULL
+        UNION ALL
+        SELECT w.org_id, w.id, w.revision - 1, NOT w.pinned FROM walk w
+        JOIN memory_revisions a
+            ON a.org_id = w.org_id AND a.id = w.id AND a.revision = w.revision
+        JOIN memory_revisions b
+            ON b.org_id = w.org_id AND b.id = w.id AND b.revision = w.revision - 1
+        WHERE (a.title, a.body, a.source, a.tags, a.audiences, a.valid_until, a.supersedes)
+            IS NOT DISTINCT FROM
+            (b.title, b.body, b.source, b.tags, b.audiences, b.valid_until, b.supersedes)
+    )
+    UPDATE memory_revisions r SET pinned = walk.pinned FROM walk
+    WHERE r.org_id = walk.org_id AND r.id = walk.id AND r.revision = walk.revision;
+    """,
 ]
 
 # Run after every migration pass; idempotent. The role itself is created when

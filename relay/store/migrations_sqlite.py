@@ -199,4 +199,29 @@ MIGRATIONS: list[str] = [
     CREATE INDEX hook_outcomes_sender ON hook_outcomes(org_id, key_id, developer, id);
     CREATE INDEX hook_outcomes_latest ON hook_outcomes(org_id, key_id, id) WHERE latest;
     """,
+    # 8: each revision records whether it pinned the memory: a pin or unpin is an edit, so a
+    # new revision, and without it such a revision showed nothing changed (`relay history`,
+    # the console's compare). NULL: not known. The revisions recorded before are filled in
+    # where they can be known: the current one's is the memory's, and going back from it,
+    # a revision identical to the one before in every field recorded changed only the pin
+    # (a write that changes nothing makes no revision), so the one before held the other
+    # value. A deleted memory's text is gone from its revisions, so they cannot be compared.
+    """
+    ALTER TABLE memory_revisions ADD COLUMN pinned INTEGER;
+    WITH RECURSIVE walk(org_id, id, revision, pinned) AS (
+        SELECT org_id, id, revision, pinned FROM memories WHERE deleted_at IS NULL
+        UNION ALL
+        SELECT w.org_id, w.id, w.revision - 1, 1 - w.pinned FROM walk w
+        JOIN memory_revisions a
+            ON a.org_id = w.org_id AND a.id = w.id AND a.revision = w.revision
+        JOIN memory_revisions b
+            ON b.org_id = w.org_id AND b.id = w.id AND b.revision = w.revision - 1
+        WHERE a.title IS b.title AND a.body IS b.body AND a.source IS b.source
+            AND a.tags IS b.tags AND a.audiences IS b.audiences
+            AND a.valid_until IS b.valid_until AND a.supersedes IS b.supersedes
+    )
+    UPDATE memory_revisions SET pinned = walk.pinned FROM walk
+    WHERE walk.org_id = memory_revisions.org_id AND walk.id = memory_revisions.id
+        AND walk.revision = memory_revisions.revision;
+    """,
 ]

@@ -62,5 +62,6 @@ def _revision(row: dict[str, Any]) -> Revision:
         tags=tup(row["tags"]),
         valid_until=row["valid_until"],
         supersedes=tup(row["supersedes"]),
+        pinned=row["pinned"],
         withheld=row["withheld"],
     )

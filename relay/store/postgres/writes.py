@@ -352,10 +352,10 @@ UPSERT_MEMORY = (
 )
 INSERT_REVISION = (
     "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author,"
-    " title, body, source, tags, audiences, valid_until, supersedes) VALUES"
+    " title, body, source, tags, audiences, valid_until, supersedes, pinned) VALUES"
     " (%(org_id)s, %(id)s, %(revision)s, %(action)s, %(updated_at)s, %(author)s,"
     " %(title)s, %(body)s, %(source)s, %(tags)s, %(audiences)s, %(valid_until)s,"
-    " %(supersedes)s)"
+    " %(supersedes)s, %(pinned)s)"
 )
 INSERT_PASSAGE = (
     "INSERT INTO passages (org_id, memory_id, revision, seq, text, lexical,"

@@ -77,5 +77,6 @@ def _revision(row: sqlite3.Row) -> Revision:
         tags=loads(row["tags"]),
         valid_until=_dt(row["valid_until"]),
         supersedes=loads(row["supersedes"]),
+        pinned=None if row["pinned"] is None else bool(row["pinned"]),
         withheld=bool(row["withheld"]),
     )

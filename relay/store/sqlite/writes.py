@@ -159,9 +159,9 @@ class MemoryWrites(SQLiteConnections):
         )
         conn.execute(
             "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author,"
-            " title, body, source, tags, audiences, valid_until, supersedes) VALUES"
+            " title, body, source, tags, audiences, valid_until, supersedes, pinned) VALUES"
             " (:org_id, :id, :revision, :action, :updated_at, :author, :title, :body, :source,"
-            " :tags, :audiences, :valid_until, :supersedes)",
+            " :tags, :audiences, :valid_until, :supersedes, :pinned)",
             {**values, "action": "create" if current is None else "edit"},
         )
         conn.execute(
