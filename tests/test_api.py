@@ -338,6 +338,7 @@ def test_history_withholds_a_revision_from_keys_outside_its_audiences(api):
             "valid_until": None,
             "supersedes": None,
             "supersedes_withheld": None,
+            "pinned": None,
         }
         assert "envelope" not in json.dumps(items) and "ops/vault" not in json.dumps(items)
         assert items[2]["body"] == "Deploys go through the release train on Tuesdays."
