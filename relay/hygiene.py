@@ -413,8 +413,11 @@ def parse_time(value: object) -> datetime:
     return utc
 
 
-def check_valid_until(ts: datetime | str | None, now: datetime | None = None) -> datetime | None:
-    """Return `valid_until` as an aware UTC datetime, or None; reject anything not in the future.
+def check_valid_until(
+    ts: datetime | str | None, now: datetime | None = None, past_ok: bool = False
+) -> datetime | None:
+    """Return `valid_until` as an aware UTC datetime, or None; reject anything not in the future
+    (`past_ok`: left to the store, which keeps a memory's own: `rules.settle_expiry`).
 
     Strings are ISO 8601 (`2026-12-31`, `2026-12-31T18:00:00+02:00`, `...Z`). A time without
     an offset is taken as UTC; a bare date means midnight UTC at the start of that day.
@@ -429,7 +432,7 @@ def check_valid_until(ts: datetime | str | None, now: datetime | None = None) ->
         now = datetime.now(UTC)
     elif now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
-    if ts <= now:
+    if ts <= now and not past_ok:
         raise InvalidRequestError(
             f"valid_until {ts.isoformat().replace('+00:00', 'Z')} is not in the future; "
             "an expired memory would never be returned",

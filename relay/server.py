@@ -332,7 +332,9 @@ def create_app(services: Services) -> FastAPI:
             # (which it reads there): a memory whose role's last key is gone may still be
             # imported or restored as it is, as `relay edit` may change it.
             try:
-                draft = writes.draft_from_fields(item.model_dump())
+                # An expired memory's own valid_until, sent back as it is, is kept: judged
+                # by the store against the memory (`rules.settle_expiry`).
+                draft = writes.draft_from_fields(item.model_dump(), past_expiry=True)
             except RelayError as exc:
                 raise _batch_item(exc, i) from None
             if item.id in first:  # the last would win silently, and count as written twice

@@ -7,7 +7,6 @@ rejected or failed write leaves nothing behind.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import secrets
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -19,7 +18,7 @@ from relay import auth, hygiene, late
 from relay.embedding import Embedder
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError, RelayError
 from relay.ids import MEMORY_ID
-from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal, iso
+from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal
 from relay.passages import split_passages
 from relay.store import SaveMode, Store
 from relay.text import lexical_terms
@@ -41,12 +40,17 @@ def check_memory_id(memory_id: str) -> str:
 
 
 def draft_from_fields(
-    fields: Mapping[str, Any], known_audiences: set[str] | None = None, now: datetime | None = None
+    fields: Mapping[str, Any],
+    known_audiences: set[str] | None = None,
+    now: datetime | None = None,
+    past_expiry: bool = False,
 ) -> MemoryDraft:
     """Check every user-supplied field; the one place a write is judged.
 
     `known_audiences` are the roles the org's keys carry; an audience outside them would
-    hide the memory from everyone, so it is refused.
+    hide the memory from everyone, so it is refused. `past_expiry`: a `valid_until` that
+    has passed is left for the store to judge against the memory it would replace, whose
+    own it may be (`rules.settle_expiry`: an edit, a batch item); else it is refused here.
     """
     now = now or datetime.now(UTC)
     if isinstance(fields.get("id"), str):  # the shape is the caller's (API model, restore)
@@ -69,7 +73,7 @@ def draft_from_fields(
         source=hygiene.check_source(fields.get("source")),
         audiences=hygiene.check_audiences(audiences, known_audiences),
         tags=hygiene.check_tags(fields.get("tags") or []),
-        valid_until=hygiene.check_valid_until(fields.get("valid_until"), now),
+        valid_until=hygiene.check_valid_until(fields.get("valid_until"), now, past_expiry),
         supersedes=tuple(dict.fromkeys(supersedes)),
         pinned=bool(fields.get("pinned", False)),
     )
@@ -88,8 +92,8 @@ def edited_draft(
     pinned); an empty list is no tags or no supersedes, and no audiences is refused. The
     memory's own audiences stay acceptable after the last key holding one is revoked:
     fixing a typo must not require re-addressing the memory. Its expiry, left out or sent
-    back unchanged, stays as it was even if past: editing an expired memory's text must not
-    require inventing a new date.
+    back unchanged, stays as it was even if past (the store judges it: `rules.settle_expiry`):
+    editing an expired memory's text must not require inventing a new date.
     """
     fields: dict[str, Any] = {
         "body": current.body,
@@ -97,17 +101,12 @@ def edited_draft(
         "source": current.source,
         "audiences": list(current.audiences),
         "tags": list(current.tags),
+        "valid_until": current.valid_until,
         "supersedes": list(current.supersedes),
         "pinned": current.pinned,
         **changes,
     }
-    # As the API shows it (to the second): a form sends back what it was given.
-    keep_expiry = iso(changes.get("valid_until", current.valid_until)) == iso(current.valid_until)
-    fields["valid_until"] = None if keep_expiry else changes["valid_until"]
-    draft = draft_from_fields(fields, known_audiences | set(current.audiences), now)
-    if keep_expiry:
-        draft = dataclasses.replace(draft, valid_until=current.valid_until)
-    return draft
+    return draft_from_fields(fields, known_audiences | set(current.audiences), now, True)
 
 
 def embedding_text(title: str | None, passage: str) -> str:

@@ -1826,6 +1826,51 @@ def test_editing_an_expired_memory_keeps_its_expiry_unless_changed(api):
     assert_error(past, 400, "invalid_request")
 
 
+def test_a_batch_may_send_an_expired_memory_back_as_it_is(api):
+    """QA: a batch holding a memory past its valid_until exactly as stored (an export sent
+    back, an import run again) was refused whole: "valid_until ... is not in the future".
+    As an edit keeps it, a batch item sent back with the memory's own valid_until changes
+    nothing, or only what else it changes; any other date that has passed is refused,
+    naming the item, and nothing of the batch is written. On PostgreSQL, through the
+    pipelined batch and the one-by-one path (an item with supersedes) alike."""
+    h = api.headers("acme_dev")
+    until = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    stamp = until.isoformat().replace("+00:00", "Z")
+    old = remember(api, "acme_dev", "The 4.0 freeze was on.", id="freeze-40")
+    remember(api, "acme_dev", "The 4.1 freeze is on.", id="freeze-41", valid_until=stamp)
+    link = {"body": "The 4.1 freeze replaces 4.0's.", "supersedes": [old["id"]]}
+    remember(api, "acme_dev", id="freeze-link", valid_until=stamp, **link)
+    time.sleep(max(0.0, (until - datetime.now(UTC)).total_seconds()) + 0.2)
+
+    def batch(*items: dict):  # noqa: ANN202
+        return api.client.post("/v1/memories/batch", json={"items": list(items)}, headers=h)
+
+    freeze = {"id": "freeze-41", "body": "The 4.1 freeze is on.", "valid_until": stamp}
+    linked = {"id": "freeze-link", "valid_until": stamp, **link}
+    r = batch({"id": "fresh-1", "body": "Deploys go out on Tuesdays."}, freeze, linked)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"written": 1, "unchanged": 2}
+    edited = {**freeze, "body": "The 4.1 freeze was on."}
+    r = batch(edited, {"id": "fresh-2", "body": "Deploys go out on Wednesdays."})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"written": 2, "unchanged": 0}
+    memory = api.client.get("/v1/memories/freeze-41", headers=h).json()
+    assert (memory["revision"], memory["valid_until"]) == (2, stamp)
+    for past in ("2001-01-01T00:00:00Z", (until - timedelta(seconds=1)).isoformat()):
+        r = batch(
+            {"id": "fresh-3", "body": "Deploys pause in August."}, {**edited, "valid_until": past}
+        )
+        err = assert_error(r, 400, "invalid_request")
+        assert err["message"].startswith("items.1: valid_until "), err
+        assert err["message"].endswith(
+            "is not in the future; an expired memory would never be returned"
+        )
+        assert err["details"] == {"field": "valid_until", "item": 1}
+    r = batch({"id": "fresh-3", "body": "Deploys pause in August.", "valid_until": stamp})
+    assert_error(r, 400, "invalid_request")  # a new memory has no date of its own to keep
+    assert api.client.get("/v1/memories/fresh-3", headers=h).status_code == 404
+
+
 def test_patch_null_clears_optional_fields_and_is_refused_for_required_ones(api):
     """QA: `"body": null` said "body is empty", `"audiences": []` was taken for everyone
     (an sre-only memory edited so became readable by all), `"audiences": null` and

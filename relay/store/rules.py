@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import NamedTuple, TypeVar
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
-from relay.hygiene import check_audiences
+from relay.hygiene import check_audiences, check_valid_until
 from relay.models import EVERYONE, ApiKey, Memory, MemoryDraft, Revision, iso
 from relay.store import SaveMode
 
@@ -112,6 +112,21 @@ def judge_revoke(keys: Iterable[ApiKey], key_id: str) -> None:
             " create or revoke keys; create another admin key first, then revoke this one",
             key_id=key_id,
         )
+
+
+def settle_expiry(draft: MemoryDraft, current: Memory | None) -> MemoryDraft:
+    """The draft as it may be saved, or raise: a `valid_until` that is the memory's own as
+    the API shows it (to the second: an export, a form, a batch sent back as it was read)
+    is kept as stored, even once passed, so re-sending an expired memory unchanged changes
+    nothing, and its text may be fixed without inventing a date. Any other must be in the
+    future, judged now, in the write's transaction."""
+    until = draft.valid_until
+    if until is None:
+        return draft
+    if current is not None and iso(current.valid_until) == iso(until):
+        return dataclasses.replace(draft, valid_until=current.valid_until)
+    check_valid_until(until)
+    return draft
 
 
 def same_content(current: Memory, draft: MemoryDraft) -> bool:

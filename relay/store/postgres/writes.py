@@ -38,6 +38,7 @@ from relay.store.rules import (
     judge_revision,
     judge_write,
     same_content,
+    settle_expiry,
     settle_supersedes,
 )
 
@@ -141,7 +142,7 @@ class MemoryWrites(PostgresConnections):
         row = conn.execute(
             "SELECT * FROM memories WHERE org_id = %s AND id = %s", (org_id, memory_id)
         ).fetchone()
-        current = _judge(row, memory_id, draft, mode, expected_revision, audiences, known)
+        current, draft = _judge(row, memory_id, draft, mode, expected_revision, audiences, known)
         kept = () if current is None else current.supersedes
         draft = _check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and current.superseded_by is not None:
@@ -228,7 +229,7 @@ class MemoryWrites(PostgresConnections):
         writes: list[tuple[int, dict[str, Any], MemoryDraft, Sequence[PassageInput]]] = []
         for i, (mid, draft, passages) in enumerate(items):
             with batch_item(i):
-                current = _judge(
+                current, draft = _judge(
                     rows.get(mid), mid, draft, mode, expected.get(mid), audiences, known
                 )
             if current is not None and same_content(current, draft):
@@ -380,13 +381,14 @@ def _judge(
     expected_revision: int | None,
     audiences: frozenset[str] | None,
     known: Collection[str] | None = None,
-) -> Memory | None:
-    """The write rules, the same for one memory or a batch: returns the current memory."""
+) -> tuple[Memory | None, MemoryDraft]:
+    """The write rules, the same for one memory or a batch: returns the current memory and
+    the draft as it may be saved (`settle_expiry`)."""
     current = None if row is None else _memory(row)
     deleted = row is not None and row["deleted_at"] is not None
     judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
     judge_audiences(draft, current, known)
-    return current
+    return current, settle_expiry(draft, current)
 
 
 def _values(

@@ -24,6 +24,7 @@ from relay.store.rules import (
     judge_revision,
     judge_write,
     same_content,
+    settle_expiry,
     settle_supersedes,
 )
 from relay.store.sqlite.connection import SQLiteConnections, _bump
@@ -110,6 +111,7 @@ class MemoryWrites(SQLiteConnections):
         deleted = row is not None and row["deleted_at"] is not None
         judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
         judge_audiences(draft, current, known)
+        draft = settle_expiry(draft, current)
         kept = () if current is None else current.supersedes
         draft = self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
         if current is not None and current.superseded_by is not None:
