@@ -157,9 +157,8 @@ class LocalBackend:
         from relay import auth, writes
 
         auth.require(self.principal, "memory:write")
-        return writes.create(
-            self.services.store, self.services.embedder, self.principal, fields
-        ).to_dict()
+        memory = writes.create(self.services.store, self.services.embedder, self.principal, fields)
+        return writes.write_answer(self.principal, memory)
 
     def forget(self, memory_id: str) -> None:
         from relay import auth, writes
@@ -367,10 +366,11 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
                 fields[name] = value
         memory = await call(ctx, lambda b: b.remember(fields))
         readers = ", ".join(memory.get("audiences") or ["all"])
-        return (
+        said = (
             f"Remembered {memory['id']} (revision {memory['revision']}), source "
             f"{memory.get('source') or 'none'}, readable by {readers}."
         )
+        return " ".join([said, *(f"Note: {w}." for w in memory.get("warnings") or [])])
 
     async def team_memory_forget(
         memory_id: Annotated[str, Field(min_length=1, max_length=200, description="Memory id.")],

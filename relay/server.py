@@ -314,7 +314,8 @@ def create_app(services: Services) -> FastAPI:
     @app.post("/v1/memories", status_code=201, tags=["memories"])
     def create_memory(body: MemoryBody, p: Auth) -> dict[str, Any]:
         auth.require(p, "memory:write")
-        return writes.create(store, services.embedder, p, body.model_dump(), body.id).to_dict()
+        memory = writes.create(store, services.embedder, p, body.model_dump(), body.id)
+        return writes.write_answer(p, memory)
 
     @app.post("/v1/memories/batch", tags=["memories"])
     def upsert_memories(body: MemoryBatch, p: Auth) -> dict[str, Any]:
@@ -401,7 +402,7 @@ def create_app(services: Services) -> FastAPI:
         memory = writes.edit(
             store, services.embedder, p, memory_id, changes, body.expected_revision
         )
-        return memory.to_dict()
+        return writes.write_answer(p, memory)
 
     @app.delete("/v1/memories/{memory_id}", status_code=204, tags=["memories"])
     def delete_memory(

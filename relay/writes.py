@@ -209,6 +209,26 @@ def create(
     return memory
 
 
+def write_answer(principal: Principal, memory: Memory) -> dict[str, Any]:
+    """The answer to a create or edit by `principal` (API, console, MCP): the memory, and
+    `warnings` when there is something the writer must know. Writing for audiences the key
+    does not read is allowed (a memory for another team), but the key then loses it: reads
+    by id, lists, edits and search all pass it by, so the answer says so (QA: an edit that
+    narrowed a memory away from the writer's roles succeeded without a word, and the next
+    read was a 404). Not said to an admin key, which manages every memory, nor to a key
+    without memory:read, which reads none."""
+    answer = memory.to_dict()
+    view = auth.management_view(principal)
+    if view is None or "memory:read" not in principal.scopes or set(memory.audiences) & view:
+        return answer
+    answer["warnings"] = [
+        f"this key cannot read memory {memory.id} now: it is for {', '.join(memory.audiences)},"
+        f" and the key reads {', '.join(sorted(view))}; it is saved, but this key will not"
+        " find, list or edit it again (a key with one of its audiences, or an admin key, can)"
+    ]
+    return answer
+
+
 # How many times an edit is rebuilt on a newer revision before it gives up with a 409.
 EDIT_ATTEMPTS = 12
 

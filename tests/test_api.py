@@ -1871,6 +1871,47 @@ def test_a_batch_may_send_an_expired_memory_back_as_it_is(api):
     assert api.client.get("/v1/memories/fresh-3", headers=h).status_code == 404
 
 
+def test_a_write_that_leaves_the_key_unable_to_read_its_memory_says_so(api):
+    """QA: a dev key edited its memory to audiences ["sre"]: 200 without a word, and its next
+    read was a 404. Writing for another team's roles stays allowed, on create as on edit,
+    and the answer warns the key that it no longer reads the memory; an answer about a
+    memory the key still reads carries no warning, nor one to an admin key (which manages
+    every memory) or to a key that reads nothing anyway."""
+    dev = api.headers("acme_dev")
+    said = (
+        "this key cannot read memory {} now: it is for sre, and the key reads all, dev; it is"
+        " saved, but this key will not find, list or edit it again (a key with one of its"
+        " audiences, or an admin key, can)"
+    )
+    mine = remember(api, "acme_dev", "Canary deploys need two approvals.", audiences=["dev"])
+    assert "warnings" not in mine
+    path = f"/v1/memories/{mine['id']}"
+    r = api.client.patch(path, json={"title": "Canaries"}, headers=dev)
+    assert r.status_code == 200 and "warnings" not in r.json(), r.text
+    r = api.client.patch(path, json={"audiences": ["sre"]}, headers=dev)
+    assert r.status_code == 200, r.text
+    assert r.json()["warnings"] == [said.format(mine["id"])]
+    assert r.json()["audiences"] == ["sre"] and r.json()["revision"] == 3
+    assert_error(api.client.get(path, headers=dev), 404, "not_found")  # as warned
+    theirs = remember(api, "acme_dev", "The sre rota is in the ops wiki.", audiences=["sre"])
+    assert theirs["warnings"] == [said.format(theirs["id"])]
+    both = remember(api, "acme_dev", "Both teams review infra.", audiences=["sre", "dev"])
+    assert "warnings" not in both
+    admin = remember(api, "acme_admin", "Pager escalations go to sre.", audiences=["sre"])
+    assert "warnings" not in admin
+    store = api.services.store
+    org = api.orgs["acme"]
+    from relay.auth import mint_key
+
+    writer = mint_key(store, org, "ci", frozenset({"memory:write"}), frozenset({"dev"})).secret
+    r = api.client.post(
+        "/v1/memories",
+        json={"body": "Nightly builds run at 2am.", "audiences": ["sre"]},
+        headers={"Authorization": f"Bearer {writer}"},
+    )
+    assert r.status_code == 201 and "warnings" not in r.json(), r.text
+
+
 def test_patch_null_clears_optional_fields_and_is_refused_for_required_ones(api):
     """QA: `"body": null` said "body is empty", `"audiences": []` was taken for everyone
     (an sre-only memory edited so became readable by all), `"audiences": null` and

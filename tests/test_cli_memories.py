@@ -300,6 +300,26 @@ def _forget_pins(store) -> None:  # noqa: ANN001
         conn.execute(statement)
 
 
+def test_remember_and_edit_warn_when_the_key_can_no_longer_read_the_memory(relay):
+    """QA: `relay edit ID --audience sre` by a dev key said "ID is now at revision 2", and
+    the key's next `relay history ID` was "no memory". Both commands pass on the server's
+    warning, on stderr, and still succeed: writing for another team is allowed."""
+    made = relay("acme_dev", "remember", "Canary deploys need two approvals.", "--audience", "dev")
+    assert made.exception is None and made.stderr == "", made.output
+    memory_id = made.stdout.split()[1]
+    done = relay("acme_dev", "edit", memory_id, "--audience", "sre")
+    assert done.exception is None, done.output
+    assert done.stdout == f"{memory_id} is now at revision 2\n"
+    assert done.stderr == (
+        f"relay: warning: this key cannot read memory {memory_id} now: it is for sre, and the"
+        " key reads all, dev; it is saved, but this key will not find, list or edit it again"
+        " (a key with one of its audiences, or an admin key, can)\n"
+    )
+    made = relay("acme_dev", "remember", "The sre rota is in the wiki.", "--audience", "sre")
+    assert made.exception is None and made.stdout.startswith("remembered "), made.output
+    assert made.stderr.startswith("relay: warning: this key cannot read memory "), made.stderr
+
+
 def test_a_body_on_stdin_that_is_not_utf8_is_said_so():
     """QA: `printf 'caf\\xe9' | relay remember -` said the body "contains an unpaired
     surrogate (\\udce9)"."""

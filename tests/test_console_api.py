@@ -369,3 +369,17 @@ def test_comparing_revisions_shows_a_pin_or_unpin(api) -> None:
     assert [f["field"] for f in diff["fields"] if f["changed"]] == ["pinned"]
     pinned = next(f for f in diff["fields"] if f["field"] == "pinned")
     assert pinned["lines"] == [{"op": "-", "text": "no"}, {"op": "+", "text": "yes"}]
+
+
+def test_an_edit_the_key_can_no_longer_read_says_so(api) -> None:
+    """As the API does: a dev key's edit to audiences ["sre"] is saved, with a warning."""
+    csrf = sign_in(api, "acme_dev")
+    c = api.client
+    m = c.post(
+        "/console/api/memories", json={"body": "Use pnpm.", "audiences": ["dev"]}, headers=csrf
+    ).json()
+    assert "warnings" not in m
+    r = c.patch(f"/console/api/memories/{m['id']}", json={"audiences": ["sre"]}, headers=csrf)
+    assert r.status_code == 200, r.text
+    assert r.json()["warnings"][0].startswith(f"this key cannot read memory {m['id']} now")
+    assert c.get(f"/console/api/memories/{m['id']}").status_code == 404

@@ -562,6 +562,22 @@ def test_http_endpoint_search_remember_forget_and_a_denied_write(server, mode):
     assert "denied by Relay" in denied and "memory:write" in denied
 
 
+def test_remember_tool_notes_a_memory_the_key_cannot_read(server):
+    """As the API does: a memory remembered for a role the key lacks is saved, and the
+    agent is told that this key will not find it again."""
+    mint(server["url"], server["admin"], "mcp-sre", ["memory:read"], ["sre"])  # sre: known
+
+    async def main() -> str:
+        client, http = http_client(server, server["writer"]["secret"])
+        async with http, client:
+            arguments = {"body": "Pager handover is on Mondays.", "audiences": ["sre"]}
+            return text(await client.call_tool("team_memory_remember", arguments))
+
+    said = anyio.run(main)
+    assert said.startswith("Remembered mem_") and "readable by sre." in said, said
+    assert " Note: this key cannot read memory mem_" in said and "it is for sre" in said, said
+
+
 def test_http_endpoint_authorizes_every_request_like_the_api(server):
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     headers = {"Accept": "application/json, text/event-stream"}

@@ -138,6 +138,14 @@ def remember(client, body: str, as_json: bool, **opts: Any) -> None:  # noqa: AN
         echo_json(memory)
     else:
         click.echo(f"remembered {memory['id']} (revision {memory['revision']})")
+    _warn(memory)
+
+
+def _warn(answer: dict[str, Any]) -> None:
+    """What the server warns of in a write's answer (`warnings`: this key cannot read the
+    memory any more), on stderr, whatever the output's format."""
+    for warning in answer.get("warnings") or []:
+        click.echo(f"relay: warning: {warning}", err=True)
 
 
 @click.command()
@@ -203,6 +211,7 @@ def edit(
         click.echo(f"unchanged: {memory['id']} is still at revision {memory['revision']}")
     else:
         click.echo(f"{memory['id']} is now at revision {memory['revision']}")
+    _warn(memory)
 
 
 @click.command()

@@ -55,7 +55,7 @@ from relay.hook.pack import (
 )
 from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import OUTCOMES
-from relay.models import ApiKey, HookReport, Principal, iso
+from relay.models import ApiKey, HookReport, Memory, Principal, iso
 from relay.search import MAX_K, SearchResponse
 from relay.server import Auth, Services
 
@@ -214,6 +214,11 @@ def build_routers(
             "author_name": names.get(m.author or ""),
         }
 
+    def written_view(m: Memory, p: Principal) -> dict[str, Any]:
+        """A create's or edit's answer: the memory, with the API's `warnings` when the key
+        cannot read it any more (`writes.write_answer`)."""
+        return {**memory_view(m, datetime.now(UTC), key_names(p)), **writes.write_answer(p, m)}
+
     # -- the page ---------------------------------------------------------------
     @page.get("/console")
     def console_page() -> Response:
@@ -327,7 +332,7 @@ def build_routers(
     def create_memory(body: MemoryBody, p: Session) -> dict[str, Any]:
         auth.require(p, "memory:write")
         memory = writes.create(store, embedder, p, body.model_dump(), body.id)
-        return memory_view(memory, datetime.now(UTC), key_names(p))
+        return written_view(memory, p)
 
     @api.get("/memories/{memory_id}")
     def get_memory(memory_id: str, p: Session) -> dict[str, Any]:
@@ -342,7 +347,7 @@ def build_routers(
         writes.check_memory_id(memory_id)
         changes = body.model_dump(exclude_unset=True, exclude={"expected_revision"})
         memory = writes.edit(store, embedder, p, memory_id, changes, body.expected_revision)
-        return memory_view(memory, datetime.now(UTC), key_names(p))
+        return written_view(memory, p)
 
     @api.delete("/memories/{memory_id}", status_code=204)
     def delete_memory(memory_id: str, p: Session) -> Response:

@@ -387,7 +387,7 @@ async function pageNew() {
     memoryForm(null, async (payload) => {
       const saved = await api('POST', '/memories', payload);
       location.hash = `#/memory/${encodeURIComponent(saved.id)}`;
-      announce(`Created memory ${saved.id}`);
+      announce([`Created memory ${saved.id}`, ...(saved.warnings || [])].join('; '));
     }, 'Create memory'),
   );
 }
@@ -443,7 +443,7 @@ async function pageMemory(params, id) {
           h('h2', {}, 'Edit (saves a new revision)'),
           memoryForm(m, async (payload) => {
             const saved = await api('PATCH', `/memories/${encodeURIComponent(m.id)}`, { ...payload, expected_revision: m.revision });
-            announce(`Saved revision ${saved.revision}`);
+            announce([`Saved revision ${saved.revision}`, ...(saved.warnings || [])].join('; '));
             await pageMemory(params, m.id);
           }, 'Save new revision'),
         );
