@@ -25,7 +25,12 @@ import time
 from pathlib import Path
 
 from relay.store.migrations_sqlite import MIGRATIONS
-from relay.store.sqlite.connection import SQLiteConnections, _create_private, translate_errors
+from relay.store.sqlite.connection import (
+    SQLiteConnections,
+    _create_private,
+    file_identity,
+    translate_errors,
+)
 from relay.store.sqlite.embeddings import EmbeddingsAndTokens
 from relay.store.sqlite.orgs import OrgsAndKeys
 from relay.store.sqlite.reads import MemoryReads
@@ -56,6 +61,7 @@ class SQLiteStore(
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._writer = self._connect()
+        self._identity = None if self.path == ":memory:" else file_identity(self.path)
         self.vectors = VectorIndex()
         self._migrate()
 

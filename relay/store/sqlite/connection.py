@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from relay.errors import StoreError
+from relay.errors import StoreError, UnavailableError
 
 
 @contextmanager
@@ -35,6 +35,15 @@ def _create_private(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
+def file_identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the file at `path` now; None when nothing is there."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 class SQLiteConnections:
     """The writer, the per-thread readers and the transactions on them (mixed into
     `SQLiteStore`, which opens the file and sets these attributes)."""
@@ -43,6 +52,24 @@ class SQLiteConnections:
     _local: threading.local
     _write_lock: threading.Lock
     _writer: sqlite3.Connection
+    _identity: tuple[int, int] | None  # the file opened; None for ":memory:"
+
+    def _check_file(self) -> None:
+        """Refuse to go on once the file at `path` is no longer the one opened (deleted,
+        or replaced by a restore or a move): SQLite keeps reading and writing the unlinked
+        file, so every write acknowledged after that would vanish with the process."""
+        if self._identity is None or file_identity(self.path) == self._identity:
+            return
+        gone = UnavailableError(
+            f"the database file {self.path} was deleted or replaced while this server had it"
+            " open, so nothing more is written to the old one (it would be lost); restart"
+            " relay serve to open what is there now"
+        )
+        gone.public = (
+            "the server's database file was deleted or replaced while it ran; it writes"
+            " nothing until it is restarted"
+        )
+        raise gone
 
     def _connect(self) -> sqlite3.Connection:
         with translate_errors():
@@ -67,6 +94,7 @@ class SQLiteConnections:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._write_lock, translate_errors():
+            self._check_file()  # under the lock: no write slips in between check and commit
             conn = self._writer
             conn.execute("BEGIN IMMEDIATE")
             try:

@@ -247,6 +247,7 @@ class SearchStages(SQLiteConnections):
         return (0 if total is None else total[0]), {r[0]: r[1] for r in rows}
 
     def generation(self, org_id: str) -> int:
+        self._check_file()  # every request reads this: /healthz fails once the file is gone
         with translate_errors():
             row = (
                 self._reader()

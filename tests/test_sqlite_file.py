@@ -1,0 +1,66 @@
+"""The embedded store's file in an operator's hands: deleted or replaced under a running
+server, full, or another program's. Real `relay serve` processes on real SQLite files."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import httpx
+from conftest import start_server
+from integration_support import stop_server, wait_healthy
+
+
+def _remember(url: str, key: str, body: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/v1/memories",
+        json={"body": body, "source": "team/ops"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+
+
+def _bodies(db: Path) -> set[str]:
+    with sqlite3.connect(db) as conn:
+        return {r[0] for r in conn.execute("SELECT body FROM memories WHERE body IS NOT NULL")}
+
+
+def test_a_database_file_deleted_or_replaced_under_the_server_takes_no_more_writes(
+    tmp_path: Path,
+):
+    """QA: with its file deleted (or a backup moved over it), relay serve went on answering
+    201 to every write, into the unlinked file, and /healthz said ok: everything written
+    after was gone at the next restart."""
+    db = tmp_path / "relay.db"
+    server = start_server(db)
+    try:
+        wait_healthy(server, 30)
+        assert _remember(server.url, server.admin_key, "Staging is the blue cluster.").is_success
+        backup = tmp_path / "backup.db"
+        with sqlite3.connect(db) as live, sqlite3.connect(backup) as copy:
+            live.backup(copy)
+        assert _remember(server.url, server.admin_key, "Deploys happen on Tuesdays.").is_success
+        os.replace(backup, db)  # a restore done without stopping the server
+        for leftover in (tmp_path / "relay.db-wal", tmp_path / "relay.db-shm"):
+            leftover.unlink(missing_ok=True)
+        refused = _remember(server.url, server.admin_key, "The canary runs in eu-west-1.")
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "unavailable"
+        assert "deleted or replaced" in error["message"] and str(db) not in error["message"]
+        assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 503
+    finally:
+        stop_server(server)
+    # The restored file is as the backup left it: the refused write went nowhere.
+    assert _bodies(db) == {"Staging is the blue cluster."}
+
+    db.unlink()  # deleted outright: a restarted server would start afresh, so it must stop
+    again = start_server(tmp_path / "second.db")
+    try:
+        wait_healthy(again, 30)
+        (tmp_path / "second.db").unlink()
+        refused = _remember(again.url, again.admin_key, "Written into a deleted file.")
+        assert refused.status_code == 503, refused.text
+    finally:
+        stop_server(again)
