@@ -8,6 +8,7 @@ rejected or failed write leaves nothing behind.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,12 +17,21 @@ from typing import Any
 
 from relay import auth, hygiene, late
 from relay.embedding import Embedder
-from relay.errors import ConflictError, InvalidRequestError, NotFoundError, RelayError
+from relay.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    RelayError,
+    StoreError,
+    UnavailableError,
+)
 from relay.ids import MEMORY_ID
 from relay.models import EVERYONE, Memory, MemoryDraft, PassageInput, Principal
 from relay.passages import split_passages
 from relay.store import SaveMode, Store
 from relay.text import lexical_terms
+
+log = logging.getLogger(__name__)
 
 EMBED_BATCH = 64
 
@@ -178,10 +188,15 @@ def prepare(
 
 def cache_new(store: Store, embeddings: NewEmbeddings) -> None:
     """Keep a stored write's new embeddings, so the same text is never embedded again while
-    a passage holds it (the store drops an entry with its last passage)."""
-    for model, items in embeddings.items():
-        if items:
-            store.cache_embeddings(model, items)
+    a passage holds it (the store drops an entry with its last passage). Only a cache, kept
+    after the write committed: a failure here (a full disk) is logged, not raised, since a
+    write answered as failed is sent again, and a memory without an id of its own twice."""
+    try:
+        for model, items in embeddings.items():
+            if items:
+                store.cache_embeddings(model, items)
+    except (StoreError, UnavailableError) as exc:
+        log.warning("a stored write's embeddings were not cached (made again if needed): %s", exc)
 
 
 def create(

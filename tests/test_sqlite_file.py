@@ -64,3 +64,32 @@ def test_a_database_file_deleted_or_replaced_under_the_server_takes_no_more_writ
         assert refused.status_code == 503, refused.text
     finally:
         stop_server(again)
+
+
+def test_a_write_stored_before_its_embeddings_fail_to_cache_is_answered_as_stored(
+    tmp_path: Path,
+):
+    """QA, on a full disk: the memory was committed, then caching its embeddings failed, and
+    the writer was told 500 'the database failed this request': `relay remember` again made
+    a second copy of it. The cache is only a cache: the write is answered as stored."""
+    db = tmp_path / "relay.db"
+    server = start_server(db)
+    try:
+        wait_healthy(server, 30)
+        with sqlite3.connect(db) as conn:  # the cache's table refuses, as a full disk does
+            conn.execute(
+                "CREATE TRIGGER cache_full BEFORE INSERT ON embedding_cache"
+                " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+            )
+        answer = _remember(server.url, server.admin_key, "The ledger service listens on 7001.")
+        assert answer.status_code == 201, answer.text
+        found = httpx.get(
+            f"{server.url}/v1/memories/{answer.json()['id']}",
+            headers={"Authorization": f"Bearer {server.admin_key}"},
+            timeout=30,
+        )
+        assert found.json()["body"] == "The ledger service listens on 7001."
+    finally:
+        stop_server(server)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM embedding_cache").fetchone() == (0,)
