@@ -50,16 +50,20 @@ def test_a_mistyped_path_is_refused_by_reading_commands_and_creates_nothing(tmp_
 
 def test_a_file_that_is_no_relay_store_is_refused_and_left_as_it_was(tmp_path: Path):
     """QA (second pass): `relay org list --db other.db` wrote Relay's tables into another
-    program's SQLite file (and into an empty file), printed nothing and exited 0."""
+    program's SQLite file (and into an empty file), printed nothing and exited 0. QA (ops):
+    `relay serve` still did, and made an organisation and an admin key in it."""
     import sqlite3
+
+    from conftest import free_port
 
     other, empty = tmp_path / "other.db", tmp_path / "empty.db"
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE t (x)")
     empty.write_bytes(b"")
     before = {p: p.read_bytes() for p in (other, empty)}
+    port = str(free_port())
     for db in (other, empty):
-        for args in (["org", "list"], ["org", "create", "acme"]):
+        for args in (["org", "list"], ["org", "create", "acme"], ["serve", "--port", port]):
             done = relay(tmp_path, *args, "--db", str(db))
             assert "is not a Relay SQLite store" in one_line_error(done)
     assert {p: p.read_bytes() for p in (other, empty)} == before

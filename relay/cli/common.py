@@ -43,13 +43,21 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def open_store(db: str | None, create: bool = False):  # noqa: ANN202
-    """The store `--db` (or RELAY_DB, or the default) names. Only `create` may make a new
-    SQLite file, and none may write Relay's tables into a file that is not a Relay store:
-    a mistyped path would otherwise leave an empty database (and its folders) behind, or
-    change someone else's database, and report 'no organisation'."""
-    from relay.store import database_kind, open_relay_file, open_store, sqlite_path
+    """The store `--db` (or RELAY_DB, or the default) names (see `check_database`)."""
+    from relay.store import open_store
 
     url = resolve(SERVER_SETTINGS, {"db": db}, {})["db"] if db is None else db
+    check_database(url, create)
+    return open_store(url)
+
+
+def check_database(url: str, create: bool) -> None:
+    """Only `create` may make a new SQLite file, and nothing may write Relay's tables into a
+    file that is not a Relay store: a mistyped path would otherwise leave an empty database
+    (and its folders) behind, or change someone else's database, and report 'no
+    organisation'."""
+    from relay.store import database_kind, open_relay_file, sqlite_path
+
     if database_kind(url) == "sqlite":
         if sqlite_path(url).exists():
             open_relay_file(url).close()
@@ -58,7 +66,6 @@ def open_store(db: str | None, create: bool = False):  # noqa: ANN202
                 f"no Relay database at {sqlite_path(url)} (relay serve or relay org create "
                 "makes one; check --db or RELAY_DB)"
             )
-    return open_store(url)
 
 
 def one_line(message: str) -> str:

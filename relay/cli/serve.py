@@ -13,9 +13,7 @@ from typing import Any
 import click
 
 from relay import __version__
-from relay.cli.common import (
-    pin_blas,
-)
+from relay.cli.common import check_database, pin_blas
 from relay.errors import RelayError
 from relay.settings import SERVER_SETTINGS, resolve
 
@@ -57,6 +55,7 @@ def serve(first_org: str, **given: Any) -> None:
     logging.basicConfig(level=conf["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
     from relay.store import redact_url
 
+    check_database(conf["db"], create=True)  # never Relay's tables in another program's file
     listener = _listen(conf["host"], conf["port"])  # before anything is created or printed
     services = build_services(conf)
     store = services.store
