@@ -3,13 +3,18 @@ server, full, or another program's. Real `relay serve` processes on real SQLite 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sqlite3
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from conftest import start_server
-from integration_support import stop_server, wait_healthy
+import pytest
+from conftest import free_port, start_server
+from integration_support import relay, stop_server, wait_healthy
 
 
 def _remember(url: str, key: str, body: str) -> httpx.Response:
@@ -93,3 +98,44 @@ def test_a_write_stored_before_its_embeddings_fail_to_cache_is_answered_as_store
         stop_server(server)
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM embedding_cache").fetchone() == (0,)
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """`path` made read-only by real means: the immutable attribute for root (who ignores
+    permissions), its mode for anyone else."""
+    if os.geteuid() != 0:
+        path.chmod(0o400)
+        try:
+            yield
+        finally:
+            path.chmod(0o600)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(path)]).returncode != 0:
+        pytest.skip("root ignores permissions, and chattr +i does not work here")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)
+
+
+def test_serve_on_a_database_it_cannot_write_or_create_stops_in_one_line(tmp_path: Path):
+    """QA: on a file it may not write, relay serve started as healthy (SQLite opens it
+    read-only without a word), answered searches and failed every write with 'the database
+    failed this request'; where it could not create one, it printed a traceback."""
+    (tmp_path / "afile").write_text("")
+    for db, said in (
+        (tmp_path / "afile" / "relay.db", "afile: a file, not a folder"),
+        (tmp_path / "afile" / "sub" / "relay.db", "Not a directory"),
+    ):
+        done = relay(tmp_path, "serve", "--port", str(free_port()), "--db", str(db))
+        assert done.returncode == 7 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith(f"relay: error: cannot create the database {db}: ")
+        assert said in done.stderr and len(done.stderr.splitlines()) == 1
+    db = tmp_path / "relay.db"
+    assert relay(tmp_path, "org", "create", "acme", "--db", str(db)).returncode == 0
+    with read_only(db):
+        done = relay(tmp_path, "serve", "--port", str(free_port()), "--db", str(db))
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert f"the database {db} is read-only for this user" in done.stderr

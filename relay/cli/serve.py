@@ -56,6 +56,7 @@ def serve(first_org: str, **given: Any) -> None:
     from relay.store import redact_url
 
     check_database(conf["db"], create=True)  # never Relay's tables in another program's file
+    _refuse_read_only(conf["db"])
     listener = _listen(conf["host"], conf["port"])  # before anything is created or printed
     services = build_services(conf)
     store = services.store
@@ -111,6 +112,23 @@ def _relay_command() -> str:
     """`relay` as the user ran it (`.venv/bin/relay` from a clone), for commands to copy."""
     ran = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "relay" else "relay"
     return shlex.quote(ran)
+
+
+def _refuse_read_only(db: str) -> None:
+    """A SQLite file (or its folder) this user may not write is opened read-only without a
+    word: the server would say it is healthy, answer every search and fail every write."""
+    from relay.store import database_kind, sqlite_path
+
+    if database_kind(db) != "sqlite" or not sqlite_path(db).is_file():
+        return
+    path = sqlite_path(db)
+    for target, what in ((path, "the database"), (path.parent, "the folder of the database")):
+        if not os.access(target, os.W_OK):
+            raise RelayError(
+                f"{what} {target} is read-only for this user (its permissions, an immutable"
+                " flag or a read-only disk): the server writes every memory and key there,"
+                " and SQLite its -wal and -shm files beside the database"
+            )
 
 
 def _warn_if_shared(db: str) -> None:

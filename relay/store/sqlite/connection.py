@@ -30,9 +30,15 @@ def _create_private(path: Path) -> None:
     """Make a new database file readable by its owner alone (SQLite gives its -wal and -shm
     files the same mode): it holds every audience's memories, which the server alone may
     filter. A new folder for it is the owner's alone too; existing ones are left as found."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:  # a folder this user may not write, a read-only disk, a file
+        why = exc.strerror or str(exc)
+        if exc.filename is not None and str(exc.filename) != str(path):
+            why = f"{exc.filename}: {'a file, not a folder' if path.parent.is_file() else why}"
+        raise StoreError(f"cannot create the database {path}: {why}") from None
 
 
 def file_identity(path: str) -> tuple[int, int] | None:
