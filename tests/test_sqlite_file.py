@@ -139,3 +139,19 @@ def test_serve_on_a_database_it_cannot_write_or_create_stops_in_one_line(tmp_pat
         done = relay(tmp_path, "serve", "--port", str(free_port()), "--db", str(db))
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert f"the database {db} is read-only for this user" in done.stderr
+
+
+def test_a_damaged_database_is_called_damaged_not_someone_elses(tmp_path: Path):
+    """QA: a Relay database cut short (a disk that filled during a copy) was called 'not a
+    Relay SQLite store', which sent the operator looking for the wrong file."""
+    db = tmp_path / "relay.db"
+    assert relay(tmp_path, "org", "create", "acme", "--db", str(db)).returncode == 0
+    with db.open("r+b") as f:
+        f.truncate(db.stat().st_size // 2)
+    cut = db.read_bytes()
+    for args in (["org", "list"], ["serve", "--port", str(free_port())]):
+        done = relay(tmp_path, *args, "--db", str(db))
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert f"relay: error: {db} is damaged (database disk image is malformed)" in done.stderr
+        assert "restore it from a backup" in done.stderr
+    assert db.read_bytes() == cut

@@ -293,7 +293,12 @@ def open_relay_file(url: str) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.DatabaseError as exc:  # not SQLite at all, or a folder
+    except sqlite3.DatabaseError as exc:  # not SQLite at all, or a folder; or damaged
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_CORRUPT:
+            raise InvalidRequestError(
+                f"{path} is damaged ({exc}): restore it from a backup (docs/deployment.md,"
+                " 'Backing up and restoring the SQLite file')"
+            ) from None
         raise InvalidRequestError(f"{path} is not a Relay SQLite store ({exc})") from None
     missing = [t for t in SQLITE_TABLES if t not in names]
     if missing:
