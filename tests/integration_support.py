@@ -183,7 +183,8 @@ exec {relay_hook} "$@"
 class BatchProxy:
     """A loopback proxy to `upstream` (a real server) whose `nth` POST /v1/memories/batch
     meets `act` instead: "interrupt" sends the client (`client_pid`) Ctrl-C and never
-    answers, as if the user pressed it while that batch was on its way; "overloaded"
+    answers, as if the user pressed it while that batch was on its way ("terminate": SIGTERM,
+    as a cancelled CI job or a stopped unit sends); "overloaded"
     answers 503 without forwarding it; a function is called, then the batch forwarded, as
     if what it does happened while the batch was on its way. Use as a context manager;
     `url` is its address."""
@@ -216,8 +217,9 @@ class BatchProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.path == "/v1/memories/batch":
                     proxy.batches += 1
-                    if proxy.batches == nth and act == "interrupt":
-                        os.kill(proxy.client_pid, signal.SIGINT)
+                    if proxy.batches == nth and act in ("interrupt", "terminate"):
+                        stop = signal.SIGINT if act == "interrupt" else signal.SIGTERM
+                        os.kill(proxy.client_pid, stop)
                         proxy.release.wait(30)
                         return
                     if proxy.batches == nth and act == "overloaded":

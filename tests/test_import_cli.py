@@ -1510,13 +1510,15 @@ def test_without_a_terminal_there_is_no_progress_line(tmp_path, server):
     assert "importing" not in done.stderr
 
 
-def test_ctrl_c_says_what_was_written_and_that_running_again_finishes(tmp_path, server):
+@pytest.mark.parametrize("stop", ["interrupt", "terminate"])
+def test_ctrl_c_says_what_was_written_and_that_running_again_finishes(tmp_path, server, stop):
     """QA: Ctrl-C during an import exited with just 'aborted', saying nothing of what it
     had written; then it said '128 of 3000 imported' and 'aborted' on a second line, while
-    256 were stored: the batch on its way when Ctrl-C came was written too."""
-    repo = git_repo(tmp_path / "qa-ctrl-c")
+    256 were stored: the batch on its way when Ctrl-C came was written too. QA (ops):
+    SIGTERM (a cancelled CI job) ended it without a word, exit -15."""
+    repo = git_repo(tmp_path / f"qa-ctrl-c-{stop}")
     write(repo / "AGENTS.md", "".join(f"# Rule {i}\nKeep rule {i}.\n\n" for i in range(300)))
-    with BatchProxy(server.url, nth=2, act="interrupt") as proxy:
+    with BatchProxy(server.url, nth=2, act=stop) as proxy:
         env = clean_env(repo, RELAY_URL=proxy.url, RELAY_API_KEY=server.admin_key)
         code, out, err = proxy.run(["import", "AGENTS.md"], env, repo)
     assert code == 1, err
@@ -1527,7 +1529,7 @@ def test_ctrl_c_says_what_was_written_and_that_running_again_finishes(tmp_path, 
         " import again finishes it"
     ), err
     assert "aborted" not in err
-    assert len(live_memories(server, "qa-ctrl-c/AGENTS.md")) == 128
+    assert len(live_memories(server, f"qa-ctrl-c-{stop}/AGENTS.md")) == 128
     again = relay_import(server, repo, "AGENTS.md")
     assert summary(again) == "imported 300 memories: 172 new or changed, 128 unchanged, 0 retired"
 

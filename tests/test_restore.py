@@ -439,11 +439,14 @@ def test_more_than_a_batch_with_supersedes_across_batches(tmp_path, target):
     )
 
 
-def test_ctrl_c_says_how_far_the_restore_got(tmp_path, target):
+@pytest.mark.parametrize("stop", ["interrupt", "terminate"])
+def test_ctrl_c_says_how_far_the_restore_got(tmp_path, target, stop):
     """QA: a Ctrl-C'd `relay restore` printed only 'aborted', where import says how far it
-    got; the batch on its way when Ctrl-C came may be written all the same."""
-    (tmp_path / "intr.jsonl").write_text(sealed(exported_line(f"intr-{i:03d}") for i in range(300)))
-    with BatchProxy(target.url, nth=2, act="interrupt") as proxy:
+    got; the batch on its way when Ctrl-C came may be written all the same. QA (ops): SIGTERM
+    ended it without a word."""
+    lines = (exported_line(f"intr-{stop}-{i:03d}") for i in range(300))
+    (tmp_path / "intr.jsonl").write_text(sealed(lines))
+    with BatchProxy(target.url, nth=2, act=stop) as proxy:
         env = clean_env(tmp_path, RELAY_URL=proxy.url, RELAY_API_KEY=target.admin_key)
         code, out, err = proxy.run(["restore", "intr.jsonl"], env, tmp_path)
     assert (code, out) == (1, ""), err
@@ -452,7 +455,7 @@ def test_ctrl_c_says_how_far_the_restore_got(tmp_path, target):
         " 0 unchanged) and 172 not restored yet (128 of them sent, which the server may still"
         " write); running the same restore again finishes it\n"
     )
-    assert len(listed(target, "intr-")) == 128
+    assert len(listed(target, f"intr-{stop}-")) == 128
     again = run(target, tmp_path, "restore", "intr.jsonl")
     assert (
         summary(again)

@@ -3,11 +3,13 @@ progress bar."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -100,6 +102,21 @@ def progress_bar(length: int, label: str) -> Any:
     return click.progressbar(
         length=length, label=label, file=sys.stderr, hidden=not sys.stderr.isatty()
     )
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, a unit stopped, `kill`) ends a bulk write as Ctrl-C does,
+    saying how far it got: by default it ended the process without a word."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_interrupted(done: str, again: str) -> NoReturn:

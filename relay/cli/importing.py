@@ -14,6 +14,7 @@ from relay.cli.common import (
     one_line,
     progress_bar,
     stop_interrupted,
+    terminate_as_interrupt,
 )
 from relay.errors import InvalidRequestError, RelayError
 
@@ -286,7 +287,7 @@ def import_(
         )
 
     try:
-        with progress_bar(len(drafts), "importing") as bar:
+        with terminate_as_interrupt(), progress_bar(len(drafts), "importing") as bar:
             import_files(
                 client,
                 drafts_by_source,

@@ -18,6 +18,7 @@ from relay.cli.common import (
     progress_bar,
     sent_unanswered,
     stop_interrupted,
+    terminate_as_interrupt,
 )
 from relay.errors import InvalidRequestError, RelayError
 
@@ -206,7 +207,7 @@ def restore(client, file: Path, allow_incomplete: bool) -> None:  # noqa: ANN001
         return ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else said[0]
 
     try:
-        with progress_bar(len(memories), "restoring") as bar:
+        with terminate_as_interrupt(), progress_bar(len(memories), "restoring") as bar:
             restore_memories(client, memories, name, bar.update, tally=tally)
     except KeyboardInterrupt:
         stop_interrupted(done(), "restore")
