@@ -9,6 +9,7 @@ in one sitting; it records its findings with the Doctor's `add`.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -157,8 +158,8 @@ class LogChecks:
 
     def _check_state_dir(self, state_dir: str) -> None:
         """A state folder the hook cannot write (root's after `sudo claude`, a file in its
-        place): the hook still answers prompts, but with no session throttle or ledger (so
-        records repeat), no breaker, and its log in a fallback folder."""
+        place, a full disk): the hook still answers prompts, but with no session throttle or
+        ledger (so records repeat), no breaker, and its log in a fallback folder."""
         from relay.hook.outcome_log import fallback_dir
 
         shown = self.home(state_dir)
@@ -183,7 +184,9 @@ class LogChecks:
                 "fail",
                 "state",
                 f"the hook cannot write its state folder {shown} ({why}): {effect}",
-                f"`sudo chown -R {user} {shown}` (left by an agent run with sudo?)",
+                f"free space on its disk (`df -h {self.home(where)}`)"
+                if why == os.strerror(errno.ENOSPC)
+                else f"`sudo chown -R {user} {shown}` (left by an agent run with sudo?)",
             )
         else:
             foreign = _foreign_files(state_dir)
@@ -211,8 +214,12 @@ def _unwritable(state_dir: str) -> tuple[str, str] | None:
             return path, "not a folder"
         probe = os.path.join(path, f".relay-doctor-{os.getpid()}")
         try:
-            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            os.unlink(probe)
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:  # a byte too: on a full disk an empty file is still made, a line is not
+                os.write(fd, b"\n")
+            finally:
+                os.close(fd)
+                os.unlink(probe)
         except OSError as exc:
             return path, exc.strerror or type(exc).__name__
     return None

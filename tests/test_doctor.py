@@ -481,6 +481,33 @@ def test_a_state_folder_the_hook_cannot_write_fails_and_its_prompts_are_counted(
     assert not [f for f in findings(tmp_path, TMPDIR=str(temp)) if f["area"] == "state"]
 
 
+def test_a_state_folder_that_takes_no_more_bytes_fails(tmp_path, server):
+    """QA: on a full disk the hook could not write its state (stats said so, and that
+    doctor says how to fix it), while doctor's probe, an empty file, was still made: "Recall
+    is wired up". A file size limit of 0 is a disk that takes files but no bytes."""
+    import errno
+    import resource
+    import subprocess
+
+    from integration_support import RELAY, clean_env
+
+    installed(tmp_path, server.url, server.admin_key)
+    (tmp_path / ".relay/state").mkdir(exist_ok=True)
+    done = subprocess.run(
+        [RELAY, "doctor", "--json"],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)),
+    )
+    (finding,) = [f for f in json.loads(done.stdout) if f["area"] == "state"]
+    assert finding["level"] == "fail"
+    assert finding["message"].startswith(
+        f"the hook cannot write its state folder ~/.relay/state ({os.strerror(errno.EFBIG)}):"
+    ), finding
+
+
 def test_a_relative_state_folder_does_not_hang_doctor(tmp_path, server):
     """Review: with RELAY_STATE_DIR=relstate, doctor looked for the nearest folder there
     by climbing "relstate" to "", whose parent is "" again, and never finished."""
