@@ -140,10 +140,16 @@ NewEmbeddings = dict[str, dict[str, bytes]]
 
 
 def prepare(
-    store: Store, embedder: Embedder, items: Sequence[tuple[str, MemoryDraft]]
+    store: Store,
+    embedder: Embedder,
+    items: Sequence[tuple[str, MemoryDraft]],
+    org_id: str,
+    audiences: frozenset[str] | None,
 ) -> tuple[list[PreparedWrite], NewEmbeddings]:
     """Split and embed many drafts at once: distinct texts are embedded once, in batches,
-    and texts embedded before (same model, same content) come from the store's cache. The
+    and texts embedded before (same model, same content) come from the store's cache, as far
+    as the writer's org holds them in memories `audiences` may read (a cache hit is quicker
+    to answer: one held elsewhere told the writer that text exists where it cannot look). The
     new embeddings are returned for `cache_new`, not cached here: a write the store then
     refuses must leave nothing behind, its text's vectors included."""
     pending: list[tuple[str, MemoryDraft, list[tuple[str, str, str]]]] = []
@@ -156,8 +162,8 @@ def prepare(
         pending.append((memory_id, draft, parts))
     wanted = {digest: to_embed for _, _, parts in pending for _, to_embed, digest in parts}
     tokens_model = late.cache_model(embedder.name)
-    vectors = store.cached_embeddings(embedder.name, list(wanted))
-    tokens = store.cached_embeddings(tokens_model, list(wanted))
+    vectors = store.cached_embeddings(embedder.name, list(wanted), org_id, audiences)
+    tokens = store.cached_embeddings(tokens_model, list(wanted), org_id, audiences)
     missing = [d for d in wanted if d not in vectors or d not in tokens]
     fresh: dict[str, bytes] = {}
     fresh_tokens: dict[str, bytes] = {}
@@ -273,7 +279,9 @@ def edit(
             draft.title,
             draft.body,
         ):
-            (prepared,), embeddings = prepare(store, embedder, [(memory_id, draft)])
+            (prepared,), embeddings = prepare(
+                store, embedder, [(memory_id, draft)], principal.org_id, view
+            )
         try:
             memory, _ = store.save_memory(
                 principal.org_id,
@@ -309,7 +317,7 @@ def save(
     expected_revision: int | None = None,
     audiences: frozenset[str] | None = None,
 ) -> tuple[Memory, bool]:
-    (write,), embeddings = prepare(store, embedder, [(memory_id, draft)])
+    (write,), embeddings = prepare(store, embedder, [(memory_id, draft)], org_id, audiences)
     saved = store.save_memory(
         org_id, memory_id, draft, author, write.passages, mode, expected_revision, audiences
     )
@@ -338,7 +346,7 @@ def save_many(
     written = unchanged = 0
     for start in range(0, len(items), batch):
         chunk = items[start : start + batch]
-        prepared, embeddings = prepare(store, embedder, chunk)
+        prepared, embeddings = prepare(store, embedder, chunk, org_id, audiences)
         try:
             saved = store.save_memories(
                 org_id,

@@ -2054,3 +2054,36 @@ def test_an_error_echoing_a_whole_key_withholds_its_secret(api, method, path):
     message = assert_error(r, 404, "not_found")["message"]
     assert f"relay_{key_id}_<secret withheld>" in message, message
     assert secret not in r.text
+
+
+def test_a_write_never_learns_whether_a_text_it_may_not_read_exists(api, monkeypatch):
+    """QA: a write whose text was in the embedding cache skipped the embedder and answered
+    about 50 ms sooner, so a writer timing its own writes could tell whether another org,
+    or an audience its key lacks, held an exact text. Such a write now embeds its text like
+    any new one; a text the key may read is still embedded once."""
+    embedded: list[str] = []
+    real = api.services.embedder.embed_tokens
+
+    def counting(texts):  # noqa: ANN001, ANN202  (the real embedder, its calls counted)
+        embedded.extend(texts)
+        return real(texts)
+
+    monkeypatch.setattr(api.services.embedder, "embed_tokens", counting)
+
+    def write(who: str, body: str, audiences: list[str]) -> None:
+        r = api.client.post(
+            "/v1/memories", json={"body": body, "audiences": audiences}, headers=api.headers(who)
+        )
+        assert r.status_code == 201, r.text
+
+    globex = "Globex acquires Initech in the third quarter, for forty million."
+    sre = "The failover runbook moves traffic to region b within five minutes."
+    write("globex_dev", globex, ["dev"])
+    write("acme_sre", sre, ["sre"])
+    embedded.clear()
+    write("acme_dev", globex, ["all"])  # held by another org only
+    write("acme_dev", sre, ["all"])  # held in this org, for an audience acme_dev lacks
+    assert embedded == [globex, sre]
+    embedded.clear()
+    write("acme_dev", globex, ["dev"])  # now held where acme_dev may read it
+    assert embedded == []

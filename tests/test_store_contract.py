@@ -656,6 +656,31 @@ def test_a_removed_texts_embedding_leaves_the_cache_with_it(store):
     assert cached() == set()
 
 
+def test_a_write_is_served_only_cached_embeddings_of_texts_its_key_may_read(store):
+    """QA: a cached embedding made a write of the same text about 50 ms quicker, so any
+    writer could tell whether another org, or an audience it lacks, holds an exact text
+    ("Globex acquires Initech in Q3"). A write now finds only what its org holds, in
+    memories its key may read; the backfill (no org) still finds every entry."""
+    org, other = store.create_org("acme").id, store.create_org("globex").id
+    save(store, other, "g", "globex text", seed=1)
+    save(store, org, "s", "sre text", seed=2, audiences=("sre",))
+    save(store, org, "a", "everyone's text", seed=3)
+    save(store, org, "gone", "deleted text", seed=4)
+    store.delete_memory(org, "gone", "t", None)  # its entry goes only if no passage holds it
+    save(store, other, "g4", "deleted text", seed=4)
+    store.cache_embeddings("model", {h: h.encode() for h in ("h1", "h2", "h3", "h4")})
+    every = ["h1", "h2", "h3", "h4"]
+
+    def cached(org_id, audiences):  # noqa: ANN001, ANN202
+        return set(store.cached_embeddings("model", every, org_id, audiences))
+
+    assert cached(org, frozenset({"dev"})) == {"h3"}
+    assert cached(org, frozenset({"sre"})) == {"h2", "h3"}
+    assert cached(org, None) == {"h2", "h3"}  # an admin: the whole org, no other
+    assert cached(other, frozenset()) == {"h1", "h4"}
+    assert cached(None, None) == {"h1", "h2", "h3", "h4"}
+
+
 def test_embeddings_no_passage_holds_are_dropped_at_start_up(store):
     """A write caches its new embeddings once stored; a delete of the same text landing in
     between leaves one behind, which the server's start-up drops (relay.server._warm)."""

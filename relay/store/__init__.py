@@ -222,8 +222,18 @@ class Store(Protocol):
     def missing_tokens(self, limit: int, after: int = 0) -> list[tuple[int, str | None, str]]: ...
     def store_tokens(self, items: Sequence[tuple[int, bytes]]) -> None: ...
 
-    # Embedding cache, keyed by model and content hash
-    def cached_embeddings(self, model: str, hashes: Sequence[str]) -> dict[str, bytes]: ...
+    # Embedding cache, keyed by model and content hash. One entry serves every org that
+    # holds the text, but a write is served only entries its own org holds in memories
+    # `audiences` may read (None: the whole org; `org_id` None: any org, the backfill's):
+    # an entry held elsewhere makes the write faster, which told a writer that another org,
+    # or an audience it lacks, holds that exact text.
+    def cached_embeddings(
+        self,
+        model: str,
+        hashes: Sequence[str],
+        org_id: str | None = None,
+        audiences: frozenset[str] | None = None,
+    ) -> dict[str, bytes]: ...
     def cache_embeddings(self, model: str, items: dict[str, bytes]) -> None: ...
     def forget_unheld_embeddings(self) -> int:
         """Drop cached embeddings of texts no passage holds (a write racing a delete of the

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from relay.store.postgres.connection import PgConnection, PostgresConnections, one_row
+from relay.store.postgres.reads import _params, managed_sql
 
 
 class EmbeddingsAndTokens(PostgresConnections):
@@ -73,14 +74,29 @@ class EmbeddingsAndTokens(PostgresConnections):
                     (ids, [tokens[i] for i in ids], org_id),
                 )
 
-    def cached_embeddings(self, model: str, hashes: Sequence[str]) -> dict[str, bytes]:
+    def cached_embeddings(
+        self,
+        model: str,
+        hashes: Sequence[str],
+        org_id: str | None = None,
+        audiences: frozenset[str] | None = None,
+    ) -> dict[str, bytes]:
         if not hashes:
             return {}
-        with self._tx() as conn:
+        held = ""
+        params: dict[str, Any] = {"model": model, "hashes": list(hashes)}
+        if org_id is not None:  # only texts the writer could read anyway: see `Store`
+            params |= _params(org_id, audiences)
+            held = (
+                " AND EXISTS (SELECT 1 FROM passages p JOIN memories m"
+                " ON m.org_id = p.org_id AND m.id = p.memory_id"
+                f" WHERE p.content_hash = c.content_hash AND {managed_sql(audiences)})"
+            )
+        with self._tx(org_id) as conn:
             rows = conn.execute(
-                "SELECT content_hash, embedding FROM embedding_cache"
-                " WHERE model = %s AND content_hash = ANY(%s)",
-                (model, list(hashes)),
+                "SELECT c.content_hash, c.embedding FROM embedding_cache c"
+                f" WHERE c.model = %(model)s AND c.content_hash = ANY(%(hashes)s){held}",
+                params,
             ).fetchall()
         return {r["content_hash"]: bytes(r["embedding"]) for r in rows}
 

@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from relay.store.sqlite.connection import SQLiteConnections, translate_errors
+from relay.store.sqlite.reads import _audience_params, _managed_sql
 
 
 class EmbeddingsAndTokens(SQLiteConnections):
@@ -57,17 +58,33 @@ class EmbeddingsAndTokens(SQLiteConnections):
                 [(blob, rowid) for rowid, blob in items],
             )
 
-    def cached_embeddings(self, model: str, hashes: Sequence[str]) -> dict[str, bytes]:
+    def cached_embeddings(
+        self,
+        model: str,
+        hashes: Sequence[str],
+        org_id: str | None = None,
+        audiences: frozenset[str] | None = None,
+    ) -> dict[str, bytes]:
+        held = ""
+        scope: dict[str, object] = {}
+        if org_id is not None:  # only texts the writer could read anyway: see `Store`
+            scope = {"org": org_id, **_audience_params(audiences)}
+            count = None if audiences is None else len(scope) - 1
+            held = (
+                " AND EXISTS (SELECT 1 FROM passages p JOIN memories m"
+                " ON m.org_id = p.org_id AND m.id = p.memory_id"
+                f" WHERE p.content_hash = c.content_hash AND {_managed_sql(count)})"
+            )
         found: dict[str, bytes] = {}
         conn = self._reader()
         with translate_errors():
             for start in range(0, len(hashes), 500):
-                chunk = list(hashes[start : start + 500])
-                marks = ", ".join("?" for _ in chunk)
+                chunk = {f"h{i}": h for i, h in enumerate(hashes[start : start + 500])}
+                marks = ", ".join(f":{name}" for name in chunk)
                 for h, blob in conn.execute(
-                    "SELECT content_hash, embedding FROM embedding_cache WHERE model = ?"
-                    f" AND content_hash IN ({marks})",
-                    (model, *chunk),
+                    "SELECT c.content_hash, c.embedding FROM embedding_cache c"
+                    f" WHERE c.model = :model AND c.content_hash IN ({marks}){held}",
+                    {"model": model, **chunk, **scope},
                 ):
                     found[h] = blob
         return found
