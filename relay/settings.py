@@ -89,7 +89,7 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting(
         "body_timeout",
         10,
-        "seconds a request body may take to arrive before a 408 (1 to 600)",
+        "seconds a request's head, then its body, may take to arrive before a 408 (1 to 600)",
         whole(1, 600),
     ),
     Setting("max_inflight", 64, "requests served at once before shedding load with 503", whole(1)),

@@ -170,6 +170,69 @@ def test_requests_the_guard_answers_itself_are_counted_in_metrics(server):
     assert after.get("408", 0) == before.get("408", 0) + 1, (before, after)
 
 
+def connect(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    return socket.create_connection((parts.hostname, parts.port), timeout=10)
+
+
+def test_a_request_head_that_does_not_arrive_in_time_is_408_and_its_connection_closed(server):
+    """QA: uvicorn bounds no request head: 1,100 sockets each holding half a request line
+    (or an idle one, or one trickling a header a second) took every file descriptor of a
+    server under a limit of 1,024, and it accepted nothing, /healthz included, as long as
+    they stayed. A head must now arrive within the body timeout, on a kept-alive connection
+    too (from the first byte of its next request)."""
+    idle, half, trickling, kept = (connect(server.url) for _ in range(4))
+    half.sendall(b"GET /healthz HTTP/1.1\r\n")
+    trickling.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    first = http.client.HTTPResponse(kept)
+    first.begin()
+    assert first.status == 200 and first.read()
+    kept.sendall(b"GET /heal")
+    start = time.monotonic()
+    while time.monotonic() - start < BODY_TIMEOUT_S - 0.5:
+        time.sleep(0.25)
+        trickling.sendall(b"X-Slow: 1\r\n")  # a header line every quarter second
+    for sock in (idle, half, trickling, kept):
+        status, headers, body = answer(sock, BODY_TIMEOUT_S + 5)
+        message = assert_error(status, body, "request_timeout", 408)
+        assert message == f"the request head did not arrive within {BODY_TIMEOUT_S} s"
+        assert headers["connection"] == "close"
+    assert time.monotonic() - start < BODY_TIMEOUT_S + 5
+
+
+def test_a_slow_head_that_arrives_in_time_is_served(server):
+    sock = connect(server.url)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+    time.sleep(BODY_TIMEOUT_S / 2)
+    sock.sendall(b"Host: x\r\n\r\n")
+    status, _, body = answer(sock, 10)
+    assert status == 200 and body["status"] == "ok"
+
+
+def test_the_server_raises_its_open_files_limit_to_the_hard_one():
+    """Each connection holds a file descriptor; the usual soft limit, 1,024, is what a few
+    idle sockets exhausted. `relay serve` raises it to the hard limit at start."""
+    import resource
+    import subprocess
+    import sys
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip("the hard open-files limit leaves nothing to raise")
+    script = (
+        "import resource\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "from relay.connections import OPEN_FILES_WANTED, raise_open_files_limit\n"
+        "raise_open_files_limit()\n"
+        "soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "print(soft == (OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else hard))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done.stderr
+
+
 def _refusal_ms(url: str, body: bytes) -> float:
     """The median time of three refusals of `body` sent to /v1/search with a made-up key."""
     headers = {

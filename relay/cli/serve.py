@@ -80,12 +80,18 @@ def serve(first_org: str, **given: Any) -> None:
             f"    {relay} doctor\n"
         )
     click.echo(f"Relay {__version__} serving {shown} on http://{conf['host']}:{conf['port']}")
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from relay.connections import head_deadline, raise_open_files_limit
+
+    raise_open_files_limit()
     config = uvicorn.Config(
         asgi_app(services, conf["max_inflight"], conf["max_body_bytes"], conf["body_timeout"]),
         host=conf["host"],
         port=conf["port"],
         log_level=conf["log_level"],
         access_log=False,
+        http=head_deadline(AutoHTTPProtocol, conf["body_timeout"]),
     )
     uvicorn.Server(config).run(sockets=[listener])
 
