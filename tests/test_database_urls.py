@@ -265,3 +265,21 @@ def test_a_url_python_cannot_split_is_refused_in_one_line(tmp_path: Path):
         done = relay(tmp_path, *args, **env)
         assert one_line_error(done) == "relay: error: bad PostgreSQL URL: Invalid IPv6 URL"
         assert "S3cretPw" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "password", ["S3cret%Passw0rd", "S3cret@Passw0rd", "S3cret?Passw0rd"], ids=["%", "@", "?"]
+)
+def test_a_password_left_unencoded_is_refused_without_quoting_it(tmp_path: Path, password):
+    """QA: libpq's error quoted the password, whole (`invalid percent-encoded token:
+    "S3cret%Passw0rd"`) or the part after the character (`failed to resolve host
+    'Passw0rd@127.0.0.1'`), into the terminal, or the journal of a service."""
+    url = f"postgresql://relay:{password}@127.0.0.1:5/relay"
+    for args, env in ((["org", "list", "--db", url], {}), (["serve"], {"RELAY_DB": url})):
+        done = relay(tmp_path, *args, **env)
+        assert one_line_error(done) == (
+            "relay: error: bad PostgreSQL URL: its user name or password holds a character"
+            " that must be percent-encoded (@, :, /, #, ? or %: p@ss as p%40ss), so it splits"
+            " elsewhere than meant"
+        )
+        assert "Passw0rd" not in done.stdout + done.stderr

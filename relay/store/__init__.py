@@ -261,6 +261,25 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 NO_POSTGRES = "PostgreSQL support is not installed: pip install 'relay-memory[postgres]'"
 
 
+UNENCODED_USERINFO = (
+    "bad PostgreSQL URL: its user name or password holds a character that must be"
+    " percent-encoded (@, :, /, #, ? or %: p@ss as p%40ss), so it splits elsewhere than meant"
+)
+
+
+def _unencoded_userinfo(netloc: str, query: str) -> bool:
+    """Whether a URL's user name or password holds an `@`, a `%` that starts no escape, or
+    a `?` (which leaves the rest for a query field without `=`): libpq then refused or
+    split the URL with an error quoting the password, or the part of it after that
+    character, into the terminal or the service's log."""
+    userinfo, at, _ = netloc.rpartition("@")
+    return bool(
+        (at and "@" in userinfo)
+        or re.search(r"%(?![0-9A-Fa-f]{2})", userinfo)
+        or any("=" not in field for field in query.split("&") if field)
+    )
+
+
 def database_kind(url: str) -> Literal["sqlite", "postgresql"]:
     """Which store a database URL names: a path or sqlite:///path, or postgresql://.
     Anything else with a scheme is refused, never taken for a file name (which would
@@ -271,9 +290,11 @@ def database_kind(url: str) -> Literal["sqlite", "postgresql"]:
     scheme = found.group(1).lower() if found else None
     if scheme in POSTGRES_SCHEMES:
         try:
-            urlsplit(url)
+            parts = urlsplit(url)
         except ValueError as exc:  # an unclosed [ of an IPv6 host; the URL is never echoed
             raise InvalidRequestError(f"bad PostgreSQL URL: {exc}") from None
+        if _unencoded_userinfo(parts.netloc, parts.query):
+            raise InvalidRequestError(UNENCODED_USERINFO)
         return "postgresql"
     if scheme is None or url.startswith("sqlite:///"):
         return "sqlite"
