@@ -312,7 +312,7 @@ class RelayClient:
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _OPENER.open(req, timeout=self.timeout) as resp:
                 raw = self._read_capped(resp, method, path)
         except urllib.error.HTTPError as exc:
             raise _remote_error(exc, self.url, f"{method} {self.url}{path}") from None
@@ -394,7 +394,23 @@ _NOT_RELAY_STATUSES = {
 }
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A Relay server never redirects. urllib followed a redirect to wherever it pointed,
+    another host included, with the `Authorization` header: the key went to that host (a
+    POST went on as a GET). A redirect is now refused like any answer no Relay server gives."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
 def _remote_error(exc: urllib.error.HTTPError, url: str, request: str) -> errors.RelayError:
+    if exc.code in _REDIRECTS:  # the request, and its key, went no further
+        where = exc.headers.get("Location") or "elsewhere"
+        return not_relay_root(url, request.split("?")[0], f"{exc.code}, a redirect to {where}")
     try:
         payload = json.loads(exc.read(ANSWER_BYTES) or b"{}")["error"]  # cut: not Relay's
         cls = _BY_CODE.get(payload.get("code"), errors.RelayError)

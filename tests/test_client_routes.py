@@ -125,3 +125,49 @@ def test_a_long_history_or_profile_is_read_whatever_its_size(monkeypatch):
         assert relay_client.get("/v1/profile")["results"] == []
         with pytest.raises(client.AnswerTooLargeError, match="over 16 MiB to GET /v1/memories"):
             relay_client.get("/v1/memories?limit=500")
+
+
+def test_a_redirect_is_refused_and_the_key_goes_nowhere_else(tmp_path: Path):
+    """QA: urllib followed a redirect wherever it pointed, with the Authorization header:
+    a server (or a proxy before it, an SSO gateway sending callers to its login host) that
+    answered 302 to another host got the key sent there, a search's POST going on as a GET.
+    A Relay server never redirects: the CLI says where it was sent, and goes no further."""
+    seen: list[str | None] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    key = "relay_0a1b2c3d4e5f_secret-part-of-the-key-0000"
+    with serving(Elsewhere) as elsewhere:
+        target = elsewhere.replace("127.0.0.1", "localhost") + "/login"
+
+        class Redirecting(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(302)
+                self.send_header("Location", target)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_GET
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        with serving(Redirecting) as url:
+            for args in (["search", "anything at all"], ["history", "mem_0123456789abcdef"]):
+                done = relay(tmp_path, *args, "--url", url, "--key", key)
+                assert seen == []  # the key never reached the other host
+                assert done.returncode != 0 and "secret-part" not in done.stdout + done.stderr
+                assert f"got 302, a redirect to {target}; give the root URL" in done.stderr
