@@ -19,6 +19,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from integration_support import remember, start_module_server, stop_server
+from pydantic import ValidationError
+
+from relay.api_requests import SearchBody
 
 MAX_INFLIGHT = 4
 BODY_TIMEOUT_S = 2
@@ -233,32 +236,18 @@ def test_the_server_raises_its_open_files_limit_to_the_hard_one():
     assert done.stdout.strip() == "True", done.stderr
 
 
-def _refusal_ms(url: str, body: bytes) -> float:
-    """The median time of three refusals of `body` sent to /v1/search with a made-up key."""
-    headers = {
-        "Authorization": "Bearer relay_0000_made-up-secret-0000",
-        "Content-Type": "application/json",
-    }
-    times = []
-    with httpx.Client(base_url=url, timeout=30) as client:
-        for _ in range(3):
-            start = time.perf_counter()
-            answer = client.post("/v1/search", content=body, headers=headers)
-            times.append(time.perf_counter() - start)
-            assert answer.status_code == 401, answer.text
-    return sorted(times)[1] * 1000
-
-
-def test_a_body_of_many_unknown_fields_costs_no_more_than_one_of_the_same_size(server):
+def test_a_body_of_many_unknown_fields_makes_one_error_not_one_per_field():
     """QA: 240 KB of `{"k0": 1, "k1": 1, ...}` sent with any made-up key took 0.6 s of the
-    event loop to refuse (an error made and copied per field, before the key was judged),
-    against 20 ms for one unknown field of the same size: four such callers held /healthz
-    over a second. Only the first unknown field is judged now, and named."""
-    many = json.dumps({"query": "x", **{f"k{i}": 1 for i in range(24_000)}}, separators=(",", ":"))
-    one = json.dumps({"query": "x", "k0": "x" * len(many)}, separators=(",", ":"))
-    assert len(one) > len(many) and len(one) < 262_144
-    _refusal_ms(server.url, one.encode())  # warm
-    assert _refusal_ms(server.url, many.encode()) < 4 * _refusal_ms(server.url, one.encode()) + 50
+    event loop to refuse (an error made, and copied by FastAPI, per field, before the key was
+    judged), against 20 ms for one unknown field of the same size: four such callers held
+    /healthz over a second. Only the first unknown field is judged now: the cost is one
+    error whatever the count (counted here, not timed: a timing is the machine's, not the
+    code's)."""
+    many = {"query": "x", **{f"k{i}": 1 for i in range(24_000)}}
+    with pytest.raises(ValidationError) as refused:
+        SearchBody.model_validate(many)
+    assert refused.value.error_count() == 1
+    assert refused.value.errors()[0]["loc"] == ("k0",)
 
 
 def test_a_body_of_many_unknown_fields_is_refused_naming_the_first(server):
