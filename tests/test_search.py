@@ -63,7 +63,9 @@ def test_slow_semantic_stage_falls_back_to_lexical_within_the_deadline(store, em
     t = time.monotonic()
     res = searcher.search(p, "which cluster is staging on?", k=3, deadline_ms=150, use_cache=False)
     took = (time.monotonic() - t) * 1000
-    assert took < 150 + 50  # the deadline is the feature
+    # The deadline is the feature: waiting for the 1 s embedder would take 1,000 ms. The
+    # slack is generous for a loaded CI runner (PostgreSQL took 215 ms at load 5).
+    assert took < 150 + 200
     assert res.degraded and res.stages == ["lexical"]
     assert [h.id for h in res.results] == ["m1"]
     searcher.close()
