@@ -126,7 +126,7 @@ class McpChecks:
             problem = sdk_problem()
             if problem:
                 self.add("warn", "mcp", f"{label}: `relay mcp` cannot start: {problem}", problem)
-            elif label == "Codex" and self.environ.get("RELAY_CONFIG") and not _hands_config(entry):
+            elif label == "Codex" and self._config_moved() and not _hands_config(entry):
                 self.add(
                     "warn",
                     "mcp",
@@ -140,6 +140,13 @@ class McpChecks:
                 )
             else:
                 self.add("ok", "mcp", f"{label}: MCP server `relay` -> {shown}")
+
+    def _config_moved(self) -> bool:
+        """Whether RELAY_CONFIG names another file than ~/.relay/config.json, the one a
+        `relay mcp` that is not handed it reads (an export of the usual path changes none)."""
+        custom = self.environ.get("RELAY_CONFIG", "")
+        usual = self.paths.relay_dir / "config.json"
+        return bool(custom) and os.path.abspath(os.path.expanduser(custom)) != str(usual)
 
 
 def _hands_config(entry: dict[str, Any]) -> bool:

@@ -987,8 +987,12 @@ def test_codex_mcp_server_gets_the_relay_config_install_wrote(tmp_path, server):
     ]
     assert "without RELAY_CONFIG" in mcp[0]["message"]
     assert "~/relay-elsewhere.json, and every call fails" in mcp[0]["message"]
-    # A shell without RELAY_CONFIG is not told of it: that Codex reads ~/.relay/config.json.
-    assert all(f["level"] == "ok" for f in findings(tmp_path) if "Codex: MCP" in f["message"])
+    # A shell without RELAY_CONFIG is not told of it: that Codex reads ~/.relay/config.json,
+    # and neither is one whose RELAY_CONFIG names that very file (QA: doctor said it read
+    # "~/.relay/config.json, not ~/.relay/config.json, and every call fails").
+    for usual in ({}, {"RELAY_CONFIG": str(tmp_path / ".relay/config.json")}):
+        codex = [f for f in findings(tmp_path, **usual) if f["message"].startswith("Codex: ")]
+        assert all(f["level"] == "ok" for f in codex if "MCP" in f["message"]), codex
 
 
 def test_doctor_checks_the_files_install_wrote_wherever_they_are(tmp_path, server):
