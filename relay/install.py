@@ -421,7 +421,7 @@ def install(
     changes = plan_install(paths, url.rstrip("/"), key, agent_names, register_mcp)
     if dry_run:
         for c in changes:
-            state = "unchanged" if not c.changed else "create" if c.before is None else "update"
+            state = "keep" if not c.changed else "create" if c.before is None else "update"
             click.echo(f"  would {state:<9} {tilde(c.path, paths.home)}  ({c.what})")
         return
     refuse_blocked("install", blockers(changes, paths))

@@ -592,6 +592,11 @@ def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
     first = snapshot(home)
     script = home / ".relay/relay-autosearch-hook.sh"
     script.write_text(script.read_text().replace("DEADLINE_MS=400", "DEADLINE_MS=900"))
+    dry = install(home, server, "--dry-run")  # QA: it said "would unchanged" of the rest
+    assert dry.returncode == 0, dry.stderr
+    assert "  would update    ~/.relay/relay-autosearch-hook.sh" in dry.stdout
+    assert "  would keep      ~/.claude/settings.json" in dry.stdout
+    assert "unchanged" not in dry.stdout and "DEADLINE_MS=900" in script.read_text()
     again = install(home, server)
     assert again.returncode == 0, again.stderr
     assert "updated    ~/.relay/relay-autosearch-hook.sh" in again.stdout
