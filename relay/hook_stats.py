@@ -434,13 +434,14 @@ def render(summary: dict) -> str:
     # breaker for the configured URL, a report about nothing.
     type=click.Path(file_okay=False, exists=True),
     default=None,
-    help="The hook's state directory (default: RELAY_STATE_DIR or ~/.relay/state).",
+    help="The hook's state directory (default: the hook's own, RELAY_STATE_DIR, else the "
+    "config's state_dir, else ~/.relay/state).",
 )
 @click.option(
     "--send",
     is_flag=True,
     help="Also send the counts, streaks and hook times (no prompts, no paths) to the Relay "
-    "server (RELAY_URL, with the hook's key), where the team console charts broken installs.",
+    "server (the hook's, with its key), where the team console charts broken installs.",
 )
 @click.option("--as", "developer", default=None, help="Name to send under (default: key name).")
 def stats(
