@@ -343,7 +343,10 @@ def render(findings: list[Finding]) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 def doctor(project: Path | None, as_json: bool) -> None:
-    """Check config, server, key, hooks, MCP and the hook's recent outcomes; say what to fix."""
+    """Check config, server, key, hooks, MCP and the hook's recent outcomes; say what to fix.
+
+    Each finding is ok, WARN or FAIL, with a fix; exit 1 when any fails (a warning alone
+    exits 0: a deleted hook script is the documented way to turn recall off)."""
     findings = Doctor(project).run()
     if as_json:
         click.echo(json.dumps([asdict(f) for f in findings], indent=2))

@@ -38,7 +38,7 @@ def export(client, output: Path) -> None:  # noqa: ANN001
     \b
     The first line is {"relay_export": "begin", "format": 2}, then one memory a
     line, and the last line {"relay_export": "end", "memories": N}: relay restore
-    refuses a file cut short (no end line) or whose lines were removed since.
+    refuses a file cut short (no end line) or with lines removed or added since.
 
     Expired and superseded memories are included; deleted ones are not. A file is
     written beside its final name (readable by you alone) and renamed into place at
