@@ -31,6 +31,7 @@ from relay.install_files import (
     blockers,
     file_text,
     load_manifest,
+    loose_key_mode,
     read_bytes,
     refuse_blocked,
 )
@@ -421,7 +422,8 @@ def install(
     changes = plan_install(paths, url.rstrip("/"), key, agent_names, register_mcp)
     if dry_run:
         for c in changes:
-            state = "keep" if not c.changed else "create" if c.before is None else "update"
+            changed = c.changed or loose_key_mode(c) is not None
+            state = "keep" if not changed else "create" if c.before is None else "update"
             click.echo(f"  would {state:<9} {tilde(c.path, paths.home)}  ({c.what})")
         return
     refuse_blocked("install", blockers(changes, paths))

@@ -43,6 +43,18 @@ class Change:
         return self.before != self.after
 
 
+def loose_key_mode(c: Change) -> int | None:
+    """The mode of the key file `c` leaves as it is when others may read it (a key written
+    by hand, or by `echo KEY > ~/.relay/key`, is 0644 under the usual umask), else None:
+    install tightens it to 0600 as it would a key it writes."""
+    if c.role != "relay-key" or c.changed or c.before is None:
+        return None
+    with contextlib.suppress(OSError):
+        mode = os.stat(c.path).st_mode & 0o777
+        return mode if mode & 0o077 else None
+    return None
+
+
 def read_bytes(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -142,7 +154,11 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
     for c in changes:
         label = tilde(c.path, paths.home)
         if not c.changed:
-            lines.append(f"  unchanged  {label}  ({c.what})")
+            if (loose := loose_key_mode(c)) is not None:
+                os.chmod(c.path, c.mode)
+                lines.append(f"  updated    {label}  ({c.what}; mode {c.mode:o}, was {loose:o})")
+            else:
+                lines.append(f"  unchanged  {label}  ({c.what})")
             continue
         ensure_dir(c.path.parent, created_dirs)
         record = manifest["files"].get(str(c.path))

@@ -621,6 +621,26 @@ def test_install_is_idempotent_and_restores_default_knobs(tmp_path, server):
     assert not (home / ".relay").exists()
 
 
+def test_a_key_file_others_may_read_is_made_the_owners_alone(tmp_path, server):
+    """QA, following README ("keeps the key in ~/.relay/key (mode 0600)"): a key file
+    written by hand under the usual umask (0644) and given to install as --key-file was
+    left readable by every user of the machine, reported `unchanged`."""
+    key = tmp_path / ".relay/key"
+    write(key, server["key"] + "\n")
+    key.chmod(0o644)
+    dry = relay(tmp_path, "install", "--url", server["url"], "--key-file", str(key), "--dry-run")
+    assert "  would update    ~/.relay/key" in dry.stdout, dry.stdout
+    assert key.stat().st_mode & 0o777 == 0o644
+    done = relay(tmp_path, "install", "--url", server["url"], "--key-file", str(key))
+    assert done.returncode == 0, done.stderr
+    assert "  updated    ~/.relay/key  (API key; mode 600, was 644)" in done.stdout
+    assert key.stat().st_mode & 0o777 == 0o600 and key.read_text() == server["key"] + "\n"
+    again = install(tmp_path, server)
+    assert "  unchanged  ~/.relay/key  (API key)" in again.stdout
+    assert relay(tmp_path, "uninstall").returncode == 0
+    assert key.read_text() == server["key"] + "\n" and key.stat().st_mode & 0o777 == 0o600
+
+
 def test_config_json_gets_no_knob_the_script_overrides(tmp_path, server):
     """QA: install wrote deadline_ms, min_prompt_len, throttle_prompts and overlap_threshold
     into config.json, where the script's values always beat them: `"min_prompt_len": 100`
