@@ -32,6 +32,7 @@ from relay.install_files import (
     file_text,
     load_manifest,
     loose_key_mode,
+    note_lines,
     read_bytes,
     refuse_blocked,
 )
@@ -425,6 +426,8 @@ def install(
             changed = c.changed or loose_key_mode(c) is not None
             state = "keep" if not changed else "create" if c.before is None else "update"
             click.echo(f"  would {state:<9} {tilde(c.path, paths.home)}  ({c.what})")
+        for line in note_lines(changes, paths):
+            click.echo(line)
         return
     refuse_blocked("install", blockers(changes, paths))
     for line in apply(changes, paths, url, register_mcp):

@@ -55,6 +55,11 @@ def loose_key_mode(c: Change) -> int | None:
     return None
 
 
+def note_lines(changes: Sequence[Change], paths: Paths) -> list[str]:
+    """What install says beside its lines of files (a dead knob, a longer timeout)."""
+    return [f"  note: {tilde(c.path, paths.home)}: {n}" for c in changes for n in c.notes]
+
+
 def read_bytes(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -184,8 +189,7 @@ def apply(changes: list[Change], paths: Paths, url: str, mcp: bool = True) -> li
         write_atomic(c.path, c.after, c.mode, force_mode=c.role in OWN_FILES)
         verb = "created" if c.before is None else "updated"
         lines.append(f"  {verb:<9}  {label}  ({c.what}{extra})")
-    for c in changes:
-        lines += [f"  note: {tilde(c.path, paths.home)}: {n}" for n in c.notes]
+    lines += note_lines(changes, paths)
     manifest["url"] = url
     manifest["mcp"] = mcp
     save_manifest(paths, manifest)

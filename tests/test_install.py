@@ -657,15 +657,20 @@ def test_config_json_gets_no_knob_the_script_overrides(tmp_path, server):
         "log_prompt_text": True,
     }
     write(home / ".relay/config.json", json.dumps(old_install))
+    dead = (
+        "note: ~/.relay/config.json: min_prompt_len 100 here has no effect: the hook script's "
+        "MIN_PROMPT_LEN, which beats it, is 15; set it there"
+    )
+    dry = install(home, server, "--agent", "claude-code", "--dry-run")  # QA: it said nothing
+    assert dead in dry.stdout and json.loads((home / ".relay/config.json").read_text()) == (
+        old_install
+    )
     done = install(home, server, "--agent", "claude-code")
     assert done.returncode == 0, done.stderr
     config = json.loads((home / ".relay/config.json").read_text())
     assert set(config) & set(SCRIPT_KNOBS) == {"min_prompt_len"}
     assert config["log_prompt_text"] is True and config["max_records"] == 3
-    assert (
-        "note: ~/.relay/config.json: min_prompt_len 100 here has no effect: the hook script's "
-        "MIN_PROMPT_LEN, which beats it, is 15; set it there"
-    ) in done.stdout
+    assert dead in done.stdout
     command = registered_command(home / ".claude/settings.json", "UserPromptSubmit")
     run = run_registered(command, home, prompt_payload("how do I apply a database migration?"))
     assert b"make migrate" in run.stdout  # 36 characters: under 100, yet it searched
