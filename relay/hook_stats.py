@@ -389,10 +389,14 @@ def render(summary: dict) -> str:
     lines.append(f"Relay hook, {period} ({summary['invocations']} prompts and session starts)")
     searched, others = summary["searched"], summary["not_searched"]
     reasons = summary["skip_reasons"]
-    lines.append(f"  searched {sum(searched.values())}, of which:")
-    lines += _outcome_lines(searched, {k: n for k, n in reasons.items() if _searched_reason(k)})
-    lines.append(f"  not searched {sum(others.values())}, of which:")
-    lines += _outcome_lines(others, {k: n for k, n in reasons.items() if not _searched_reason(k)})
+    for label, counts, searched_side in (
+        ("searched", searched, True),
+        ("not searched", others, False),
+    ):
+        total = sum(counts.values())
+        lines.append(f"  {label} {total}" + (", of which:" if total else ""))
+        picked = {k: n for k, n in reasons.items() if _searched_reason(k) == searched_side}
+        lines += _outcome_lines(counts, picked)
     for label, ms, runs in (
         ("hook time ms", summary["hook_ms"], summary["invocations"]),
         ("on hits ms", summary["hit_ms"], summary["outcomes"]["hit"]),

@@ -54,6 +54,9 @@ def test_stats_on_an_empty_or_torn_log(tmp_path):
     shown = CliRunner().invoke(stats, ["--state-dir", str(tmp_path), "--since", "all"]).output
     # QA: nothing logged read as hook times of 0.0 ms
     assert "  hook time ms      - (none)\n  on hits ms        - (none)\n" in shown, shown
+    # QA: "not searched 0, of which:" led on to nothing
+    assert "  searched 0\n" in shown and "  not searched 0\n" in shown, shown
+    assert "of which" not in shown, shown
     result = CliRunner().invoke(stats, ["--state-dir", str(tmp_path), "--since", "soon"])
     assert result.exit_code == 2
 
