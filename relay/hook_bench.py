@@ -530,7 +530,8 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
 def render(result: dict[str, Any], deadline_ms: int) -> str:
     lines = []
     if "hit_ms" in result:
-        lines.append(f"memories: {result['memories']}")
+        held = result["memories"]  # None: a server given by --url, whose size is its own
+        lines.append(f"memories: {held if held is not None else 'those of the server given'}")
         lines.append(f"{'series (ms, spawn to exit)':<30}{'p50':>9}{'p95':>9}{'p99':>9}")
         for name in ("hit_ms", "skip_ms", "floor_curl_ms", "floor_python_ms", "server_search_ms"):
             p = result[name]
