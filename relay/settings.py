@@ -72,7 +72,12 @@ def one_of(*names: str) -> Callable[[str], str]:
 
 
 SERVER_SETTINGS: tuple[Setting, ...] = (
-    Setting("db", None, "SQLite file path, or a postgresql:// URL (default ~/.relay/relay.db)"),
+    Setting(
+        "db",
+        None,
+        "SQLite file path, or a postgresql:// URL (default $RELAY_HOME/relay.db; RELAY_HOME:"
+        " ~/.relay)",
+    ),
     Setting("host", "127.0.0.1", "address to listen on"),
     Setting("port", 8765, "port to listen on (1 to 65535)", whole(1, 65535)),
     Setting(

@@ -24,7 +24,8 @@ def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--db",
         envvar="RELAY_DB",
-        help="SQLite path or postgresql:// URL (default ~/.relay/relay.db).",
+        help="SQLite path or postgresql:// URL (default $RELAY_HOME/relay.db; RELAY_HOME:"
+        " ~/.relay).",
     )(fn)
 
 
