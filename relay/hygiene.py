@@ -133,6 +133,23 @@ def _check_unicode(text: str, field: str, what: str | None = None) -> None:
         raise InvalidRequestError(f"{what or field} {problem}", field=field)
 
 
+def _refuse_format_characters(text: str, field: str, what: str) -> None:
+    """Raise if path-like `text` (a source, a tag) holds a Unicode format character: one that
+    shows as nothing yet changes what is shown. A bidi override or isolate (U+202A-U+202E,
+    U+2066-U+2069) reorders what follows it (`ops/\u202efdp.exe` shows as `ops/exe.pdf`);
+    a zero-width character or a tag character (U+E0000 on) hides text that an agent still
+    reads. A title or body keeps them: right-to-left prose needs its marks."""
+    for at, ch in enumerate(text):
+        if unicodedata.category(ch) == "Cf":
+            name = unicodedata.name(ch, "a format character")
+            raise InvalidRequestError(
+                f"{what} contains U+{ord(ch):04X} ({name}) at character {at}, an invisible "
+                "character that changes how the text shows; remove it",
+                field=field,
+                code_point=f"U+{ord(ch):04X}",
+            )
+
+
 def check_body(body: str) -> str:
     """Return the normalised body, or raise if it is empty, oversized or secret-shaped."""
     if not isinstance(body, str):
@@ -227,6 +244,7 @@ def check_source(source: str | None) -> str | None:
             "source must be one line without control characters, like docs/deploy.md",
             field="source",
         )
+    _refuse_format_characters(source, "source", "source")
     if len(source) > MAX_SOURCE_CHARS:
         raise TooLargeError(
             f"source is {len(source)} characters; the limit is {MAX_SOURCE_CHARS}",
@@ -265,6 +283,7 @@ def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
             raise InvalidRequestError(
                 f"tag {tag!r} contains whitespace or control characters", field="tags"
             )
+        _refuse_format_characters(tag, "tags", f"tag {ascii(tag)}")
         out.setdefault(tag, None)
     if len(out) > MAX_TAGS:
         raise TooLargeError(

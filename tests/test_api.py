@@ -2087,3 +2087,37 @@ def test_a_write_never_learns_whether_a_text_it_may_not_read_exists(api, monkeyp
     embedded.clear()
     write("acme_dev", globex, ["dev"])  # now held where acme_dev may read it
     assert embedded == []
+
+
+def test_a_bidi_control_in_a_source_or_tag_is_refused_by_the_server(live_server):
+    """QA: `POST /v1/memories` stored `source: "ops/\\u202efdp.exe"`, which every reader (the
+    console, `relay list`, an agent's context) saw as `ops/exe.pdf`; a tag took a zero-width
+    space. Both are 400 naming the field and the code point, in a create, an edit and a
+    batch; a right-to-left title and body are kept as written."""
+    import httpx
+
+    h = {"Authorization": f"Bearer {live_server.admin_key}"}
+    with httpx.Client(base_url=live_server.url, headers=h, timeout=30) as client:
+        body = {"body": "The bidi probe memory.", "title": "\u202bשלום\u202c"}
+        for fields, field, code_point in (
+            ({"source": "bidi-probe/ops/\u202efdp.exe"}, "source", "U+202E"),
+            ({"tags": ["bidi-probe", "ops\u200bdeploy"]}, "tags", "U+200B"),
+            ({"tags": ["\u2066bidi-probe\u2069"]}, "tags", "U+2066"),
+        ):
+            for sent in (
+                client.post("/v1/memories", json={**body, **fields}),
+                client.post("/v1/memories/batch", json={"items": [{**body, **fields, "id": "bp"}]}),
+            ):
+                error = assert_error(sent, 400, "invalid_request")
+                assert f"contains {code_point} (" in error["message"], error
+                assert error["details"]["field"] == field
+                assert error["details"]["code_point"] == code_point
+        kept = client.post("/v1/memories", json={**body, "source": "bidi-probe/ops/fdp.exe"})
+        assert kept.status_code == 201, kept.text
+        assert kept.json()["title"] == body["title"]
+        edited = client.patch(
+            f"/v1/memories/{kept.json()['id']}", json={"source": "bidi-probe/\u2067x"}
+        )
+        assert "contains U+2067 (" in assert_error(edited, 400, "invalid_request")["message"]
+        listed = client.get("/v1/memories", params={"source_prefix": "bidi-probe/"}).json()
+        assert [m["source"] for m in listed["items"]] == ["bidi-probe/ops/fdp.exe"]

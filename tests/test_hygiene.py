@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import string
 import time
 from datetime import UTC, datetime, timedelta, timezone
@@ -848,3 +849,38 @@ def test_one_json_number_check_for_every_reader():
     assert json.loads("[1.5, 2]", parse_float=finite, parse_constant=no_constant) == [1.5, 2]
     with pytest.raises(ValueError, match="-Infinity is no JSON number"):
         loads('{"a": -Infinity}')
+
+
+@pytest.mark.parametrize(
+    ("text", "code_point"),
+    [
+        ("ops/\u202efdp.exe", "U+202E"),  # shows as ops/exe.pdf
+        ("ops/\u202aa\u202cb", "U+202A"),
+        ("\u2066docs\u2069/x.md", "U+2066"),
+        ("runbooks/\u2069x", "U+2069"),
+        ("team/\u200binfra", "U+200B"),
+        ("team\u200d/infra", "U+200D"),
+        ("team/\ufeffinfra", "U+FEFF"),
+        ("team/infra\U000e0069\U000e0067", "U+E0069"),  # tag characters: ASCII a model reads
+    ],
+)
+def test_a_source_or_tag_with_a_bidi_control_or_invisible_character_is_refused(text, code_point):
+    """QA: `ops/\\u202efdp.exe` was stored as a source and showed as `ops/exe.pdf` to
+    whoever read it, in the console, the CLI and an agent's context. A source and a tag are
+    refused with the field and the code point named; a title and a body keep such text."""
+    said = re.escape(code_point)
+    with pytest.raises(InvalidRequestError, match=f"^source contains {said} ") as refused:
+        check_source(text)
+    assert refused.value.details == {"field": "source", "code_point": code_point}
+    tag = text.replace("/", "-")
+    with pytest.raises(InvalidRequestError, match=f"^tag '.*' contains {said} ") as refused:
+        check_tags(["ok", tag])
+    assert refused.value.details == {"field": "tags", "code_point": code_point}
+    assert text not in str(refused.value)  # the message does not reorder itself
+    assert check_title(text) == text
+    assert check_body(text) == text
+
+
+def test_right_to_left_letters_in_a_source_or_tag_are_kept():
+    assert check_source("docs/מדריך/התקנה.md") == "docs/מדריך/התקנה.md"
+    assert check_tags(["عربي", "lang:עברית"]) == ("عربي", "lang:עברית")
