@@ -6,6 +6,9 @@ refused 401 at once when it has none, and every body is read here, capped in siz
 in time. So a client with no key, or one that stalls its body, never holds a slot: 70
 connections each sending one byte of a promised 1,000 made every request, /healthz
 included, 503 for as long as they stalled (uvicorn bounds no body's time).
+
+A request whose body is framed two ways (both Content-Length and Transfer-Encoding) is
+refused 400 and its connection closed, as RFC 9112 6.1 asks, before anything else.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import anyio
 
 from relay import auth
 from relay.errors import (
+    InvalidRequestError,
     OverloadedError,
     RelayError,
     RequestTimeoutError,
@@ -103,6 +107,15 @@ class GuardMiddleware:
     def _check_head(self, scope: Scope) -> None:
         """What the request line and headers already decide, before any body is read."""
         headers = dict(scope.get("headers") or [])
+        if b"transfer-encoding" in headers and b"content-length" in headers:
+            # h11 reads such a body as chunked and kept the connection open, so a proxy in
+            # front that went by the length would pass a second request hidden in the body
+            # (smuggling). RFC 9112 6.1: refuse it and close (every refusal here but a 503
+            # closes), before the key or the load is looked at.
+            raise InvalidRequestError(
+                "the request has both Content-Length and Transfer-Encoding, which frame its "
+                "body two ways; send one"
+            )
         if _keyed(scope["path"]) and b"authorization" not in headers:
             # The route would answer 401 whatever the body says: no reason to wait for it.
             raise UnauthorizedError(auth.MISSING_KEY)

@@ -213,6 +213,42 @@ def test_a_slow_head_that_arrives_in_time_is_served(server):
     assert status == 200 and body["status"] == "ok"
 
 
+def read_to_close(sock: socket.socket, within_s: float) -> bytes:
+    """Everything the server sends on `sock` until it closes the connection."""
+    sock.settimeout(within_s)
+    received = b""
+    while chunk := sock.recv(65_536):
+        received += chunk
+    sock.close()
+    return received
+
+
+@pytest.mark.parametrize(("path", "keyed"), [("/healthz", False), ("/v1/search", True)])
+def test_a_body_framed_both_by_length_and_chunked_is_400_and_its_connection_closed(
+    server, path, keyed
+):
+    """QA (request smuggling): `POST /healthz` with `Content-Length: 4` and `Transfer-
+    Encoding: chunked`, body `0\r\n\r\n` then `GET /metrics ...`, got two responses: the
+    server read the body as chunked and kept the connection, so a proxy in front that went
+    by the length would have passed it a request it never saw. RFC 9112 6.1: one 400, the
+    connection closed, nothing after it answered."""
+    sock = connect(server.url)
+    key = [f"Authorization: Bearer {server.admin_key}"] if keyed else []
+    head = [f"POST {path} HTTP/1.1", "Host: x", *key, "Content-Type: application/json"]
+    head += ["Content-Length: 4", "Transfer-Encoding: chunked"]
+    smuggled = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + b"0\r\n\r\n" + smuggled)
+    received = read_to_close(sock, 10)
+    assert received.count(b"HTTP/1.1 ") == 1, received
+    assert b"relay_http_requests" not in received
+    head_text, _, body = received.partition(b"\r\n\r\n")
+    status_line, *lines = head_text.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    message = assert_error(int(status_line.split()[1]), json.loads(body), "invalid_request", 400)
+    assert "both Content-Length and Transfer-Encoding" in message
+    assert headers["connection"] == "close"
+
+
 def test_the_server_raises_its_open_files_limit_to_the_hard_one():
     """Each connection holds a file descriptor; the usual soft limit, 1,024, is what a few
     idle sockets exhausted. `relay serve` raises it to the hard limit at start."""
