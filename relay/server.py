@@ -205,6 +205,9 @@ def create_app(services: Services) -> FastAPI:
         # `/v1/memories/` is not `/v1/memories`: a 404 in the error shape, never a redirect
         # with an empty body (whose Location would name http behind a TLS proxy).
         redirect_slashes=False,
+        # /docs is relay.docs_page: FastAPI's pages load unpinned scripts from a CDN.
+        docs_url=None,
+        redoc_url=None,
         description=(
             "Team memory for coding agents. Errors: {'error': {'code', 'message', 'status'}}."
         ),
@@ -474,6 +477,9 @@ def create_app(services: Services) -> FastAPI:
     from relay.console import mount_console
 
     mount_console(app, services)  # the team console at /console (relay/console/)
+    from relay.docs_page import mount_docs
+
+    mount_docs(app)  # Swagger UI at /docs, its script pinned by hash
     app.openapi = _openapi_with_error_shape(app)  # type: ignore[method-assign]
     return app
 
