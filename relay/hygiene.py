@@ -133,14 +133,19 @@ def _check_unicode(text: str, field: str, what: str | None = None) -> None:
         raise InvalidRequestError(f"{what or field} {problem}", field=field)
 
 
+_SPELLING_FORMAT_CHARACTERS = frozenset("\u200c\u200d\u00ad")
+
+
 def _refuse_format_characters(text: str, field: str, what: str) -> None:
     """Raise if path-like `text` (a source, a tag) holds a Unicode format character: one that
     shows as nothing yet changes what is shown. A bidi override or isolate (U+202A-U+202E,
     U+2066-U+2069) reorders what follows it (`ops/\u202efdp.exe` shows as `ops/exe.pdf`);
     a zero-width character or a tag character (U+E0000 on) hides text that an agent still
-    reads. A title or body keeps them: right-to-left prose needs its marks."""
+    reads. A title or body keeps them: right-to-left prose needs its marks. The joiners
+    (U+200C, U+200D) and the soft hyphen stay allowed: Persian and Indic words and emoji
+    sequences (a tag such as 👩‍💻) are spelled with them, and they reorder nothing."""
     for at, ch in enumerate(text):
-        if unicodedata.category(ch) == "Cf":
+        if unicodedata.category(ch) == "Cf" and ch not in _SPELLING_FORMAT_CHARACTERS:
             name = unicodedata.name(ch, "a format character")
             raise InvalidRequestError(
                 f"{what} contains U+{ord(ch):04X} ({name}) at character {at}, an invisible "
