@@ -13,6 +13,10 @@ generation of its id (`imp_....2`), and later imports find it there among the fi
 memories. The id is taken by its tombstone once the section was retired, or by a memory
 this key may not read: the file imported before for an audience the key lacks, live or
 retired there (the server does not say which, nor does this).
+
+An import for audiences the key does not read is refused before anything is read or
+written (`check_readable`): the key could not list what it wrote, so the next import could
+neither continue nor retire it, and would add a copy of every section each time.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from relay.client import memory_path
-from relay.errors import ConflictError, InvalidRequestError, NotFoundError
+from relay.errors import ConflictError, ForbiddenError, InvalidRequestError, NotFoundError
 from relay.importer import draft_label
 
 if TYPE_CHECKING:
@@ -60,6 +64,32 @@ class ImportTally:
     # Drafts of the batch sent and not yet answered: stopped now, the server may still
     # write them (it commits a batch it has read whatever became of the client).
     in_flight: int = 0
+
+
+def check_readable(client: RelayClient, audiences: Sequence[str]) -> None:
+    """Refuse an import for `audiences` (--audience) none of which this key reads. The key
+    could write its memories, but not read them back: every later import would find the
+    file's sections gone, and write each again under its id's next generation (`imp_x.2`,
+    `imp_x.3`, ...), a copy of the runbook per run that it could neither update nor retire.
+    The server answers a memory the key may not read as it does a missing one (it must not
+    tell the key more), so the import is refused up front, on the key's own roles."""
+    from relay.client import whoami
+    from relay.hygiene import check_audiences
+    from relay.models import EVERYONE
+
+    if not audiences:
+        return
+    wanted = check_audiences(audiences)
+    key = whoami(client)["key"]
+    reads = {EVERYONE, *key.get("roles", ())}
+    if "admin" in key.get("scopes", ()) or reads & set(wanted):
+        return
+    raise ForbiddenError(
+        f"this key cannot import for {', '.join(wanted)}: it reads {', '.join(sorted(reads))},"
+        " so it could not read these memories back, and every later import of the file would"
+        " write another copy of each section instead of updating or retiring it; nothing was"
+        f" imported. Import it with a key that reads {' or '.join(wanted)}, or with an admin key"
+    )
 
 
 def import_files(

@@ -371,7 +371,7 @@ def create_app(services: Services) -> FastAPI:
             if exc.item is not None:  # refused by the store's write rules, named the same way
                 raise _batch_item(exc, exc.item) from None
             raise
-        return {"written": written, "unchanged": unchanged}
+        return writes.batch_answer(p, items, written, unchanged)
 
     @app.get("/v1/memories", tags=["memories"])
     def list_memories(

@@ -236,11 +236,9 @@ def write_answer(principal: Principal, memory: Memory) -> dict[str, Any]:
     does not read is allowed (a memory for another team), but the key then loses it: reads
     by id, lists, edits and search all pass it by, so the answer says so (QA: an edit that
     narrowed a memory away from the writer's roles succeeded without a word, and the next
-    read was a 404). Not said to an admin key, which manages every memory, nor to a key
-    without memory:read, which reads none."""
+    read was a 404)."""
     answer = memory.to_dict()
-    view = auth.management_view(principal)
-    if view is None or "memory:read" not in principal.scopes or set(memory.audiences) & view:
+    if (view := _lost_to(principal, memory.audiences)) is None:
         return answer
     answer["warnings"] = [
         f"this key cannot read memory {memory.id} now: it is for {', '.join(memory.audiences)},"
@@ -248,6 +246,43 @@ def write_answer(principal: Principal, memory: Memory) -> dict[str, Any]:
         " find, list or edit it again (a key with one of its audiences, or an admin key, can)"
     ]
     return answer
+
+
+# How many of the memories a batch wrote out of its key's sight its warning names.
+SHOWN_LOST = 5
+
+
+def batch_answer(
+    principal: Principal, items: Sequence[tuple[str, MemoryDraft]], written: int, unchanged: int
+) -> dict[str, Any]:
+    """The answer to a batch by `principal`: its counts, and `warnings` as `write_answer`'s
+    when it wrote memories the key cannot read. Such an item was a new memory (one taken
+    by a memory the key cannot read is refused), and a batch naming its id again is refused
+    as taken: sent again, as an import does on every run, it cannot be kept in step."""
+    answer: dict[str, Any] = {"written": written, "unchanged": unchanged}
+    lost = [(i, d) for i, d in items if _lost_to(principal, d.audiences) is not None]
+    if not lost:
+        return answer
+    view = sorted(auth.management_view(principal) or ())
+    shown = ", ".join(f"{i} (for {', '.join(d.audiences)})" for i, d in lost[:SHOWN_LOST])
+    more = f" and {len(lost) - SHOWN_LOST} more" if len(lost) > SHOWN_LOST else ""
+    answer["warnings"] = [
+        f"this key cannot read {len(lost)} of the memories this batch wrote now: {shown}{more};"
+        f" the key reads {', '.join(view)}. They are saved, but this key will not find, list"
+        " or edit them again, and a batch naming their ids again is refused as taken (a key"
+        " with one of their audiences, or an admin key, can)"
+    ]
+    return answer
+
+
+def _lost_to(principal: Principal, audiences: Sequence[str]) -> frozenset[str] | None:
+    """What `principal` reads, when that leaves out a memory for `audiences`; else None.
+    Never said to an admin key, which manages every memory, nor to a key without
+    memory:read, which reads none."""
+    view = auth.management_view(principal)
+    if view is None or "memory:read" not in principal.scopes or set(audiences) & view:
+        return None
+    return view
 
 
 # How many times an edit is rebuilt on a newer revision before it gives up with a 409.

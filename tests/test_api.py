@@ -1912,6 +1912,43 @@ def test_a_write_that_leaves_the_key_unable_to_read_its_memory_says_so(api):
     assert r.status_code == 201 and "warnings" not in r.json(), r.text
 
 
+def test_a_batch_that_writes_memories_its_key_cannot_read_says_so(api):
+    """QA: `relay import RUNBOOK.md --audience sre` by a dev key answered counts alone, and
+    each run after wrote the file again under the next generation of its ids: the key could
+    not read what it wrote. The batch answers as a create does: `warnings`, naming the
+    memories the key lost (the first five, the others counted), only when it lost some."""
+    dev = api.headers("acme_dev")
+    items = [
+        {"id": f"rb-{n}", "body": f"Runbook step {n}.", "audiences": ["sre"]} for n in "1234567"
+    ]
+    items.insert(1, {"id": "rb-dev", "body": "Dev and sre both page.", "audiences": ["sre", "dev"]})
+    r = api.client.post("/v1/memories/batch", json={"items": items}, headers=dev)
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "written": 8,
+        "unchanged": 0,
+        "warnings": [
+            "this key cannot read 7 of the memories this batch wrote now: rb-1 (for sre), rb-2"
+            " (for sre), rb-3 (for sre), rb-4 (for sre), rb-5 (for sre) and 2 more; the key"
+            " reads all, dev. They are saved, but this key will not find, list or edit them"
+            " again, and a batch naming their ids again is refused as taken (a key with one of"
+            " their audiences, or an admin key, can)"
+        ],
+    }
+    r = api.client.post("/v1/memories/batch", json={"items": items[1:2]}, headers=dev)
+    assert r.json() == {"written": 0, "unchanged": 1}, r.text
+    assert_error(
+        api.client.post("/v1/memories/batch", json={"items": items[:1]}, headers=dev),
+        409,
+        "conflict",
+    )
+    more = [{"id": "rb-admin", "body": "Admins write for sre.", "audiences": ["sre"]}]
+    r = api.client.post(
+        "/v1/memories/batch", json={"items": more}, headers=api.headers("acme_admin")
+    )
+    assert r.json() == {"written": 1, "unchanged": 0}, r.text
+
+
 def test_patch_null_clears_optional_fields_and_is_refused_for_required_ones(api):
     """QA: `"body": null` said "body is empty", `"audiences": []` was taken for everyone
     (an sre-only memory edited so became readable by all), `"audiences": null` and

@@ -609,6 +609,44 @@ def test_importing_again_without_audience_keeps_each_memorys_audiences(tmp_path,
     assert [m["audiences"] for m in live_memories(server, "qa-aud/ops.md")] == [["all"]]
 
 
+def test_an_import_for_audiences_this_key_cannot_read_is_refused(tmp_path, server):
+    """QA: a dev key ran `relay import RUNBOOK.md --audience sre` twice and ended with
+    imp_x and imp_x.2, and each run added another copy: the key could not read what it
+    wrote, so the next import found no section of the file to continue (the server answers
+    such an id as taken, no more). The import is refused before anything is written; with
+    an audience the key reads among them, or by an admin key, it stays in step."""
+    from integration_support import mint
+
+    every = ["memory:read", "memory:write"]
+    dev = mint(server.url, server.admin_key, "dev", every, ["dev"])["secret"]
+    mint(server.url, server.admin_key, "sre", every, ["sre"])
+    repo = git_repo(tmp_path / "qa-runbook")
+    write(repo / "RUNBOOK.md", "# Paging\nPage the on-call.\n# Rollback\nRevert the tag.\n")
+    for _ in range(2):
+        done = relay_import(server, repo, "--audience", "sre", "RUNBOOK.md", key=dev)
+        assert (done.returncode, done.stdout) == (3, ""), done.stderr
+        assert done.stderr == (
+            "relay: error: this key cannot import for sre: it reads all, dev, so it could not"
+            " read these memories back, and every later import of the file would write another"
+            " copy of each section instead of updating or retiring it; nothing was imported."
+            " Import it with a key that reads sre, or with an admin key\n"
+        )
+    assert live_memories(server, "qa-runbook/RUNBOOK.md") == []
+
+    both = ("--audience", "sre", "--audience", "DEV", "RUNBOOK.md")
+    assert summary(relay_import(server, repo, *both, key=dev)).endswith(
+        "2 new or changed, 0 unchanged, 0 retired"
+    )
+    assert summary(relay_import(server, repo, *both, key=dev)).endswith(
+        "0 new or changed, 2 unchanged, 0 retired"
+    )
+    write(repo / "OPS.md", "# Escalation\nCall the lead.\n")
+    for _ in range(2):
+        summary(relay_import(server, repo, "--audience", "sre", "OPS.md"))  # the admin's
+    (ops,) = live_memories(server, "qa-runbook/OPS.md")
+    assert (ops["audiences"], ops["revision"]) == (["sre"], 1)
+
+
 def test_a_section_retired_for_an_audience_this_key_lacks_comes_back_beside_it(tmp_path, server):
     """A section imported for `ops` and retired leaves a tombstone only ops may see; a key
     without the role importing that section again was told 409 'cannot be reused' (it

@@ -66,7 +66,8 @@ def _not_there(path: Path) -> str:
     "audiences",
     multiple=True,
     help="Audience for every memory written (repeatable; default: a memory imported before"
-    " keeps its own, a new one is for all).",
+    " keeps its own, a new one is for all). Refused unless the key reads one of them (its"
+    " roles, or all; an admin key reads every one): it could not keep them in step.",
 )
 @click.option(
     "--keep-removed",
@@ -168,6 +169,7 @@ def import_(
         ImportTally,
         Vanished,
         check_drafts,
+        check_readable,
         former_copies,
         import_files,
         owned_memories,
@@ -191,6 +193,7 @@ def import_(
     for path in paths:  # a file or folder a git work tree lost is looked for too
         if not path.exists() and not (looks and gone_path(path)):
             raise click.UsageError(_not_there(path))
+    check_readable(client, audiences)
     drafts_by_source: dict[str, list] = {}
     failed: list[RelayError] = []
     unnamed: dict[Path, None] = {}  # work trees named by their folder alone, in order
