@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
+from relay.cli_types import StrictInt
 from relay.errors import InvalidRequestError, StoreError
 from relay.migrate_verify import (
     SQLITE_CACHE,
@@ -414,7 +415,7 @@ def _restore_vector_index(store: PostgresStore) -> None:
 @click.option("--to", "target", required=True, help="The PostgreSQL database: postgresql://...")
 @click.option(
     "--batch",
-    type=click.IntRange(1, 10_000),
+    type=StrictInt(1, 10_000),
     default=500,
     show_default=True,
     help="Memories per transaction (and per resume point).",

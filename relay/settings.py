@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relay.cli_types import is_integer
 from relay.errors import InvalidRequestError
 
 # The embedding providers (relay.embedding.PROVIDERS, which loads numpy, maps them to classes).
@@ -46,10 +47,9 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     """A whole number from `low` up to `high` (None: no upper bound)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{text!r} is not a whole number") from None
+        if not is_integer(text):  # as every integer option: RELAY_PORT=80_80 is no 8080
+            raise ValueError(f"{text!r} is not a whole number")
+        value = int(text)
         if value < low or (high is not None and value > high):
             raise ValueError(
                 f"{text} is not in {low}..{high}" if high is not None else f"{text} is below {low}"

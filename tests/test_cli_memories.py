@@ -801,6 +801,57 @@ def test_forget_at_a_revision_keeps_a_memory_edited_since(tmp_path, live_server)
     assert (done.returncode, done.stdout) == (0, f"forgot {memory_id}\n")
 
 
+def test_an_expected_revision_is_read_as_digits_alone(tmp_path, live_server):
+    """QA: `relay forget ID --expected-revision 1_0` sent revision 10, and ' 1' or '+1'
+    deleted the memory at revision 1: click's INT reads what Python's int() reads. An
+    integer option is decimal digits alone (a minus first, for its range to judge), refused
+    as any bad value is, before anything is sent."""
+    from integration_support import relay
+
+    given = ("--url", live_server.url, "--key", live_server.admin_key)
+    done = relay(tmp_path, "remember", "Strict-int-test: the pager rota is weekly.", *given)
+    memory_id = done.stdout.split()[1]
+    for typed in ("1_0", " 1", "+1", "1 ", "\u0661", "0x1", "1.0"):
+        done = relay(tmp_path, "forget", memory_id, "--expected-revision", typed, *given)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr == (
+            f"relay: error: Invalid value for '--expected-revision': {typed!r} is not a valid"
+            " integer (decimal digits only). (see 'relay forget --help')\n"
+        )
+    done = relay(tmp_path, "forget", memory_id, "--expected-revision", "-1", *given)
+    assert done.returncode == 2 and "-1 is not in the range x>=1." in done.stderr, done.stderr
+    assert relay(tmp_path, "history", memory_id, *given).returncode == 0  # not deleted
+    done = relay(tmp_path, "forget", memory_id, "--expected-revision", "01", *given)
+    assert (done.returncode, done.stdout) == (0, f"forgot {memory_id}\n"), done.stderr
+
+
+def test_every_integer_option_is_strict():
+    """Every integer option of every command reads digits alone (`StrictInt`), its range
+    kept: none is left to click's INT, which a new option would get from `type=int` or a
+    number as its default."""
+    import click
+
+    from relay.cli_types import StrictInt
+
+    def params(command: click.Command, path: str):  # noqa: ANN202
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx) if isinstance(command, click.Group) else ():
+            yield from params(command.get_command(ctx, name), f"{path} {name}")
+        yield from ((path, p) for p in command.params)
+
+    found = {
+        f"{path} {p.name}": p.type
+        for path, p in params(cli, "relay")
+        if isinstance(p.type, click.types.IntParamType)
+    }
+    assert "relay forget expected_revision" in found and "relay drill crash seed" in found
+    assert {name for name, kind in found.items() if not isinstance(kind, StrictInt)} == set()
+    bounds = {name: (kind.min, kind.max) for name, kind in found.items()}
+    assert bounds["relay search k"] == (1, 12)
+    assert bounds["relay key create expires_in_days"] == (1, 36500)
+    assert bounds["relay drill crash seed"] == (None, None)
+
+
 @pytest.mark.parametrize("command", [("remember", "A fact."), ("edit", "mem_x")])
 def test_pinned_and_not_pinned_together_are_refused(tmp_path, command):
     """QA: `relay remember --pinned --not-pinned` was taken (the last won), while other

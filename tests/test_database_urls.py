@@ -206,6 +206,24 @@ def test_serve_refuses_a_setting_out_of_range_before_anything(tmp_path: Path, fl
     assert not list(tmp_path.glob("r.db*"))
 
 
+@pytest.mark.parametrize("value", ["80_80", "+8080", " 8080", "8080 ", "\u0668\u0660\u0668\u0660"])
+def test_serve_reads_an_integer_setting_as_digits_alone(tmp_path: Path, value):
+    """QA: `relay forget ID --expected-revision 1_0` sent revision 10 (Python's int() reads
+    `1_0`, `+3`, ` 2`); `relay serve --port 80_80` listened on 8080 the same way. Its
+    settings read integers as every integer option does, flag and variable alike."""
+    db = tmp_path / "r.db"
+    done = relay(tmp_path, "serve", "--db", str(db), "--port", value)
+    assert one_line_error(done) == (
+        f"relay: error: Invalid value for '--port': {value!r} is not a whole number"
+        " (see 'relay serve --help')"
+    )
+    done = relay(tmp_path, "serve", "--db", str(db), RELAY_PORT=value)
+    assert one_line_error(done) == (
+        f"relay: error: RELAY_PORT={value!r} is not a valid port: {value!r} is not a whole number"
+    )
+    assert not list(tmp_path.glob("r.db*"))
+
+
 def test_a_usage_error_is_one_line_naming_the_help(tmp_path: Path):
     """QA: click's three lines (Usage / Try / Error), unlike every other error; and a port
     that is not a number was told in Python's words (invalid literal for int())."""

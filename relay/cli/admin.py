@@ -11,6 +11,7 @@ from relay.cli.common import (
     echo_json,
     open_store,
 )
+from relay.cli_types import StrictInt
 from relay.errors import InvalidRequestError
 
 
@@ -87,7 +88,7 @@ def _org_id(store, name_or_id: str) -> str:  # noqa: ANN001
 )
 @click.option(
     "--expires-in-days",
-    type=click.IntRange(1, 36500),
+    type=StrictInt(1, 36500),
     help="Expire the key after N days (at most 100 years).",
 )
 @db_option

@@ -15,6 +15,7 @@ from relay.cli.common import (
     figures_json_option,
     pin_blas,
 )
+from relay.cli_types import StrictInt
 from relay.key_file import given_key, key_file_option
 
 
@@ -86,7 +87,7 @@ def bench_recall(
 @click.option(
     "--memories",
     "n",
-    type=click.IntRange(1),
+    type=StrictInt(1),
     default=100_000,
     show_default=True,
     help="Memories in all (one passage each).",
@@ -125,7 +126,7 @@ def bench_recall(
 )
 @click.option(
     "--rounds",
-    type=click.IntRange(1),
+    type=StrictInt(1),
     default=1,
     show_default=True,
     help="orgs100: passes over the queries in-process.",
@@ -192,22 +193,20 @@ def bench_search(
 @key_file_option
 @click.option(
     "--memories",
-    type=click.IntRange(1),
+    type=StrictInt(1),
     default=None,
     help="Memories in the server started here [default 10000]; with --url, a label for the report.",
 )
-@click.option(
-    "--runs", type=click.IntRange(0), default=200, show_default=True, help="Latency rounds."
-)
+@click.option("--runs", type=StrictInt(0), default=200, show_default=True, help="Latency rounds.")
 @click.option(
     "--fault-runs",
-    type=click.IntRange(0),
+    type=StrictInt(0),
     default=100,
     show_default=True,
     help="Runs per fault kind.",
 )
 @click.option(
-    "--deadline-ms", type=click.IntRange(50), default=400, show_default=True, help="DEADLINE_MS."
+    "--deadline-ms", type=StrictInt(50), default=400, show_default=True, help="DEADLINE_MS."
 )
 @figures_json_option
 @click.option(

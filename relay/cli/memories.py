@@ -13,6 +13,7 @@ from relay.cli.common import (
     client_options,
     echo_json,
 )
+from relay.cli_types import StrictInt
 from relay.errors import InvalidRequestError
 
 
@@ -154,7 +155,7 @@ def _warn(answer: dict[str, Any]) -> None:
 @edit_options
 @click.option(
     "--expected-revision",
-    type=click.IntRange(min=1),
+    type=StrictInt(min=1),
     help="Fail if the memory moved on meanwhile.",
 )
 @client_options
@@ -218,7 +219,7 @@ def edit(
 @click.argument("memory_id")
 @click.option(
     "--expected-revision",
-    type=click.IntRange(min=1),
+    type=StrictInt(min=1),
     help="Fail, deleting nothing, if the memory moved on from this revision meanwhile.",
 )
 @client_options
@@ -355,7 +356,7 @@ def _shown(value: Any) -> str:
 
 @click.command()
 @click.argument("query")
-@click.option("-k", "k", default=5, show_default=True, type=click.IntRange(1, 12), help="Results.")
+@click.option("-k", "k", default=5, show_default=True, type=StrictInt(1, 12), help="Results.")
 @click.option(
     "--mode",
     type=click.Choice(["hybrid", "lexical", "semantic"]),

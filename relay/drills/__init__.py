@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from relay.cli_types import StrictInt
+
 
 def _finish(title: str, result: dict[str, Any], problems: list[str]) -> None:
     click.echo(json.dumps(result, indent=2, default=str))
@@ -30,8 +32,16 @@ def drill() -> None:
 
 
 @drill.command("isolation")
-@click.option("--ops", default=5000, show_default=True, help="Random operations to run.")
-@click.option("--seed", default=7, show_default=True, help="Random seed (the run is repeatable).")
+@click.option(
+    "--ops", type=StrictInt(1), default=5000, show_default=True, help="Random operations to run."
+)
+@click.option(
+    "--seed",
+    type=StrictInt(),
+    default=7,
+    show_default=True,
+    help="Random seed (the run is repeatable).",
+)
 @click.option("--db", help="Store URL (default: a fresh SQLite file; a postgresql:// URL works).")
 def isolation_command(ops: int, seed: int, db: str | None) -> None:
     """Model-based isolation check: every search, read and history against a reference model."""
@@ -42,8 +52,8 @@ def isolation_command(ops: int, seed: int, db: str | None) -> None:
 
 
 @drill.command("crash")
-@click.option("--kills", default=50, show_default=True, help="kill -9 rounds.")
-@click.option("--seed", default=7, show_default=True, help="Random seed.")
+@click.option("--kills", type=StrictInt(1), default=50, show_default=True, help="kill -9 rounds.")
+@click.option("--seed", type=StrictInt(), default=7, show_default=True, help="Random seed.")
 def crash_command(kills: int, seed: int) -> None:
     """kill -9 `relay serve` during writes; check every acknowledged write after each restart."""
     from relay.drills import crash
@@ -54,8 +64,12 @@ def crash_command(kills: int, seed: int) -> None:
 
 @drill.command("load")
 @click.option("--seconds", default=600.0, show_default=True, help="Soak length.")
-@click.option("--workers", default=8, show_default=True, help="Concurrent client threads.")
-@click.option("--memories", default=2000, show_default=True, help="Memories seeded first.")
+@click.option(
+    "--workers", type=StrictInt(1), default=8, show_default=True, help="Concurrent client threads."
+)
+@click.option(
+    "--memories", type=StrictInt(0), default=2000, show_default=True, help="Memories seeded first."
+)
 @click.option("--overload-seconds", default=30.0, show_default=True, help="Overload phase length.")
 @click.option(
     "--max-rss-growth-mib",
@@ -63,9 +77,11 @@ def crash_command(kills: int, seed: int) -> None:
     show_default=True,
     help="Allowed server RSS growth over the soak's second half.",
 )
-@click.option("--seed", default=7, show_default=True, help="Random seed.")
+@click.option("--seed", type=StrictInt(), default=7, show_default=True, help="Random seed.")
 @click.option("--db", help="An empty postgresql:// database to serve from (default: SQLite).")
-@click.option("--replicas", default=1, show_default=True, help="Servers sharing --db.")
+@click.option(
+    "--replicas", type=StrictInt(1), default=1, show_default=True, help="Servers sharing --db."
+)
 def load_command(
     seconds: float,
     workers: int,
@@ -93,20 +109,28 @@ def load_command(
 
 
 @drill.command("fuzz")
-@click.option("--examples", default=2000, show_default=True, help="Hypothesis inputs for the API.")
+@click.option(
+    "--examples",
+    type=StrictInt(1),
+    default=2000,
+    show_default=True,
+    help="Hypothesis inputs for the API.",
+)
 @click.option(
     "--hook-examples",
+    type=StrictInt(1),
     default=300,
     show_default=True,
     help="Hypothesis inputs for the hook's stdin and again for its responses.",
 )
 @click.option(
     "--schemathesis-examples",
+    type=StrictInt(0),
     default=50,
     show_default=True,
     help="Examples per operation for schemathesis (0: skip it).",
 )
-@click.option("--seed", default=7, show_default=True, help="Random seed.")
+@click.option("--seed", type=StrictInt(), default=7, show_default=True, help="Random seed.")
 def fuzz_command(examples: int, hook_examples: int, schemathesis_examples: int, seed: int) -> None:
     """Bad input: Hypothesis on the API and the hook, schemathesis from /openapi.json."""
     import tempfile

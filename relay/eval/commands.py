@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from relay.cli_types import StrictInt
 from relay.errors import InvalidRequestError, RelayError
 from relay.hook.config import DEADLINE_MAX_MS, DEADLINE_MIN_MS
 from relay.hook_bench import BENCH
@@ -230,18 +231,22 @@ common = [
         "(e.g. ../shared/bench/cursorrules_bullets).",
     ),
     click.option(
-        "--seed", type=int, default=0, show_default=True, help="Seed for built conversations."
+        "--seed",
+        type=StrictInt(),
+        default=0,
+        show_default=True,
+        help="Seed for built conversations.",
     ),
     click.option(
         "--turns",
-        type=click.IntRange(2, 200),
+        type=StrictInt(2, 200),
         default=20,
         show_default=True,
         help="Turns per built conversation (folders without sessions).",
     ),
     click.option(
         "--deadline-ms",
-        type=click.IntRange(DEADLINE_MIN_MS, DEADLINE_MAX_MS),
+        type=StrictInt(DEADLINE_MIN_MS, DEADLINE_MAX_MS),
         default=400,
         show_default=True,
         help="The hook's DEADLINE_MS (what the hook accepts: a shorter one could never search).",
@@ -288,7 +293,7 @@ def eval_group() -> None:
 @click.option(
     "--conversations",
     "count",
-    type=click.IntRange(1),
+    type=StrictInt(1),
     help="Conversations to replay [sessions and a team's prompts: all; built: one per store].",
 )
 @click.option(
@@ -503,14 +508,14 @@ def replay_command(
 @click.option(
     "--conversations",
     "count",
-    type=click.IntRange(1),
+    type=StrictInt(1),
     default=2,
     show_default=True,
     help="Conversations replayed in each drill.",
 )
 @click.option(
     "--drill-prompts",
-    type=click.IntRange(1),
+    type=StrictInt(1),
     default=6,
     show_default=True,
     help="Prompts in the deletion and revocation drills.",
