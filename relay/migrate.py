@@ -24,7 +24,9 @@ so the next one goes over every org again and brings the target up to date
 SHA-256 over a canonical form of each table are printed for both sides, and the
 command fails when any differs.
 
-The source is read through its own connection in read-only mode; the target is
+The source is read through its own connection in read-only mode, as it is: a file from
+before a migration is not upgraded, and what a migration would fill in for it (the
+revisions' pins) is worked out on that connection as it is read; the target is
 written through the PostgreSQL store's connections, as the application role,
 under row-level security, so a migration cannot write one org's rows into
 another's.
@@ -65,7 +67,29 @@ def open_source(url: str) -> sqlite3.Connection:
         raise InvalidRequestError("--from must be a sqlite:///path or a file path")
     conn = open_relay_file(url)
     conn.row_factory = sqlite3.Row
+    _fill_in_pins(conn)
     return conn
+
+
+def _fill_in_pins(src: sqlite3.Connection) -> None:
+    """Give a source from before migration 8 its revisions' pins, as a server opening it
+    would fill them in (`PIN_WALK`), without writing to it: in the connection's temporary
+    schema, a view `memory_revisions` over the file's, which the copy and the check then
+    read alike. Copied as not known, every revision of such a file lost its pin, even those
+    a server would have filled in."""
+    from relay.store.migrations_sqlite import PIN_WALK
+
+    columns = {r["name"] for r in src.execute("PRAGMA main.table_info(memory_revisions)")}
+    if "pinned" in columns:
+        return
+    src.executescript(
+        "CREATE TEMP TABLE revision_pins (org_id TEXT, id TEXT, revision INTEGER,"
+        " pinned INTEGER, PRIMARY KEY (org_id, id, revision)) WITHOUT ROWID;"
+        f"{PIN_WALK} INSERT INTO temp.revision_pins SELECT * FROM walk;"
+        " CREATE TEMP VIEW memory_revisions AS SELECT r.*, p.pinned"
+        " FROM main.memory_revisions r LEFT JOIN temp.revision_pins p"
+        " ON p.org_id = r.org_id AND p.id = r.id AND p.revision = r.revision;"
+    )
 
 
 # -- copying ---------------------------------------------------------------------

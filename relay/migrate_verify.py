@@ -79,9 +79,10 @@ def json_list(value: str | None) -> list[str] | None:
 
 
 def revision_pinned(r: sqlite3.Row) -> bool | None:
-    """Whether a source revision pinned its memory; None when not known, as in a store not
-    opened since revisions kept it (migration 8 fills in what it can when one is)."""
-    return None if "pinned" not in r.keys() or r["pinned"] is None else bool(r["pinned"])
+    """Whether a source revision pinned its memory; None when not known (recorded before
+    revisions kept it, where migration 8 could not tell, as `migrate.open_source` reads a
+    file not opened since)."""
+    return None if r["pinned"] is None else bool(r["pinned"])
 
 
 def has_tokens(src: sqlite3.Connection) -> bool:

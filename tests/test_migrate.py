@@ -113,21 +113,44 @@ def test_round_trip_keeps_every_revision(tmp_path: Path, pg_url: str, pg_store: 
     assert again.exit_code == 0 and "verified: every table matches" in again.output, again.output
 
 
-def test_a_store_not_opened_since_revisions_kept_pins_migrates_without_them(
+def test_a_store_not_opened_since_revisions_kept_pins_migrates_with_them_filled_in(
     tmp_path: Path, pg_url: str, pg_store: PostgresStore
 ):
-    """`relay migrate` reads its source as it is, without upgrading it: a file from before
-    migration 8 has no pins in its revisions, which it copies as not known."""
+    """QA: a file from before migration 8 (no server of this version opened it) was copied
+    with every revision's pin null, where a server opening it fills in what it can. migrate
+    still leaves its source as it is, and computes the same fill-in as it reads."""
+    import shutil
+
     db = tmp_path / "relay.db"
     orgs = _populate(db)
+    s = SQLiteStore(db)
+    six = "Fact 6 about the acme deploy | second part 6"  # as _populate wrote it
+    for pinned in (True, False, True):  # pin-only edits: revisions 2, 3 and 4
+        draft = MemoryDraft(body=six, pinned=pinned)
+        s.save_memory(orgs[0], "m6", draft, "alice", _passages(six, 6), "upsert")
+    s.close()
     with sqlite3.connect(db) as conn:
         conn.execute("ALTER TABLE memory_revisions DROP COLUMN pinned")
         conn.execute("DELETE FROM schema_migrations WHERE version = 8")
     conn.close()
+    upgraded = tmp_path / "upgraded.db"
+    shutil.copy(db, upgraded)
+    before = db.read_bytes()
     result = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
     assert result.exit_code == 0, result.output
     assert "verified: every table matches" in result.output
-    assert [r.pinned for r in pg_store.history(orgs[0], "m1", None)] == [None, None, None]
+    assert db.read_bytes() == before  # read, never upgraded
+
+    server = SQLiteStore(upgraded)  # what a server opening the file fills in: migration 8
+    for org in orgs:
+        for mid in [f"m{i}" for i in range(7)] + ["new"]:
+            assert [r.pinned for r in pg_store.history(org, mid, None)] == [
+                r.pinned for r in server.history(org, mid, None)
+            ]
+    server.close()
+    assert [r.pinned for r in pg_store.history(orgs[0], "m6", None)] == [False, True, False, True]
+    # m1's first two revisions differ from the next in text: not known, as on the server
+    assert [r.pinned for r in pg_store.history(orgs[0], "m1", None)] == [None, None, True]
 
 
 def test_a_rerun_brings_the_target_up_to_date(tmp_path: Path, pg_url: str, pg_store: PostgresStore):

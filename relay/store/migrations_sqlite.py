@@ -3,6 +3,24 @@
 Append new steps; never edit one that has shipped.
 """
 
+# Migration 8's fill-in of the pins of revisions recorded before it (see there), as the
+# table `walk` (org_id, id, revision, pinned). `relay migrate` computes the same for a source
+# file no server of this version has opened, which it reads without upgrading it.
+PIN_WALK = """
+    WITH RECURSIVE walk(org_id, id, revision, pinned) AS (
+        SELECT org_id, id, revision, pinned FROM memories WHERE deleted_at IS NULL
+        UNION ALL
+        SELECT w.org_id, w.id, w.revision - 1, 1 - w.pinned FROM walk w
+        JOIN memory_revisions a
+            ON a.org_id = w.org_id AND a.id = w.id AND a.revision = w.revision
+        JOIN memory_revisions b
+            ON b.org_id = w.org_id AND b.id = w.id AND b.revision = w.revision - 1
+        WHERE a.title IS b.title AND a.body IS b.body AND a.source IS b.source
+            AND a.tags IS b.tags AND a.audiences IS b.audiences
+            AND a.valid_until IS b.valid_until AND a.supersedes IS b.supersedes
+    )
+"""
+
 MIGRATIONS: list[str] = [
     # 1: the whole first schema
     """
@@ -208,18 +226,9 @@ MIGRATIONS: list[str] = [
     # value. A deleted memory's text is gone from its revisions, so they cannot be compared.
     """
     ALTER TABLE memory_revisions ADD COLUMN pinned INTEGER;
-    WITH RECURSIVE walk(org_id, id, revision, pinned) AS (
-        SELECT org_id, id, revision, pinned FROM memories WHERE deleted_at IS NULL
-        UNION ALL
-        SELECT w.org_id, w.id, w.revision - 1, 1 - w.pinned FROM walk w
-        JOIN memory_revisions a
-            ON a.org_id = w.org_id AND a.id = w.id AND a.revision = w.revision
-        JOIN memory_revisions b
-            ON b.org_id = w.org_id AND b.id = w.id AND b.revision = w.revision - 1
-        WHERE a.title IS b.title AND a.body IS b.body AND a.source IS b.source
-            AND a.tags IS b.tags AND a.audiences IS b.audiences
-            AND a.valid_until IS b.valid_until AND a.supersedes IS b.supersedes
-    )
+    """
+    + PIN_WALK
+    + """
     UPDATE memory_revisions SET pinned = walk.pinned FROM walk
     WHERE walk.org_id = memory_revisions.org_id AND walk.id = memory_revisions.id
         AND walk.revision = memory_revisions.revision;
