@@ -55,16 +55,17 @@ def is_supported(path: Path) -> bool:
 
 
 def iter_import_files(
-    paths: Iterable[Path], ignored: GitIgnored | None = None, broken: list[Path] | None = None
+    paths: Iterable[Path], ignored: GitIgnored | None = None, unread: list[Path] | None = None
 ) -> Iterator[Path]:
     """Yield the files to import: files as given, directories expanded recursively.
 
     Directories yield supported files only, in sorted order, skipping `.git`,
     `node_modules`, virtualenvs and hidden directories other than `.github` and
     `.cursor/rules`, and in a git work tree what git ignores (`ignored` records it).
-    Symlinked directories are not followed. A symlink with a supported name that leads
-    nowhere (its target deleted or moved, a loop) is left out and added to `broken`, for
-    the caller to say. A file named explicitly is yielded whatever
+    Symlinked directories are not followed. What has a supported name but is no file to
+    read (a symlink that leads nowhere or to a folder, a FIFO, a socket, a device) is left
+    out and added to `unread`, for the caller to say. A file named explicitly is yielded
+    whatever
     its name (it is read as Markdown) and whether git ignores it or not (`ignored.named`),
     unless it holds structured data: then, as for any file that turns out to hold JSON,
     `refuse_structured` raises before the caller has written anything. Each file is
@@ -78,7 +79,7 @@ def iter_import_files(
     seen: set[Path] = set()
     for path in paths:
         if path.is_dir():
-            candidates: Iterable[Path] = _walk(path, ignored, broken)
+            candidates: Iterable[Path] = _walk(path, ignored, unread)
         elif path.is_file():
             candidates = [path]
         elif path.exists():  # /dev/null, a pipe such as <(cat notes.md), a socket
@@ -197,11 +198,11 @@ class GitIgnored:
 
 
 def _walk(
-    top: Path, ignored: GitIgnored | None = None, broken: list[Path] | None = None
+    top: Path, ignored: GitIgnored | None = None, unread: list[Path] | None = None
 ) -> Iterator[Path]:
     ignored = GitIgnored() if ignored is None else ignored
     found: list[Path] = []
-    dangling: list[Path] = []
+    skipped: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(top):
         here = Path(dirpath)
         # A work tree's top (`.git` a folder, or a file in a submodule or linked worktree)
@@ -209,29 +210,21 @@ def _walk(
         if os.path.lexists(here / ".git") or (here == top and git_work_tree(here / "_")):
             ignored.ask_git(here)
         base = os.path.abspath(here)
+        # A symlink to a folder is listed as a folder (and not followed), so one with a
+        # file's name (`dir.md -> /tmp`) would go unsaid.
+        linked = [d for d in dirnames if (here / d).is_symlink() and is_supported(here / d)]
         entered = [d for d in dirnames if _enter_dir(here, d)]
         dirnames[:] = _unless_ignored(here, base, entered, ignored)
         if here.name != ".cursor":  # .cursor holds settings too; only its rules are memories
-            # Regular files only: reading a FIFO named notes.md would wait for ever. A
-            # symlink that leads nowhere is no file either, but was meant to be one: said.
-            files = [
-                f
-                for f in filenames
-                if is_supported(here / f) and ((here / f).is_file() or is_broken_link(here / f))
-            ]
-            for f in _unless_ignored(here, base, files, ignored):
-                if not (here / f).is_file():
-                    dangling.append(here / f)
-                else:
-                    found.append(here / f)
-    if broken is not None:
-        broken.extend(sorted(dangling, key=lambda p: p.relative_to(top).as_posix()))
+            # Regular files only: reading a FIFO named notes.md would wait for ever. What is
+            # no file but bears a file's name (a symlink that leads nowhere, or to a folder,
+            # a FIFO) was meant to be read: said.
+            files = [f for f in filenames if is_supported(here / f)]
+            for f in _unless_ignored(here, base, sorted(files + linked), ignored):
+                (found if (here / f).is_file() else skipped).append(here / f)
+    if unread is not None:
+        unread.extend(sorted(skipped, key=lambda p: p.relative_to(top).as_posix()))
     yield from sorted(found, key=lambda p: p.relative_to(top).as_posix())
-
-
-def is_broken_link(path: Path) -> bool:
-    """Whether `path` is a symlink that leads to nothing (its target gone, or a loop)."""
-    return path.is_symlink() and not path.exists()
 
 
 def _unless_ignored(here: Path, base: str, names: list[str], ignored: GitIgnored) -> list[str]:

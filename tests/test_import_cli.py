@@ -1508,7 +1508,7 @@ def test_broken_symlinks_in_a_folder_are_named_and_the_rest_imported(tmp_path, s
             " which is not there"
             for i in range(3)
         ),
-        "relay: warning: skipped 3 more broken symlinks",
+        "relay: warning: skipped 3 more that are not files to read",
     ], done.stderr
     assert bodies(server, "qa-broken-links/docs/build.md") == ["Run make."]
 
@@ -1519,6 +1519,37 @@ def test_broken_symlinks_in_a_folder_are_named_and_the_rest_imported(tmp_path, s
         "relay: error: CLAUDE.md is a symlink to docs/moved-away.md, which is not there"
         " (see 'relay import --help')\n",
     )
+
+
+def test_a_fifo_or_a_symlinked_folder_with_a_files_name_is_named_not_skipped_unsaid(
+    tmp_path, server
+):
+    """QA: `mkfifo docs/notes.md` and `ln -s /tmp docs/dir.md` were left out of a folder's
+    import without a word, unlike a symlink that leads nowhere: each is named with what it
+    is, and the rest imported. A symlinked folder is still not followed, nor a FIFO read
+    (it would wait for ever); one git ignores stays unsaid, as git ignores it."""
+    repo = git_repo(tmp_path / "qa-not-files")
+    write(repo / ".gitignore", "*.local.md\n")
+    write(repo / "docs" / "build.md", "# Build\nRun make.\n")
+    write(repo / "elsewhere" / "ops.md", "# Paging\nPage the on-call.\n")
+    os.mkfifo(repo / "docs" / "notes.md")
+    (repo / "docs" / "dir.md").symlink_to("../elsewhere")
+    (repo / "docs" / "pipe.mdc").symlink_to("notes.md")
+    (repo / "docs" / "mine.local.md").symlink_to("../elsewhere")  # git ignores it: counted
+    os.mkfifo(repo / "docs" / "feed")  # not an importable name: not said
+    done = relay_import(server, repo, "--source-prefix", "qa-not-files", "docs")
+    assert summary(done) == (
+        "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired; skipped 1 folder git ignores"
+    )
+    assert done.stderr.splitlines() == [
+        "relay: warning: skipped docs/dir.md: a symlink to ../elsewhere, a folder: symlinked"
+        " folders are not followed (name it to import it)",
+        "relay: warning: skipped docs/notes.md: a FIFO (named pipe), not a file: reading it"
+        " would wait for a writer",
+        "relay: warning: skipped docs/pipe.mdc: a symlink to notes.md, a FIFO (named pipe), not"
+        " a file: reading it would wait for a writer",
+    ], done.stderr
+    assert bodies(server, "qa-not-files/docs/build.md") == ["Run make."]
 
 
 def test_what_is_not_a_file_and_a_missing_root_are_refused_up_front(tmp_path, server):

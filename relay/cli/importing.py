@@ -115,8 +115,9 @@ def import_(
     An ignore rule deletes nothing: the memories an import made of a file git ignores
     now (read before, or named), still there, are left as they are and counted;
     --retire-ignored retires them (not with --root). Outside git, and where git cannot
-    say (not installed: warned), every file is read. A symlink in a folder that leads
-    nowhere (its file moved or deleted) is skipped with a warning naming it.
+    say (not installed: warned), every file is read. What a folder holds under an
+    importable name that is no file to read (a symlink that leads nowhere, or to a folder,
+    which a folder's import does not follow; a FIFO) is skipped with a warning naming it.
 
     \b
     Each memory's source names its file the same way from any folder:
@@ -201,8 +202,8 @@ def import_(
     files_by_source: dict[str, Path] = {}
     former: dict[str, FormerName] = {}  # source -> where an import before today put the file
     ignored = GitIgnored()
-    broken: list[Path] = []  # symlinks in the folders that lead nowhere
-    for f in iter_import_files([path for path in paths if path.exists()], ignored, broken):
+    unread: list[Path] = []  # in the folders, with a file's name but no file to read
+    for f in iter_import_files([path for path in paths if path.exists()], ignored, unread):
         work_tree = named_by_folder(f, root, source_prefix)
         if work_tree is not None:
             unnamed[work_tree] = None
@@ -240,7 +241,7 @@ def import_(
             err=True,
         )
     _say_what_git_ignored(ignored)
-    _say_broken(broken)
+    _say_unread(unread)
     if placed:
         first, more = placed[0], len(placed) - 1
         click.echo(
@@ -450,28 +451,46 @@ def _say_replaced(drafts: list[ImportDraft]) -> None:
             )
 
 
-# How many broken symlinks are named one a line; the rest are counted.
-SHOWN_BROKEN = 5
+# How many of what a folder's walk could not read are named one a line; the rest are counted.
+SHOWN_UNREAD = 5
 
 
-def _say_broken(broken: list[Path]) -> None:
-    """Warn of the symlinks a folder's walk left out because they lead nowhere (a target
-    deleted or moved): each was meant to be read, and its file's memories are not there."""
+def _say_unread(unread: list[Path]) -> None:
+    """Warn of what a folder's walk left out though it bears an importable name: a symlink
+    that leads nowhere (a target deleted or moved) or to a folder, a FIFO, a socket. Each
+    was likely meant to be read, and its memories are not there."""
+    for path in unread[:SHOWN_UNREAD]:
+        click.echo(one_line(f"relay: warning: skipped {path}: {_not_a_file(path)}"), err=True)
+    if (more := len(unread) - SHOWN_UNREAD) > 0:
+        click.echo(
+            f"relay: warning: skipped {more} more that {'is' if more == 1 else 'are'} not files"
+            " to read",
+            err=True,
+        )
+
+
+def _not_a_file(path: Path) -> str:
+    """What `path`, no regular file, is instead: the words after `skipped PATH: `."""
     import os
 
-    for link in broken[:SHOWN_BROKEN]:
-        click.echo(
-            one_line(
-                f"relay: warning: skipped {link}: a symlink to {os.readlink(link)}, which is"
-                " not there"
-            ),
-            err=True,
-        )
-    if (more := len(broken) - SHOWN_BROKEN) > 0:
-        click.echo(
-            f"relay: warning: skipped {more} more broken symlink{'s' if more > 1 else ''}",
-            err=True,
-        )
+    if os.path.islink(path):
+        to = f"a symlink to {os.readlink(path)}"
+        if not path.exists():
+            return f"{to}, which is not there"
+        if path.is_dir():
+            return f"{to}, a folder: symlinked folders are not followed (name it to import it)"
+        return f"{to}, {_kind(path.stat().st_mode)}"
+    return _kind(path.lstat().st_mode)
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe), not a file: reading it would wait for a writer"
+    if stat.S_ISSOCK(mode):
+        return "a socket, not a file"
+    return "a device, not a file"
 
 
 def _left_ignored(kept: dict[str, dict[str, dict]]) -> str:
