@@ -21,7 +21,8 @@ never from their place (`draft_id`), so re-importing an unchanged file yields th
 and bodies, and the store can skip it. Sections longer than `MAX_BODY_CHARS` are split
 into parts rather than rejected. A control character the server refuses (NUL, ESC, ...)
 is replaced by U+FFFD where it stood, and the draft records it (`replaced`) for the caller
-to say: one such character refused the whole import.
+to say: one such character refused the whole import. Those Python reads as whitespace
+(0x1C-0x1F, NEL) too: they stand in as other code points while the file is parsed.
 """
 
 from __future__ import annotations
@@ -93,9 +94,12 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
     # character the server refuses, and one refused the whole import. A space, not a line
     # break, so a file that imported before reads the same.
     text = text.replace("\f", " ").replace("\v", " ")
+    stand_ins = _stand_ins(text)
+    text = text.translate({ord(ch): held for ch, held in stand_ins.items()})
+    back = {ord(held): ch for ch, held in stand_ins.items()}
     meta, body = split_front_matter(normalize_text(text))
     context = _title_context(meta)
-    tags, in_tags = _visible_tags(_front_matter_tags(meta))
+    tags, in_tags = _visible_tags(_front_matter_tags(meta), back)
     sections = split_sections(body)
     if rules and _is_bullet_style(sections):
         units = [unit for section in sections for unit in _rule_units(section)]
@@ -113,17 +117,20 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
         own_text: str | None = None  # what names it among namesakes
         twin = 0
         if namesakes[heading_path] > 1:
-            own_text, twin = unit_body, twins[heading_path, unit_body]
+            own_text, twin = unit_body.translate(back), twins[heading_path, unit_body]
             twins[heading_path, unit_body] += 1
         parts = split_long(unit_body, MAX_BODY_CHARS)
+        named_by = tuple(heading.translate(back) for heading in heading_path)
         for number, part in enumerate(parts, start=1):
             title, in_title = replace_controls(
-                _title(context, heading_path, number if len(parts) > 1 else None) or ""
+                (_title(context, heading_path, number if len(parts) > 1 else None) or "").translate(
+                    back
+                )
             )
-            part, in_body = replace_controls(part)
+            part, in_body = replace_controls(part.translate(back))
             drafts.append(
                 ImportDraft(
-                    id=draft_id(source, heading_path, number, own_text, twin),
+                    id=draft_id(source, named_by, number, own_text, twin),
                     title=title or None,
                     body=part,
                     source=source,
@@ -134,12 +141,28 @@ def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[Imp
     return drafts
 
 
-def _visible_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
-    """`tags` with their control characters replaced (`replace_controls`), and those."""
+# Control characters Python reads as whitespace (str.split, strip and rstrip; splitlines
+# breaks lines at three of them). Parsed as they stand, one at a line's end was dropped and
+# one in a heading became a space, unsaid, where any other becomes U+FFFD and is said; so
+# while a file is parsed, each stands in as a code point it lacks (`_stand_ins`).
+SPACE_LIKE_CONTROLS = "\x1c\x1d\x1e\x1f\x85"
+
+
+def _stand_ins(text: str) -> dict[str, str]:
+    """For each of SPACE_LIKE_CONTROLS `text` holds, a private-use code point it does not:
+    no whitespace, nothing Markdown reads, given back before the controls are replaced."""
+    held = [ch for ch in SPACE_LIKE_CONTROLS if ch in text]
+    free = (chr(point) for point in range(0xF0000, 0xFFFFE) if chr(point) not in text)
+    return dict(zip(held, free, strict=False))
+
+
+def _visible_tags(tags: tuple[str, ...], back: dict[int, str]) -> tuple[tuple[str, ...], list[str]]:
+    """`tags` with their stand-ins given `back` and their control characters replaced
+    (`replace_controls`), and those."""
     found: list[str] = []
     visible = []
     for tag in tags:
-        tag, in_tag = replace_controls(tag)
+        tag, in_tag = replace_controls(tag.translate(back))
         visible.append(tag)
         found += in_tag
     return tuple(dict.fromkeys(visible)), found

@@ -1552,6 +1552,30 @@ def test_a_fifo_or_a_symlinked_folder_with_a_files_name_is_named_not_skipped_uns
     assert bodies(server, "qa-not-files/docs/build.md") == ["Run make."]
 
 
+def test_a_control_character_python_reads_as_space_is_replaced_and_named_too(tmp_path, server):
+    """QA: 0x1C-0x1F at a line's end were dropped, and in a heading turned into spaces,
+    without a word (Python reads them as whitespace), where a NUL or an ESC becomes U+FFFD
+    with a warning. They are replaced and named the same way."""
+    repo = git_repo(tmp_path / "qa-space-controls")
+    write(repo / "notes.md", "# Ro\x1fll\x1cback\nRevert the tag.\x1e\n# Build\nRun make.\x1f\n")
+    done = relay_import(server, repo, "--source-prefix", "qa-space-controls", "notes.md")
+    assert summary(done) == "imported 2 memories: 2 new or changed, 0 unchanged, 0 retired"
+    said = (
+        " replaced with U+FFFD (\ufffd): a memory holds none (terminal escape codes, binary"
+        " data); edit the file to drop or replace them"
+    )
+    assert done.stderr.splitlines() == [
+        "relay: warning: qa-space-controls/notes.md › Ro\ufffdll\ufffdback: 3 control"
+        f" characters (\\x1c, \\x1e, \\x1f){said}",
+        f"relay: warning: qa-space-controls/notes.md › Build: 1 control character (\\x1f){said}",
+    ], done.stderr
+    memories = {m["title"]: m["body"] for m in live_memories(server, "qa-space-controls/notes.md")}
+    assert memories == {
+        "Ro\ufffdll\ufffdback": "Revert the tag.\ufffd",
+        "Build": "Run make.\ufffd",
+    }
+
+
 def test_what_is_not_a_file_and_a_missing_root_are_refused_up_front(tmp_path, server):
     """QA: `relay import /dev/null` said 'no such file or directory: /dev/null', and
     `--root /nonexist` was accepted, each file then failing on its own."""

@@ -1057,6 +1057,36 @@ def test_a_control_character_is_replaced_where_it_stood_and_recorded():
     assert drafts_from_text("# A\nPlain.\n", "a.md")[0].replaced == ()
 
 
+def test_a_control_character_python_reads_as_space_is_replaced_and_recorded_too():
+    """QA: 0x1C-0x1F (and NEL, 0x85) are whitespace to Python's split and strip: at a
+    line's end one was dropped and in a heading one became a space, without a word, where
+    every other control character becomes U+FFFD and is said. Now they do the same,
+    wherever they stand, and a section's id is that of its text as written."""
+    text = (
+        "---\ndescription: Ops\x1c\nglobs: src/\x1d*.py\n---\n"
+        "# Ro\x1fll\x1cback\x1e\nRevert\x1d the tag.\x1f\n\x85\n# Clean\nNothing\x85 odd.\n"
+    )
+    first, clean = drafts_from_text(text, "rules.mdc")
+    assert (first.title, first.body, first.tags) == (
+        "Ops\ufffd › Ro\ufffdll\ufffdback\ufffd",
+        "Revert\ufffd the tag.\ufffd\n\ufffd",
+        ("glob:src/\ufffd*.py",),
+    )
+    assert sorted(first.replaced) == sorted("\x1c\x1d\x1f\x1c\x1e\x1d\x1f\x85")
+    assert (clean.title, clean.body) == ("Ops\ufffd › Clean", "Nothing\ufffd odd.")
+    assert sorted(clean.replaced) == ["\x1c", "\x1d", "\x85"]
+    for draft in (first, clean):
+        assert check_body(draft.body) == draft.body and check_title(draft.title) == draft.title
+    assert first.id == draft_id("rules.mdc", ("Ro\x1fll\x1cback\x1e",))
+    # the code points standing in while the file is parsed are never the file's own
+    mine = "# A\U000f0002\x1f\nText \U000f0000 and \U000f0001.\x1e\n"
+    (draft,) = drafts_from_text(mine, "a.md")
+    assert (draft.title, draft.body) == (
+        "A\U000f0002\ufffd",
+        "Text \U000f0000 and \U000f0001.\ufffd",
+    )
+
+
 def test_a_file_of_nuls_is_not_text(tmp_path):
     """A UTF-16 file without a byte-order mark reads as UTF-8 with a NUL every other
     character: not a few stray control characters to replace, but no UTF-8 text."""

@@ -103,7 +103,8 @@ def import_(
     Any other text file named explicitly (CONVENTIONS.txt, .windsurfrules) is read as
     Markdown. Structured data (JSON, JSON lines, CSV, TSV, YAML, TOML, XML) is refused
     and nothing is imported. A control character no memory may hold (NUL, the ESC of a
-    terminal colour) is replaced by U+FFFD, and a warning names the file and section; a
+    terminal colour, 0x1C-0x1F) is replaced by U+FFFD wherever it stands (a line's end, a
+    heading), and a warning names the file and section; a
     file that is not UTF-8 text is skipped, named, and the import exits 2 at the end.
 
     In a git work tree a folder's import reads only what git does not ignore: tracked
