@@ -101,6 +101,50 @@ def deleted_at(memory_id: str, tombstone: dict[str, Any]) -> str:
     )
 
 
+def forget(
+    memory_id: str,
+    read: Callable[[str], dict[str, Any]],
+    delete: Callable[[], object],
+) -> list[str]:
+    """Delete a memory with `delete()`; the ids of those it superseded that are back in
+    recall now, as `read(id)` (the memory as this key reads it) tells: no longer
+    superseded by another, and not expired. The CLI and the MCP tools say them
+    (`back_in_recall`), so an out-of-date fact is not back unnoticed. A failed delete
+    raises as `delete()` does."""
+    replaced = readable(read, memory_id)
+    delete()
+    # Asked after the delete: the server relinks what it superseded to any other memory
+    # that still supersedes it (and a link this key cannot read shows here as none).
+    back = []
+    for target in replaced.get("supersedes", []) if replaced else []:
+        memory = readable(read, target)
+        if (
+            memory
+            and memory.get("superseded_by") is None
+            and not expired(memory.get("valid_until"))
+        ):
+            back.append(target)
+    return back
+
+
+def readable(read: Callable[[str], dict[str, Any]], memory_id: str) -> dict[str, Any] | None:
+    """`read(memory_id)`; None when gone or not for this key to read (a write-only key may
+    still forget: what it superseded then goes unsaid)."""
+    try:
+        return read(memory_id)
+    except (errors.ForbiddenError, errors.NotFoundError):
+        return None
+
+
+def back_in_recall(back: list[str]) -> str:
+    """`ID, which it superseded, is back in recall (...)`, for `forget`'s answer."""
+    again = "forget it too if it is" if len(back) == 1 else "forget each too that is"
+    return (
+        f"{', '.join(back)}, which it superseded, {'is' if len(back) == 1 else 'are'} back"
+        f" in recall ({again} out of date)"
+    )
+
+
 def expired(valid_until: object) -> bool | None:
     """Whether a memory's or revision's `valid_until`, as a server sends it, has passed:
     recall no longer returns it (None: no date, or none a Relay server writes)."""

@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 import click
 
 from relay import errors
-from relay.client import deleted_at, deletion, expired, memory_path, search_records
+from relay.client import (
+    back_in_recall,
+    deleted_at,
+    deletion,
+    expired,
+    memory_path,
+    search_records,
+)
+from relay.client import forget as forget_memory
 from relay.hook.pack import label_attribute, label_text
 from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
 from relay.key_file import given_key, key_file_option
@@ -100,6 +108,7 @@ class Backend(Protocol):
 
     def search(self, query: str, k: int, deadline_ms: float) -> dict[str, Any]: ...
     def remember(self, fields: dict[str, Any]) -> dict[str, Any]: ...
+    def get(self, memory_id: str) -> dict[str, Any]: ...
     def forget(self, memory_id: str) -> None: ...
     def history(self, memory_id: str) -> dict[str, Any]: ...
 
@@ -131,6 +140,9 @@ class HttpBackend:
     def remember(self, fields: dict[str, Any]) -> dict[str, Any]:
         return self._client().post("/v1/memories", fields)
 
+    def get(self, memory_id: str) -> dict[str, Any]:
+        return self._client().get(memory_path(memory_id))
+
     def forget(self, memory_id: str) -> None:
         self._client().request("DELETE", memory_path(memory_id))
 
@@ -159,6 +171,11 @@ class LocalBackend:
         auth.require(self.principal, "memory:write")
         memory = writes.create(self.services.store, self.services.embedder, self.principal, fields)
         return writes.write_answer(self.principal, memory)
+
+    def get(self, memory_id: str) -> dict[str, Any]:
+        from relay.server import read_memory
+
+        return read_memory(self.services.store, self.principal, memory_id)
 
     def forget(self, memory_id: str) -> None:
         from relay import auth, writes
@@ -378,11 +395,12 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
     ) -> str:
         """Delete a team memory everywhere at once (the key needs memory:write). Only when the
         user asks. Its history keeps a tombstone, not the text. A memory already deleted is
-        said to be, with when."""
+        said to be, with when. Memories it superseded come back into recall unless another
+        still supersedes them: each that does is named."""
 
         def forget(backend: Backend) -> str:
             try:
-                backend.forget(memory_id)
+                back = forget_memory(memory_id, backend.get, lambda: backend.forget(memory_id))
             except errors.NotFoundError:  # as `relay forget` says it: what was asked is done
                 tombstone = deletion(lambda: backend.history(memory_id)["items"])
                 if tombstone is None:
@@ -391,10 +409,11 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
                     f"Already deleted: {deleted_at(memory_id, tombstone)}; it is returned"
                     " nowhere, and its history keeps a tombstone."
                 )
-            return (
+            said = (
                 f"Forgot {memory_id}: it is no longer returned anywhere; its history keeps a"
                 " tombstone."
             )
+            return f"{said} Note: {back_in_recall(back)}." if back else said
 
         return await call(ctx, forget)
 

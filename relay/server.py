@@ -167,6 +167,13 @@ def _authorize_within(request: Request, seconds: float) -> Principal:
         return _principal(request, request.headers.get("authorization"))
 
 
+def read_memory(store: Store, p: Principal, memory_id: str) -> dict[str, Any]:
+    """A memory as `p` reads it (GET /v1/memories/{id}, and the `/mcp` tools)."""
+    auth.require(p, "memory:read")
+    writes.check_memory_id(memory_id)
+    return store.get_memory(p.org_id, memory_id, auth.management_view(p)).to_dict()
+
+
 def revisions(store: Store, p: Principal, memory_id: str) -> dict[str, Any]:
     """A memory's revisions as `p` reads them, and the memory that supersedes it (when `p`
     may read that one; None when deleted): the history alone never said a fact was replaced,
@@ -393,9 +400,7 @@ def create_app(services: Services) -> FastAPI:
 
     @app.get("/v1/memories/{memory_id}", tags=["memories"])
     def get_memory(memory_id: str, p: Auth) -> dict[str, Any]:
-        auth.require(p, "memory:read")
-        writes.check_memory_id(memory_id)
-        return store.get_memory(p.org_id, memory_id, auth.management_view(p)).to_dict()
+        return read_memory(store, p, memory_id)
 
     @app.patch("/v1/memories/{memory_id}", tags=["memories"])
     def edit_memory(memory_id: str, body: MemoryPatch, p: Auth) -> dict[str, Any]:

@@ -229,45 +229,31 @@ def forget(client, memory_id: str, expected_revision: int | None) -> None:  # no
     each that does is named. A memory already deleted is said to be, with when, and exits
     0 as a deletion does (a script may forget twice); an id this key knows no memory by
     exits 4."""
-    from relay.client import deleted_at
+    from relay.client import back_in_recall, deleted_at
+    from relay.client import forget as forget_memory
     from relay.errors import NotFoundError
 
-    replaced = _read(client, memory_id)
     at = "" if expected_revision is None else f"?expected_revision={expected_revision}"
     try:
-        client.request("DELETE", _memory_path(memory_id, at))
+        back = forget_memory(
+            memory_id,
+            lambda target: client.get(_memory_path(target)),
+            lambda: client.request("DELETE", _memory_path(memory_id, at)),
+        )
     except NotFoundError:
         tombstone = _deletion(client, memory_id)
         if tombstone is None:
             raise
         click.echo(f"already deleted: {deleted_at(memory_id, tombstone)}")
         return
-    # Asked after the delete: the server relinks what it superseded to any other memory
-    # that still supersedes it (and a link this key cannot read shows here as none).
-    back = []
-    for target in replaced.get("supersedes", []) if replaced else []:
-        memory = _read(client, target)
-        if memory and memory.get("superseded_by") is None and _current(memory):
-            back.append(target)
-    line = f"forgot {memory_id}"
-    if back:
-        again = "forget it too if it is" if len(back) == 1 else "forget each too that is"
-        line += (
-            f"; {', '.join(back)}, which it superseded, {'is' if len(back) == 1 else 'are'} back"
-            f" in recall ({again} out of date)"
-        )
-    click.echo(line)
+    click.echo(f"forgot {memory_id}" + (f"; {back_in_recall(back)}" if back else ""))
 
 
 def _read(client, memory_id: str) -> dict[str, Any] | None:  # noqa: ANN001
-    """The memory as this key reads it; None when gone or not for this key to read (a
-    write-only key may still forget: what it superseded then goes unsaid)."""
-    from relay.errors import ForbiddenError, NotFoundError
+    """The memory as this key reads it; None when gone or not for this key to read."""
+    from relay.client import readable
 
-    try:
-        return client.get(_memory_path(memory_id))
-    except (ForbiddenError, NotFoundError):
-        return None
+    return readable(lambda target: client.get(_memory_path(target)), memory_id)
 
 
 def _deletion(client, memory_id: str) -> dict[str, Any] | None:  # noqa: ANN001
