@@ -347,11 +347,7 @@ def uninstall(project: Path | None, dry_run: bool) -> None:
         )
         return
     if not manifest.get("files"):
-        click.echo(
-            "No `relay install` recorded: removing Relay's entries only."
-            if manifest
-            else "No install record (~/.relay/install.json): removing Relay's entries only."
-        )
+        click.echo(_without_install(manifest, changes, recorded))
     if dry_run:
         _dry_run(changes, paths, manifest)
         return
@@ -360,6 +356,25 @@ def uninstall(project: Path | None, dry_run: bool) -> None:
     refuse_blocked("uninstall", blockers(changes, paths, _leftovers(paths, manifest)))
     apply_uninstall(changes, paths, manifest, click.echo)
     click.echo("Relay is no longer wired into the agents on this machine.")
+
+
+def _without_install(manifest: dict[str, Any], changes: list[Change], skills: list[Change]) -> str:
+    """What uninstall removes with no record of `relay install`: Relay's entries where install
+    puts them, and the skill files `relay skill install` recorded, if any (after that alone,
+    "Relay's entries only" told of an install it never had)."""
+    if not manifest:
+        return "No install record (~/.relay/install.json): removing Relay's entries only."
+    if not skills:
+        return "No `relay install` recorded: removing Relay's entries only."
+    recorded = {c.path for c in skills}
+    if not any(c.changed and c.path not in recorded for c in changes):
+        return (
+            "No `relay install` recorded, only `relay skill install`: removing the skill it wrote."
+        )
+    return (
+        "No `relay install` recorded: removing the skill `relay skill install` wrote, and"
+        " Relay's entries where install puts them."
+    )
 
 
 def _uninstall_project(

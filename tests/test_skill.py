@@ -88,9 +88,31 @@ def test_uninstall_removes_the_skill_files_it_recorded(tmp_path):
     assert snapshot(home) == installed
     done = relay(home, "uninstall")
     assert done.returncode == 0, done.stderr
+    # QA: it said "No `relay install` recorded: removing Relay's entries only"
+    only_skill = (
+        "No `relay install` recorded, only `relay skill install`: removing the skill it wrote."
+    )
+    assert dry.stdout.splitlines()[0] == done.stdout.splitlines()[0] == only_skill
     assert "removed    ~/.claude/skills/relay/SKILL.md  (Relay skill)" in done.stdout
     assert "removed    ~/.relay/relay-skill.zip" in done.stdout
     assert list(home.iterdir()) == [] and not elsewhere.exists()
+
+
+def test_uninstall_after_skill_install_names_the_hook_script_it_finds_too(tmp_path):
+    """No `relay install` recorded, but a recall hook script where install puts it: both go,
+    and the first line says so."""
+    from relay.agents import SCRIPT_NAME
+
+    assert relay(tmp_path, "skill", "install").returncode == 0
+    (tmp_path / ".relay" / SCRIPT_NAME).write_text("#!/bin/sh\n")
+    done = relay(tmp_path, "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == (
+        "No `relay install` recorded: removing the skill `relay skill install` wrote, and"
+        " Relay's entries where install puts them."
+    )
+    assert "removed    ~/.relay/" + SCRIPT_NAME in done.stdout
+    assert not (tmp_path / ".relay" / SCRIPT_NAME).exists()
 
 
 def test_uninstall_keeps_a_skill_md_the_user_edited_and_says_so(tmp_path):
