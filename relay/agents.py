@@ -518,12 +518,23 @@ def codex_hooks_enabled(config: dict[str, Any]) -> bool | None:
 
 
 # -- JSON helpers ---------------------------------------------------------------------
-def parse_json(text: str, where: str, rerun: str | None = "relay install") -> dict[str, Any]:
+def parse_json(
+    text: str, where: str, rerun: str | None = "relay install", bom_ok: bool = True
+) -> dict[str, Any]:
     """A settings file's object. Refused, in one line naming `where` and the command to
     `rerun` once the file is fixed (install's, unless uninstall is reading it; None for a
     reader that changes nothing, as doctor): what is not JSON, and a number past a double's
-    range, which the rewrite would write as `Infinity`, losing the whole file for the agent."""
+    range, which the rewrite would write as `Infinity`, losing the whole file for the agent.
+    A leading UTF-8 byte order mark is read past, as Claude Code does (`json_text.render`
+    keeps it), unless not `bom_ok`: Codex runs none of the hooks of a hooks.json with one
+    (tests/test_real_clients.py)."""
     then = f", then run {rerun} again. Nothing was changed" if rerun else ""
+    if text.startswith(json_text.BOM) and not bom_ok:  # Python's words: "decode using utf-8-sig"
+        raise SettingsFileError(
+            f"{where} starts with a UTF-8 byte order mark (BOM), and Codex runs none of the"
+            f" hooks of such a file, Relay's included. Save it as UTF-8 without a BOM{then}"
+        )
+    text = text.removeprefix(json_text.BOM)
     if not text.strip():
         return {}
     try:

@@ -290,7 +290,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     """A JSON settings file as a dict ({} when absent or not an object); None when it
     cannot be read or parsed."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8-sig"))  # Claude Code reads past a BOM
     except FileNotFoundError:
         return {}
     except (OSError, ValueError):

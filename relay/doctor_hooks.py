@@ -88,7 +88,8 @@ class HookChecks:
         out: list[tuple[str, Path, bool, dict[str, Any] | Exception]] = []
         for agent, path, expected in self._hook_files():
             try:
-                doc = agents.parse_json(path.read_text(), str(path), None) if path.exists() else {}
+                text = path.read_text() if path.exists() else ""
+                doc = agents.parse_json(text, str(path), None, bom_ok=agent != "codex")
             except (OSError, RelayError) as exc:
                 out.append((agent, path, expected, exc))
             else:

@@ -39,7 +39,9 @@ class McpChecks:
         self._note_gone("mcp", ("claude-mcp",))
         for claude in self._recorded_or_usual("claude-mcp", self.paths.claude_json):
             try:
-                doc = json.loads(claude.read_text(encoding="utf-8")) if claude.exists() else {}
+                # utf-8-sig: past a BOM too, as Claude Code reads it
+                text = claude.read_text(encoding="utf-8-sig") if claude.exists() else "{}"
+                doc = json.loads(text)
             except (OSError, ValueError) as exc:
                 what = "unreadable" if isinstance(exc, OSError) else "not valid JSON"
                 self.add(

@@ -94,10 +94,17 @@ def relay_config(
 
 
 # -- planning ----------------------------------------------------------------------------
-def _json_change(path: Path, role: str, what: str, edit, mode: int = 0o644) -> Change:  # noqa: ANN001
+def _json_change(
+    path: Path,
+    role: str,
+    what: str,
+    edit,  # noqa: ANN001
+    mode: int = 0o644,
+    bom_ok: bool = True,
+) -> Change:
     before = read_bytes(path)
     text = file_text(before, path)
-    doc = agents.parse_json(text, str(path))
+    doc = agents.parse_json(text, str(path), bom_ok=bom_ok)
     new_doc, notes = edit(doc)
     if before is not None and new_doc == doc:
         after = before  # same meaning: keep the user's bytes
@@ -188,7 +195,11 @@ def plan_install(
     if "codex" in agent_names:
         changes.append(
             _json_change(
-                paths.codex_hooks, "hooks-json", events, hooks_edit(str(paths.codex_hooks))
+                paths.codex_hooks,
+                "hooks-json",
+                events,
+                hooks_edit(str(paths.codex_hooks)),
+                bom_ok=False,  # Codex would run none of its hooks
             )
         )
         before = read_bytes(paths.codex_config)

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+BOM = "\ufeff"  # a UTF-8 byte order mark, decoded: what Windows tools open a file with
 _WS = " \t\r\n"
 _DECODER = json.JSONDecoder()
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -92,7 +93,10 @@ def render(doc: dict[str, Any], like: str = "") -> str:
     """`doc` as JSON text laid out as `like` (a valid JSON text, or "" for a new file: two
     spaces a level, a newline at the end). ensure_ascii=False, but a lone surrogate
     ("\\ud800" is valid JSON) has no UTF-8: it is written as the escape it was read from.
-    allow_nan=False: never `Infinity`, which the agents cannot read."""
+    allow_nan=False: never `Infinity`, which the agents cannot read. A UTF-8 byte order
+    mark opening `like` opens the result too."""
+    if like.startswith(BOM):
+        return BOM + render(doc, like.removeprefix(BOM))
     if not like.strip():
         return _fresh(doc, _Style("  ", "\n", ": ", ", "), "", compact=False) + "\n"
     root = _value_at(like, 0)

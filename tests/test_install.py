@@ -437,6 +437,60 @@ def test_settings_with_comments_are_refused_saying_which_lines_and_what_to_do(
     assert "then run relay uninstall again. Nothing was changed" in undone.stderr
 
 
+@pytest.mark.parametrize("where", [".claude/settings.json", ".claude.json"])
+def test_a_claude_file_starting_with_a_bom_is_edited_and_keeps_it(tmp_path, server, where):
+    """QA: a settings.json saved as "UTF-8 with BOM" was refused in Python's words ("Unexpected
+    UTF-8 BOM (decode using utf-8-sig)"). Claude Code reads past a BOM and runs the hooks
+    (tests/test_real_clients.py): install edits the file and keeps the BOM, and so does
+    uninstall."""
+    path = tmp_path / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    original = b'\xef\xbb\xbf{\n  "model": "opus"\n}\n'
+    path.write_bytes(original)
+    done = install(tmp_path, server, "--agent", "claude-code")
+    assert done.returncode == 0, done.stderr
+    written = path.read_bytes()
+    assert written.startswith(b'\xef\xbb\xbf{\n  "model": "opus",\n')
+    doc = json.loads(written[3:])  # Relay's entries written, after the BOM
+    assert (
+        "UserPromptSubmit" in doc["hooks"]
+        if where.endswith("settings.json")
+        else doc["mcpServers"]["relay"]
+    )
+    checked = relay(tmp_path, "doctor")  # it said "not valid JSON (Unexpected UTF-8 BOM ..."
+    assert "JSON" not in checked.stdout + checked.stderr, checked.stdout
+    undone = relay(tmp_path, "uninstall")
+    assert undone.returncode == 0, undone.stderr
+    assert path.read_bytes() == original
+
+
+def test_a_codex_hooks_file_starting_with_a_bom_is_refused_saying_to_save_without_it(
+    tmp_path, server
+):
+    """Codex runs none of the hooks of a hooks.json that starts with a BOM (pinned in
+    tests/test_real_clients.py): install says so and what to do, not Python's "decode using
+    utf-8-sig", and `relay doctor` names it."""
+    path = tmp_path / ".codex/hooks.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'\xef\xbb\xbf{"hooks": {}}\n')
+    before = snapshot(tmp_path)
+    done = install(tmp_path, server, "--agent", "codex")
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"relay: error: {path} starts with a UTF-8 byte order mark (BOM), and Codex runs none"
+        " of the hooks of such a file, Relay's included. Save it as UTF-8 without a BOM, then"
+        " run relay install again. Nothing was changed\n"
+    )
+    assert snapshot(tmp_path) == before
+    path.write_bytes(b'{"hooks": {}}\n')
+    assert install(tmp_path, server, "--agent", "codex").returncode == 0
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    checked = relay(tmp_path, "doctor")
+    assert f"{path} starts with a UTF-8 byte order mark (BOM), and Codex runs none" in (
+        checked.stdout + checked.stderr
+    )
+
+
 def test_settings_holding_lone_surrogates_and_line_separators_are_kept(tmp_path, server):
     """QA: a valid `"L": "\\ud800"` in settings.json ended install in a traceback
     (UnicodeEncodeError): it has no UTF-8, so it stays the escape it was."""

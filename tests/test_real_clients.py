@@ -619,6 +619,27 @@ def test_a_hooks_file_with_a_comment_runs_none_of_its_hooks(extra, client_name, 
     assert count_in(body, "<relay-memory") == 0 and turn.outcomes == [], turn.describe()
 
 
+@pytest.mark.parametrize("client_name", ["claude-code", "codex"])
+def test_a_hooks_file_with_a_bom_runs_its_hooks_in_claude_code_only(client_name, server, tmp_path):
+    """Why `relay install` edits a Claude Code settings.json that opens with a UTF-8 byte order
+    mark (keeping it) but refuses such a Codex hooks.json: Claude Code reads past the BOM and
+    runs the hooks; Codex runs none of them. A client version that changes either fails here."""
+    api = FakeModelApi()
+    client = CLIENTS[client_name](api)
+    try:
+        home = make_home(tmp_path, client, server.url, server.admin_key)
+        hooks = client.hooks_file(home)
+        hooks.write_bytes(b"\xef\xbb\xbf" + hooks.read_bytes())
+        turn = client.run(home, "hooks_file_bom", NEEDED)
+    finally:
+        api.close()
+    carried = count_in(prompt_call(client, turn).body, "<relay-memory")
+    if client_name == "claude-code":
+        assert carried >= 1 and "hit" in [o.get("outcome") for o in turn.outcomes], turn.describe()
+    else:
+        assert carried == 0 and turn.outcomes == [], turn.describe()
+
+
 # -- MCP: listed by the client, answers a tool call from the model --------------------------------
 @pytest.mark.parametrize("config_at", ["default", "RELAY_CONFIG"])
 @pytest.mark.parametrize("client_name", ["claude-code", "codex"])
