@@ -716,3 +716,19 @@ def test_an_empty_key_file_variable_leaves_the_config_files_key_in_force(tmp_pat
     path.write_text(json.dumps({"url": "http://relay:8080", "api_key": "relay_file_inline"}))
     cfg = config.load({"RELAY_CONFIG": str(path), "RELAY_API_KEY_FILE": ""})
     assert (cfg.api_key, cfg.key_setting) == ("relay_file_inline", "api_key")
+
+
+def test_a_config_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """QA: a ~/.relay/config.json saved by an editor that writes a UTF-8 byte-order mark
+    (Notepad) was `disabled/bad_config` for the hook, every prompt without recall, while the
+    same JSON without the mark worked; doctor agrees with the hook."""
+    path = tmp_path / "config.json"
+    settings = {"url": "http://relay:8080", "api_key": "relay_file_inline", "max_records": 2}
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(settings).encode())
+    cfg = config.load({"RELAY_CONFIG": str(path)})
+    assert (cfg.url, cfg.api_key, cfg["max_records"]) == (
+        "http://relay:8080",
+        "relay_file_inline",
+        2,
+    )
+    assert config.file_problem(str(path)) is None

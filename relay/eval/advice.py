@@ -491,7 +491,7 @@ def apply(settings: dict[str, Any], environ: dict[str, str] | None = None) -> li
     path = apply_target(environ)
     existing: dict[str, Any] = {}
     if path.exists():
-        existing = json.loads(path.read_text(encoding="utf-8") or "{}")  # apply_target read it
+        existing = json.loads(path.read_text(encoding="utf-8-sig") or "{}")  # apply_target read it
     Path(os.path.realpath(path)).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     write_atomic(path, (json.dumps({**existing, **settings}, indent=2) + "\n").encode(), 0o600)
     script = path.with_name(SCRIPT_NAME)

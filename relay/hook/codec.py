@@ -63,10 +63,15 @@ def finite(literal: str) -> float:
 _scan = _json.make_scanner(_Context()) if _json is not None else None  # type: ignore[arg-type]
 
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark
+
+
 def loads(text: str | bytes) -> object:
     """Parse one JSON document; raise ValueError on anything else."""
     if isinstance(text, bytes | bytearray):
-        text = text.decode("utf-8")  # UnicodeDecodeError is a ValueError
+        # One leading byte-order mark is skipped: some Windows shells and agents write one
+        # before the JSON they pipe, and editors such as Notepad save config files with it.
+        text = text.removeprefix(BOM).decode("utf-8")  # UnicodeDecodeError is a ValueError
     if _scan is None:  # pragma: no cover
         import json
 

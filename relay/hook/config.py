@@ -312,7 +312,7 @@ def file_problem(path: str) -> str | None:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        parsed = json.loads(data.decode("utf-8"), parse_constant=refuse)
+        parsed = json.loads(data.removeprefix(codec.BOM).decode("utf-8"), parse_constant=refuse)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}: {exc.msg}"
         return f"{path} is not valid JSON ({where}): fix the file"

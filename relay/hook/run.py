@@ -29,7 +29,6 @@ from relay.hook.pack import (
 )
 
 STDIN_MAX = 4 * 1024 * 1024
-BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark
 RESPONSE_MAX = 256 * 1024
 QUERY_MAX_CHARS = 2000
 EXTRA_CANDIDATES = 3  # asked for beyond max_records, to survive ledger dedupe
@@ -211,8 +210,7 @@ def _dispatch(inv: Invocation) -> None:
     payload = None
     if raw is not None:
         try:
-            # Some Windows shells and agents write a UTF-8 byte-order mark before the JSON.
-            payload = codec.loads(raw.removeprefix(BOM))
+            payload = codec.loads(raw)  # a leading byte-order mark is skipped
         except ValueError:
             payload = None
     inv.ms["stdin"] = _ms(time.monotonic() - t)
