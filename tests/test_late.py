@@ -135,7 +135,7 @@ def test_passages_stored_without_token_matrices_are_backfilled(store, embedder):
     org, who = _org(store)
     drafts = [(f"m{i}", MemoryDraft(body=b, title="Ops")) for i, b in enumerate(BODIES)]
     # As a store written before relay.late: the same passages, no token matrices.
-    for write in prepare(store, embedder, drafts)[0]:
+    for write in prepare(store, embedder, drafts, org, None)[0]:
         bare = [
             PassageInput(p.seq, p.text, p.lexical, p.content_hash, p.embedding)
             for p in write.passages
@@ -157,7 +157,7 @@ def test_passages_stored_without_token_matrices_are_backfilled(store, embedder):
     assert seen and all(f.maxsim is not None for f in seen)
     assert res.results[0].id == "m1"
     rowids = [rowid for rowid, _, _ in missing]
-    fresh, _ = prepare(store, embedder, drafts)
+    fresh, _ = prepare(store, embedder, drafts, org, None)
     matrices = store.token_matrices(org, rowids)
     stored = {p.text: matrices[p.rowid] for p in store.passages(org, who.audiences, _now(), rowids)}
     assert stored == {w.passages[0].text: w.passages[0].tokens for w in fresh}
@@ -205,7 +205,7 @@ def test_a_backfill_embeds_each_distinct_text_once(store, embedder):
 
 def test_the_server_backfills_at_start_up(store, embedder, caplog):
     org, _ = _org(store)
-    for write in prepare(store, embedder, [("m0", MemoryDraft(body=BODIES[0]))])[0]:
+    for write in prepare(store, embedder, [("m0", MemoryDraft(body=BODIES[0]))], org, None)[0]:
         bare = [
             PassageInput(p.seq, p.text, p.lexical, p.content_hash, p.embedding)
             for p in write.passages
