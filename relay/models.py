@@ -123,9 +123,8 @@ class Memory:
         }
 
 
-# What a withheld revision does not show: all but its number, action and time.
-WITHHELD_FIELDS = (
-    "author",
+# What a writer sets on a memory, and each revision records.
+CONTENT_FIELDS = (
     "title",
     "body",
     "source",
@@ -135,6 +134,8 @@ WITHHELD_FIELDS = (
     "supersedes",
     "pinned",
 )
+# What a withheld revision does not show: all but its number, action and time.
+WITHHELD_FIELDS = ("author", *CONTENT_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -49,21 +49,12 @@ from typing import TYPE_CHECKING, Any
 
 from relay.client import memory_path
 from relay.errors import InvalidRequestError, NotFoundError, RelayError
+from relay.models import CONTENT_FIELDS
 
 if TYPE_CHECKING:
     from relay.client import RelayClient
 
-RESTORED_FIELDS = (
-    "id",
-    "title",
-    "body",
-    "source",
-    "audiences",
-    "tags",
-    "valid_until",
-    "supersedes",
-    "pinned",
-)
+RESTORED_FIELDS = ("id", *CONTENT_FIELDS)
 # Line breaks to other readers (str.splitlines, JavaScript before ES2019, many editors) that
 # an export written with ensure_ascii=False would hold raw: escaped, the line stays one line.
 _BREAKS_IN_STRINGS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})

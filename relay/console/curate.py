@@ -14,22 +14,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from relay.errors import InvalidRequestError, NotFoundError
-from relay.models import Memory, Revision, iso
+from relay.models import CONTENT_FIELDS, Memory, Revision, iso
 from relay.store import Store
 
 STATUSES = ("any", "active", "expiring", "expired", "superseded", "pinned")
 PAGE = 500  # rows per store read while scanning
 SCAN_MAX = 5_000  # rows one list request may inspect before answering with a cursor
-DIFF_FIELDS = (
-    "title",
-    "body",
-    "source",
-    "audiences",
-    "tags",
-    "valid_until",
-    "supersedes",
-    "pinned",
-)
 
 
 @dataclass(frozen=True)
@@ -143,7 +133,7 @@ def _lines(r: Revision, name: str) -> list[str]:
 def diff(old: Revision, new: Revision) -> list[dict[str, Any]]:
     """Line diff of every field between two revisions: ops ' ' (same), '-' (old), '+' (new)."""
     fields = []
-    for name in DIFF_FIELDS:
+    for name in CONTENT_FIELDS:
         a, b = _lines(old, name), _lines(new, name)
         lines: list[dict[str, str]] = []
         matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
