@@ -170,14 +170,18 @@ def plan_install(
 
     events = " and ".join(agents.EVENTS) + " hooks"
     if "claude-code" in agent_names:
-        changes.append(
-            _json_change(
-                paths.claude_settings,
-                "hooks-json",
-                events,
-                hooks_edit(str(paths.claude_settings)),
+        try:
+            claude_hooks = _json_change(
+                paths.claude_settings, "hooks-json", events, hooks_edit(str(paths.claude_settings))
             )
-        )
+        except agents.SettingsFileError as exc:
+            if "codex" not in agent_names:
+                raise
+            # The user may not be free to fix Claude Code's file now; Codex need not wait.
+            raise agents.SettingsFileError(
+                f"{exc}. To install for Codex alone meanwhile: relay install --agent codex"
+            ) from None
+        changes.append(claude_hooks)
         if mcp:
             changes.append(
                 _json_change(

@@ -394,6 +394,7 @@ def test_an_unreadable_settings_file_of_an_agent_relay_is_not_installed_for_only
     settings.write_text('{\n  // mine\n  "model": "opus"\n}\n')
     done = relay(tmp_path, "install", "--url", server.url, "--key", server.admin_key)
     assert done.returncode == 2 and "holds a comment (line 2)" in done.stderr
+    assert "To install for Codex alone meanwhile: relay install --agent codex" in done.stderr
     done = relay(
         tmp_path, "install", "--url", server.url, "--key", server.admin_key, "--agent", "codex"
     )

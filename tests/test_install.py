@@ -308,6 +308,10 @@ def test_invalid_settings_file_is_refused_and_nothing_changes(tmp_path, server, 
     assert snapshot(home) == before
 
 
+# What a refusal of Claude Code's settings.json adds when Codex is installed too: it need not wait.
+CODEX_ALONE = ". To install for Codex alone meanwhile: relay install --agent codex"
+
+
 @pytest.mark.parametrize("where", [".claude/settings.json", ".codex/hooks.json", ".claude.json"])
 @pytest.mark.parametrize(
     ("number", "why"),
@@ -326,7 +330,7 @@ def test_a_number_json_cannot_carry_is_refused_and_nothing_changes(
     why = (
         f"{tmp_path / where} holds the number {number}, {why}; write it as a string or a finite"
         " number, then run relay install again. Nothing was changed"
-    )
+    ) + (CODEX_ALONE if where == ".claude/settings.json" else "")
     number_in = f'{{"env": {{"N": {number}}}, '
     write(tmp_path / where, number_in[:-2] + "}")
     before = snapshot(tmp_path)
@@ -343,6 +347,7 @@ def test_a_number_json_cannot_carry_is_refused_and_nothing_changes(
     done = relay(tmp_path, "uninstall")  # stops before changing anything, and says so
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("relay: error: uninstall cannot take the ")
+    why = why.removesuffix(CODEX_ALONE)  # install's hint alone
     assert done.stderr.endswith(
         f"so Relay is still wired in: {why.replace('relay install', 'relay uninstall')}\n"
     )
@@ -418,7 +423,9 @@ def test_settings_with_comments_are_refused_saying_which_lines_and_what_to_do(
         f"relay: error: {path} holds a comment (line 2) and commas before closing brackets"
         " (line 4), which JSON does not allow: the agents and Relay's hook read their"
         " files as JSON, and skip all of one that has them. Take out the comment and those"
-        " commas, then run relay install again. Nothing was changed\n"
+        " commas, then run relay install again. Nothing was changed"
+        + (CODEX_ALONE if where == ".claude/settings.json" else "")
+        + "\n"
     )
     assert snapshot(home) == before
     write(path, '{\n    "model": "opus" /* pinned */\n}\n')
