@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import re
 from datetime import datetime
 from typing import Annotated, Any, get_args
 
@@ -29,6 +28,7 @@ from pydantic import (
 )
 
 from relay import hygiene, writes
+from relay.cli_types import is_integer
 from relay.errors import InvalidRequestError, TooLargeError
 from relay.search import MAX_K
 
@@ -84,13 +84,11 @@ def _query_integer(value: Any) -> Any:
     """A query string's integer as it is written: decimal digits, a minus sign at most. Read
     laxly, `?expected_revision=1.0` was revision 1, `?limit=1_0` a page of 10, and
     `?limit=%201` (a space) was 1: a typo or a client's float went unseen."""
-    if isinstance(value, str) and not _INTEGER.fullmatch(value):
+    if isinstance(value, str) and not is_integer(value):
         said = repr(value) if len(value) <= 32 else "the value"  # a space shows between quotes
         raise ValueError(f"{said} is not an integer: write it in digits alone (1, not 1.0)")
     return value
 
-
-_INTEGER = re.compile(r"-?[0-9]+")
 
 # An integer in a query string (`?limit=`, `?expected_revision=`), as strict as a body's:
 # its range comes with its `Query(...)`.

@@ -1,7 +1,7 @@
 """Click parameter types every command shares (`relay.cli`, `relay eval`, `relay drill`,
 `relay migrate`): outside `relay.cli`, which imports those commands, so they may use them.
-`relay serve`'s settings (`relay.settings.whole`, a flag or a variable) read integers by
-the same rule, `is_integer`."""
+`relay serve`'s settings (`relay.settings.whole`, a flag or a variable) and the API's query
+strings (`relay.api_requests.QueryInt`) read integers by the same rule, `is_integer`."""
 
 from __future__ import annotations
 
