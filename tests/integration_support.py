@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -301,3 +302,18 @@ def serving(handler):  # noqa: ANN001  (a request handler class, or a partial of
         httpd.shutdown()
         httpd.server_close()
         thread.join(10)
+
+
+@contextlib.contextmanager
+def immutable(path: Path) -> Iterator[None]:
+    """`path` made unchangeable for root, who ignores permissions: the immutable attribute
+    (`chattr +i`), taken off again after; the test is skipped where it cannot be set."""
+    import pytest
+
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(path)]).returncode != 0:
+        pytest.skip("root ignores permissions, and chattr +i does not work here")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)

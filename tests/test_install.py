@@ -21,6 +21,7 @@ from integration_support import (
     BIN,
     RELAY,
     clean_env,
+    immutable,
     mint,
     old_script,
     registered_command,
@@ -931,7 +932,6 @@ def test_project_uninstall_leaves_the_user_install_and_other_projects(tmp_path, 
 def test_project_uninstall_drops_the_records_of_a_project_deleted_since(tmp_path, server):
     """QA: `relay uninstall --project DIR` refused a DIR that was deleted, so doctor's note
     about its stale records could only be acted on by hand-editing install.json."""
-    import shutil
 
     home, gone = tmp_path / "home", tmp_path / "gone"
     for folder in (home, gone):
@@ -1349,13 +1349,8 @@ def unchangeable(path: Path):
         finally:
             path.parent.chmod(mode)
         return
-    chattr = shutil.which("chattr")
-    if chattr is None or subprocess.run([chattr, "+i", str(path)]).returncode != 0:
-        pytest.skip("root ignores permissions, and chattr +i does not work here")
-    try:
+    with immutable(path):
         yield
-    finally:
-        subprocess.run([chattr, "-i", str(path)], check=True)
 
 
 @pytest.mark.parametrize("locked", [".claude/settings.json", ".codex/config.toml"])

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sqlite3
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from conftest import free_port, start_server
-from integration_support import relay, stop_server, wait_healthy
+from integration_support import immutable, relay, stop_server, wait_healthy
 
 
 def _remember(url: str, key: str, body: str) -> httpx.Response:
@@ -111,13 +108,8 @@ def read_only(path: Path) -> Iterator[None]:
         finally:
             path.chmod(0o600)
         return
-    chattr = shutil.which("chattr")
-    if chattr is None or subprocess.run([chattr, "+i", str(path)]).returncode != 0:
-        pytest.skip("root ignores permissions, and chattr +i does not work here")
-    try:
+    with immutable(path):
         yield
-    finally:
-        subprocess.run([chattr, "-i", str(path)], check=True)
 
 
 def test_serve_on_a_database_it_cannot_write_or_create_stops_in_one_line(tmp_path: Path):
