@@ -113,6 +113,20 @@ def raw_rows(store, query: str, params: tuple = ()) -> list[tuple]:  # noqa: ANN
         return conn.execute(query.replace("?", "%s"), params).fetchall()
 
 
+def execute_beneath(store, statement: str) -> None:  # noqa: ANN001
+    """Run `statement` on `store`'s database beneath its API (SQLite's writer, or its own
+    PostgreSQL connection), committed."""
+    conninfo = getattr(store, "conninfo", None)
+    if conninfo is None:
+        with store._write() as conn:
+            conn.execute(statement)
+        return
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(statement)
+
+
 @contextmanager
 def renamed_table(store, table: str) -> Iterator[None]:  # noqa: ANN001
     """`table` under another name for the block, so the store's queries on it fail the way
@@ -120,15 +134,7 @@ def renamed_table(store, table: str) -> Iterator[None]:  # noqa: ANN001
     away = f"{table}_away"
 
     def ddl(statement: str) -> None:
-        conninfo = getattr(store, "conninfo", None)
-        if conninfo is None:
-            with store._write() as conn:
-                conn.execute(statement)
-            return
-        import psycopg
-
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute(statement)
+        execute_beneath(store, statement)
 
     ddl(f"ALTER TABLE {table} RENAME TO {away}")
     try:

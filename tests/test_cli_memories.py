@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from click.testing import CliRunner, Result
+from postgres_support import execute_beneath
 
 from relay import client as relay_client
 from relay.cli import cli
@@ -288,16 +289,7 @@ def test_history_says_which_revisions_pinned_and_unpinned_the_memory(relay, api)
 
 def _forget_pins(store) -> None:  # noqa: ANN001
     """Every revision's pin made unknown, beneath the store's API."""
-    statement = "UPDATE memory_revisions SET pinned = NULL"
-    conninfo = getattr(store, "conninfo", None)
-    if conninfo is None:
-        with store._write() as conn:
-            conn.execute(statement)
-        return
-    import psycopg
-
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(statement)
+    execute_beneath(store, "UPDATE memory_revisions SET pinned = NULL")
 
 
 def test_remember_and_edit_warn_when_the_key_can_no_longer_read_the_memory(relay):
