@@ -34,6 +34,11 @@ _AUDIENCE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 # and terminal escape sequences must not ride into an agent's context.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# The controls refused wherever they stand, judged in a value as written: Python's strip()
+# and rstrip() take 0x1C-0x1F, a form feed, a vertical tab and NEL for whitespace, so at a
+# line's or a value's end they were dropped unsaid where inside they were refused. Tab and
+# line breaks (a carriage return is one) are not: the rule for each field says where.
+_CONTROL_ANYWHERE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 # A surrogate code point on its own: JSON can spell one ("\ud800"), no encoder takes it.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -133,6 +138,38 @@ def _check_unicode(text: str, field: str, what: str | None = None) -> None:
         raise InvalidRequestError(f"{what or field} {problem}", field=field)
 
 
+def _refuse_controls(
+    text: str,
+    field: str,
+    message: str,
+    controls: re.Pattern[str] = _CONTROL_ANYWHERE,
+    offset: int = 0,
+) -> None:
+    """Raise if `text` holds one of `controls`: `message`, its `{found}` the first one's code
+    point and place in the value as it was sent (`offset`: where `text` starts in it)."""
+    hit = controls.search(text)
+    if hit is None:
+        return
+    code_point = f"U+{ord(hit.group()):04X}"
+    raise InvalidRequestError(
+        message.format(found=f"{code_point} at character {offset + hit.start()}"),
+        field=field,
+        code_point=code_point,
+    )
+
+
+def _quoted(text: str) -> str:
+    """`text` for a message: escaped, so what it holds shows, and its first 40 characters."""
+    return ascii(text) if len(text) <= 40 else ascii(text[:40]) + "..."
+
+
+def _trimmed(name: str) -> str:
+    """An audience or a role without the whitespace at its ends, unless it holds a control
+    character: then as written, so its name rule refuses it at an end as inside (strip()
+    would have taken 0x1C-0x1F, a form feed, a vertical tab or NEL away unsaid)."""
+    return name if _CONTROL_ANYWHERE.search(name) else name.strip()
+
+
 _SPELLING_FORMAT_CHARACTERS = frozenset("\u200c\u200d\u00ad")
 
 
@@ -160,6 +197,11 @@ def check_body(body: str) -> str:
     if not isinstance(body, str):
         raise InvalidRequestError("body must be a string", field="body")
     _check_unicode(body, "body")
+    _refuse_controls(
+        body,
+        "body",
+        "body contains control characters (terminal escape codes or binary data): {found}",
+    )
     body = normalize_text(body)
     if is_blank(body):
         raise InvalidRequestError("body is empty; a memory needs some text", field="body")
@@ -169,11 +211,6 @@ def check_body(body: str) -> str:
             "(split it into several memories)",
             field="body",
             limit=MAX_BODY_CHARS,
-        )
-    if _CONTROL.search(body):
-        raise InvalidRequestError(
-            "body contains control characters (terminal escape codes or binary data)",
-            field="body",
         )
     _reject_secrets(body, "memory", "body")
     return body
@@ -219,8 +256,7 @@ def check_title(title: str | None) -> str | None:
     if not isinstance(title, str):
         raise InvalidRequestError("title must be a string", field="title")
     _check_unicode(title, "title")
-    if _CONTROL.search(title):
-        raise InvalidRequestError("title contains control characters", field="title")
+    _refuse_controls(title, "title", "title contains control characters: {found}", _CONTROL)
     title = " ".join(title.split())
     if is_blank(title):
         return None
@@ -241,14 +277,13 @@ def check_source(source: str | None) -> str | None:
     if not isinstance(source, str):
         raise InvalidRequestError("source must be a string", field="source")
     _check_unicode(source, "source")
+    one_line = "source must be one line without control characters ({found}), like docs/deploy.md"
+    _refuse_controls(source, "source", one_line)
+    trimmed = len(source) - len(source.lstrip())
     source = source.strip()
     if is_blank(source):
         return None
-    if _CONTROL_OR_TAB.search(source):
-        raise InvalidRequestError(
-            "source must be one line without control characters, like docs/deploy.md",
-            field="source",
-        )
+    _refuse_controls(source, "source", one_line, _CONTROL_OR_TAB, trimmed)  # a tab, a break
     _refuse_format_characters(source, "source", "source")
     if len(source) > MAX_SOURCE_CHARS:
         raise TooLargeError(
@@ -275,6 +310,7 @@ def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
         if not isinstance(tag, str):
             raise InvalidRequestError("tags must be strings", field="tags")
         _check_unicode(tag, "tags", "a tag")
+        _refuse_controls(tag, "tags", f"tag {_quoted(tag)} contains control characters: {{found}}")
         tag = tag.strip()
         if is_blank(tag):
             raise InvalidRequestError("tags must not be empty or invisible", field="tags")
@@ -316,7 +352,7 @@ def check_audiences(
     for name in audiences:
         if not isinstance(name, str):
             raise InvalidRequestError("audiences must be strings", field="audiences")
-        name = name.strip().lower()
+        name = _trimmed(name).lower()
         if not _AUDIENCE.fullmatch(name):
             raise InvalidRequestError(
                 f"audience {name!r} is not a valid name "
@@ -367,7 +403,7 @@ def check_roles(roles: Iterable[str] | str | None) -> frozenset[str]:
     for role in roles:
         if not isinstance(role, str):
             raise InvalidRequestError("roles must be strings", field="roles")
-        name = role.strip().lower()
+        name = _trimmed(role).lower()
         if not _AUDIENCE.fullmatch(name):
             shown = name if len(name) <= 40 else name[:40] + "..."
             dashed = "-".join(name.split())

@@ -89,10 +89,10 @@ def is_rule_file(path: PurePath) -> bool:
 
 def drafts_from_text(text: str, source: str, *, rules: bool = False) -> list[ImportDraft]:
     """Parse file contents into drafts; `rules` reads bullet-style rule files one rule each."""
-    # A page break (form feed, ^L in older text files) or a vertical tab is whitespace, as
-    # at a line's end (normalize_text strips it there): kept inside a line, it is a control
-    # character the server refuses, and one refused the whole import. A space, not a line
-    # break, so a file that imported before reads the same.
+    # A page break (form feed, ^L in older text files) or a vertical tab is whitespace to
+    # a reader of a text file: kept, it is a control character the server refuses wherever
+    # it stands, and one refused the whole import. A space, not a line break, so a file
+    # that imported before reads the same (at a line's end, the space is trimmed).
     text = text.replace("\f", " ").replace("\v", " ")
     stand_ins = _stand_ins(text)
     text = text.translate({ord(ch): held for ch, held in stand_ins.items()})

@@ -2158,3 +2158,36 @@ def test_a_bidi_control_in_a_source_or_tag_is_refused_by_the_server(live_server)
         assert "contains U+2067 (" in assert_error(edited, 400, "invalid_request")["message"]
         listed = client.get("/v1/memories", params={"source_prefix": "bidi-probe/"}).json()
         assert [m["source"] for m in listed["items"]] == ["bidi-probe/ops/fdp.exe"]
+
+
+def test_a_control_at_a_line_end_is_refused_not_stripped_on_every_write(api):
+    """QA: `relay remember "$(printf 'x.\\x1f')"` stored `x.`, the 0x1F gone unsaid, where
+    one inside the line was refused: 0x1C-0x1F, a form feed, a vertical tab and NEL are
+    whitespace to Python's strip(). A create, an edit and a batch item are refused the same
+    way wherever it stands, naming the field and the code point; nothing is stored."""
+    h = api.headers("acme_dev")
+    kept = remember(api, "acme_dev", "Deploys freeze at noon.", source="docs/deploy.md")
+    for control in ("\x1f", "\x0c", "\x85"):
+        code_point = f"U+{ord(control):04X}"
+        for fields, field in (
+            ({"body": f"Deploys freeze at noon.{control}"}, "body"),
+            ({"body": f"Deploys freeze{control}\nat noon."}, "body"),
+            ({"title": f"Deploys{control}"}, "title"),
+            ({"source": f"docs/deploy.md{control}"}, "source"),
+            ({"tags": ["deploy", f"freeze{control}"]}, "tags"),
+        ):
+            sent = {"body": "Deploys freeze at noon.", **fields}
+            for answer in (
+                api.client.post("/v1/memories", json=sent, headers=h),
+                api.client.patch(f"/v1/memories/{kept['id']}", json=fields, headers=h),
+                api.client.post(
+                    "/v1/memories/batch", json={"items": [{**sent, "id": "ctl"}]}, headers=h
+                ),
+            ):
+                error = assert_error(answer, 400, "invalid_request")
+                assert "control characters" in error["message"], error
+                assert f"{code_point} at character " in error["message"], error
+                assert error["details"]["field"] == field
+                assert error["details"]["code_point"] == code_point
+    listed = api.client.get("/v1/memories", headers=h).json()["items"]
+    assert [(m["id"], m["revision"]) for m in listed] == [(kept["id"], 1)]

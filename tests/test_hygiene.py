@@ -93,6 +93,64 @@ def test_control_characters_are_rejected():
         check_body("build output \x1b[31mFAILED\x1b[0m")
 
 
+# The controls Python's strip() and rstrip() take for whitespace, refused inside a value.
+SPACE_LIKE_CONTROLS = ["\x1c", "\x1d", "\x1e", "\x1f", "\x0c", "\x0b", "\x85"]
+
+
+@pytest.mark.parametrize("control", SPACE_LIKE_CONTROLS, ids=lambda c: f"U+{ord(c):04X}")
+@pytest.mark.parametrize(
+    ("check", "field", "value"),
+    [
+        (check_body, "body", "Deploys freeze at noon.{}"),
+        (check_body, "body", "Deploys freeze{}\nat noon."),
+        (check_title, "title", "Deploys{}"),
+        (check_source, "source", "docs/deploy.md{}"),
+        (lambda tag: check_tags(["ok", tag]), "tags", "deploy{}"),
+    ],
+    ids=["body", "body-line", "title", "source", "tag"],
+)
+def test_a_control_at_the_end_is_refused_as_inside_never_trimmed(check, field, value, control):
+    """QA: `relay remember "$(printf 'x.\\x1f')"` stored `x.`: 0x1C-0x1F, a form feed, a
+    vertical tab and NEL are whitespace to strip(), so at a line's end (a source's, a
+    tag's...) they were trimmed unsaid, where inside they were refused. Refused wherever they
+    stand, with the code point and its place in the value as sent."""
+    at_end = value.format(control)
+    for sent in (at_end, value.format(control + "x"), "  " + at_end):
+        with pytest.raises(InvalidRequestError, match="control characters") as refused:
+            check(sent)
+        code_point = f"U+{ord(control):04X}"
+        assert refused.value.details == {"field": field, "code_point": code_point}
+        assert f"{code_point} at character {sent.index(control)}" in refused.value.message
+
+
+@pytest.mark.parametrize("control", SPACE_LIKE_CONTROLS, ids=lambda c: f"U+{ord(c):04X}")
+@pytest.mark.parametrize(
+    ("check", "field", "what"),
+    [(check_audiences, "audiences", "audience"), (hygiene.check_roles, "roles", "role")],
+)
+def test_an_audience_or_role_with_a_control_at_its_end_is_not_a_name(check, field, what, control):
+    """As a body's: `ops\\x1f` was `ops`. Refused as a name with one inside is, escaped."""
+    for sent in (f"ops{control}", f" Ops{control}", f"o{control}ps"):
+        with pytest.raises(
+            InvalidRequestError, match=f"^{what} '.*' is not a valid name"
+        ) as refused:
+            check([sent])
+        assert repr(sent.lower()) in refused.value.message  # as sent, what it holds shown
+        assert refused.value.details == {"field": field}
+
+
+def test_whitespace_at_an_end_is_still_trimmed():
+    """Spaces, tabs and line breaks (Unicode's too) at an end are trimmed, as before."""
+    assert check_body("Freeze at noon. \t\u2028\r\n\nThen ship.\u3000\n") == (
+        "Freeze at noon.\n\nThen ship."
+    )
+    assert check_title("\tDeploys \u2029") == "Deploys"
+    assert check_source(" docs/deploy.md\r\n") == "docs/deploy.md"
+    assert check_tags(["deploy\n", "\u00a0ops"]) == ("deploy", "ops")
+    assert check_audiences(["Ops\t", "\u3000dev "]) == ("dev", "ops")
+    assert hygiene.check_roles([" Ops\n"]) == frozenset({"ops"})
+
+
 @pytest.mark.parametrize(
     ("check", "value", "field"),
     [
