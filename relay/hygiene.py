@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import UTC, datetime
 
 from relay.errors import InvalidRequestError, SecretDetectedError, TooLargeError
@@ -192,6 +192,27 @@ def _refuse_format_characters(text: str, field: str, what: str) -> None:
             )
 
 
+def check_format_characters(
+    source: str | None,
+    tags: Iterable[str],
+    held_source: str | None = None,
+    held_tags: Collection[str] = (),
+) -> None:
+    """Raise if a memory's source or a tag, as `check_source` and `check_tags` return them,
+    holds an invisible format character (`_refuse_format_characters`) and is not one the
+    memory holds already (`held_source`, `held_tags`: as stored). One stored before the rule
+    (by an older release) is not judged again: every write of that memory was refused, an
+    edit of its body alone too, until the writer also fixed a field the edit never named. It
+    may be kept, never newly given: by a create, a restore into another organisation, an
+    edit that sets it. The store judges it (`rules.judge_format_characters`), where the
+    memory a write replaces is read."""
+    if source is not None and source != held_source:
+        _refuse_format_characters(source, "source", "source")
+    for tag in tags:
+        if tag not in held_tags:
+            _refuse_format_characters(tag, "tags", f"tag {ascii(tag)}")
+
+
 def check_body(body: str) -> str:
     """Return the normalised body, or raise if it is empty, oversized or secret-shaped."""
     if not isinstance(body, str):
@@ -271,7 +292,8 @@ def check_title(title: str | None) -> str | None:
 
 
 def check_source(source: str | None) -> str | None:
-    """Return the path-like provenance, stripped; None or blank means no source."""
+    """Return the path-like provenance, stripped; None or blank means no source. Its format
+    characters are judged against the memory's own (`check_format_characters`)."""
     if source is None:
         return None
     if not isinstance(source, str):
@@ -284,7 +306,6 @@ def check_source(source: str | None) -> str | None:
     if is_blank(source):
         return None
     _refuse_controls(source, "source", one_line, _CONTROL_OR_TAB, trimmed)  # a tab, a break
-    _refuse_format_characters(source, "source", "source")
     if len(source) > MAX_SOURCE_CHARS:
         raise TooLargeError(
             f"source is {len(source)} characters; the limit is {MAX_SOURCE_CHARS}",
@@ -298,7 +319,8 @@ def check_source(source: str | None) -> str | None:
 def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
     """Return the tags stripped and de-duplicated in first-seen order.
 
-    Case is kept: tags such as `glob:src/**/*.TS` are case-sensitive.
+    Case is kept: tags such as `glob:src/**/*.TS` are case-sensitive. Their format
+    characters are judged against the memory's own (`check_format_characters`).
     """
     if tags is None:
         return ()
@@ -324,7 +346,6 @@ def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
             raise InvalidRequestError(
                 f"tag {tag!r} contains whitespace or control characters", field="tags"
             )
-        _refuse_format_characters(tag, "tags", f"tag {ascii(tag)}")
         out.setdefault(tag, None)
     if len(out) > MAX_TAGS:
         raise TooLargeError(

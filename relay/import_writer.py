@@ -466,14 +466,19 @@ def check_drafts(drafts: Iterable[ImportDraft], audiences: Sequence[str] = ()) -
     """Judge every draft as the server will (`relay.writes.draft_from_fields`, on the item
     the batch will carry), before anything is written. The server names a rejected item
     only by its place in a batch; here the error names the file and section, and one bad
-    section stops the whole import, not only the batch it would have travelled in."""
+    section stops the whole import, not only the batch it would have travelled in. An
+    invisible format character in a source (a file's name) or a tag is refused as new to
+    the memory: the file gives it, whatever an older release stored."""
+    from relay.hygiene import check_format_characters
     from relay.writes import draft_from_fields
 
     seen: dict[str, int] = {}
     for draft in drafts:
         seen[draft.source] = seen.get(draft.source, 0) + 1
         try:
-            draft_from_fields(_item(draft, audiences))  # the org's audiences: the server's
+            # The org's audiences: the server's to judge.
+            judged = draft_from_fields(_item(draft, audiences))
+            check_format_characters(judged.source, judged.tags)
         except InvalidRequestError as exc:
             message = f"{draft_label(draft, seen[draft.source])}: {exc.message}"
             raise type(exc)(message, **exc.details) from None

@@ -344,14 +344,30 @@ def split_expired(
     return live, len(memories) - len(live)
 
 
-def check_memories(memories: Sequence[ExportedMemory], name: str, now: datetime) -> None:
-    """Judge every memory as the server will (`draft_from_fields`) before anything is written,
-    naming the line of the first one it would refuse (a secret, an oversized body)."""
+def check_memories(
+    memories: Sequence[ExportedMemory],
+    name: str,
+    now: datetime,
+    stored: Callable[[str], dict | None] = lambda _: None,
+) -> None:
+    """Judge every memory as the server will before anything is written, naming the line of
+    the first one it would refuse (a secret, an oversized body): `draft_from_fields`, and
+    the store's rule for an invisible format character in a source or a tag, which a memory
+    stored with it by an older release keeps (`rules.judge_format_characters`). Only for a
+    memory that holds one is `stored` asked for it as the server has it (None: it has none)."""
+    from relay.hygiene import check_format_characters
     from relay.writes import draft_from_fields
 
     for memory in memories:
         try:
-            draft_from_fields(memory.fields, None, now)
+            draft = draft_from_fields(memory.fields, None, now)
+            try:
+                check_format_characters(draft.source, draft.tags)
+            except InvalidRequestError:
+                held = stored(memory.id) or {}
+                check_format_characters(
+                    draft.source, draft.tags, held.get("source"), held.get("tags", ())
+                )
         except InvalidRequestError as exc:
             raise type(exc)(f"{name}:{memory.line}: {exc.message}", **exc.details) from None
 
@@ -436,13 +452,13 @@ def restore_memories(
 
     now = now or datetime.now(UTC)
     live, expired = split_expired(memories, name, now)
-    check_memories(live, name, now)
+    links = _Links(client)
+    check_memories(live, name, now, links.memory)
     order, deferred = write_order(live)
     in_file = {m.id for m in live}
     tally = tally or RestoreTally()
     tally.restored, tally.expired = len(live), expired
     on_batch(expired)
-    links = _Links(client)
     writes: list[ExportedMemory] = []
     for memory in order:
         kept = []

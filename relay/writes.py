@@ -55,12 +55,15 @@ def draft_from_fields(
     now: datetime | None = None,
     past_expiry: bool = False,
 ) -> MemoryDraft:
-    """Check every user-supplied field; the one place a write is judged.
+    """Check every user-supplied field; the one place a write is judged, but for what is
+    judged against the memory it would replace, where the store reads it (`relay.store.rules`).
 
     `known_audiences` are the roles the org's keys carry; an audience outside them would
     hide the memory from everyone, so it is refused. `past_expiry`: a `valid_until` that
     has passed is left for the store to judge against the memory it would replace, whose
     own it may be (`rules.settle_expiry`: an edit, a batch item); else it is refused here.
+    An invisible format character in the source or a tag is the store's to judge too
+    (`rules.judge_format_characters`): the memory may hold it from an older release.
     """
     now = now or datetime.now(UTC)
     if isinstance(fields.get("id"), str):  # the shape is the caller's (API model, restore)
@@ -103,7 +106,9 @@ def edited_draft(
     memory's own audiences stay acceptable after the last key holding one is revoked:
     fixing a typo must not require re-addressing the memory. Its expiry, left out or sent
     back unchanged, stays as it was even if past (the store judges it: `rules.settle_expiry`):
-    editing an expired memory's text must not require inventing a new date.
+    editing an expired memory's text must not require inventing a new date. So do a source
+    and tags stored with an invisible format character by an older release, judged by the
+    store (`rules.judge_format_characters`): its body must be editable without them.
     """
     fields: dict[str, Any] = {
         "body": current.body,

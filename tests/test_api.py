@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from postgres_support import raw_count, raw_rows, renamed_table
+from postgres_support import execute_beneath, raw_count, raw_rows, renamed_table
 
 from relay.api_requests import encode_cursor
 from relay.store.sqlite import SQLiteStore
@@ -2191,3 +2191,54 @@ def test_a_control_at_a_line_end_is_refused_not_stripped_on_every_write(api):
                 assert error["details"]["code_point"] == code_point
     listed = api.client.get("/v1/memories", headers=h).json()["items"]
     assert [(m["id"], m["revision"]) for m in listed] == [(kept["id"], 1)]
+
+
+def test_a_format_character_stored_by_an_older_release_is_kept_through_any_other_edit(api):
+    """QA: a memory whose source and tag took a bidi override before such characters were
+    refused (an older release) refused every PATCH, one of its body alone too: every field
+    was judged again, and the user was told to fix one the edit never named. What the memory
+    holds it keeps, left out or sent back as it is, in an edit or a batch (a restore); what
+    a write gives it anew is refused, the value it held once included."""
+    h = api.headers("acme_dev")
+    m = remember(api, "acme_dev", "Deploys freeze at noon.", source="legacy/ops", tags=["ops"])
+    source, tag = "legacy/\u202efdp.exe", "ops-\u202edeploy"
+    tags = f"ARRAY['{tag}']" if getattr(api.services.store, "conninfo", None) else f"'[\"{tag}\"]'"
+    execute_beneath(
+        api.services.store,
+        f"UPDATE memories SET source = '{source}', tags = {tags} WHERE id = '{m['id']}'",
+    )
+    path = f"/v1/memories/{m['id']}"
+
+    def edit(fields: dict) -> dict:
+        r = api.client.patch(path, json=fields, headers=h)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def refused(answer, field: str, code_point: str) -> None:
+        error = assert_error(answer, 400, "invalid_request")
+        assert f"contains {code_point} (" in error["message"], error
+        assert (error["details"]["field"], error["details"]["code_point"]) == (field, code_point)
+
+    kept = edit({"body": "Deploys freeze at one."})
+    assert (kept["revision"], kept["source"], kept["tags"]) == (2, source, [tag])
+    kept = edit({"title": "Freeze", "source": source, "tags": [tag, "release"]})  # a form's
+    assert (kept["revision"], kept["source"], kept["tags"]) == (3, source, [tag, "release"])
+    item = {"id": m["id"], "body": "Deploys freeze at two.", "source": source, "tags": [tag]}
+    batch = api.client.post("/v1/memories/batch", json={"items": [item]}, headers=h)
+    assert batch.json() == {"written": 1, "unchanged": 0}, batch.text
+
+    refused(
+        api.client.patch(path, json={"source": "legacy/\u2067x"}, headers=h), "source", "U+2067"
+    )
+    refused(api.client.patch(path, json={"tags": [tag, "a\u200bb"]}, headers=h), "tags", "U+200B")
+    copy = {**item, "id": "legacy-copy"}
+    refused(
+        api.client.post("/v1/memories/batch", json={"items": [copy]}, headers=h), "source", "U+202E"
+    )
+    refused(api.client.post("/v1/memories", json=copy, headers=h), "source", "U+202E")
+    edit({"source": "legacy/fdp.exe", "tags": []})  # fixed, at last
+    refused(api.client.patch(path, json={"source": source}, headers=h), "source", "U+202E")
+    refused(api.client.patch(path, json={"tags": [tag]}, headers=h), "tags", "U+202E")
+    shown = api.client.get(path, headers=h).json()
+    assert (shown["revision"], shown["source"], shown["tags"]) == (5, "legacy/fdp.exe", [])
+    assert api.client.get("/v1/memories/legacy-copy", headers=h).status_code == 404

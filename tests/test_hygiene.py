@@ -927,20 +927,36 @@ def test_a_source_or_tag_with_a_bidi_control_or_invisible_character_is_refused(t
     refused with the field and the code point named; a title and a body keep such text."""
     said = re.escape(code_point)
     with pytest.raises(InvalidRequestError, match=f"^source contains {said} ") as refused:
-        check_source(text)
+        hygiene.check_format_characters(check_source(text), ())
     assert refused.value.details == {"field": "source", "code_point": code_point}
     tag = text.replace("/", "-")
     with pytest.raises(InvalidRequestError, match=f"^tag '.*' contains {said} ") as refused:
-        check_tags(["ok", tag])
+        hygiene.check_format_characters(None, check_tags(["ok", tag]))
     assert refused.value.details == {"field": "tags", "code_point": code_point}
     assert text not in str(refused.value)  # the message does not reorder itself
     assert check_title(text) == text
     assert check_body(text) == text
 
 
+def test_a_format_character_the_memory_holds_already_is_not_judged_again():
+    """QA: a memory whose source or tag took a bidi control before the rule (an older
+    release) refused every edit, of its body alone too. What it holds it keeps; a new value
+    with one, or another such tag beside those it holds, is refused."""
+    legacy_source, legacy_tag = "ops/\u202efdp.exe", "ops-\u202edeploy"
+    hygiene.check_format_characters(legacy_source, ["ok", legacy_tag], legacy_source, [legacy_tag])
+    with pytest.raises(InvalidRequestError, match="^source contains U\\+202E "):
+        hygiene.check_format_characters("ops/\u202egnp.exe", (), legacy_source, [legacy_tag])
+    with pytest.raises(InvalidRequestError, match="contains U\\+200B ") as refused:
+        hygiene.check_format_characters(
+            legacy_source, [legacy_tag, "a\u200bb"], legacy_source, [legacy_tag]
+        )
+    assert refused.value.details == {"field": "tags", "code_point": "U+200B"}
+
+
 def test_right_to_left_letters_in_a_source_or_tag_are_kept():
     assert check_source("docs/מדריך/התקנה.md") == "docs/מדריך/התקנה.md"
     assert check_tags(["عربي", "lang:עברית"]) == ("عربي", "lang:עברית")
+    hygiene.check_format_characters("docs/מדריך/התקנה.md", ["عربي", "lang:עברית"])
 
 
 def test_joiners_that_spell_words_and_emoji_in_a_source_or_tag_are_kept():
@@ -952,3 +968,4 @@ def test_joiners_that_spell_words_and_emoji_in_a_source_or_tag_are_kept():
         "\U0001f469\u200d\U0001f4bb",
         "co\u00adop",
     )
+    hygiene.check_format_characters(persian, ["\U0001f469\u200d\U0001f4bb", "co\u00adop"])

@@ -607,6 +607,17 @@ def test_check_drafts_names_file_and_section():
         check_drafts(drafts_from_text(f"# Ops\nok\n## CI\nTOKEN={token}\n", "CLAUDE.md"))
 
 
+def test_check_drafts_refuses_a_format_character_in_a_source_or_tag_before_anything_is_written():
+    """The server judges a bidi override in a source or a tag against what the memory holds
+    (an older release's, kept), so its batch, after those before it, would be refused; an
+    import gives the file's values anew, so it refuses them first, naming file and section."""
+    glob = "---\nglobs: src/\u202e*.py\n---\n# Style\nPrefer pathlib.\n"
+    with pytest.raises(InvalidRequestError, match=r"^rules\.mdc › Style: tag .* U\+202E \("):
+        check_drafts(drafts_from_text(glob, "rules.mdc", rules=True))
+    with pytest.raises(InvalidRequestError, match=r"^'ops/\\u2066x\.md' › Ops: source .* U\+2066"):
+        check_drafts(drafts_from_text("# Ops\nok\n", "ops/\u2066x.md"))
+
+
 # --- sources and file discovery ------------------------------------------------------------
 
 

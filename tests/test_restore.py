@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import stat
 import subprocess
 from collections.abc import Iterable
@@ -142,6 +143,28 @@ def test_a_secret_is_named_by_line_before_anything_is_written():
     memories = read_export(text, "f").memories
     with pytest.raises(SecretDetectedError, match=r"^f:2: memory looks like it contains a secret"):
         check_memories(memories, "f", datetime.now(UTC))
+
+
+def test_a_format_character_is_refused_by_line_unless_the_server_holds_it():
+    """A source or tag with a bidi override that the memory on the server does not hold is
+    refused by line before anything is written, as the server would refuse its batch after
+    those before it; one it holds (stored by an older release) passes, as it would there.
+    The server is asked only about such a memory."""
+    legacy, tag = "ops/\u202efdp.exe", "ops-\u2066x"
+    text = line("m1", source="ops/a.md") + "\n" + line("m2", source=legacy, tags=[tag])
+    memories = read_export(text, "f").memories
+    asked: list[str] = []
+
+    def stored(memory_id: str) -> None:  # the server has no such memory
+        asked.append(memory_id)
+
+    with pytest.raises(InvalidRequestError, match=r"^f:2: source contains U\+202E \(") as refused:
+        check_memories(memories, "f", datetime.now(UTC), stored)
+    assert refused.value.details == {"field": "source", "code_point": "U+202E"}
+    with pytest.raises(InvalidRequestError, match=r"^f:2: tag '.*' contains U\+2066 \("):
+        check_memories(memories, "f", datetime.now(UTC), lambda _: {"source": legacy, "tags": []})
+    check_memories(memories, "f", datetime.now(UTC), lambda _: {"source": legacy, "tags": [tag]})
+    assert asked == ["m2"]
 
 
 @pytest.mark.parametrize(
@@ -392,6 +415,34 @@ def test_restoring_again_after_a_role_s_last_key_is_revoked_changes_nothing(tmp_
     assert refused.returncode == 2
     assert "widened.jsonl:1: unknown audience: retired-team" in refused.stderr, refused.stderr
     assert listed(target, "rv-")["rv-all"]["audiences"] == ["all"]
+
+
+def test_a_format_character_an_older_release_stored_restores_only_where_it_is_held(
+    tmp_path, source, target
+):
+    """QA: a memory whose source took a bidi override before such characters were refused
+    (an older release) could not be edited, nor its backup restored into its own server:
+    every write judged every field again. Restored there, it changes nothing; into another
+    server, where the memory would take it anew, it is refused by line before anything is
+    written, as a create of it is."""
+    legacy = "bidi-restore/\u202efdp.exe"
+    remember(source.url, source.admin_key, id="bidi-a", body="Plain.", source="bidi-restore/a")
+    remember(source.url, source.admin_key, id="bidi-b", body="Freeze at noon.", tags=["ops"])
+    with sqlite3.connect(source.db) as conn:  # beneath the API, as an older release left it
+        conn.execute("UPDATE memories SET source = ? WHERE id = 'bidi-b'", (legacy,))
+    conn.close()
+    assert run(source, tmp_path, "export", "-o", "all.jsonl").returncode == 0
+    lines = (tmp_path / "all.jsonl").read_text(encoding="utf-8").splitlines()
+    backup = "".join(f"{x}\n" for x in lines if '"id": "bidi-' in x)
+    (tmp_path / "bidi.jsonl").write_text(backup, encoding="utf-8")
+
+    done = run(source, tmp_path, "restore", "bidi.jsonl")
+    assert summary(done) == "restored 2 memories: 0 new or changed, 2 unchanged, 0 expired skipped"
+    assert listed(source, "bidi-")["bidi-b"]["source"] == legacy
+    refused = run(target, tmp_path, "restore", "bidi.jsonl")
+    assert refused.returncode == 2
+    assert "bidi.jsonl:2: source contains U+202E (" in refused.stderr.splitlines()[-1]
+    assert listed(target, "bidi-") == {}
 
 
 def exported_line(memory_id: str, **fields) -> str:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import NamedTuple, TypeVar
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
-from relay.hygiene import check_audiences, check_valid_until
+from relay.hygiene import check_audiences, check_format_characters, check_valid_until
 from relay.models import EVERYONE, ApiKey, Memory, MemoryDraft, Revision, iso
 from relay.store import SaveMode
 
@@ -91,6 +91,18 @@ def judge_audiences(
     so an audience it has lost meanwhile is not accepted on its account."""
     if known is not None:
         check_audiences(draft.audiences, {*known, *(current.audiences if current else ())})
+
+
+def judge_format_characters(draft: MemoryDraft, current: Memory | None) -> None:
+    """Raise if the draft gives the memory a source or a tag holding an invisible format
+    character (a bidi override...) that it does not hold already: one stored by an older
+    release, before such characters were refused, stays through an edit of another field,
+    an import or a restore of the memory as it is (`hygiene.check_format_characters`).
+    Judged where the memory is read for the write, as `judge_audiences` is."""
+    if current is None:
+        check_format_characters(draft.source, draft.tags)
+    else:
+        check_format_characters(draft.source, draft.tags, current.source, current.tags)
 
 
 def judge_revoke(keys: Iterable[ApiKey], key_id: str) -> None:

@@ -34,6 +34,7 @@ from relay.store.rules import (
     LinkTarget,
     judge_audiences,
     judge_cycle,
+    judge_format_characters,
     judge_replacement,
     judge_revision,
     judge_write,
@@ -388,6 +389,7 @@ def _judge(
     deleted = row is not None and row["deleted_at"] is not None
     judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
     judge_audiences(draft, current, known)
+    judge_format_characters(draft, current)
     return current, settle_expiry(draft, current)
 
 

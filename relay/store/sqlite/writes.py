@@ -20,6 +20,7 @@ from relay.store.rules import (
     LinkTarget,
     judge_audiences,
     judge_cycle,
+    judge_format_characters,
     judge_replacement,
     judge_revision,
     judge_write,
@@ -111,6 +112,7 @@ class MemoryWrites(SQLiteConnections):
         deleted = row is not None and row["deleted_at"] is not None
         judge_write(current, deleted, memory_id, mode, expected_revision, audiences)
         judge_audiences(draft, current, known)
+        judge_format_characters(draft, current)
         draft = settle_expiry(draft, current)
         kept = () if current is None else current.supersedes
         draft = self._check_supersedes(conn, org_id, memory_id, draft, audiences, kept)
