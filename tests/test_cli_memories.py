@@ -755,7 +755,9 @@ def test_history_says_a_memory_past_its_valid_until_is_out_of_recall(tmp_path, l
     from integration_support import relay
 
     given = ("--url", live_server.url, "--key", live_server.admin_key)
-    until = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    # Far enough ahead that `remember` (a CLI start-up, slow on a loaded CI machine: 2 s was
+    # overrun at load 7) still sends a future date; the test then waits it out.
+    until = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=6)
     stamp = until.isoformat().replace("+00:00", "Z")
     made = relay(
         tmp_path, "remember", "History-expiry: the freeze ends.", "--valid-until", stamp, *given
