@@ -28,8 +28,8 @@ from pydantic import (
 )
 
 from relay import hygiene, writes
-from relay.cli_types import is_integer
 from relay.errors import InvalidRequestError, TooLargeError
+from relay.numerals import is_integer
 from relay.search import MAX_K
 
 

@@ -1,23 +1,15 @@
 """Click parameter types every command shares (`relay.cli`, `relay eval`, `relay drill`,
 `relay migrate`): outside `relay.cli`, which imports those commands, so they may use them.
-`relay serve`'s settings (`relay.settings.whole`, a flag or a variable) and the API's query
-strings (`relay.api_requests.QueryInt`) read integers by the same rule, `is_integer`."""
+Numbers are read by `relay.numerals`' rules, as `relay serve`'s settings, the API's query
+strings and the recall hook's config read them."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import click
 
-_INTEGER = re.compile(r"-?[0-9]+")
-
-
-def is_integer(text: str) -> bool:
-    """Whether `text` is an integer as Relay reads one: decimal digits alone, a minus first
-    allowed (a range then judges it). Python's `int()` also takes `1_0`, `+3`, ` 2 ` and
-    other scripts' digits."""
-    return _INTEGER.fullmatch(text) is not None
+from relay.numerals import is_integer
 
 
 class StrictInt(click.IntRange):

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.cli_types import is_integer
 from relay.errors import InvalidRequestError
+from relay.numerals import is_integer
 
 # The embedding providers (relay.embedding.PROVIDERS, which loads numpy, maps them to classes).
 EMBEDDERS = ("onnx", "sentence-transformers")

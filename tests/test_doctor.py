@@ -622,6 +622,29 @@ def test_an_ignored_config_value_is_told_with_the_value_the_hook_runs_with(tmp_p
     assert warned["min_score"].endswith("and runs with its default, 0.2 (docs/hook.md)"), warned
 
 
+def test_a_number_written_loosely_is_named_as_a_value_the_hook_ignores(tmp_path, server):
+    """QA: RELAY_DEADLINE_MS=4_00 was taken as 400 (int() reads underscores). The hook now
+    ignores such a value, as any bad one; doctor names it with its value, where it is, and
+    what the hook runs with instead."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    loose = {"max_records": "1_0", "min_score": " 0.5"}
+    config.write_text(json.dumps({**json.loads(config.read_text()), **loose}))
+    warned = [
+        m
+        for f in findings(tmp_path, RELAY_LOG_KEEP="+3")
+        if (m := f["message"]).startswith("the hook ignores")
+    ]
+    assert warned == [  # in the order of the settings table (docs/hook.md)
+        f"the hook ignores min_score ' 0.5' in {config} (not a number) and runs with its"
+        " default, 0.2 (docs/hook.md)",
+        f"the hook ignores max_records '1_0' in {config} (not a whole number) and runs with"
+        " its default, 3 (docs/hook.md)",
+        "the hook ignores log_keep '+3' in RELAY_LOG_KEEP (not a whole number) and runs with"
+        " its default, 3 (docs/hook.md)",
+    ], warned
+
+
 def test_a_token_budget_claude_code_would_cut_is_named_with_why(tmp_path, server):
     """QA: profile_max_tokens=8000 was accepted, and a SessionStart context of 23,986
     characters went to Claude Code, which keeps 10,000 and shows the model a preview."""

@@ -504,3 +504,39 @@ def test_a_reader_that_goes_away_is_a_named_failure_and_leaves_the_ledger_alone(
         # not shown, so not a duplicate: the next prompt that finds it injects it
         run = hook.prompt("which migration convention applies to the invoices table?")
         assert "mem_a" in assert_hit_contract(run)
+
+
+# Written loosely, each is a number to Python's int() or float(): 1000, or 0.9.
+LOOSE_WHOLE = ["1_000", " 1000", "1000 ", "+1000", "\u0661\u0660\u0660\u0660"]
+LOOSE_DECIMAL = ["0.9_0", " 0.9", "0.9 ", "+0.9", "\u0660.\u0669", "9e-1"]
+
+
+@pytest.mark.parametrize(
+    "knob",
+    [("RELAY_MIN_PROMPT_LEN", text) for text in LOOSE_WHOLE]
+    + [("RELAY_MIN_SCORE", text) for text in LOOSE_DECIMAL],
+)
+def test_a_number_written_loosely_is_a_bad_value_the_hook_ignores(tmp_path, knob):
+    """QA: RELAY_DEADLINE_MS=4_00 was taken as 400: the hook read its numbers with int() and
+    float(), which also take underscores, a sign, spaces around and other scripts' digits,
+    where every integer option of the CLI refuses them. The hook reads them by the CLI's rule
+    (relay.numerals), and one written loosely is a bad value like any other: ignored, the
+    default kept (`relay doctor` names it), never a prompt broken. Here, read as 1000 or 0.9,
+    the knob would have skipped the prompt (shorter than 1000) or dropped its result (scored
+    0.7); at the defaults (15, 0.2) the result is injected."""
+    variable, text = knob
+    with FakeRelay(reply(200, results(record("mem_1", score=0.7)))) as server:
+        hook = Hook(tmp_path, server.url, **{variable: text})
+        assert "mem_1" in assert_hit_contract(hook.prompt(PROMPT))
+
+
+def test_a_port_written_loosely_is_a_bad_url(tmp_path):
+    """QA: RELAY_URL=http://127.0.0.1:80_80 reached port 8080 (int() read the port), where
+    `relay` commands refuse that URL (urllib): the hook takes the port's digits alone."""
+    with FakeRelay(reply(200, results(record("mem_1")))) as server:
+        port = server.url.rsplit(":", 1)[1]
+        loose = server.url.removesuffix(port) + port[0] + "_" + port[1:]
+        hook = Hook(tmp_path, loose)
+        assert_silent(hook.prompt(PROMPT))
+        assert (hook.last()["outcome"], hook.last()["reason"]) == ("disabled", "bad_url")
+        assert server.requests == []

@@ -15,6 +15,8 @@ import _socket
 import _thread
 import time
 
+from relay.numerals import is_integer
+
 TYPE_CHECKING = False  # `import typing` would cost the hook a few milliseconds
 if TYPE_CHECKING:
     from typing import Any
@@ -49,6 +51,8 @@ def parse_url(url: str) -> tuple[str, str, int, str]:
         port_text = tail[1:]
     else:
         host, _, port_text = netloc.partition(":")
+    if port_text and not is_integer(port_text):  # int() took `:80_80`, which urllib refuses
+        raise ValueError("bad host or port")
     port = int(port_text) if port_text else (443 if scheme == "https" else 80)
     if not host or not 0 < port < 65536:
         raise ValueError("bad host or port")

@@ -19,10 +19,14 @@ import os
 from relay.hook import codec
 from relay.hook.client import parse_url
 from relay.hook.pack import MAX_BUDGET_TOKENS, MIN_BUDGET_TOKENS, OUTPUT_MAX_CHARS
+from relay.numerals import is_decimal, is_integer
 
 TYPE_CHECKING = False  # `import typing` would cost the hook a few milliseconds
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from typing import Any, TypeVar
+
+    Number = TypeVar("Number", int, float)
 
     Parser = Callable[[object], object]
 
@@ -40,34 +44,37 @@ def _bool(raw: object) -> bool:
     raise ValueError(f"not a boolean: {raw!r}")
 
 
-def _int(low: int, high: int):
-    def parse(raw: object) -> int:
+def _number(
+    kind: Callable[[Any], Number],
+    written: Callable[[str], bool],
+    what: str,
+    low: Number,
+    high: Number,
+) -> Callable[[object], Number]:
+    """A parser of numbers from `low` to `high`: a JSON number of its `kind` (int, or float,
+    which takes an int too), or text `written` as the CLI's options write one
+    (`relay.numerals`): int() and float() also took `4_00` as 400, ` 400 `, `+400` and other
+    scripts' digits."""
+
+    def parse(raw: object) -> Number:
         if isinstance(raw, bool):
-            raise ValueError("a boolean, not a whole number")
-        try:
-            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-        except ValueError:
-            raise ValueError("not a whole number") from None
-        if not low <= value <= high:
-            raise ValueError(f"outside {low}..{high}")
-        return value
-
-    return parse
-
-
-def _float(low: float, high: float):
-    def parse(raw: object) -> float:
-        if isinstance(raw, bool):
-            raise ValueError("a boolean, not a number")
-        try:
-            value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
-        except ValueError:
-            raise ValueError("not a number") from None
+            raise ValueError(f"a boolean, not {what}")
+        if not (isinstance(raw, int | kind) or isinstance(raw, str) and written(raw)):
+            raise ValueError(f"not {what}")
+        value = kind(raw)
         if not low <= value <= high:  # also rejects NaN
             raise ValueError(f"outside {low}..{high}")
         return value
 
     return parse
+
+
+def _int(low: int, high: int) -> Callable[[object], int]:
+    return _number(int, is_integer, "a whole number", low, high)
+
+
+def _float(low: float, high: float) -> Callable[[object], float]:
+    return _number(float, is_decimal, "a number", low, high)
 
 
 class Capped(ValueError):
