@@ -22,6 +22,7 @@ from relay.hook import config as hook_config
 from relay.hook.codec import finite, no_constant
 from relay.hook.files import is_own_dir
 from relay.hook.outcome_log import LOG_NAME, fallback_dir, key_label
+from relay.numerals import is_decimal
 
 OUTCOMES = (
     "hit",
@@ -49,14 +50,12 @@ _LONGEST = 100 * 365 * 86400  # beyond it a start date is before any log (or yea
 
 
 def parse_since(text: str) -> float:
-    """'90s', '30m', '24h', '7d', '2w' -> seconds."""
+    """'90s', '30m', '24h', '7d', '2w', '1.5h' -> seconds. The number is read by the rule of
+    every decimal option (`relay.numerals`): float() took `1_0d` as ten days."""
     text = text.strip().lower()
-    if len(text) < 2 or text[-1] not in _UNITS:
+    if len(text) < 2 or text[-1] not in _UNITS or not is_decimal(text[:-1]):
         raise ValueError(f"period {text!r} is not a number followed by s, m, h, d or w")
-    try:
-        value = float(text[:-1])
-    except ValueError:
-        raise ValueError(f"period {text!r} is not a number followed by s, m, h, d or w") from None
+    value = float(text[:-1])
     if not value > 0 or math.isinf(value):
         raise ValueError(f"period {text!r} must be positive")
     seconds = value * _UNITS[text[-1]]

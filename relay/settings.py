@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from relay.errors import InvalidRequestError
-from relay.numerals import is_integer
+from relay.numerals import is_decimal, is_integer
 
 # The embedding providers (relay.embedding.PROVIDERS, which loads numpy, maps them to classes).
 EMBEDDERS = ("onnx", "sentence-transformers")
@@ -37,6 +37,8 @@ class Setting:
 
 def fraction(text: str) -> float:
     """A number from 0 up to (not including) 1."""
+    if not is_decimal(text):  # as every decimal option: RELAY_THRESHOLD=0_5 is no 0.5
+        raise ValueError(f"{text!r} is not a decimal number")
     value = float(text)
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{text} is not in [0, 1)")

@@ -224,6 +224,24 @@ def test_serve_reads_an_integer_setting_as_digits_alone(tmp_path: Path, value):
     assert not list(tmp_path.glob("r.db*"))
 
 
+@pytest.mark.parametrize("value", ["0_5", "+0.5", " 0.5", "0.5 ", "5e-1", "\u0660.\u0665", "nan"])
+def test_serve_reads_a_decimal_setting_as_digits_and_a_point(tmp_path: Path, value):
+    """`relay serve --threshold 0_5` (or RELAY_THRESHOLD=0_5) served at 0.5: the setting was
+    read with float(), which also takes underscores, a sign, spaces around, an exponent and
+    other scripts' digits, where every decimal option refuses them (relay.numerals)."""
+    db = "mysql://u@h/db"  # refused later, were the value taken: no server starts either way
+    done = relay(tmp_path, "serve", "--threshold", value, "--db", db)
+    assert one_line_error(done) == (
+        f"relay: error: Invalid value for '--threshold': {value!r} is not a decimal number"
+        " (see 'relay serve --help')"
+    )
+    done = relay(tmp_path, "serve", "--db", db, RELAY_THRESHOLD=value)
+    assert one_line_error(done) == (
+        f"relay: error: RELAY_THRESHOLD={value!r} is not a valid threshold: {value!r} is not a"
+        " decimal number"
+    )
+
+
 def test_a_usage_error_is_one_line_naming_the_help(tmp_path: Path):
     """QA: click's three lines (Usage / Try / Error), unlike every other error; and a port
     that is not a number was told in Python's words (invalid literal for int())."""

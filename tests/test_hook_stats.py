@@ -139,6 +139,11 @@ def test_parse_since():
         parse_since("99999999w")
     done = CliRunner().invoke(stats, ["--since", "99999999w"])
     assert done.exit_code == 2 and "Traceback" not in done.output
+    # the number read as every decimal option reads one: float() took `1_0d` as ten days
+    assert parse_since("1.5h") == parse_since(".5h") * 3 == 5400
+    for loose in ("1_0d", "+1d", "1 d", "1e1d", "\u0661d", "nand", "infd"):
+        with pytest.raises(ValueError, match="is not a number followed by s, m, h, d or w"):
+            parse_since(loose)
 
 
 def test_the_breaker_reported_is_the_configured_urls(tmp_path):

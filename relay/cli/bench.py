@@ -15,7 +15,7 @@ from relay.cli.common import (
     figures_json_option,
     pin_blas,
 )
-from relay.cli_types import StrictInt
+from relay.cli_types import StrictFloat, StrictInt
 from relay.key_file import given_key, key_file_option
 
 
@@ -119,7 +119,7 @@ def bench_recall(
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(0.1),
+    type=StrictFloat(0.1),
     default=15.0,
     show_default=True,
     help="orgs100: seconds per throughput level.",

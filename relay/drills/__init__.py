@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from relay.cli_types import StrictInt
+from relay.cli_types import StrictFloat, StrictInt
 
 
 def _finish(title: str, result: dict[str, Any], problems: list[str]) -> None:
@@ -62,17 +62,24 @@ def crash_command(kills: int, seed: int) -> None:
     _finish("crash", result, result["loss_examples"] if result["losses"] else [])
 
 
+# A phase's length in seconds, more than none: 0 or less measured nothing, or failed in sleep().
+_LENGTH = StrictFloat(0, min_open=True)
+
+
 @drill.command("load")
-@click.option("--seconds", default=600.0, show_default=True, help="Soak length.")
+@click.option("--seconds", type=_LENGTH, default=600.0, show_default=True, help="Soak length.")
 @click.option(
     "--workers", type=StrictInt(1), default=8, show_default=True, help="Concurrent client threads."
 )
 @click.option(
     "--memories", type=StrictInt(0), default=2000, show_default=True, help="Memories seeded first."
 )
-@click.option("--overload-seconds", default=30.0, show_default=True, help="Overload phase length.")
+@click.option(
+    "--overload-seconds", type=_LENGTH, default=30.0, show_default=True, help="Overload length."
+)
 @click.option(
     "--max-rss-growth-mib",
+    type=StrictFloat(0),
     default=64.0,
     show_default=True,
     help="Allowed server RSS growth over the soak's second half.",
