@@ -22,11 +22,10 @@ from relay.errors import (
     NotFoundError,
     UnauthorizedError,
 )
+from relay.key_shape import PREFIX, is_key_id, split_key
 from relay.models import SCOPES, ApiKey, Principal
 from relay.store import Store
 
-PREFIX = "relay_"
-KEY_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # minted as 12 hex digits; split_key needs alnum
 _KEY_IN_TEXT = re.compile(r"relay_([A-Za-z0-9]{1,64})_[A-Za-z0-9_-]{16,}")  # as minted
 _DUMMY_HASH = hashlib.sha256(b"relay-unknown-key").hexdigest()
 MISSING_KEY = "missing API key (send 'Authorization: Bearer <key>')"
@@ -40,16 +39,6 @@ class MintedKey:
 
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def split_key(token: str) -> tuple[str, str] | None:
-    """`relay_<id>_<secret>` -> (id, secret); None when the shape is wrong."""
-    if not token.startswith(PREFIX):
-        return None
-    key_id, sep, secret = token[len(PREFIX) :].partition("_")
-    if not sep or not key_id or len(secret) < 16 or not key_id.isalnum():
-        return None
-    return key_id, secret
 
 
 def withhold_secrets(text: str) -> str:
@@ -102,7 +91,7 @@ def mint_key(
 def check_key_id(key_id: str) -> str:
     """`key_id` from a path, or 404 before the store is asked (a NUL in it failed
     PostgreSQL's query, a 500, where SQLite found nothing)."""
-    if not KEY_ID.fullmatch(key_id):
+    if not is_key_id(key_id):
         whole = split_key(key_id)
         raise NotFoundError(
             f"no key {withhold_secrets(key_id)!r} in this organisation"

@@ -86,6 +86,7 @@ def test_hit_path_imports_nothing_heavy(tmp_path):
         "relay.hook.outcome_log",
         "relay.hook.pack",
         "relay.hook.state",
+        "relay.key_shape",
         "relay.numerals",
     }
 
@@ -128,16 +129,16 @@ def test_relay_package_is_import_free():
 
 
 def test_the_rules_the_hook_shares_with_the_cli_and_server_are_import_free():
-    """`relay.numerals` holds the rule of numbers for the hook and for the CLI and server
-    (which import click): on the hook's path, it imports nothing."""
+    """`relay.numerals` and `relay.key_shape` hold one rule each for the hook and for the
+    CLI or the server (which import click, the store): on the hook's path, they import nothing."""
     code = (
-        "import sys; import relay; seen = set(sys.modules); import relay.numerals;"
+        "import sys; import relay; seen = set(sys.modules); import relay.numerals, relay.key_shape;"
         " print(sorted(set(sys.modules) - seen))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "['relay.numerals']"
+    assert out.strip() == "['relay.key_shape', 'relay.numerals']"
 
 
 def test_https_hit_through_tls_with_a_trusted_certificate(tmp_path):

@@ -732,3 +732,33 @@ def test_a_config_file_saved_with_a_byte_order_mark_is_read(tmp_path):
         2,
     )
     assert config.file_problem(str(path)) is None
+
+
+SECRET = "s" * 32  # as minted: 32 characters
+
+
+@pytest.mark.parametrize(
+    "key, key_id",
+    [
+        (f"relay_0a1b2c3d4e5f_{SECRET}", "0a1b2c3d4e5f"),
+        (f"relay_abc_{SECRET[:16]}", "abc"),
+        ("relay_abc_short", None),  # a secret shorter than any minted
+        ("relay_abc_", None),
+        (f"relay_k\u00e9y_{SECRET}", None),  # an id of letters, not ASCII ones
+        (f"relay_{'a' * 65}_{SECRET}", None),  # an id longer than any
+        (f"relay__{SECRET}", None),
+        (f"relay_abc{SECRET}", None),
+        (f"other_abc_{SECRET}", None),
+    ],
+)
+def test_the_key_the_log_names_is_the_key_the_server_reads(key, key_id):
+    """The hook logs which key a run sent by its id (`key_label`), the server reads the id
+    from a key (`relay.auth.split_key`): one rule (`relay.key_shape`), so `relay stats` never
+    blames a key id for 401s the server gave a key it could not even read (the hook kept a
+    second copy of the rule, which took `relay_abc_short` for key abc, and the server one
+    that took ids of any length and any script's letters)."""
+    from relay.auth import split_key
+
+    assert (split_key(key) or (None,))[0] == key_id
+    hashed = "sha256:" + outcome_log.sha256_hex(key.encode())[:8]
+    assert outcome_log.key_label(key) == (key_id or hashed)

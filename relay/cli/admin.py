@@ -187,8 +187,9 @@ def _named_key_id(store, org_id: str, org_name: str, given: str) -> str:  # noqa
     organisation's keys. Its secret is never echoed: errors land in scrollback and CI logs."""
     import shlex
 
-    from relay.auth import PREFIX, key_of, split_key
+    from relay.auth import key_of
     from relay.errors import NotFoundError
+    from relay.key_shape import PREFIX, split_key
 
     token = given if given.startswith(PREFIX) else PREFIX + given
     parts = split_key(token) if "_" in given else None  # a key id holds no "_"

@@ -135,9 +135,10 @@ def load_database(
     grants no more than the database file itself does. A drill's run (no `reuse`) always
     loads afresh, and the next replay too: drills delete memories and revoke keys.
     """
-    from relay.auth import mint_key, split_key
+    from relay.auth import mint_key
     from relay.bench_recall import load_folder, memory_draft, read_jsonl
     from relay.embedding import load_embedder
+    from relay.key_shape import split_key
     from relay.store.sqlite import SQLiteStore
     from relay.writes import save_many
 

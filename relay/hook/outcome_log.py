@@ -15,6 +15,7 @@ import time
 
 from relay.hook import codec
 from relay.hook.files import Lock
+from relay.key_shape import split_key
 
 LOG_NAME = "outcomes.jsonl"
 
@@ -30,12 +31,11 @@ def sha256_hex(data: bytes) -> str:
 
 def key_label(key: str) -> str:
     """Which key a run sent, never its secret: the id of a key shaped `relay_<id>_<secret>`
-    (what `relay keys` and `relay doctor` show), else `sha256:` and 8 hex digits of it, so
-    `relay stats` can tell whose 401s they were (docs/hook.md)."""
-    key_id, sep, _ = key.removeprefix("relay_").partition("_")
-    if key.startswith("relay_") and sep and key_id.isalnum() and len(key_id) <= 64:
-        return key_id
-    return "sha256:" + sha256_hex(key.encode())[:8]
+    as the server reads one (`split_key`; what `relay keys` and `relay doctor` show), else
+    `sha256:` and 8 hex digits of it, so `relay stats` can tell whose 401s they were
+    (docs/hook.md)."""
+    parts = split_key(key)
+    return parts[0] if parts else "sha256:" + sha256_hex(key.encode())[:8]
 
 
 def timestamp(now: float | None = None) -> str:
