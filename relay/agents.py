@@ -341,9 +341,13 @@ def strip_mcp_server(doc: dict[str, Any], original: dict[str, Any] | None) -> di
 
 
 # -- Codex config.toml: minimal text edits ------------------------------------------
+# A config.toml may open with a UTF-8 byte order mark (Notepad and PowerShell write one):
+# Codex reads past it, as the `toml` crate's lexer skips one leading mark (a second is a
+# parse error; tests/test_real_clients.py runs the hooks of such a file). tomllib does not
+# ("Invalid statement"), so it is read past here too, and the edits keep it in its place.
 def parse_toml(text: str, where: str) -> dict[str, Any]:
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text.removeprefix(json_text.BOM))
     except tomllib.TOMLDecodeError as exc:
         raise SettingsFileError(f"{where} is not valid TOML ({exc}); nothing was changed") from None
 
@@ -364,6 +368,7 @@ def strip_codex_config(text: str) -> str:
     """`text` without Relay's marked block and marked feature line, everything else untouched.
     A block whose end marker was deleted ends at the first line Relay does not write there:
     taking all that follows took the user's own tables with it."""
+    bom, text = _split_bom(text)
     lines = text.splitlines(keepends=True)
     out: list[str] = []
     inside = closed = False
@@ -385,7 +390,14 @@ def strip_codex_config(text: str) -> str:
         if stripped.endswith(TOML_FEATURE_MARK) and stripped.split("=")[0].strip() == "hooks":
             continue
         out.append(line)
-    return "".join(out)
+    return bom + "".join(out)
+
+
+def _split_bom(text: str) -> tuple[str, str]:
+    """(the byte order mark `text` opens with, or "", the rest): the line edits work on
+    the rest, and the mark goes back in front of what they make."""
+    rest = text.removeprefix(json_text.BOM)
+    return text[: len(text) - len(rest)], rest
 
 
 # A header line as splitlines(keepends=True) gives it: CRLF files end it in "\r\n".
@@ -402,6 +414,7 @@ def add_codex_config(
     again and checked before it is returned.
     """
     parse_toml(text, where)
+    bom, text = _split_bom(text)
     base = strip_codex_config(text)
     data = parse_toml(base, where)
     notes: list[str] = []
@@ -469,7 +482,7 @@ def add_codex_config(
     check = parse_toml(new, where)  # never hand back text that Codex could not read
     if relay_bin is not None and f"[mcp_servers.{SERVER_NAME}]" in block:
         assert check["mcp_servers"][SERVER_NAME] == codex_mcp_entry(relay_bin)
-    return new, notes
+    return bom + new, notes
 
 
 def _line_end(text: str) -> str:

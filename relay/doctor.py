@@ -308,7 +308,7 @@ def _read_toml(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     import tomllib
 
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8")), None
+        return tomllib.loads(path.read_text(encoding="utf-8-sig")), None  # as Codex reads it
     except FileNotFoundError:
         return {}, None
     except UnicodeDecodeError:

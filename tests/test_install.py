@@ -499,6 +499,40 @@ def test_a_codex_hooks_file_starting_with_a_bom_is_refused_saying_to_save_withou
     )
 
 
+@pytest.mark.parametrize(
+    "original",
+    [
+        '[features]\nweb_search = true\n\n[tui]\ntheme = "dark"\n',  # the header on the mark's line
+        'model = "gpt-5"\n',
+        "",  # the mark alone
+    ],
+)
+def test_a_codex_config_starting_with_a_bom_is_edited_and_keeps_it(tmp_path, server, original):
+    """QA: a ~/.codex/config.toml saved as "UTF-8 with BOM" (Notepad, PowerShell) was refused
+    with tomllib's bare "not valid TOML (Invalid statement (at line 1, column 1))". Codex reads
+    it (the `toml` crate skips one leading mark; tests/test_real_clients.py runs its hooks), so
+    install edits it as it edits any config.toml, the mark kept in front, and doctor and
+    uninstall read it alike: uninstall gives back the original bytes."""
+    path = tmp_path / ".codex/config.toml"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\xef\xbb\xbf" + original.encode())
+    done = install(tmp_path, server, "--agent", "codex")
+    assert done.returncode == 0, done.stderr
+    assert "form relay install does not edit" not in done.stdout, done.stdout
+    written = path.read_bytes()
+    assert written.startswith(b"\xef\xbb\xbf" + original.split("\n")[0].encode())
+    assert written.count(b"\xef\xbb\xbf") == 1
+    doc = tomllib.loads(written[3:].decode())
+    assert doc["features"]["hooks"] is True and doc["mcp_servers"]["relay"]["args"] == ["mcp"]
+    if original.startswith("[features]"):  # the flag goes under the user's own header
+        assert written.startswith(b"\xef\xbb\xbf[features]\nhooks = true  # added by relay")
+    checked = relay(tmp_path, "doctor")
+    assert "TOML" not in checked.stdout + checked.stderr, checked.stdout
+    undone = relay(tmp_path, "uninstall")
+    assert undone.returncode == 0, undone.stderr
+    assert path.read_bytes() == b"\xef\xbb\xbf" + original.encode()
+
+
 def test_settings_holding_lone_surrogates_and_line_separators_are_kept(tmp_path, server):
     """QA: a valid `"L": "\\ud800"` in settings.json ended install in a traceback
     (UnicodeEncodeError): it has no UTF-8, so it stays the escape it was."""

@@ -640,6 +640,36 @@ def test_a_hooks_file_with_a_bom_runs_its_hooks_in_claude_code_only(client_name,
         assert carried == 0 and turn.outcomes == [], turn.describe()
 
 
+def test_codex_reads_a_config_toml_with_a_bom_so_install_edits_it(server, tmp_path):
+    """Why `relay install` edits a Codex config.toml that opens with a UTF-8 byte order mark
+    (keeping it), unlike a hooks.json with one: Codex reads the file past the mark (the `toml`
+    crate's lexer skips one), so `[features] hooks = true` and `[mcp_servers.relay]`, written
+    after it, take effect. A client version that stops reading such a file fails here."""
+    api = FakeModelApi()
+    client = CodexClient(api)
+    try:
+        home = tmp_path / "home"
+        (home / "work").mkdir(parents=True)
+        config = home / ".codex/config.toml"
+        config.parent.mkdir()
+        config.write_text("")
+        client.prepare(home)  # the fake model's provider: the user's own settings, before install
+        config.write_bytes(json_text.BOM.encode() + config.read_bytes())
+        done = relay(
+            home, "install", "--url", server.url, "--key", server.admin_key, "--agent", "codex"
+        )
+        assert done.returncode == 0, done.stderr
+        assert config.read_bytes().startswith(json_text.BOM.encode() + b'model = "fake"\n')
+        listed = client.mcp_list(home)
+        assert listed.returncode == 0, listed.stderr
+        assert re.search(r"^relay\s+\S*/relay\s+mcp\s+.*enabled", listed.stdout, flags=re.M)
+        turn = client.run(home, "config_bom", NEEDED)
+    finally:
+        api.close()
+    carried = count_in(prompt_call(client, turn).body, "<relay-memory")
+    assert carried >= 1 and "hit" in [o.get("outcome") for o in turn.outcomes], turn.describe()
+
+
 # -- MCP: listed by the client, answers a tool call from the model --------------------------------
 @pytest.mark.parametrize("config_at", ["default", "RELAY_CONFIG"])
 @pytest.mark.parametrize("client_name", ["claude-code", "codex"])
