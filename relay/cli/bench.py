@@ -17,6 +17,7 @@ from relay.cli.common import (
 )
 from relay.cli_types import StrictFloat, StrictInt
 from relay.key_file import given_key, key_file_option
+from relay.numerals import is_integer
 
 
 @click.group()
@@ -66,6 +67,19 @@ def bench_recall(
     if json_path:
         json_path.write_text(json.dumps(result, indent=2) + "\n")
     click.echo(br.render_table(result))
+
+
+def _integers(option: str, text: str) -> list[int]:
+    """A comma-separated list of whole numbers, each read as an integer option reads one
+    (`relay.numerals`): int() took `1_000` as 1000, and ` 2` or `+3` too."""
+    parts = text.split(",")
+    bad = next((part for part in parts if not is_integer(part) or int(part) < 1), None)
+    if bad is not None:
+        raise click.BadParameter(
+            f"{bad!r} is not a whole number of 1 or more (digits only, comma-separated)",
+            param_hint=option,
+        )
+    return [int(part) for part in parts]
 
 
 @bench.command("search")
@@ -163,11 +177,8 @@ def bench_search(
     else:
         from relay import bench_orgs
 
-        try:
-            sizes_list = [int(s) for s in (sizes or str(n)).split(",")]
-            client_levels = tuple(int(c) for c in clients.split(","))
-        except ValueError as exc:
-            raise click.UsageError(f"--sizes and --clients take integers: {exc}") from exc
+        sizes_list = _integers("--sizes", sizes or str(n))
+        client_levels = tuple(_integers("--clients", clients))
         if min(sizes_list) < bench_orgs.ORGS:
             raise click.UsageError(f"orgs100 needs at least {bench_orgs.ORGS} memories")
         result = bench_orgs.run(
