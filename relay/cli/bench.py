@@ -17,7 +17,6 @@ from relay.cli.common import (
 )
 from relay.cli_types import StrictFloat, StrictInt
 from relay.key_file import given_key, key_file_option
-from relay.numerals import is_integer
 
 
 @click.group()
@@ -70,16 +69,14 @@ def bench_recall(
 
 
 def _integers(option: str, text: str) -> list[int]:
-    """A comma-separated list of whole numbers, each read as an integer option reads one
-    (`relay.numerals`): int() took `1_000` as 1000, and ` 2` or `+3` too."""
-    parts = text.split(",")
-    bad = next((part for part in parts if not is_integer(part) or int(part) < 1), None)
-    if bad is not None:
-        raise click.BadParameter(
-            f"{bad!r} is not a whole number of 1 or more (digits only, comma-separated)",
-            param_hint=option,
-        )
-    return [int(part) for part in parts]
+    """A comma-separated list of whole numbers of 1 or more, each read as an integer option
+    reads one (`StrictInt`): int() took `1_000` as 1000, ` 2` or `+3` too, and a number past
+    Python's 4,300-digit limit as a traceback."""
+    one = StrictInt(min=1)
+    try:
+        return [one.convert(part, None, None) for part in text.split(",")]
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint=option) from exc
 
 
 @bench.command("search")
