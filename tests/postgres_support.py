@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
 import warnings
 from collections import Counter
@@ -196,6 +197,22 @@ class PrivatePostgres:
     def restart(self) -> None:
         """What an operator's restart does: every open connection is terminated."""
         self._pg_ctl("-m", "fast", "restart")
+
+    def _processes(self) -> list[int]:
+        """The postmaster and every process it started (a backend per open connection)."""
+        main = int((Path(self.server.pgdata) / "postmaster.pid").read_text().split()[0])
+        children = Path(f"/proc/{main}/task/{main}/children").read_text().split()
+        return [main, *map(int, children)]
+
+    def freeze(self) -> None:
+        """A database that stops answering but keeps its connections open (its host frozen,
+        its storage stalled; the network cut without a reset looks the same to a client)."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
 
     def close(self) -> None:
         with warnings.catch_warnings():

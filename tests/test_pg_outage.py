@@ -19,13 +19,14 @@ from postgres_support import PrivatePostgres
 
 from relay.server import HEALTH_WAIT_S
 from relay.store.postgres import POOL_WAIT_S
+from relay.store.postgres.watch import GRACE_S
 
 pytestmark = pytest.mark.postgres
 
 SLACK_S = 0.25  # HTTP and scheduling on a busy two-core machine
 
 
-def call(server: LiveServer, method: str, path: str, body: object = None):  # noqa: ANN201
+def call(server: LiveServer, method: str, path: str, body: object = None, timeout: float = 60):  # noqa: ANN201
     """(status, JSON body, Retry-After header, seconds taken)."""
     req = urllib.request.Request(
         server.url + path,
@@ -35,15 +36,16 @@ def call(server: LiveServer, method: str, path: str, body: object = None):  # no
     )
     start = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             status, raw, retry = resp.status, resp.read(), resp.headers.get("Retry-After")
     except urllib.error.HTTPError as exc:
         status, raw, retry = exc.code, exc.read(), exc.headers.get("Retry-After")
     return status, json.loads(raw or b"null"), retry, time.monotonic() - start
 
 
-def search(server: LiveServer, deadline_ms: float = 5000):  # noqa: ANN201
-    return call(server, "POST", "/v1/search", {"query": "staging", "deadline_ms": deadline_ms})
+def search(server: LiveServer, deadline_ms: float = 5000, timeout: float = 60):  # noqa: ANN201
+    body = {"query": "staging", "deadline_ms": deadline_ms}
+    return call(server, "POST", "/v1/search", body, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +106,26 @@ def test_no_request_fails_once_the_database_has_restarted(pg: PrivatePostgres, l
     with ThreadPoolExecutor(4) as pool:
         after += [r[0] for r in pool.map(lambda _: search(live), range(8))]
     assert after == [200] * len(after)
+
+
+def test_a_database_that_stops_answering_fails_healthz_and_searches_in_time(
+    pg: PrivatePostgres, live: LiveServer
+):
+    """Frozen, the database keeps its connections open and answers nothing (so does one cut
+    off by the network without a reset, as a failover can): /healthz and every search that
+    met a pooled connection waited until it came back, so a load balancer never took the
+    replica out and each request held a connection meanwhile."""
+    assert search(live)[0] == 200  # the pool holds an idle connection, handed out next
+    pg.freeze()
+    try:
+        status, body, retry, took = call(live, "GET", "/healthz", timeout=10)
+        assert_unavailable(status, body, retry)
+        assert took < HEALTH_WAIT_S + GRACE_S + SLACK_S
+
+        status, body, retry, took = search(live, deadline_ms=300, timeout=10)
+        assert_unavailable(status, body, retry)
+        assert took < 0.3 + GRACE_S + SLACK_S
+    finally:
+        pg.thaw()
+    wait_healthy(live, 10)
+    assert search(live)[0] == 200

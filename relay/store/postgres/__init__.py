@@ -23,6 +23,7 @@ back to the exact scan when the share is too small or too few rows come back.
 
 `PostgresStore` is put together from one part per concern, each a module here:
 `connection` (URL options, pool, transactions, error translation, vectors on the wire),
+`watch` (a transaction under a request's deadline cut short when the database stops answering),
 `orgs` (organisations and keys), `writes` (saves, deletes, supersession links), `totals`
 (the per-org counts writes keep for scoring, and their recount), `reads` (memory reads
 and the access filters), `search` (the lexical stage, passages, document frequencies),
@@ -61,6 +62,7 @@ from relay.store.postgres.reports import HookOutcomes
 from relay.store.postgres.search import SearchStages, within_budget
 from relay.store.postgres.totals import _repair_passage_totals, recount_passage_totals
 from relay.store.postgres.vectors import VectorSearch, ef_search_for
+from relay.store.postgres.watch import StatementWatch
 from relay.store.postgres.writes import MemoryWrites, insert_passages, relink_org_superseded
 from relay.store.vector_index import VectorIndex
 
@@ -104,6 +106,7 @@ class PostgresStore(
             VectorIndex(max_bytes=opts.vector_cache_mb << 20) if opts.vector_cache_mb else None
         )
         self.app_role = opts.app_role
+        self.watch = StatementWatch()
         self._vector_oid: int | None = None
         self._migrate()
         with translate_errors():
@@ -209,3 +212,4 @@ class PostgresStore(
 
     def close(self) -> None:
         self.pool.close()
+        self.watch.close()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -32,6 +32,9 @@ from psycopg_pool import ConnectionPool
 from relay.errors import InvalidRequestError, NotFoundError, StoreError, UnavailableError
 from relay.store import connect_deadline
 from relay.store.migrations_postgres import APP_ROLE
+
+if TYPE_CHECKING:
+    from relay.store.postgres.watch import StatementWatch
 
 # One logger for the whole store, whichever part logs: operators and tests filter on it.
 log = logging.getLogger("relay.store.postgres")
@@ -56,6 +59,9 @@ RECONNECT_S = 5.0
 # SQLSTATEs that mean the connection, not the query, failed: class 08, and the server
 # shutting down, crashing or still starting (57P01-03). Client-side errors have none.
 _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
+
+# What a client is told while the database is away (the driver's words go to the log).
+UNREACHABLE = "database unreachable: the server cannot reach its database right now"
 
 # A pooled connection: the pool makes its rows dicts (`row_factory=dict_row`).
 PgConnection: TypeAlias = psycopg.Connection[DictRow]
@@ -91,7 +97,7 @@ def translate_errors() -> Iterator[None]:
     except psycopg.Error as exc:
         if connection_lost(exc):
             lost = UnavailableError(f"database unreachable: {driver_text(exc)}")
-            lost.public = "database unreachable: the server cannot reach its database right now"
+            lost.public = UNREACHABLE
             raise lost from exc
         raise StoreError(f"database error: {driver_text(exc)}") from exc
 
@@ -184,6 +190,7 @@ class PostgresConnections:
     conninfo: str
     app_role: str
     pool: ConnectionPool[PgConnection]
+    watch: StatementWatch
 
     def _configure(self, conn: PgConnection) -> None:
         conn.execute("SET TIME ZONE 'UTC'")
@@ -215,8 +222,14 @@ class PostgresConnections:
     def _tx(
         self, org_id: str | None = None, key_id: str | None = None, directory: bool = False
     ) -> Iterator[PgConnection]:
-        """One transaction, its tenant settings set for it alone (`set_config(..., true)`)."""
-        with translate_errors(), self.pool.connection(_wait()) as conn, conn.transaction():
+        """One transaction, its tenant settings set for it alone (`set_config(..., true)`);
+        under a request's deadline, cut short if the database stops answering (`watch`)."""
+        with (
+            translate_errors(),
+            self.pool.connection(_wait()) as conn,
+            self.watch.within(conn, connect_deadline()),
+            conn.transaction(),
+        ):
             conn.execute(
                 "SELECT set_config('relay.org_id', %s, true), set_config('relay.key_id', %s, true),"
                 " set_config('relay.directory', %s, true)",
