@@ -225,6 +225,36 @@ def test_a_replica_logging_in_as_a_member_of_the_app_role_starts_and_serves(
             conn.execute(f"DROP ROLE {login}")
 
 
+def test_a_member_login_on_a_database_no_owner_has_set_up_is_told_who_may(
+    pg_store: PostgresStore, pg_url: str
+):
+    """QA: a replica's own login (docs/deployment.md) started on a fresh database, before the
+    owner ever ran, said only PostgreSQL's words and the statement they refused: 'database
+    error: permission denied for schema public; LINE 1: CREATE TABLE schema_migrations ...'.
+    It names the migration, and who may apply it, as a later pending one does."""
+    suffix = time.monotonic_ns()
+    database, login = f"relay_fresh_{suffix}", f"relay_server_{suffix}"
+    parts = urlsplit(pg_url)
+    member_url = parts._replace(
+        netloc=f"{login}:pw@{parts.netloc.rpartition('@')[2]}", path=f"/{database}"
+    ).geturl()
+    with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {database}")
+        conn.execute(f"CREATE ROLE {login} LOGIN PASSWORD 'pw' IN ROLE relay_app")
+    try:
+        with pytest.raises(StoreError) as refused:
+            PostgresStore(member_url, pool_size=1)
+        assert str(refused.value) == (
+            "schema migration 1 cannot be applied as this database user (permission denied for"
+            " schema public): it takes the schema's owner (run `relay org list` with the"
+            " owner's URL once), and the vector extension a superuser (docs/deployment.md)"
+        )
+    finally:
+        with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {database}")
+            conn.execute(f"DROP ROLE {login}")
+
+
 def test_relay_options_are_taken_out_of_the_url(monkeypatch):
     monkeypatch.setenv("RELAY_PG_POOL", "3")
     opts = parse_url("postgresql://u@/db?host=/tmp/x&exact_max=7&app_role=r")

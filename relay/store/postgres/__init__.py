@@ -35,6 +35,8 @@ Migrating the schema (`migrations_postgres`) as the owner, and the app role, sta
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import sql
@@ -79,6 +81,23 @@ __all__ = [
     "relink_org_superseded",
     "within_budget",
 ]
+
+
+@contextmanager
+def _as_owner(version: int) -> Iterator[None]:
+    """A migration step this user may not take is named, with who may (PostgreSQL's words
+    alone, with the SQL it refused, left the operator of a replica's own login guessing)."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as exc:
+        # PostgreSQL's message and hint, not the statement it quotes after them.
+        said = ". ".join(filter(None, (exc.diag.message_primary, exc.diag.message_hint)))
+        raise StoreError(
+            f"schema migration {version} cannot be applied as this database user"
+            f" ({said or driver_text(exc)}): it takes the schema's owner (run `relay org list`"
+            " with the owner's URL once), and the vector extension a superuser"
+            " (docs/deployment.md)"
+        ) from exc
 
 
 class PostgresStore(
@@ -147,27 +166,18 @@ class PostgresStore(
             conn.execute("SELECT pg_advisory_lock(hashtext('relay schema'))")
             try:
                 if one_row(conn.execute("SELECT to_regclass('schema_migrations')"))[0] is None:
-                    conn.execute(
-                        "CREATE TABLE schema_migrations"
-                        " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"
-                    )
+                    with _as_owner(1):  # a database no owner has set up yet
+                        conn.execute(
+                            "CREATE TABLE schema_migrations"
+                            " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"
+                        )
                 done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
                 for version, script in enumerate(MIGRATIONS, start=1):
                     if version in done:
                         continue
-                    try:
-                        with conn.transaction():
-                            conn.execute(script)
-                            conn.execute(
-                                "INSERT INTO schema_migrations VALUES (%s, now())", (version,)
-                            )
-                    except psycopg.errors.InsufficientPrivilege as exc:
-                        raise StoreError(
-                            f"schema migration {version} cannot be applied as this database"
-                            f" user ({driver_text(exc)}): it takes the schema's owner (run"
-                            " `relay org list` with the owner's URL once), and the vector"
-                            " extension a superuser (docs/deployment.md)"
-                        ) from exc
+                    with _as_owner(version), conn.transaction():
+                        conn.execute(script)
+                        conn.execute("INSERT INTO schema_migrations VALUES (%s, now())", (version,))
                 self._ensure_role(conn)
                 _repair_passage_totals(conn)
             finally:
