@@ -263,6 +263,30 @@ def test_relay_options_are_taken_out_of_the_url(monkeypatch):
     assert parse_url("postgresql://u@h/db?pool_size=12").pool_size == 12
 
 
+@pytest.mark.parametrize(
+    ("option", "variable", "text", "says"),
+    [
+        ("pool_size", "RELAY_PG_POOL", "x", "'x' is not a whole number"),
+        ("pool_size", "RELAY_PG_POOL", "1_0", "'1_0' is not a whole number"),
+        ("pool_size", "RELAY_PG_POOL", "0", "0 is below 1"),
+        ("exact_max", "RELAY_PG_EXACT_MAX", "-5", "-5 is below 0"),
+        ("vector_cache_mb", "RELAY_PG_VECTOR_CACHE_MB", " 64", "' 64' is not a whole number"),
+    ],
+)
+def test_a_bad_option_is_named_where_it_was_set(monkeypatch, option, variable, text, says):
+    """QA: RELAY_PG_POOL=abc said 'bad PostgreSQL URL option: invalid literal for int() with
+    base 10', naming neither the option nor the variable (and sent the operator to the URL);
+    1_0 was taken for 10 and a negative exact_max for a setting. Integers are read as every
+    other setting reads them (decimal digits alone)."""
+    with pytest.raises(InvalidRequestError) as in_url:
+        parse_url(f"postgresql://u@h/db?{option}={text}")
+    assert str(in_url.value) == f"bad PostgreSQL URL option {option}={text!r}: {says}"
+    monkeypatch.setenv(variable, text)
+    with pytest.raises(InvalidRequestError) as in_env:
+        parse_url("postgresql://u@h/db")
+    assert str(in_env.value) == f"{variable}={text!r} is not a valid {option}: {says}"
+
+
 def test_the_socket_form_without_an_authority_connects(pg_url: str):
     """QA: postgresql:///db?host=/socket/dir (libpq's own form, in docs/deployment.md)
     became postgresql:/db..., which libpq refused as an invalid connection option."""

@@ -30,6 +30,7 @@ from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
 from relay.errors import InvalidRequestError, NotFoundError, StoreError, UnavailableError
+from relay.settings import whole
 from relay.store import connect_deadline
 from relay.store.migrations_postgres import APP_ROLE
 
@@ -150,28 +151,36 @@ def parse_url(url: str) -> PgOptions:
     query = parse_qsl(parts.query, keep_blank_values=True)
     own = {k: v for k, v in query if k in RELAY_PARAMS}
     rest = [(k, v) for k, v in query if k not in RELAY_PARAMS]
-    try:
-        pool = int(own.get("pool_size") or os.environ.get("RELAY_PG_POOL") or DEFAULT_POOL)
-        exact = int(
-            own.get("exact_max") or os.environ.get("RELAY_PG_EXACT_MAX") or DEFAULT_EXACT_MAX
-        )
-        cache_mb = int(
-            own.get("vector_cache_mb")
-            or os.environ.get("RELAY_PG_VECTOR_CACHE_MB")
-            or DEFAULT_VECTOR_CACHE_MB
-        )
-    except ValueError as exc:
-        raise InvalidRequestError(f"bad PostgreSQL URL option: {exc}") from exc
-    if pool < 1:
-        raise InvalidRequestError("pool_size must be at least 1")
-    if cache_mb < 0:
-        raise InvalidRequestError("vector_cache_mb must be 0 (off) or more")
+    pool = _option(own, "pool_size", "RELAY_PG_POOL", DEFAULT_POOL, 1)
+    exact = _option(own, "exact_max", "RELAY_PG_EXACT_MAX", DEFAULT_EXACT_MAX, 0)
+    cache_mb = _option(
+        own, "vector_cache_mb", "RELAY_PG_VECTOR_CACHE_MB", DEFAULT_VECTOR_CACHE_MB, 0
+    )
     conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
     if not parts.netloc:
         # urlunsplit drops the empty authority (postgresql:/db), which libpq then refuses:
         # keep the `///` of the socket form, postgresql:///db?host=/socket/dir.
         conninfo = conninfo.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
     return PgOptions(conninfo, pool, exact, own.get("app_role") or APP_ROLE, cache_mb)
+
+
+def _option(own: dict[str, str], name: str, variable: str, default: int, low: int) -> int:
+    """One of Relay's integer options: from the URL, else its environment variable, else the
+    default; read as every integer setting is (`relay.settings.whole`: decimal digits alone,
+    `low` or more), and named where it was set when it is wrong."""
+    if own.get(name):
+        text, bad = own[name], f"bad PostgreSQL URL option {name}={own[name]!r}"
+    elif os.environ.get(variable):
+        text, bad = (
+            os.environ[variable],
+            f"{variable}={os.environ[variable]!r} is not a valid {name}",
+        )
+    else:
+        return default
+    try:
+        return whole(low)(text)
+    except ValueError as exc:
+        raise InvalidRequestError(f"{bad}: {exc}") from None
 
 
 def _wait() -> float:
