@@ -35,6 +35,7 @@ Migrating the schema (`migrations_postgres`) as the owner, and the app role, sta
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -126,6 +127,7 @@ class PostgresStore(
         )
         self.app_role = opts.app_role
         self.watch = StatementWatch()
+        self.incarnation, self.epoch, self.epoch_lock = None, 0, threading.Lock()
         self._vector_oid: int | None = None
         self._migrate()
         with translate_errors():

@@ -13,10 +13,12 @@ import logging
 import os
 import select
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -63,6 +65,14 @@ _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
 
 # What a client is told while the database is away (the driver's words go to the log).
 UNREACHABLE = "database unreachable: the server cannot reach its database right now"
+
+# Read beside an org's `generation` wherever caches are keyed on it (`_versioned`): what a
+# restore changes though it sets the counter back.
+INCARNATION = (
+    "(SELECT oid FROM pg_database WHERE datname = current_database())::int8 AS database_oid,"
+    " tableoid::int8 AS table_oid, pg_postmaster_start_time() AS started"
+)
+EPOCH_BITS = 40  # room for an org's generations within one epoch
 
 # A pooled connection: the pool makes its rows dicts (`row_factory=dict_row`).
 PgConnection: TypeAlias = psycopg.Connection[DictRow]
@@ -200,6 +210,24 @@ class PostgresConnections:
     app_role: str
     pool: ConnectionPool[PgConnection]
     watch: StatementWatch
+    incarnation: tuple[int, int, datetime] | None  # of the database `_versioned` last read
+    epoch: int
+    epoch_lock: threading.Lock
+
+    def _versioned(self, row: DictRow) -> int:
+        """An org's generation as this replica's caches (search results, vectors) key on it.
+        A restore (a dump into the database recreated, point-in-time recovery) sets the
+        database's counter back, and its next writes brought the org to generations cached
+        from before the restore: a search answered with a memory the restored database does
+        not hold. The database's and the orgs table's identities (a restore recreates one or
+        both) and the server's start (a recovery restarts it) tell such a database apart;
+        each new one starts an epoch above every generation of the last."""
+        seen = (row["database_oid"], row["table_oid"], row["started"])
+        with self.epoch_lock:
+            if seen != self.incarnation:
+                self.epoch += self.incarnation is not None
+                self.incarnation = seen
+            return (self.epoch << EPOCH_BITS) + row["generation"]
 
     def _configure(self, conn: PgConnection) -> None:
         conn.execute("SET TIME ZONE 'UTC'")

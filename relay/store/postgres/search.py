@@ -9,7 +9,7 @@ from datetime import datetime
 
 from relay.models import Passage
 from relay.store import PASSAGE_COUNT_SQL, candidate_terms
-from relay.store.postgres.connection import PostgresConnections, one_row
+from relay.store.postgres.connection import INCARNATION, PostgresConnections, one_row
 from relay.store.postgres.reads import _params, visible_sql
 
 LEXICAL_BUDGET = 2000  # lexical candidates: rarest terms matching at most this many passages
@@ -152,8 +152,10 @@ class SearchStages(PostgresConnections):
 
     def generation(self, org_id: str) -> int:
         with self._tx(org_id) as conn:
-            row = conn.execute("SELECT generation FROM orgs WHERE id = %s", (org_id,)).fetchone()
-        return -1 if row is None else row["generation"]
+            row = conn.execute(
+                f"SELECT generation, {INCARNATION} FROM orgs WHERE id = %s", (org_id,)
+            ).fetchone()
+        return -1 if row is None else self._versioned(row)
 
     def next_expiry(self, org_id: str, now: datetime) -> datetime | None:
         with self._tx(org_id) as conn:

@@ -23,6 +23,7 @@ from psycopg import sql
 from relay.models import EVERYONE
 from relay.store.postgres.connection import (
     CACHE_IDLE_S,
+    INCARNATION,
     PASSAGE_BYTES,
     PgConnection,
     PostgresConnections,
@@ -146,13 +147,14 @@ class VectorSearch(PostgresConnections):
         """(None: search the org exactly, else the ef_search HNSW needs; the org's
         generation; its passages)."""
         row = conn.execute(
-            "SELECT passage_count AS org_rows, generation, (SELECT reltuples FROM pg_class"
-            " WHERE oid = 'passages'::regclass) AS table_rows FROM orgs WHERE id = %s",
+            f"SELECT passage_count AS org_rows, generation, {INCARNATION}, (SELECT reltuples"
+            " FROM pg_class WHERE oid = 'passages'::regclass) AS table_rows FROM orgs"
+            " WHERE id = %s",
             (org_id,),
         ).fetchone()
         if row is None:
             return None, -1, 0
-        org_rows, generation = row["org_rows"], row["generation"]
+        org_rows, generation = row["org_rows"], self._versioned(row)
         if org_rows <= self.exact_max:
             return None, generation, org_rows
         return ef_search_for(limit, org_rows, row["table_rows"]), generation, org_rows
