@@ -6,6 +6,8 @@ The database is a private one (the shared test server stays up for every other t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +21,7 @@ from postgres_support import PrivatePostgres
 
 from relay.server import HEALTH_WAIT_S
 from relay.store.postgres import POOL_WAIT_S
+from relay.store.postgres.connection import CONNECT_TIMEOUT_S
 from relay.store.postgres.watch import GRACE_S
 
 pytestmark = pytest.mark.postgres
@@ -129,3 +132,25 @@ def test_a_database_that_stops_answering_fails_healthz_and_searches_in_time(
         pg.thaw()
     wait_healthy(live, 10)
     assert search(live)[0] == 200
+
+
+def test_connecting_to_a_database_that_stops_answering_gives_up_in_seconds(pg: PrivatePostgres):
+    """QA: `relay org list` waited 2 min 12 s on a database that took the connection and never
+    answered (psycopg's default connect timeout, 130 s), as did `relay serve` starting,
+    `relay migrate`, and the pool replacing a connection a replica had cut (so a replica
+    whose database failed over to a new address stayed out for minutes)."""
+    pg.freeze()
+    try:
+        start = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "relay", "org", "list", "--db", pg.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - start
+    finally:
+        pg.thaw()
+    assert done.returncode == 8, done.stderr
+    assert done.stderr.startswith("relay: error: database unreachable:")
+    assert took < CONNECT_TIMEOUT_S + 5  # the interpreter and Relay's imports: about 1 s

@@ -257,9 +257,11 @@ def test_a_member_login_on_a_database_no_owner_has_set_up_is_told_who_may(
 
 def test_relay_options_are_taken_out_of_the_url(monkeypatch):
     monkeypatch.setenv("RELAY_PG_POOL", "3")
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
     opts = parse_url("postgresql://u@/db?host=/tmp/x&exact_max=7&app_role=r")
     assert (opts.pool_size, opts.exact_max, opts.app_role) == (3, 7, "r")
-    assert opts.conninfo == "postgresql://u@/db?host=%2Ftmp%2Fx"
+    assert opts.conninfo == "postgresql://u@/db?host=%2Ftmp%2Fx&connect_timeout=5"
+    assert parse_url("postgresql://u@h/db?connect_timeout=30").conninfo.endswith("timeout=30")
     assert parse_url("postgresql://u@h/db?pool_size=12").pool_size == 12
 
 

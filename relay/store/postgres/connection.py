@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("relay.store.postgres")
 
 DEFAULT_POOL = 8
+# How long a connection attempt may take, unless the URL (or PGCONNECT_TIMEOUT) says: a
+# database that takes the connection and never answers held the CLI, a replica starting and
+# the pool replacing a lost connection for psycopg's own default, 130 s.
+CONNECT_TIMEOUT_S = 5
 DEFAULT_EXACT_MAX = 20_000  # passages an org may have and still be searched exactly
 # Query parameters Relay reads from the URL itself; psycopg never sees them.
 RELAY_PARAMS = ("pool_size", "exact_max", "app_role", "vector_cache_mb")
@@ -166,6 +170,8 @@ def parse_url(url: str) -> PgOptions:
     cache_mb = _option(
         own, "vector_cache_mb", "RELAY_PG_VECTOR_CACHE_MB", DEFAULT_VECTOR_CACHE_MB, 0
     )
+    if "PGCONNECT_TIMEOUT" not in os.environ and all(k != "connect_timeout" for k, _ in rest):
+        rest.append(("connect_timeout", str(CONNECT_TIMEOUT_S)))
     conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
     if not parts.netloc:
         # urlunsplit drops the empty authority (postgresql:/db), which libpq then refuses:
