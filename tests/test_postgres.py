@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
@@ -14,7 +15,7 @@ from postgres_support import raw_count
 
 from relay.errors import InvalidRequestError, StoreError
 from relay.models import HookReport, MemoryDraft, PassageInput
-from relay.store import vector_index
+from relay.store import connect_by, vector_index
 from relay.store.postgres import (
     PostgresStore,
     candidate_terms,
@@ -22,6 +23,7 @@ from relay.store.postgres import (
     parse_url,
     within_budget,
 )
+from relay.store.postgres.watch import GRACE_S
 
 pytestmark = pytest.mark.postgres
 EVERY = frozenset({"all"})
@@ -316,6 +318,30 @@ def test_the_vector_cache_option_is_read_and_zero_turns_it_off(pg_url: str):
         assert store.vectors is None and len(got) == 10  # answered by PostgreSQL's own scan
     finally:
         store.close()
+
+
+def test_a_small_orgs_vectors_load_past_a_searchs_deadline_for_the_searches_after_it(
+    pg_store: PostgresStore,
+):
+    """The replica's copy of a small org's vectors serves every later search, so loading it
+    is not cut short at the deadline of the search that happened to start it (`watch`): on
+    a busy database an org near `exact_max`, its load cut every time, never got its copy."""
+    org = pg_store.create_org("acme").id
+    vectors = _vectors(20, 12)
+    _fill(pg_store, org, vectors, "w")
+
+    def search() -> list[tuple[int, float]]:
+        with connect_by(time.monotonic() + 0.3):
+            return pg_store.semantic_search(org, EVERY, datetime.now(UTC), vectors[0], 3)
+
+    with psycopg.connect(pg_store.conninfo) as blocker, ThreadPoolExecutor(1) as pool:
+        blocker.execute("LOCK TABLE passages IN ACCESS EXCLUSIVE MODE")  # the load waits
+        running = pool.submit(search)
+        time.sleep(GRACE_S + 1.0)
+        blocker.commit()
+        hits = running.result(timeout=30)
+    assert pg_store.vectors is not None and org in pg_store.vectors
+    assert hits[0][1] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_small_org_is_searched_from_memory_and_a_stale_copy_never_shows_the_deleted(

@@ -42,10 +42,12 @@ _connect_by: ContextVar[float | None] = ContextVar("relay_connect_by", default=N
 
 
 @contextmanager
-def connect_by(deadline: float) -> Iterator[None]:
+def connect_by(deadline: float | None) -> Iterator[None]:
     """Store calls made in this block wait for a database connection until `deadline`
     (`time.monotonic()`) at most, so a request with a deadline fails fast instead of late
-    while the database is away. Outside such a block a store applies its own bound."""
+    while the database is away (and PostgreSQL's are cut a little past it when it stops
+    answering: `relay.store.postgres.watch`). Outside such a block, or with None (work
+    whose result outlives the request), a store applies its own bound."""
     token = _connect_by.set(deadline)
     try:
         yield

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 
 from relay.models import EVERYONE
+from relay.store import connect_by
 from relay.store.postgres.connection import (
     CACHE_IDLE_S,
     INCARNATION,
@@ -170,8 +171,10 @@ class VectorSearch(PostgresConnections):
 
     def _vector_rows(self, org_id: str) -> list[tuple[int, bytes, float | None, str]]:
         """Every live, current passage's vector, expiry and audiences (as `visible_sql`
-        would filter them, expiry and audience left to the in-memory scan)."""
-        with self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
+        would filter them, expiry and audience left to the in-memory scan). The replica's
+        copy they make serves every later search, so they load past the deadline of the
+        search that happened to start it."""
+        with connect_by(None), self._tx(org_id) as conn, conn.cursor(binary=True) as cur:
             rows = cur.execute(
                 "SELECT p.id, p.embedding, extract(epoch FROM m.valid_until)::float8 AS until,"
                 " (SELECT string_agg(ma.audience, ',') FROM memory_audiences ma"

@@ -11,9 +11,9 @@ A transaction under a deadline (`relay.store.connect_by`: a search and its key c
 which ends libpq's wait as a lost connection; the pool drops that connection and the request
 answers 503 `unavailable`, as one that found the database down. The grace lets a statement
 begun in time finish a little late, as it always could (a search reads its passages once its
-stages are in, a small org's vectors load for the searches after it), so a database that is
-merely busy loses no connections. Requests without a deadline (writes) are not watched: a
-batch may rightly take longer.
+stages are in), so a database that is merely busy loses no connections. Requests without a
+deadline (writes) are not watched: a batch may rightly take longer; nor is work whose result
+outlives the request (`connect_by(None)`: a replica's copy of an org's vectors).
 """
 
 from __future__ import annotations
