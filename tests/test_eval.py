@@ -8,6 +8,7 @@ import math
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -1113,3 +1114,94 @@ def test_the_cumulative_tokens_curve_ends_at_the_tables_figure():
     # a: 10 held for 2 turns + 10 for 1 = 30; b: 5 for 3 turns + 5 for 1 = 20
     assert figures(rows, 2, classes=False)["tokens_cumulative"] == 25.0
     assert cumulative_by_turn(rows) == [5.0, 17.5, 20.0, 25.0]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_run_stopped_while_its_server_starts_leaves_no_server_behind(team, tmp_path):
+    """QA: a SIGTERM (a cancelled CI job) or a SIGINT to the replay alone while its `relay
+    serve` was starting left that server running, orphaned, and the temporary folder it
+    had just been removed from made again by it: the caller held no Server to stop yet."""
+    import os
+    import signal
+    import time
+
+    from integration_support import RELAY, clean_env
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    serve: list[int] = []
+    with subprocess.Popen(
+        [RELAY, "eval", "replay", str(team), "--report-dir", str(tmp_path / "rep")],
+        env=clean_env(tmp_path, TMPDIR=str(tmp)),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    ) as run:
+        try:
+            assert run.stderr is not None
+            for line in run.stderr:
+                if line.startswith("starting relay serve"):
+                    break
+            deadline = time.monotonic() + 30
+            while not serve and time.monotonic() < deadline:
+                serve = _children(run.pid)
+                time.sleep(0.02)
+            assert serve, "relay serve was never started"
+            run.send_signal(signal.SIGTERM)
+            assert run.wait(60) == 143
+            deadline = time.monotonic() + 15
+            while _running(serve[0]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _running(serve[0]), f"relay serve {serve[0]} outlived the replay"
+            assert list(tmp.iterdir()) == []
+            assert not (tmp_path / "rep").exists()
+        finally:
+            run.kill()
+            for pid in filter(_running, serve):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_server_that_will_not_start_is_one_line_and_listens_on_loopback(team, tmp_path):
+    """QA: a setting of the shell's that `relay serve` refuses (RELAY_EMBED_THREADS=abc)
+    ended the replay in a RuntimeError traceback naming a log in a folder already removed;
+    and the server took the shell's RELAY_HOST, failing on one not of this machine (on
+    0.0.0.0 it opened the replay's server to the network)."""
+    from relay.eval.harness import Server
+    from relay.store.sqlite import SQLiteStore
+
+    done = relay(
+        tmp_path,
+        *("eval", "replay", str(team), "--report-dir", str(tmp_path / "rep")),
+        RELAY_EMBED_THREADS="abc",
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "relay: error: relay serve exited before it answered: RELAY_EMBED_THREADS='abc' is not"
+        " a valid embed_threads: 'abc' is not a whole number"
+    )
+
+    SQLiteStore(tmp_path / "relay.db").close()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RELAY_HOST", "192.0.2.1")  # TEST-NET-1: no address of this machine
+    try:
+        server = Server(tmp_path / "relay.db", tmp_path / "server.log")
+    finally:
+        mp.undo()
+    try:
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+    finally:
+        server.stop()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.errors import RelayError
 from relay.hook_bench import HOOK, _free_port, hook_env, timed
 
 Progress = Callable[[str], None]
@@ -222,6 +223,9 @@ class Server:
         env = {
             **os.environ,
             "RELAY_DB": str(self.db),
+            # loopback whatever RELAY_HOST the shell holds for a real server (0.0.0.0 would
+            # open the replay's server, and its keys' memories, to the network)
+            "RELAY_HOST": "127.0.0.1",
             "RELAY_PORT": str(self.port),
             "RELAY_LOG_LEVEL": "warning",
         }
@@ -232,19 +236,35 @@ class Server:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        self._wait_healthy()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            # Interrupted (Ctrl-C, a CI job's SIGTERM) or never healthy: the caller holds no
+            # Server yet to stop, and the server would outlive the run, in a folder removed.
+            self.stop()
+            raise
 
     def _wait_healthy(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"relay serve exited; see {self.log}")
+                raise RelayError(f"relay serve exited before it answered: {self._last_words()}")
             try:
                 if api(self.url, "GET", "/healthz", "")[0] == 200:
                     return
             except OSError:
                 time.sleep(0.2)
-        raise RuntimeError(f"relay serve did not become healthy; see {self.log}")
+        raise RelayError(f"relay serve did not answer in {timeout:.0f} s: {self._last_words()}")
+
+    def _last_words(self) -> str:
+        """The server log's last line: the log itself goes with a temporary workdir, and a
+        setting of the shell's that serve refuses (RELAY_EMBED_THREADS=abc) is said there."""
+        try:
+            lines = self.log.read_text(encoding="utf-8", errors="replace").split("\n")
+        except OSError:
+            return "no log"
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "no log")
+        return last.removeprefix("relay: error: ")
 
     def kill(self) -> None:
         """SIGKILL: no graceful shutdown, as when a machine or container dies."""
