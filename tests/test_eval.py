@@ -1205,3 +1205,76 @@ def test_a_server_that_will_not_start_is_one_line_and_listens_on_loopback(team, 
         assert httpx.get(f"{server.url}/healthz").status_code == 200
     finally:
         server.stop()
+
+
+def test_a_workdir_holding_what_no_eval_put_there_is_refused_untouched(team, tmp_path):
+    """QA: `--workdir` naming a folder with a server's own relay.db in it (~/.relay holds the
+    default one) deleted that database, without a word but 'loading ... into a fresh
+    database'."""
+    work = tmp_path / "server-data"
+    made = relay(tmp_path, "org", "create", "precious", RELAY_DB=str(work / "relay.db"))
+    assert made.returncode == 0, made.stderr
+    before = {p.name: p.read_bytes() for p in work.iterdir()}
+    for command in ("replay", "faults"):
+        done = relay(
+            tmp_path,
+            *("eval", command, str(team), "--workdir", str(work)),
+            *("--report-dir", str(tmp_path / "rep")),
+        )
+        assert one_error_line(done) == (
+            f"relay: error: --workdir {work}: it holds relay.db, which no relay eval put there,"
+            " and a run deletes the relay.db (a server's database too) and homes/ it finds"
+            " there: give an empty or a new folder"
+        )
+        assert done.returncode == 2
+        assert {p.name: p.read_bytes() for p in work.iterdir()} == before
+        assert not (tmp_path / "rep").exists()
+
+
+def test_one_run_at_a_time_in_a_workdir_and_in_a_report_dir(team, tmp_path):
+    """QA: two replays in one --workdir both exited 0 with figures of neither (the second
+    emptied the first's homes/, then both hooks shared one state: outcomes 'missing', an
+    ungated run 'skipped'); two in one --report-dir each printed the report path, which
+    held the last one's report."""
+    from integration_support import RELAY, clean_env
+
+    from relay.eval.harness import Held
+
+    work = tmp_path / "work"
+    with subprocess.Popen(
+        [RELAY, "eval", "faults", str(team), "--workdir", str(work)]
+        + ["--report-dir", str(tmp_path / "rep")],
+        env=clean_env(tmp_path),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    ) as first:
+        _two_at_once(first, team, tmp_path, work)
+    for folder in (work, tmp_path / "rep"):  # let go with the first run
+        Held(folder, "--workdir").release()
+    assert (work / ".relay-eval").exists()  # and the workdir is the next run's to use
+
+
+def _two_at_once(first: subprocess.Popen, team: Path, tmp_path: Path, work: Path) -> None:
+    """While `first` holds `work` and tmp_path/rep, replays there are refused; then it stops."""
+    import signal
+
+    try:
+        assert first.stderr is not None
+        assert first.stderr.readline().startswith("loading "), "the first run never started"
+        for workdir, report in ((work, tmp_path / "rep2"), (tmp_path / "w2", tmp_path / "rep")):
+            done = relay(
+                tmp_path,
+                *("eval", "replay", str(team), "--workdir", str(workdir)),
+                *("--report-dir", str(report)),
+            )
+            option, folder = ("--workdir", work) if workdir == work else ("--report-dir", report)
+            assert one_error_line(done) == (
+                f"relay: error: {option} {folder}: another relay eval is using it: let it "
+                "finish, or give another folder"
+            )
+            assert done.returncode == 2
+        assert not (tmp_path / "rep2").exists() and not (tmp_path / "w2").exists()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(60)

@@ -6,7 +6,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -272,8 +272,8 @@ def _workdir_option(more: str):  # noqa: ANN202
     return click.option(
         "--workdir",
         type=click.Path(file_okay=False, path_type=Path),
-        help="Keep the database, server log and hook state here (default: a temporary "
-        f"folder); {more}",
+        help="Keep the database, server log and hook state here: a new or empty folder, or "
+        f"one a relay eval used before (default: a temporary folder); {more}",
     )
 
 
@@ -281,6 +281,19 @@ def _common(fn):  # noqa: ANN001, ANN202
     for option in reversed(common):
         fn = option(fn)
     return fn
+
+
+def _holding(report_dir: Path, run: Callable[..., None], options: dict[str, Any]) -> None:
+    """`run` with --report-dir held for it alone (`harness.Held`): a second run writing there
+    at the same time would leave each printing a report path that holds the other's report."""
+    from relay.eval.harness import Held
+
+    with _stoppable():  # from the first step: a SIGTERM before the replay revokes its keys too
+        held = Held(report_dir, "--report-dir")
+        try:
+            run(report_dir=report_dir, **options)
+        finally:
+            held.release()
 
 
 @click.group("eval")
@@ -335,7 +348,18 @@ def eval_group() -> None:
     "a replay reuses a database it loaded there from the same data (the same content of "
     "memories.jsonl and the distractors'), and its keys."
 )
-def replay_command(
+def replay_command(report_dir: Path, **options: Any) -> None:
+    """Replay SOURCE's conversations with recall on, off and ungated; report and advise.
+
+    SOURCE is a ../shared/bench-format folder (its memories are loaded into a
+    fresh `relay serve`; its sessions replayed, or conversations built from its
+    questions), or a team's JSONL of prompts replayed against its server (--url/--key or
+    --key-file, RELAY_URL/RELAY_API_KEY(_FILE), or the config relay install wrote).
+    """
+    _holding(report_dir, _replay, options)
+
+
+def _replay(
     source: Path,
     count: int | None,
     config: Path | None,
@@ -351,13 +375,7 @@ def replay_command(
     report_dir: Path,
     workdir: Path | None,
 ) -> None:
-    """Replay SOURCE's conversations with recall on, off and ungated; report and advise.
-
-    SOURCE is a ../shared/bench-format folder (its memories are loaded into a
-    fresh `relay serve`; its sessions replayed, or conversations built from its
-    questions), or a team's JSONL of prompts replayed against its server (--url/--key or
-    --key-file, RELAY_URL/RELAY_API_KEY(_FILE), or the config relay install wrote).
-    """
+    """The replay, its report and advice (`replay_command`)."""
     import http.client
 
     from relay.eval import advice as adv
@@ -391,80 +409,79 @@ def replay_command(
     knobs = adv.knob_environ(config, apply_)
     team_keys: dict[str, str] = {}
     stores = {c.store for c in conversations}
-    server = tmp = None
+    server = let_go = None
     try:
         if client is not None:  # minted in here, so whatever fails next revokes them
             team_keys = _mode_keys(client, _check_server(client), key[1:])
-        work, tmp = make_workdir(workdir, "relay-eval-replay-")
-        with _stoppable():
-            if bench:
-                keys = load_database(
-                    work / "relay.db",
-                    source,
-                    distractors,
-                    (*rp.MODES, "probe"),
-                    _progress,
-                    stores,
-                    reuse=workdir is not None,
-                )
-                _progress("starting relay serve")
-                server = Server(work / "relay.db", work / "server.log")
-                base = server.url
-            else:
-                assert client is not None
-                base = client.url
-                mode_keys = {m: team_keys[m] for m in (*rp.MODES, "probe")}
-                keys = {s: OrgKeys("", mode_keys, "") for s in stores}
-            missing = stores - set(keys)
-            if missing:
-                raise InvalidRequestError(
-                    f"{source}: prompts name stores with no memories: {sorted(missing)}"
-                )
-            compile_hook()
-            first = next(iter(stores))
-            warm_up(  # with prompts of its own: none measured is answered from its cache
-                base,
-                keys[first].read["probe"],
-                [t.prompt for t in conversations[0].turns],
-                [str(HOOK)],
-                deadline_ms,
-                avoid={t.prompt for c in conversations for t in c.turns},
+        work, let_go = make_workdir(workdir, "relay-eval-replay-")
+        if bench:
+            keys = load_database(
+                work / "relay.db",
+                source,
+                distractors,
+                (*rp.MODES, "probe"),
+                _progress,
+                stores,
+                reuse=workdir is not None,
             )
-            n_turns = sum(len(c.turns) for c in conversations)
-            _progress(f"replaying {len(conversations)} conversations, {n_turns} turns, 3 modes")
-            rows = rp.replay(
-                conversations, base, keys, _fresh(work / "homes"), deadline_ms, knobs, _progress
+            _progress("starting relay serve")
+            server = Server(work / "relay.db", work / "server.log")
+            base = server.url
+        else:
+            assert client is not None
+            base = client.url
+            mode_keys = {m: team_keys[m] for m in (*rp.MODES, "probe")}
+            keys = {s: OrgKeys("", mode_keys, "") for s in stores}
+        missing = stores - set(keys)
+        if missing:
+            raise InvalidRequestError(
+                f"{source}: prompts name stores with no memories: {sorted(missing)}"
             )
-            result = rp.public(rows, len(conversations))
-            more = rp.extras(rows, deadline_ms)
-            current = adv.current_knobs(knobs)
-            outage = rp.server_failures(rows)
-            if refusal or outage:
-                advice = adv.refused(outage or refusal or "", current)
-            else:
-                _progress(
-                    "advice: one search per distinct prompt, then the hook's gate replayed offline"
+        compile_hook()
+        first = next(iter(stores))
+        warm_up(  # with prompts of its own: none measured is answered from its cache
+            base,
+            keys[first].read["probe"],
+            [t.prompt for t in conversations[0].turns],
+            [str(HOOK)],
+            deadline_ms,
+            avoid={t.prompt for c in conversations for t in c.turns},
+        )
+        n_turns = sum(len(c.turns) for c in conversations)
+        _progress(f"replaying {len(conversations)} conversations, {n_turns} turns, 3 modes")
+        rows = rp.replay(
+            conversations, base, keys, _fresh(work / "homes"), deadline_ms, knobs, _progress
+        )
+        result = rp.public(rows, len(conversations))
+        more = rp.extras(rows, deadline_ms)
+        current = adv.current_knobs(knobs)
+        outage = rp.server_failures(rows)
+        if refusal or outage:
+            advice = adv.refused(outage or refusal or "", current)
+        else:
+            _progress(
+                "advice: one search per distinct prompt, then the hook's gate replayed offline"
+            )
+            try:
+                probes = adv.probe(
+                    conversations,
+                    lambda store, body: api(
+                        base, "POST", "/v1/search", keys[store].read["probe"], body
+                    ),
+                    max(current["max_records"], *adv.GRID["max_records"]),
                 )
-                try:
-                    probes = adv.probe(
-                        conversations,
-                        lambda store, body: api(
-                            base, "POST", "/v1/search", keys[store].read["probe"], body
-                        ),
-                        max(current["max_records"], *adv.GRID["max_records"]),
-                    )
-                except (OSError, http.client.HTTPException, RelayError) as exc:
-                    raise RelayError(
-                        f"{base}: the advice's searches failed after the replay: {exc}"
-                    ) from None
-                advice = adv.advise(conversations, probes, rows, current)
+            except (OSError, http.client.HTTPException, RelayError) as exc:
+                raise RelayError(
+                    f"{base}: the advice's searches failed after the replay: {exc}"
+                ) from None
+            advice = adv.advise(conversations, probes, rows, current)
     finally:
         if server is not None:
             server.stop()
         if client is not None:
             _revoke(client, team_keys)
-        if tmp is not None:
-            tmp.cleanup()
+        if let_go is not None:
+            let_go()
     report = {
         "figures": result,
         "extras": more,
@@ -525,7 +542,14 @@ def replay_command(
     "the drills always load a fresh database there, since they delete memories and revoke "
     "keys (and the next replay loads afresh too)."
 )
-def faults_command(
+def faults_command(report_dir: Path, **options: Any) -> None:
+    """Replay SOURCE (default ../shared/bench/coding_prompts) while injecting faults: a hung
+    connection, a slow body, a denied key, oversized content, invalid JSON, the server killed
+    and restarted; then deletion and key revocation with warm caches, and a compaction."""
+    _holding(report_dir, _faults, options)
+
+
+def _faults(
     source: Path,
     count: int,
     drill_prompts: int,
@@ -537,9 +561,7 @@ def faults_command(
     report_dir: Path,
     workdir: Path | None,
 ) -> None:
-    """Replay SOURCE (default ../shared/bench/coding_prompts) while injecting faults: a hung
-    connection, a slow body, a denied key, oversized content, invalid JSON, the server killed
-    and restarted; then deletion and key revocation with warm caches, and a compaction."""
+    """The drills and their report (`faults_command`)."""
     from relay.eval import faults as fl
     from relay.eval import report as rep
     from relay.eval.harness import Server, load_database
@@ -549,28 +571,26 @@ def faults_command(
     if not (source / "memories.jsonl").exists():
         raise click.UsageError(f"{source} has no memories.jsonl")
     conversations = _conversations(source, count, seed, turns)
-    work, tmp = make_workdir(workdir, "relay-eval-faults-")
+    work, let_go = make_workdir(workdir, "relay-eval-faults-")
     server = None
     try:
-        with _stoppable():
-            used = {c.store for c in conversations}
-            keys = load_database(work / "relay.db", source, distractors, fl.KINDS, _progress, used)
-            server = Server(work / "relay.db", work / "server.log")
-            compile_hook()
-            drills = fl.run_drills(
-                conversations,
-                server,
-                keys,
-                _fresh(work / "homes"),
-                deadline_ms,
-                drill_prompts,
-                _progress,
-            )
+        used = {c.store for c in conversations}
+        keys = load_database(work / "relay.db", source, distractors, fl.KINDS, _progress, used)
+        server = Server(work / "relay.db", work / "server.log")
+        compile_hook()
+        drills = fl.run_drills(
+            conversations,
+            server,
+            keys,
+            _fresh(work / "homes"),
+            deadline_ms,
+            drill_prompts,
+            _progress,
+        )
     finally:
         if server is not None:
             server.stop()
-        if tmp is not None:
-            tmp.cleanup()
+        let_go()
     report = {
         "figures": fl.public(drills),
         "drills": {kind: d.details() for kind, d in drills.items()},

@@ -8,6 +8,7 @@ hook) comes from `relay.hook_bench`, so the replay measures the hook exactly as
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relay.errors import RelayError
+from relay.errors import InvalidRequestError, RelayError
 from relay.hook_bench import HOOK, _free_port, hook_env, timed
 
 Progress = Callable[[str], None]
@@ -393,19 +394,77 @@ class Hook:
             return {}
 
 
-def workdir(keep: Path | None, prefix: str) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
-    if keep is not None:
-        try:
-            keep.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            from relay.errors import InvalidRequestError
+class Held:
+    """A folder one `relay eval` uses at a time: an flock on the folder itself while the run
+    goes on. Two runs in one --workdir deleted and shared each other's database and hooks'
+    state (figures of neither, exit 0), and two in one --report-dir each printed a report
+    path that came to hold the other's report. A folder made for the run and left empty (it
+    stopped early) is removed again."""
 
+    def __init__(self, folder: Path, option: str) -> None:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(folder, os.O_RDONLY)
+        except OSError as exc:
             raise InvalidRequestError(
-                f"--workdir {keep}: cannot make it: {exc.strerror or exc}"
+                f"{option} {folder}: cannot make it: {exc.strerror or exc}"
             ) from None
-        return keep, None
-    tmp = tempfile.TemporaryDirectory(prefix=prefix)
-    return Path(tmp.name), tmp
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise InvalidRequestError(
+                f"{option} {folder}: another relay eval is using it: let it finish, or give "
+                "another folder"
+            ) from None
+        self._made = missing
+
+    def release(self) -> None:
+        os.close(self._fd)
+        for made in self._made:  # the folder first, then the parents made for it
+            try:
+                made.rmdir()
+            except OSError:
+                break
+
+
+# In a --workdir: this folder is relay eval's, whose runs delete and rewrite what they keep
+# there. Without it (or an older replay's relay.db.loaded.json) a folder holding anything
+# is refused: a server's own relay.db there would be deleted.
+WORKDIR_MARK = ".relay-eval"
+
+
+def workdir(keep: Path | None, prefix: str) -> tuple[Path, Callable[[], None]]:
+    """Where a run keeps its database, server log and hooks' HOMEs, and how to let it go:
+    a temporary folder, removed after; or --workdir, held for this run alone (`Held`)."""
+    if keep is None:
+        tmp = tempfile.TemporaryDirectory(prefix=prefix)
+        return Path(tmp.name), tmp.cleanup
+    held = Held(keep, "--workdir")
+    try:
+        mark = keep / WORKDIR_MARK
+        if not mark.exists():
+            found = sorted(p.name for p in keep.iterdir())
+            if found and "relay.db.loaded.json" not in found:
+                raise InvalidRequestError(
+                    f"--workdir {keep}: it holds {', '.join(found[:3])}"
+                    f"{', ...' if len(found) > 3 else ''}, which no relay eval put there, and a "
+                    "run deletes the relay.db (a server's database too) and homes/ it finds "
+                    "there: give an empty or a new folder"
+                )
+            mark.write_text(
+                "This folder is a relay eval --workdir: its runs delete and rewrite the "
+                "relay.db*, server.log and homes/ here.\n",
+                encoding="utf-8",
+            )
+    except OSError as exc:
+        held.release()
+        raise InvalidRequestError(f"--workdir {keep}: {exc.strerror or exc}") from None
+    except BaseException:
+        held.release()
+        raise
+    return keep, held.release
 
 
 # The modules whose code decides what a search returns: the attempt and its stages, the
