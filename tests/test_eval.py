@@ -502,14 +502,16 @@ def test_a_teams_prompts_replay_against_the_server_every_client_command_uses(
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("{bad", "not a readable JSON file (Expecting property name"),
-        ("[1]", "not a JSON object"),
-        ('{"url": "http://x", "min_score": 2}', "the hook would ignore min_score 2 in "),
-        ('{"throttle_prompts": "often"}', "the hook would ignore throttle_prompts 'often' in "),
-        ('{"min_scor": 0.3}', "the hook would ignore min_scor (not a setting; did you mean "),
+        ("{bad", " is not valid JSON (line 1 column 2: Expecting property name"),
+        ("[1]", " is JSON but not an object of settings: fix the file"),
+        # QA: json.loads took NaN, which the hook refuses, ignoring the whole file
+        ('{"min_prompt_len": 30, "min_score": NaN}', " is not valid JSON (NaN is not JSON)"),
+        ('{"url": "http://x", "min_score": 2}', ": the hook would ignore min_score 2 in "),
+        ('{"throttle_prompts": "often"}', ": the hook would ignore throttle_prompts 'often' in "),
+        ('{"min_scor": 0.3}', ": the hook would ignore min_scor (not a setting; did you mean "),
         (  # QA: a user's own key, which --apply keeps, is told how to stay (a comment)
             '{"colour": "blue"}',
-            "the hook would ignore colour (not a setting; docs/hook.md lists them; a note of"
+            ": the hook would ignore colour (not a setting; docs/hook.md lists them; a note of"
             " your own: name it _colour)",
         ),
     ],
@@ -524,8 +526,27 @@ def test_a_config_the_hook_could_not_read_is_an_error(team, tmp_path, text, expe
         *("eval", "replay", str(team), "--config", str(config)),
         *("--report-dir", str(tmp_path / "rep")),
     )
-    assert one_error_line(done).startswith(f"relay: error: --config {config}: {expected}")
+    assert one_error_line(done).startswith(f"relay: error: --config {config}{expected}")
     assert done.returncode == 2
+
+
+def test_a_config_saved_with_a_byte_order_mark_is_replayed_as_the_hook_reads_it(
+    team_server, tmp_path
+):
+    """QA: --config refused a config.json Notepad saved ('Unexpected UTF-8 BOM'), which the
+    hook and --apply read, as `relay doctor` does."""
+    config = tmp_path / "config.json"
+    config.write_bytes(b"\xef\xbb\xbf" + b'{"min_prompt_len": 30, "max_records": 2}\n')
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand"}\n')
+    result = CliRunner().invoke(
+        eval_group,
+        ["replay", str(prompts), "--url", team_server.url, "--key", team_server.admin_key]
+        + ["--config", str(config), "--report-dir", str(tmp_path / "rep")],
+    )
+    assert result.exit_code == 0, result.output
+    knobs = json.loads((tmp_path / "rep" / "replay.json").read_text())["meta"]["knobs"]
+    assert knobs["min_prompt_len"] == 30 and knobs["max_records"] == 2
 
 
 @pytest.mark.parametrize(

@@ -78,14 +78,15 @@ def _check_config(path: Path) -> None:
     """--config must be a config the hook reads as written: the hook falls back to the default
     for a file or knob it cannot read (a typo must not break a prompt), so a replay would
     measure the defaults under the file's name."""
+    from relay.hook import codec
     from relay.hook import config as hook_config
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InvalidRequestError(f"--config {path}: not a readable JSON file ({exc})") from None
-    if not isinstance(data, dict):
-        raise InvalidRequestError(f"--config {path}: not a JSON object")
+    # The hook's own reading of a file, as `relay doctor` and --apply judge it: a byte-order
+    # mark is read past (Notepad writes one), NaN or a file over 64 KiB makes it ignore it all.
+    problem = hook_config.file_problem(str(path))
+    if problem:
+        raise InvalidRequestError(f"--config {problem}")
+    data = json.loads(path.read_bytes().removeprefix(codec.BOM))
     for name in data:  # the hook's own table of settings: it skips any other key unread
         why = hook_config.not_a_setting(name)
         if why:
