@@ -205,6 +205,18 @@ def test_every_drill_has_its_own_colour_in_the_latency_plot():
     assert legend == strokes
 
 
+def test_the_deadline_label_is_not_struck_through_by_the_line_50_ms_on():
+    """QA: 'deadline 400 ms', written right of its line, ran across the +50 line."""
+    svg = histogram({"on": [120.0]}, [(400.0, "deadline 400 ms"), (450.0, "+50")], "c")
+    lines = [float(x) for x in re.findall(r'<line class="mark" x1="([0-9.]+)"', svg)]
+    labels = re.findall(r'<text (text-anchor="end" )?x="([0-9.]+)"[^>]*#c62828">([^<]+)<', svg)
+    assert [(bool(end), label) for end, _, label in labels] == [
+        (True, "deadline 400 ms"),
+        (False, "+50"),
+    ]
+    assert float(labels[0][1]) < lines[0] < lines[1] < float(labels[1][1])
+
+
 def _round_ticks(labels: list[str], reaches: float) -> bool:
     """Labels 0, s, 2s, ... up to at least `reaches`, with s 1, 2, 2.5 or 5 x 10^k."""
     values = [float(x[:-1]) * 1000 if x.endswith("k") else float(x) for x in labels]
@@ -329,7 +341,10 @@ def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tm
         assert unlabelled["useful_rate"] is None and unlabelled["quiet_rate"] is None
     report = json.loads((tmp_path / "rep" / "replay.json").read_text())
     assert set(report["advice"]) == {"refused", "current"}
-    assert "No advice: no prompt names" in (tmp_path / "rep" / "replay.html").read_text()
+    page = (tmp_path / "rep" / "replay.html").read_text()
+    assert "No advice: no prompt names" in page
+    # QA: the usefulness plot was drawn as an empty frame of axes, every rate read as 0
+    assert 'data-plot="usefulness"' not in page and "No class has a rate to draw" in page
     assert not config.exists()
 
 

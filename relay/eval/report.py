@@ -152,10 +152,14 @@ def histogram(
         )
     for m, (at, label) in enumerate(marks):
         x = LEFT + plot_w * at / x_max
+        # every label but the last left of its line: "deadline 400 ms" right of it was struck
+        # through by the +50 line, 50 ms further on
+        side = 'text-anchor="end" ' if m < len(marks) - 1 else ""
         inner.append(
             f'<line class="mark" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{H - BOTTOM}" '
             f'stroke="#c62828" stroke-dasharray="5 4"/>'
-            f'<text x="{x + 4:.1f}" y="{TOP + 12 + 14 * m}" fill="#c62828">{_e(label)}</text>'
+            f'<text {side}x="{x + (-4 if side else 4):.1f}" y="{TOP + 12 + 14 * m}" '
+            f'fill="#c62828">{_e(label)}</text>'
         )
     for i in range(x_count + 1):
         x = LEFT + plot_w * i / x_count
@@ -423,17 +427,24 @@ def replay_page(report: dict[str, Any]) -> str:
                 {m: result[m]["by_class"].get(c, {}).get(key) for m in modes},
             )
         )
-    body.append(
-        bars(
-            groups,
-            modes,
-            "share of prompts",
-            "Memory-needing and same-topic classes: share whose context held a gold memory. "
-            "Follow-ups and nothing-relevant: share that got nothing.",
-            "usefulness",
-            y_max=1.0,
+    if any(v is not None for _, group in groups for v in group.values()):
+        body.append(
+            bars(
+                groups,
+                modes,
+                "share of prompts",
+                "Memory-needing and same-topic classes: share whose context held a gold memory. "
+                "Follow-ups and nothing-relevant: share that got nothing.",
+                "usefulness",
+                y_max=1.0,
+            )
         )
-    )
+    else:  # an empty frame of axes read as every rate at 0 (QA: a team's unlabelled prompts)
+        body.append(
+            '<p class="note">No class has a rate to draw: no prompt names the memories it '
+            "needs ('relevant') or is labelled follow_up or nothing_relevant; label the prompts "
+            "(docs/eval.md).</p>"
+        )
     body.append(
         _table(
             [
