@@ -1055,9 +1055,9 @@ def test_keys_a_replay_could_not_revoke_are_named(team_server, capsys):
     import threading
 
     from relay.client import RelayClient
-    from relay.eval.commands import _revoke
+    from relay.eval.team import revoke
 
-    _revoke(RelayClient(team_server.url, team_server.admin_key), {"_minted": "key_nope,"})
+    revoke(RelayClient(team_server.url, team_server.admin_key), {"_minted": "key_nope,"})
     assert capsys.readouterr().err == (
         "relay: warning: could not revoke the keys this replay minted: key_nope (HTTP 404);"
         " they expire in a day\n"
@@ -1075,7 +1075,7 @@ def test_keys_a_replay_could_not_revoke_are_named(team_server, capsys):
     thread.start()
     url = f"http://127.0.0.1:{garbled.getsockname()[1]}"
     try:
-        _revoke(RelayClient(url, team_server.admin_key), {"_minted": "key_a,"})
+        revoke(RelayClient(url, team_server.admin_key), {"_minted": "key_a,"})
     finally:
         thread.join(10)
         garbled.close()
