@@ -25,6 +25,7 @@ from relay.eval.conversations import (
     Turn,
     build_conversations,
     load_conversations,
+    write_jsonl,
 )
 from relay.eval.faults import KINDS
 from relay.eval.harness import Run
@@ -569,6 +570,10 @@ def test_a_config_saved_with_a_byte_order_mark_is_replayed_as_the_hook_reads_it(
     [
         (['{"prompt": "write a migration"}', "{bad"], "line 2: not JSON"),
         (['{"prompt": "write a migration"}', "", '["a"]'], "line 3: not a JSON object"),
+        (  # QA: json.dump(rows, indent=1) said 'line 1: not JSON (Expecting value at column 2)'
+            ["[", ' {"prompt": "write a migration"}', "]"],
+            "line 1: a JSON array; a prompts file is JSONL, one JSON object a line",
+        ),
         (['{"prompt": "fix it", "relevant": "team:x"}'], "line 1: 'relevant' is not a list"),
         (['{"prompt": "a", "session": "s", "turn": "2"}'], "line 1: 'turn' is not a whole"),
         (['{"query": ""}'], "line 1: no prompt"),
@@ -676,6 +681,32 @@ def _locomo_like() -> list[dict]:
                 }
             )
     return rows
+
+
+def test_the_conversations_a_replay_lists_replay_again_as_the_same_conversations(tmp_path):
+    """QA: conversations.jsonl, written 'for inspection and reuse', named each turn's
+    conversation but no session, so given back to `relay eval replay` its 4 conversations of
+    a team's prompts came back as 30 of one turn each (cumulative tokens 2220 -> 74)."""
+
+    def shape(conversations: list) -> list:  # in the order of their ids, as sessions replay
+        return sorted(
+            (c.id, c.store, [(t.no, t.prompt, t.kind, t.relevant, t.answer) for t in c.turns])
+            for c in conversations
+        )
+
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"prompt": p, "session": s, "turn": i, "kind": k, "relevant": g}
+        for s, turns in SESSIONS.items()
+        for i, (p, k, g) in enumerate(turns, 1)
+    ]
+    rows.append({"prompt": "explain CMD versus ENTRYPOINT"})  # a conversation of its own
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    built = build_conversations(_locomo_like(), 2, seed=0, turns=12)
+    for conversations in (load_conversations(prompts, None, seed=0), built):
+        listed = tmp_path / "conversations.jsonl"
+        write_jsonl(listed, conversations)
+        assert shape(load_conversations(listed, None, seed=0)) == shape(conversations)
 
 
 def test_built_conversations_are_reproducible_and_mix_every_class():

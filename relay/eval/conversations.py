@@ -333,7 +333,7 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     line 1, the line being parsed alone). A byte-order mark opening the file is no part of
     its first row: Windows editors and PowerShell write one, and relay import and relay
     restore read such files too."""
-    out = []
+    out: list[tuple[int, dict[str, Any]]] = []
     with path.open("rb") as fh:
         for n, raw in enumerate(fh, 1):
             try:
@@ -342,6 +342,10 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
                 raise ValueError(f"line {n}: not UTF-8") from None
             if not line.strip():
                 continue
+            if not out and line.lstrip().startswith("["):  # what json.dump(rows) writes
+                raise ValueError(
+                    f"line {n}: a JSON array; a prompts file is JSONL, one JSON object a line"
+                )
             try:
                 # without its line break, which json would count as the start of a line 2
                 row = json.loads(line.rstrip("\r\n"))
@@ -405,8 +409,12 @@ def _normalise(row: dict[str, Any], line: int) -> dict[str, Any]:
 
 
 def write_jsonl(path: Path, conversations: list[Conversation]) -> None:
-    """The conversations as replayed, one turn a line (for inspection and reuse)."""
+    """The conversations as replayed, one turn a line: a prompts file `relay eval replay`
+    takes back as the same conversations. Without its `session`, each of its turns came
+    back as a conversation of its own (QA: 4 conversations replayed again as 30)."""
     with path.open("w", encoding="utf-8") as fh:
         for conv in conversations:
+            session = conv.id.removeprefix(f"{conv.store}/")
             for turn in conv.turns:
-                fh.write(json.dumps(turn.to_dict(), ensure_ascii=False) + "\n")
+                row = {"session": session, **turn.to_dict()}
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
