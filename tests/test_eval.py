@@ -267,14 +267,14 @@ def test_faults_drills_on_the_team_dataset(team, tmp_path):
 
 @pytest.fixture(scope="module")
 def team_server(tmp_path_factory):
-    """A running `relay serve` holding four of the team's memories, as a team runs it."""
+    """A running `relay serve` holding the team's memories, as a team runs it."""
     from conftest import start_server
     from eval_support import MEMORIES
 
     server = start_server(tmp_path_factory.mktemp("team-server") / "relay.db")
     try:
         headers = {"Authorization": f"Bearer {server.admin_key}"}
-        for mid, text in MEMORIES[:4]:
+        for mid, text in MEMORIES:  # every gold memory SESSIONS names (the replay checks)
             response = httpx.post(
                 f"{server.url}/v1/memories", json={"id": mid, "body": text}, headers=headers
             )
@@ -303,6 +303,52 @@ def test_replay_of_a_teams_jsonl_against_its_own_server(team_server, tmp_path):
     data = json.loads((tmp_path / "f.json").read_text())
     assert data["conversations"] == 2 and data["turns"] == len(rows)
     assert data["on"]["duplicate_rate"] == 0.0
+
+
+def test_a_gold_memory_recall_can_never_bring_is_named_before_the_replay(team_server, tmp_path):
+    """QA: a 'relevant' id mistyped (or of a memory deleted, superseded or expired) replayed
+    without a word: its prompt could never be useful, and the figures and the advice fitted
+    to them read that as recall missing it."""
+    import time
+    from datetime import UTC, datetime, timedelta
+
+    headers = {"Authorization": f"Bearer {team_server.admin_key}"}
+    soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat(timespec="seconds")
+    for memory in (
+        {"id": "gold-ci-old", "body": "CI runs on Jenkins in the basement."},
+        {"id": "gold-ci-new", "body": "CI runs on GitHub Actions.", "supersedes": ["gold-ci-old"]},
+        {"id": "gold-freeze", "body": "Deploys are frozen this week.", "valid_until": soon},
+    ):
+        made = httpx.post(f"{team_server.url}/v1/memories", json=memory, headers=headers)
+        assert made.status_code == 201, made.text
+    time.sleep(1.5)  # gold-freeze has expired
+    cases = {
+        "team:migratoins": "which is no memory this key can read (mistyped, deleted, or for "
+        "other audiences)",
+        "gold-ci-old": "which gold-ci-new supersedes, so recall never returns it",
+        "gold-freeze": f"which expired at {soon.replace('+00:00', 'Z')}, so recall never "
+        "returns it",
+    }
+    prompts = tmp_path / "prompts.jsonl"
+    before = _live_eval_keys(team_server)
+    for gold, why in cases.items():
+        rows = [
+            {"prompt": "write a database migration by hand", "relevant": ["team:migrations"]},
+            {"prompt": "which CI do we run the tests on?", "session": "a", "relevant": [gold]},
+        ]
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        done = relay(
+            tmp_path,
+            *("eval", "replay", str(prompts), "--url", team_server.url),
+            *("--key", team_server.admin_key, "--report-dir", str(tmp_path / "rep")),
+        )
+        assert one_error_line(done) == (
+            f"relay: error: {prompts}: the prompt 'which CI do we run the tests on?' names "
+            f"{gold} in 'relevant', {why}: it could never count as useful"
+        )
+        assert done.returncode == 2
+        assert not (tmp_path / "rep").exists()
+    assert _live_eval_keys(team_server) == before  # the keys minted for the check, revoked
 
 
 def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tmp_path):

@@ -292,6 +292,7 @@ def _replay(
     try:
         if client is not None:  # minted in here, so whatever fails next revokes them
             team_keys = team.mode_keys(client, team.check_server(client), key[1:])
+            team.check_gold(client.url, team_keys["probe"], conversations, source)
         work, let_go = make_workdir(workdir, "relay-eval-replay-")
         if bench:
             keys = load_database(

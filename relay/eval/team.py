@@ -1,5 +1,6 @@
 """A team's own server, which `relay eval replay` replays a JSONL of prompts against: the
-check before the replay, a read key per mode that searches, and their revocation after."""
+checks before the replay (the server and key, the prompts' gold memories), a read key per
+mode that searches, and their revocation after."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import click
 from relay.errors import InvalidRequestError, RelayError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from relay.client import RelayClient
+    from relay.eval.conversations import Conversation
 
 
 def server(url: str | None, key: str | None) -> RelayClient:
@@ -134,3 +138,52 @@ def revoke(client: RelayClient, keys: dict[str, str]) -> None:
             " they expire in a day",
             err=True,
         )
+
+
+def check_gold(url: str, key: str, conversations: list[Conversation], source: Path) -> None:
+    """Every memory a prompt names in 'relevant' is one recall can bring this key: a mistyped
+    id, a deleted memory or one for other audiences (404), or one superseded or expired
+    (recall never returns those) leaves its prompt never useful, and both the figures and
+    the advice fitted to them would read that as recall missing it, without a word."""
+    import http.client
+    import urllib.parse
+
+    from relay.eval.harness import api
+
+    now = datetime.now(UTC)
+    checked: set[str] = set()
+    for conv in conversations:
+        for turn in conv.turns:
+            for gold in turn.relevant:
+                if gold in checked:
+                    continue
+                checked.add(gold)
+                path = f"/v1/memories/{urllib.parse.quote(gold, safe='')}"
+                try:
+                    status, memory = api(url, "GET", path, key)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise RelayError(f"{url}: reading the gold memory {gold}: {exc}") from None
+                why = _never_recalled(status, memory, now)
+                if why:
+                    raise InvalidRequestError(
+                        f"{source}: the prompt {turn.prompt[:60]!r} names {gold} in 'relevant', "
+                        f"{why}: it could never count as useful"
+                    )
+
+
+def _never_recalled(status: int, memory: Any, now: datetime) -> str | None:
+    """Why recall can never bring this memory (GET /v1/memories/ID's answer), or None."""
+    if status == 404:
+        return "which is no memory this key can read (mistyped, deleted, or for other audiences)"
+    if status != 200 or not isinstance(memory, dict):
+        raise RelayError(f"reading a gold memory answered HTTP {status}")
+    if memory.get("superseded_by"):
+        return f"which {memory['superseded_by']} supersedes, so recall never returns it"
+    until = memory.get("valid_until")
+    try:
+        end = datetime.fromisoformat(str(until)) if until else None
+    except ValueError:
+        end = None
+    if end is not None and (end if end.tzinfo else end.replace(tzinfo=UTC)) <= now:
+        return f"which expired at {until}, so recall never returns it"
+    return None
