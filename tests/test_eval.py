@@ -1002,6 +1002,20 @@ def test_a_kept_database_is_reused_for_the_same_data_only_and_with_its_keys(tmp_
     assert held()[0] == changed["text"]
 
 
+def test_faults_given_a_teams_prompts_file_says_what_it_needs(tmp_path):
+    """QA: `relay eval faults prompts.jsonl` said only "Directory 'prompts.jsonl' is a file"."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand"}\n')
+    done = relay(tmp_path, "eval", "faults", str(prompts), "--report-dir", str(tmp_path / "r"))
+    assert one_error_line(done) == (
+        f"relay: error: {prompts} is a file: the drills need a bench-format folder "
+        "(memories.jsonl and queries.jsonl: docs/eval.md), loaded into a server of their own "
+        "that they kill and restart; a JSONL of prompts replays against its server with relay "
+        "eval replay (see 'relay eval faults --help')"
+    )
+    assert done.returncode == 2 and not (tmp_path / "r").exists()
+
+
 def test_each_command_says_what_it_does_with_a_database_in_its_workdir():
     """QA: `relay eval faults --help` said it reused a database it loaded in --workdir (the
     replay's text, shared), while the drills always load afresh."""

@@ -398,7 +398,7 @@ def _replay(
 @eval_group.command("faults")
 @click.argument(
     "source",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=click.Path(exists=True, path_type=Path),
     default=BENCH / "coding_prompts",
     required=False,
 )
@@ -425,7 +425,11 @@ def _replay(
 def faults_command(report_dir: Path, **options: Any) -> None:
     """Replay SOURCE (default ../shared/bench/coding_prompts) while injecting faults: a hung
     connection, a slow body, a denied key, oversized content, invalid JSON, the server killed
-    and restarted; then deletion and key revocation with warm caches, and a compaction."""
+    and restarted; then deletion and key revocation with warm caches, and a compaction.
+
+    SOURCE is a bench-format folder (memories.jsonl and queries.jsonl, docs/eval.md),
+    loaded into a server of the drills' own.
+    """
     _holding(report_dir, _faults, options)
 
 
@@ -448,6 +452,12 @@ def _faults(
     from relay.eval.harness import workdir as make_workdir
     from relay.hook_bench import compile_hook
 
+    if not source.is_dir():  # QA: "Directory 'prompts.jsonl' is a file" said not what to give
+        raise click.UsageError(
+            f"{source} is a file: the drills need a bench-format folder (memories.jsonl and "
+            "queries.jsonl: docs/eval.md), loaded into a server of their own that they kill and "
+            "restart; a JSONL of prompts replays against its server with relay eval replay"
+        )
     if not (source / "memories.jsonl").exists():
         raise click.UsageError(f"{source} has no memories.jsonl")
     conversations = _conversations(source, count, seed, turns)
