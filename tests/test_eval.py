@@ -196,6 +196,21 @@ def test_report_renders_in_headless_chromium_with_every_plot_drawn(replayed, tmp
     assert blue > 200 and orange > 200  # the 'on' and 'ungated' series were painted
 
 
+def test_a_drill_run_that_waited_out_its_budget_is_logged_correctly_as_a_timeout():
+    """QA: on a loaded machine the compaction drill counted two runs the hook logged as
+    `timeout`, after 382 ms and 815 ms of a 400 ms budget, as mislogged (only hit, no_match
+    or no request passed); the killed server's drill already took such a timeout as right."""
+    from relay.eval.faults import _healthy_ok
+
+    def timeout(ms: float, reason: str) -> Run:
+        return Run(0, b"", ms, {"outcome": "timeout", "reason": reason})
+
+    assert _healthy_ok(timeout(382.0, "network"), 400)
+    assert _healthy_ok(timeout(815.0, "no_budget_left"), 400)
+    assert not _healthy_ok(timeout(120.0, "network"), 400)  # no budget waited out: mislogged
+    assert not _healthy_ok(Run(0, b"", 90.0, {"outcome": "hit"}), 400)  # a hit injected nothing
+
+
 def test_every_drill_has_its_own_colour_in_the_latency_plot():
     """QA: the faults latency plot drew deletion in hung's blue, revocation in slow_body's
     orange and compaction in denied_key's green: six colours for nine lines."""
