@@ -366,6 +366,35 @@ def test_a_gold_memory_recall_can_never_bring_is_named_before_the_replay(team_se
     assert _live_eval_keys(team_server) == before  # the keys minted for the check, revoked
 
 
+def test_json_goes_into_a_folder_made_for_it_and_one_it_cannot_be_written_to_is_refused_first(
+    team_server, tmp_path
+):
+    """QA: --json naming a folder that did not exist replayed everything, wrote the report,
+    then ended in a FileNotFoundError traceback, the figures lost."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "write a database migration by hand"}\n')
+    args = ["eval", "replay", str(prompts), "--url", team_server.url]
+    args += ["--key", team_server.admin_key, "--report-dir", str(tmp_path / "rep")]
+    figures = tmp_path / "new" / "folder" / "figures.json"
+    done = relay(tmp_path, *args, "--json", str(figures))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(figures.read_text())["turns"] == 1
+    (tmp_path / "file").write_text("")
+    done = relay(
+        tmp_path,
+        *args[:-2],
+        "--report-dir",
+        str(tmp_path / "rep2"),
+        "--json",
+        str(tmp_path / "file" / "f.json"),
+    )
+    assert one_error_line(done) == (
+        f"relay: error: --json {tmp_path / 'file' / 'f.json'} cannot be written: "
+        f"{tmp_path / 'file'} is a file"
+    )
+    assert done.returncode == 2 and not (tmp_path / "rep2").exists()
+
+
 def test_unlabelled_team_prompts_are_measured_but_not_advised_on(team_server, tmp_path):
     """QA: prompts without gold were scored as nothing_relevant, the advice raised min_score
     to 0.8 to silence them all, and --apply wrote it; a needs_memory row without relevant

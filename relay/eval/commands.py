@@ -161,11 +161,35 @@ def _common(fn):  # noqa: ANN001, ANN202
     return fn
 
 
+def _check_json(path: Path | None) -> None:
+    """--json is written after the run, minutes on: a path under a file, or where this user
+    cannot write, is refused now (QA: a traceback once the replay was done)."""
+    from relay.install_files import why_unchangeable
+
+    if path is None:
+        return
+    target = Path(os.path.realpath(path))  # a folder still to be made is made, as --report-dir's
+    held = next(p for p in target.parents if p.exists())
+    why = f"{held} is a file" if not held.is_dir() else why_unchangeable(target, remove=False)
+    if why:
+        raise InvalidRequestError(f"--json {path} cannot be written: {why}")
+
+
+def _write_figures(path: Path, figures: dict[str, Any]) -> None:
+    """The --json file, in a folder made for it as --report-dir's is."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise RelayError(f"--json {path}: {exc.strerror or exc}") from None
+
+
 def _holding(report_dir: Path, run: Callable[..., None], options: dict[str, Any]) -> None:
     """`run` with --report-dir held for it alone (`harness.Held`): a second run writing there
     at the same time would leave each printing a report path that holds the other's report."""
     from relay.eval.harness import Held
 
+    _check_json(options["json_path"])
     with _stoppable():  # from the first step: a SIGTERM before the replay revokes its keys too
         held = Held(report_dir, "--report-dir")
         try:
@@ -380,7 +404,7 @@ def _replay(
     html_path, report_json = rep.write(report_dir, "replay", report, rep.replay_page(report))
     write_jsonl(report_dir / "conversations.jsonl", conversations)
     if json_path:
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
+        _write_figures(json_path, result)
     click.echo(rp.render(result, more, deadline_ms))
     click.echo(adv.render(advice, str(source)))
     click.echo(f"report: {html_path} (figures behind it: {report_json})")
@@ -489,7 +513,7 @@ def _faults(
     }
     html_path, report_json = rep.write(report_dir, "faults", report, rep.faults_page(report))
     if json_path:
-        json_path.write_text(json.dumps(fl.public(drills), indent=2) + "\n")
+        _write_figures(json_path, fl.public(drills))
     click.echo(fl.render(drills, deadline_ms))
     click.echo(f"report: {html_path} (figures behind it: {report_json})")
     if not fl.all_good(drills):
