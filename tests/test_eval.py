@@ -328,7 +328,9 @@ def test_a_gold_memory_recall_can_never_bring_is_named_before_the_replay(team_se
     from datetime import UTC, datetime, timedelta
 
     headers = {"Authorization": f"Bearer {team_server.admin_key}"}
-    soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat(timespec="seconds")
+    # in the future when written (whole seconds, on a loaded machine), then waited past
+    end = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0)
+    soon = end.isoformat()
     for memory in (
         {"id": "gold-ci-old", "body": "CI runs on Jenkins in the basement."},
         {"id": "gold-ci-new", "body": "CI runs on GitHub Actions.", "supersedes": ["gold-ci-old"]},
@@ -336,7 +338,7 @@ def test_a_gold_memory_recall_can_never_bring_is_named_before_the_replay(team_se
     ):
         made = httpx.post(f"{team_server.url}/v1/memories", json=memory, headers=headers)
         assert made.status_code == 201, made.text
-    time.sleep(1.5)  # gold-freeze has expired
+    time.sleep(max(0.0, (end - datetime.now(UTC)).total_seconds()) + 0.2)  # gold-freeze expired
     cases = {
         "team:migratoins": "which is no memory this key can read (mistyped, deleted, or for "
         "other audiences)",
