@@ -1048,6 +1048,28 @@ def test_a_kept_database_is_reused_for_the_same_data_only_and_with_its_keys(tmp_
     assert held()[0] == changed["text"]
 
 
+def test_apply_with_another_config_is_refused(team, tmp_path):
+    """QA: --config FILE --apply fitted the advice to FILE's knobs (min_score 0.2, kept) and
+    merged its changes into ~/.relay/config.json, whose min_score 0.5 stayed: a setting the
+    replay never measured, announced as applied."""
+    config, other = tmp_path / "config.json", tmp_path / "other.json"
+    config.write_text('{"min_score": 0.5}')
+    other.write_text('{"min_score": 0.2}')
+    done = relay(
+        tmp_path,
+        *("eval", "replay", str(team), "--config", str(other), "--apply"),
+        *("--report-dir", str(tmp_path / "rep")),
+        RELAY_CONFIG=str(config),
+    )
+    assert one_error_line(done) == (
+        "relay: error: --apply fits the advice to the knobs the hook runs with now and writes "
+        "its changes there, and --config replays other knobs: give one or the other (see "
+        "'relay eval replay --help')"
+    )
+    assert done.returncode == 2 and not (tmp_path / "rep").exists()
+    assert json.loads(config.read_text()) == {"min_score": 0.5}
+
+
 def test_faults_given_a_teams_prompts_file_says_what_it_needs(tmp_path):
     """QA: `relay eval faults prompts.jsonl` said only "Directory 'prompts.jsonl' is a file"."""
     prompts = tmp_path / "prompts.jsonl"

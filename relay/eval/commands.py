@@ -214,8 +214,8 @@ def eval_group() -> None:
 @click.option(
     "--config",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A Relay config whose knobs the 'on' mode uses (e.g. after --apply) [default: the "
-    "hook's defaults; with --apply, the knobs the hook runs with now].",
+    help="A Relay config whose knobs the 'on' mode uses (e.g. after --apply; not with it) "
+    "[default: the hook's defaults; with --apply, the knobs the hook runs with now].",
 )
 @click.option(
     "--url",
@@ -289,6 +289,13 @@ def _replay(
     from relay.eval.harness import workdir as make_workdir
     from relay.hook_bench import HOOK, compile_hook, warm_up
 
+    if config is not None and apply_:
+        # QA: the advice, fitted to FILE's knobs, had its changes merged into the config the
+        # hook runs with, whose other knobs differ: a setting nothing measured
+        raise click.UsageError(
+            "--apply fits the advice to the knobs the hook runs with now and writes its changes "
+            "there, and --config replays other knobs: give one or the other"
+        )
     if config is not None:
         _check_config(config)
     key = tuple(str(given_key(None, f)) for f in key_files) or key
