@@ -30,15 +30,19 @@ MAX_ROLES = 64  # of one key
 EVERYONE = "all"  # the audience that means everyone in the org (same value as relay.models)
 
 _AUDIENCE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
-# C0 controls except tab and newline, DEL, and C1 controls: never meaningful in a memory,
-# and terminal escape sequences must not ride into an agent's context.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-# The controls refused wherever they stand, judged in a value as written: Python's strip()
-# and rstrip() take 0x1C-0x1F, a form feed, a vertical tab and NEL for whitespace, so at a
-# line's or a value's end they were dropped unsaid where inside they were refused. Tab and
-# line breaks (a carriage return is one) are not: the rule for each field says where.
+# C0 controls but tab and line breaks, DEL, and C1 controls: never meaningful in a memory,
+# and terminal escape sequences must not ride into an agent's context. Refused wherever
+# they stand, judged in a value as written: Python's strip() and rstrip() take 0x1C-0x1F,
+# a form feed, a vertical tab and NEL for whitespace, so at a line's or a value's end they
+# were dropped unsaid where inside they were refused. Tab and line breaks (a carriage
+# return is one) are not: the rule for each field says where.
 _CONTROL_ANYWHERE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# What breaks a line that a control does not: a newline, a carriage return (alone, or as
+# CRLF's first half), and Unicode's line and paragraph separators. A title and a source
+# are one line; at their ends these are whitespace, trimmed.
+_LINE_BREAK = re.compile("[\n\r\u2028\u2029]")
+_ONE_LINE = "{what} must be one line, without a line break ({{found}})"
 # A surrogate code point on its own: JSON can spell one ("\ud800"), no encoder takes it.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -59,8 +63,8 @@ def normalize_text(text: str) -> str:
 def replace_controls(text: str) -> tuple[str, list[str]]:
     """`text` with each control character a body or title may not hold replaced by U+FFFD
     (the replacement character: something was here), and those replaced, in order."""
-    found = _CONTROL.findall(text)
-    return (_CONTROL.sub("\ufffd", text) if found else text), found
+    found = _CONTROL_ANYWHERE.findall(text)
+    return (_CONTROL_ANYWHERE.sub("\ufffd", text) if found else text), found
 
 
 # --- field checks --------------------------------------------------------------------------
@@ -271,24 +275,29 @@ def check_given_id(memory_id: str) -> str:
 
 
 def check_title(title: str | None) -> str | None:
-    """Return the title on one line with whitespace collapsed; None or blank means no title."""
+    """Return the title with its whitespace runs collapsed to one space; None or blank
+    means no title. A title is a one-line label (a heading in an import, one line in the
+    console): a line break inside it, CR, LF or CRLF alike, is refused, never made a space
+    unsaid; at its ends, as any whitespace, it is trimmed."""
     if title is None:
         return None
     if not isinstance(title, str):
         raise InvalidRequestError("title must be a string", field="title")
     _check_unicode(title, "title")
-    _refuse_controls(title, "title", "title contains control characters: {found}", _CONTROL)
-    title = " ".join(title.split())
-    if is_blank(title):
+    _refuse_controls(title, "title", "title contains control characters: {found}")
+    collapsed = " ".join(title.split())
+    if is_blank(collapsed):
         return None
-    if len(title) > MAX_TITLE_CHARS:
+    if len(collapsed) > MAX_TITLE_CHARS:
         raise TooLargeError(
-            f"title is {len(title):,} characters; the limit is {MAX_TITLE_CHARS}",
+            f"title is {len(collapsed):,} characters; the limit is {MAX_TITLE_CHARS}",
             field="title",
             limit=MAX_TITLE_CHARS,
         )
-    _reject_secrets(title, "title", "title")
-    return title
+    _reject_secrets(collapsed, "title", "title")  # first: a private key spans lines
+    trimmed = len(title) - len(title.lstrip())
+    _refuse_controls(title.strip(), "title", _ONE_LINE.format(what="title"), _LINE_BREAK, trimmed)
+    return collapsed
 
 
 def check_source(source: str | None) -> str | None:

@@ -347,7 +347,7 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
         ],
         ctx: Context,
         title: Annotated[
-            str | None, Field(max_length=MAX_TITLE_CHARS, description="Short title.")
+            str | None, Field(max_length=MAX_TITLE_CHARS, description="Short title, one line.")
         ] = None,
         source: Annotated[
             str | None,

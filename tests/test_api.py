@@ -2242,3 +2242,33 @@ def test_a_format_character_stored_by_an_older_release_is_kept_through_any_other
     shown = api.client.get(path, headers=h).json()
     assert (shown["revision"], shown["source"], shown["tags"]) == (5, "legacy/fdp.exe", [])
     assert api.client.get("/v1/memories/legacy-copy", headers=h).status_code == 404
+
+
+def test_a_line_break_inside_a_title_is_refused_on_every_write_cr_or_lf_alike(api):
+    """QA: a title of `a\\r\\nb` was refused for its U+000D while `a\\nb` was stored as
+    `a b`, the newline made a space unsaid. A create, an edit and a batch item refuse any
+    line break inside a title the same way, naming it; at the ends it is trimmed."""
+    h = api.headers("acme_dev")
+    kept = remember(api, "acme_dev", "Deploys freeze at noon.", title="\r\nFreeze\n")
+    assert kept["title"] == "Freeze"
+    for line_break in ("\n", "\r", "\r\n", "\u2028"):
+        code_point = f"U+{ord(line_break[0]):04X}"
+        fields = {"title": f"Deploy{line_break}freeze"}
+        sent = {"body": "Deploys freeze at noon.", **fields}
+        for answer in (
+            api.client.post("/v1/memories", json=sent, headers=h),
+            api.client.patch(f"/v1/memories/{kept['id']}", json=fields, headers=h),
+            api.client.post(
+                "/v1/memories/batch", json={"items": [{**sent, "id": "brk"}]}, headers=h
+            ),
+        ):
+            error = assert_error(answer, 400, "invalid_request")
+            assert error["message"].endswith(  # a batch's begins `items.0: `
+                f"title must be one line, without a line break ({code_point} at character 6)"
+            ), error
+            assert (error["details"]["field"], error["details"]["code_point"]) == (
+                "title",
+                code_point,
+            )
+    listed = api.client.get("/v1/memories", headers=h).json()["items"]
+    assert [(m["id"], m["revision"], m["title"]) for m in listed] == [(kept["id"], 1, "Freeze")]

@@ -583,13 +583,41 @@ def test_no_false_positives_on_real_rule_texts(folder, count, expected):
         ("", None),
         ("   ", None),
         ("  Testing ›  Fixtures ", "Testing › Fixtures"),
-        ("two\nlines", "two lines"),
+        ("two\tspaced  words", "two spaced words"),
+        ("\r\nOne line\u2029", "One line"),
         ("\u200b\u200b", None),
         ("\u200bkept", "\u200bkept"),
     ],
 )
 def test_title_is_normalised(title, expected):
     assert check_title(title) == expected
+
+
+@pytest.mark.parametrize(
+    "line_break", ["\n", "\r", "\r\n", "\u2028", "\u2029"], ids=["LF", "CR", "CRLF", "LS", "PS"]
+)
+def test_a_line_break_inside_a_title_is_refused_whichever_it_is(line_break):
+    """QA: `relay remember x --title "$(printf 'a\\r\\nb')"` was refused for its U+000D
+    while `a\\nb` was stored as `a b`, a newline made a space unsaid. A title is one line
+    (an import's heading, the console's field): every line break inside it is refused the
+    same, naming the first code point and its place in the title as sent."""
+    sent = f"  Deploy{line_break}checklist"
+    code_point = f"U+{ord(line_break[0]):04X}"
+    said = re.escape(code_point)
+    with pytest.raises(
+        InvalidRequestError,
+        match=rf"^title must be one line, without a line break \({said} at character 8\)$",
+    ) as refused:
+        check_title(sent)
+    assert refused.value.details == {"field": "title", "code_point": code_point}
+    assert check_title(f"{line_break}Deploy checklist{line_break}") == "Deploy checklist"
+
+
+def test_a_secret_spread_over_lines_in_a_title_is_refused_as_a_secret():
+    """The secret is what matters: refused as one, not as a title of several lines."""
+    key = "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA7bq98\n-----END RSA PRIVATE KEY-----"
+    with pytest.raises(SecretDetectedError, match="^title looks like"):
+        check_title(key)
 
 
 def test_title_limits():

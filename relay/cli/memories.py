@@ -60,7 +60,7 @@ def _memory_options(
     fn: Callable[..., Any], audience_default: str, clears: bool = False
 ) -> Callable[..., Any]:
     options = [
-        click.option("--title", help="Short title."),
+        click.option("--title", help="Short title, one line."),
         click.option("--source", help="Provenance, path-like (e.g. team/infra/clusters)."),
         click.option(
             "--audience",
