@@ -203,14 +203,16 @@ def check_format_characters(
     held_tags: Collection[str] = (),
 ) -> None:
     """Raise if a memory's source or a tag, as `check_source` and `check_tags` return them,
-    holds an invisible format character (`_refuse_format_characters`) and is not one the
-    memory holds already (`held_source`, `held_tags`: as stored). One stored before the rule
-    (by an older release) is not judged again: every write of that memory was refused, an
-    edit of its body alone too, until the writer also fixed a field the edit never named. It
-    may be kept, never newly given: by a create, a restore into another organisation, an
-    edit that sets it. The store judges it (`rules.judge_format_characters`), where the
-    memory a write replaces is read."""
+    holds an invisible format character (`_refuse_format_characters`), or the source a line
+    or paragraph separator (U+2028, U+2029: a source is one line, and a tag holds no
+    whitespace at all), and is not one the memory holds already (`held_source`,
+    `held_tags`: as stored). One stored before the rule (by an older release) is not judged
+    again: every write of that memory was refused, an edit of its body alone too, until the
+    writer also fixed a field the edit never named. It may be kept, never newly given: by a
+    create, a restore into another organisation, an edit that sets it. The store judges it
+    (`rules.judge_format_characters`), where the memory a write replaces is read."""
     if source is not None and source != held_source:
+        _refuse_controls(source, "source", _ONE_LINE.format(what="source"), _LINE_BREAK)
         _refuse_format_characters(source, "source", "source")
     for tag in tags:
         if tag not in held_tags:
@@ -302,7 +304,8 @@ def check_title(title: str | None) -> str | None:
 
 def check_source(source: str | None) -> str | None:
     """Return the path-like provenance, stripped; None or blank means no source. Its format
-    characters are judged against the memory's own (`check_format_characters`)."""
+    characters and line separators are judged against the memory's own
+    (`check_format_characters`)."""
     if source is None:
         return None
     if not isinstance(source, str):

@@ -2272,3 +2272,39 @@ def test_a_line_break_inside_a_title_is_refused_on_every_write_cr_or_lf_alike(ap
             )
     listed = api.client.get("/v1/memories", headers=h).json()["items"]
     assert [(m["id"], m["revision"], m["title"]) for m in listed] == [(kept["id"], 1, "Freeze")]
+
+
+def test_a_line_separator_in_a_source_is_refused_when_new_and_kept_when_held(api):
+    """QA: `docs/a\\u2028b.md` was stored as a source, which is one line (a tag refused
+    it). Refused as new to a memory, in a create, a batch item or an edit that sets it; a
+    memory an older release stored with one keeps it through an edit of any other field."""
+    h = api.headers("acme_dev")
+    m = remember(api, "acme_dev", "Deploys freeze at noon.", source="sep/ops.md")
+    legacy = "sep/ops\u2028notes.md"
+    execute_beneath(
+        api.services.store, f"UPDATE memories SET source = '{legacy}' WHERE id = '{m['id']}'"
+    )
+    path = f"/v1/memories/{m['id']}"
+
+    def refused(answer, code_point: str) -> None:
+        error = assert_error(answer, 400, "invalid_request")
+        said = f"source must be one line, without a line break ({code_point} at character "
+        assert said in error["message"], error
+        assert (error["details"]["field"], error["details"]["code_point"]) == (
+            "source",
+            code_point,
+        )
+
+    kept = api.client.patch(path, json={"body": "Deploys freeze at one."}, headers=h)
+    assert (kept.status_code, kept.json()["source"]) == (200, legacy), kept.text
+    item = {"id": m["id"], "body": "Deploys freeze at two.", "source": legacy}
+    batch = api.client.post("/v1/memories/batch", json={"items": [item]}, headers=h)
+    assert batch.json() == {"written": 1, "unchanged": 0}, batch.text
+
+    refused(api.client.patch(path, json={"source": "sep/a\u2029b.md"}, headers=h), "U+2029")
+    copy = {**item, "id": "sep-copy"}
+    refused(api.client.post("/v1/memories/batch", json={"items": [copy]}, headers=h), "U+2028")
+    refused(api.client.post("/v1/memories", json=copy, headers=h), "U+2028")
+    shown = api.client.get(path, headers=h).json()
+    assert (shown["revision"], shown["source"]) == (3, legacy)
+    assert api.client.get("/v1/memories/sep-copy", headers=h).status_code == 404

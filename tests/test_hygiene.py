@@ -981,6 +981,26 @@ def test_a_format_character_the_memory_holds_already_is_not_judged_again():
     assert refused.value.details == {"field": "tags", "code_point": "U+200B"}
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029"], ids=["LS", "PS"])
+def test_a_line_separator_inside_a_source_is_refused_unless_the_memory_holds_it(separator):
+    """QA: `docs/a\\u2028b.md` was accepted as a source, which is one line, while a tag
+    refused it. Refused as new to a memory, naming it; one an older release stored stays
+    through any other edit, as a bidi control does; at an end it is trimmed, as whitespace."""
+    source = check_source(f" docs/a{separator}b.md")
+    code_point = f"U+{ord(separator):04X}"
+    at = re.escape(f"({code_point} at character 6)")
+    said = rf"^source must be one line, without a line break {at}$"
+    with pytest.raises(InvalidRequestError, match=said) as refused:
+        hygiene.check_format_characters(source, ())
+    assert refused.value.details == {"field": "source", "code_point": code_point}
+    with pytest.raises(InvalidRequestError, match=said):
+        hygiene.check_format_characters(source, (), "docs/ab.md")
+    hygiene.check_format_characters(source, ["ok"], source)
+    assert check_source(f"{separator}docs/a.md{separator}") == "docs/a.md"
+    with pytest.raises(InvalidRequestError, match="whitespace"):
+        check_tags([f"a{separator}b"])
+
+
 def test_right_to_left_letters_in_a_source_or_tag_are_kept():
     assert check_source("docs/מדריך/התקנה.md") == "docs/מדריך/התקנה.md"
     assert check_tags(["عربي", "lang:עברית"]) == ("عربي", "lang:עברית")

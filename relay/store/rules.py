@@ -95,10 +95,11 @@ def judge_audiences(
 
 def judge_format_characters(draft: MemoryDraft, current: Memory | None) -> None:
     """Raise if the draft gives the memory a source or a tag holding an invisible format
-    character (a bidi override...) that it does not hold already: one stored by an older
-    release, before such characters were refused, stays through an edit of another field,
-    an import or a restore of the memory as it is (`hygiene.check_format_characters`).
-    Judged where the memory is read for the write, as `judge_audiences` is."""
+    character (a bidi override...), or a source holding a line separator (U+2028), that it
+    does not hold already: one stored by an older release, before such characters were
+    refused, stays through an edit of another field, an import or a restore of the memory
+    as it is (`hygiene.check_format_characters`). Judged where the memory is read for the
+    write, as `judge_audiences` is."""
     if current is None:
         check_format_characters(draft.source, draft.tags)
     else:
