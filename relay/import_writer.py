@@ -462,26 +462,78 @@ def _generation(memory_id: str) -> int:
     return int(memory_id[len(base) + 1 :]) if memory_id != base else 1
 
 
-def check_drafts(drafts: Iterable[ImportDraft], audiences: Sequence[str] = ()) -> None:
+def check_drafts(
+    drafts: Iterable[ImportDraft],
+    audiences: Sequence[str] = (),
+    owned: Callable[[str], Sequence[dict]] = lambda _: (),
+) -> None:
     """Judge every draft as the server will (`relay.writes.draft_from_fields`, on the item
     the batch will carry), before anything is written. The server names a rejected item
     only by its place in a batch; here the error names the file and section, and one bad
-    section stops the whole import, not only the batch it would have travelled in. An
-    invisible format character in a source (a file's name) or a tag is refused as new to
-    the memory: the file gives it, whatever an older release stored."""
+    section stops the whole import, not only the batch it would have travelled in.
+
+    An invisible format character or a line separator in a source (a file's name) or a tag
+    is judged as the server does, against the memory the draft continues
+    (`hygiene.check_format_characters`): one an older release stored there is kept, and
+    only a draft holding one asks `owned` (`owned_memories`) for its file's memories, to
+    learn which it continues (`continued_ids`). A draft that continues none would give it
+    to a new memory, which the server refuses: so is it here, saying what to do."""
     from relay.hygiene import check_format_characters
     from relay.writes import draft_from_fields
 
+    drafts = list(drafts)
+    owned_by: dict[str, list[dict]] = {}  # source -> its memories, asked once
+    continued: dict[str, dict[int, dict]] = {}  # source -> a draft's place -> its memory
+
+    def held(place: int, source: str) -> dict | None:
+        """The memory the draft at `place` in `drafts` continues, or None."""
+        if source not in continued:
+            owned_by[source] = list(owned(source))
+            places = [i for i, d in enumerate(drafts) if d.source == source]
+            ids = [d.id for d in continued_ids([drafts[i] for i in places], owned_by[source])]
+            live = {m["id"]: m for m in owned_by[source]}
+            continued[source] = {i: live[m] for i, m in zip(places, ids, strict=True) if m in live}
+        return continued[source].get(place)
+
     seen: dict[str, int] = {}
-    for draft in drafts:
+    for place, draft in enumerate(drafts):
         seen[draft.source] = seen.get(draft.source, 0) + 1
         try:
             # The org's audiences: the server's to judge.
             judged = draft_from_fields(_item(draft, audiences))
-            check_format_characters(judged.source, judged.tags)
+            try:
+                check_format_characters(judged.source, judged.tags)
+            except InvalidRequestError as exc:
+                memory = held(place, draft.source)
+                if memory is not None:
+                    check_format_characters(
+                        judged.source, judged.tags, memory["source"], memory["tags"]
+                    )
+                elif exc.details.get("field") == "source":
+                    raise _rename(exc, bool(owned_by[draft.source])) from None
+                else:
+                    raise
         except InvalidRequestError as exc:
             message = f"{draft_label(draft, seen[draft.source])}: {exc.message}"
             raise type(exc)(message, **exc.details) from None
+
+
+def _rename(exc: InvalidRequestError, imported_before: bool) -> InvalidRequestError:
+    """`exc`, a refusal of a file's source, saying what to do: the source is the file's
+    path, so the file (or a folder above it) is what to rename; and, when memories the file
+    was imported to before hold it (stored by an older release), why they may keep it but
+    this section may not take it."""
+    why = (
+        "; the memories imported from this file before keep its name (an older release"
+        " stored it), but this section would be a new memory, which may not take it"
+        if imported_before
+        else ""
+    )
+    return type(exc)(
+        f"{exc.message}{why}. The source is the file's path: rename the file (or the folder"
+        " holding it) and import it again",
+        **exc.details,
+    )
 
 
 def _item(d: ImportDraft, audiences: Sequence[str], revision: int | None = None) -> dict:

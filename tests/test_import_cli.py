@@ -452,6 +452,51 @@ def test_secret_names_file_and_section_and_nothing_is_stored(tmp_path, server):
     assert live_memories(server, "qa3-proj/CLAUDE.md") == []
 
 
+def test_a_file_name_an_older_release_stored_with_a_bidi_control_imports_again(tmp_path, server):
+    """QA: a file whose name holds a bidi control (U+202E), imported by an older release
+    before such names were refused, could not be imported again until renamed, though the
+    server keeps a value its memory holds. Its sections update their memories; a new one,
+    which the server would refuse as a new memory, is refused before anything is written,
+    saying what to do."""
+    import sqlite3
+
+    from relay.importer import draft_id
+
+    repo = git_repo(tmp_path / "qa-bidi-name")
+    name = "ops/\u202efdp.md"
+    legacy = f"qa-bidi-name/{name}"
+    runbook = write(repo / name, "# Ops\nFreeze at noon.\n")
+    memory_id = draft_id(legacy, ("Ops",))
+    item = {"id": memory_id, "title": "Ops", "body": "Freeze at noon.", "tags": []}
+    written = httpx.post(
+        f"{server.url}/v1/memories/batch",
+        json={"items": [{**item, "source": "qa-bidi-name/ops/fdp.md"}]},
+        headers={"Authorization": f"Bearer {server.admin_key}"},
+        timeout=30,
+    )
+    assert written.status_code == 200, written.text
+    with sqlite3.connect(server.db) as conn:  # beneath the API, as an older release left it
+        conn.execute("UPDATE memories SET source = ? WHERE id = ?", (legacy, memory_id))
+    conn.close()
+
+    done = relay_import(server, repo, name)
+    assert summary(done) == "imported 1 memory: 0 new or changed, 1 unchanged, 0 retired"
+    runbook.write_text("# Ops\nFreeze at one.\n", encoding="utf-8")
+    done = relay_import(server, repo, name)
+    assert summary(done) == "imported 1 memory: 1 new or changed, 0 unchanged, 0 retired"
+
+    runbook.write_text("# Ops\nFreeze at two.\n\n# CI\nRun make.\n", encoding="utf-8")
+    done = relay_import(server, repo, name)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        "relay: error: 'qa-bidi-name/ops/\\u202efdp.md' › CI: source contains U+202E ("
+    ), done.stderr
+    assert "this section would be a new memory" in done.stderr
+    assert done.stderr.endswith(" rename the file (or the folder holding it) and import it again\n")
+    (memory,) = live_memories(server, legacy)
+    assert (memory["id"], memory["body"], memory["revision"]) == (memory_id, "Freeze at one.", 2)
+
+
 # --- sections removed from a file ------------------------------------------------------------
 
 AGENTS = "# Build\nRun make.\n\n# Test\nRun pytest.\n\n# Deploy\nTag from main.\n"

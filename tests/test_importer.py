@@ -618,6 +618,42 @@ def test_check_drafts_refuses_a_format_character_in_a_source_or_tag_before_anyth
         check_drafts(drafts_from_text("# Ops\nok\n", "ops/\u2066x.md"))
 
 
+def test_check_drafts_keeps_a_file_name_an_older_release_stored_where_its_memories_hold_it():
+    """QA: a file whose name holds a bidi control, imported by an older release, could not
+    be imported again until renamed, though the server keeps a value its memory holds. A
+    section that continues such a memory passes, as its batch item will; a new section, a
+    new memory, is refused as the server would refuse it, saying why and what to do. Only
+    for a file whose name holds one are its memories asked for."""
+    legacy = "ops/\u202efdp.md"
+    before = drafts_from_text("# Ops\nFreeze at noon.\n", legacy)
+    held = [
+        {"id": d.id, "title": d.title, "body": d.body, "source": legacy, "tags": []} for d in before
+    ]
+    asked: list[str] = []
+
+    def owned(source: str) -> list[dict]:
+        asked.append(source)
+        return held if source == legacy else []
+
+    edited = drafts_from_text("# Ops\nFreeze at one.\n", legacy)
+    check_drafts([*drafts_from_text("# Ok\nfine\n", "ops/ok.md"), *edited], (), owned)
+    assert asked == [legacy]
+    grown = drafts_from_text("# Ops\nFreeze at one.\n# CI\nRun make.\n", legacy)
+    with pytest.raises(InvalidRequestError) as refused:
+        check_drafts(grown, (), owned)
+    assert refused.value.message == (
+        "'ops/\\u202efdp.md' › CI: source contains U+202E (RIGHT-TO-LEFT OVERRIDE) at"
+        " character 4, an invisible character that changes how the text shows; remove it;"
+        " the memories imported from this file before keep its name (an older release"
+        " stored it), but this section would be a new memory, which may not take it. The"
+        " source is the file's path: rename the file (or the folder holding it) and import"
+        " it again"
+    )
+    assert refused.value.details == {"field": "source", "code_point": "U+202E"}
+    with pytest.raises(InvalidRequestError, match="remove it. The source is the file's path"):
+        check_drafts(grown, (), lambda _: [])
+
+
 # --- sources and file discovery ------------------------------------------------------------
 
 

@@ -232,7 +232,7 @@ def import_(
         if not drafts:
             click.echo(f"relay: note: {f} holds no section with text: nothing to import", err=True)
     drafts = [d for file_drafts in drafts_by_source.values() for d in file_drafts]
-    check_drafts(drafts, audiences)
+    check_drafts(drafts, audiences, lambda source: owned_memories(client, source))
     for work_tree in unnamed:  # said once everything is checked, just before writing
         click.echo(
             f"relay: warning: {work_tree} has no origin remote, so its sources are named by"
