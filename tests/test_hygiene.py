@@ -544,7 +544,9 @@ def test_not_a_secret(text):
 def test_scanning_a_full_size_body_is_fast(text):
     start = time.perf_counter()
     find_secrets(text)
-    assert time.perf_counter() - start < 0.5  # linear scan: milliseconds, not seconds
+    # A linear scan takes 10 to 70 ms here; backtracking over a 64 K body would take minutes.
+    # The bound sits far from both, so a loaded CI machine (0.5 s failed at load 10) passes.
+    assert time.perf_counter() - start < 5
 
 
 # --- the benchmark corpora: real rule texts ------------------------------------------------
