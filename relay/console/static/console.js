@@ -299,7 +299,19 @@ async function pageMemories(params) {
     ),
     tbody,
   );
-  const more = button('Load more', () => load(), { hidden: true });
+  // One page at a time: a second click while one loads would ask for the same cursor again
+  // and list its memories twice.
+  const more = button('Load more', async () => {
+    more.disabled = true;
+    try {
+      clearError();
+      await load();
+    } catch (err) {
+      showError(err);
+    } finally {
+      more.disabled = false;
+    }
+  }, { hidden: true });
   const count = h('p', { class: 'hint', 'aria-live': 'polite' });
   const actions = session.can.write ? h('p', {}, h('a', { href: '#/new', class: 'button' }, 'New memory')) : null;
   render('Memories', actions, form, count, table, more);
