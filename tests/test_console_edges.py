@@ -77,3 +77,28 @@ def test_load_more_clicked_twice_lists_each_memory_once(console: Console, live, 
     rows = console.d.find_elements(By.CSS_SELECTOR, "table.memories tbody tr")
     assert len(rows) == 60
     assert console.d.find_element(By.CSS_SELECTOR, "main p.hint").text == "60 memories shown."
+
+
+def test_a_write_out_of_the_keys_sight_says_it_was_saved(console: Console, live, api) -> None:
+    """QA: a dev key that wrote a memory for sre was shown "Memory not found" and a red
+    not_found error, as if the write had failed; the server's warning went only to screen
+    readers."""
+    console.sign_in(live["keys"]["writer"])
+    console.go("#/new")
+    console.fill("body", "The SRE pager rota lives in the ops calendar.")
+    console.fill("audiences", "sre")
+    console.click("Create memory")
+    console.heading("saved")
+    warning = console.text_of("write-warning")
+    assert warning.startswith("Saved as revision 1, but this key cannot read memory")
+    assert not console.d.find_element(By.ID, "alert").is_displayed()
+    console.shot("write-out-of-sight")
+
+    own = remember(api, body="Dev laptops use the dev VPN profile.", audiences=["dev"])
+    console.go(f"#/memory/{own}")
+    console.wait(ec.element_to_be_clickable((By.ID, "edit-button"))).click()
+    console.fill("audiences", "sre")
+    console.click("Save new revision")
+    console.heading(f"Memory {own} saved")
+    assert console.text_of("write-warning").startswith("Saved as revision 2, but")
+    assert api.get(f"/v1/memories/{own}").json()["audiences"] == ["sre"]

@@ -398,10 +398,20 @@ async function pageNew() {
     'New memory',
     memoryForm(null, async (payload) => {
       const saved = await api('POST', '/memories', payload);
+      keepOutOfSight(saved);
       location.hash = `#/memory/${encodeURIComponent(saved.id)}`;
       announce([`Created memory ${saved.id}`, ...(saved.warnings || [])].join('; '));
     }, 'Create memory'),
   );
+}
+
+// Memories this page saved where its key cannot read them (the write's `warnings`): their
+// page would only say "not found", as if the write had failed.
+const outOfSight = new Map();
+
+function keepOutOfSight(saved) {
+  if (saved.warnings && saved.warnings.length) outOfSight.set(saved.id, saved);
+  else outOfSight.delete(saved.id);
 }
 
 // Links to memories this key cannot read are counted, never named (docs/http-api.md).
@@ -434,11 +444,7 @@ async function pageMemory(params, id) {
   try {
     m = await api('GET', `/memories/${encodeURIComponent(id)}`);
   } catch (err) {
-    if (err instanceof ApiError && err.status === 404) {
-      render('Memory not found', h('p', { id: 'not-found' }, `No memory ${id} is visible to this key.`), h('a', { href: '#/memories' }, 'Back to memories'));
-      showError(err);
-      return;
-    }
+    if (err instanceof ApiError && err.status === 404) return pageGone(id, err);
     throw err;
   }
   const history = await api('GET', `/memories/${encodeURIComponent(id)}/revisions`);
@@ -455,6 +461,7 @@ async function pageMemory(params, id) {
           h('h2', {}, 'Edit (saves a new revision)'),
           memoryForm(m, async (payload) => {
             const saved = await api('PATCH', `/memories/${encodeURIComponent(m.id)}`, { ...payload, expected_revision: m.revision });
+            keepOutOfSight(saved);
             announce([`Saved revision ${saved.revision}`, ...(saved.warnings || [])].join('; '));
             await pageMemory(params, m.id);
           }, 'Save new revision'),
@@ -486,6 +493,18 @@ async function pageMemory(params, id) {
     editSlot,
     historySection(m, history.items),
   );
+}
+
+// A memory this key cannot open: saved out of its sight, or not there at all.
+async function pageGone(id, err) {
+  const back = h('p', {}, h('a', { href: '#/memories' }, 'Back to memories'));
+  const saved = outOfSight.get(id);
+  if (saved) {
+    render(`Memory ${id} saved`, h('p', { id: 'write-warning', class: 'notice' }, `Saved as revision ${saved.revision}, but ${saved.warnings.join('; ')}.`), back);
+    return;
+  }
+  render('Memory not found', h('p', { id: 'not-found' }, `No memory ${id} is visible to this key.`), back);
+  showError(err);
 }
 
 function historySection(m, items) {
