@@ -102,3 +102,20 @@ def test_a_write_out_of_the_keys_sight_says_it_was_saved(console: Console, live,
     console.heading(f"Memory {own} saved")
     assert console.text_of("write-warning").startswith("Saved as revision 2, but")
     assert api.get(f"/v1/memories/{own}").json()["audiences"] == ["sre"]
+
+
+def test_delete_keeps_a_memory_edited_since_the_page_showed_it(console: Console, live, api) -> None:
+    """QA: the console deleted whatever revision the memory had reached, so an edit made
+    while the page was open was thrown away unseen; its edit form already refused that."""
+    memory_id = remember(api, body="The on-call handbook is in the wiki.")
+    console.sign_in(live["keys"]["admin"])
+    console.go(f"#/memory/{memory_id}")
+    delete = console.wait(ec.element_to_be_clickable((By.ID, "delete-button")))
+    edit = {"body": "The on-call handbook moved to docs/oncall.md."}
+    api.patch(f"/v1/memories/{memory_id}", json=edit).raise_for_status()
+    delete.click()
+    console.click(
+        "Delete memory", console.wait(ec.visibility_of_element_located((By.ID, "confirm")))
+    )
+    assert f"memory {memory_id!r} is at revision 2, not 1" in console.alert("conflict")
+    assert api.get(f"/v1/memories/{memory_id}").json()["body"] == edit["body"]

@@ -350,10 +350,17 @@ def build_routers(
         return written_view(memory, p)
 
     @api.delete("/memories/{memory_id}", status_code=204)
-    def delete_memory(memory_id: str, p: Session) -> Response:
+    def delete_memory(
+        memory_id: str,
+        p: Session,
+        expected_revision: Annotated[QueryInt | None, Query(ge=1)] = None,
+    ) -> Response:
+        """As on the API: with the revision the page showed, one edited since is kept (409)."""
         auth.require(p, "memory:write")
         writes.check_memory_id(memory_id)
-        store.delete_memory(p.org_id, memory_id, p.key_id, auth.management_view(p))
+        store.delete_memory(
+            p.org_id, memory_id, p.key_id, auth.management_view(p), expected_revision
+        )
         return Response(status_code=204)
 
     @api.get("/memories/{memory_id}/revisions")

@@ -475,7 +475,8 @@ async function pageMemory(params, id) {
           return;
         }
         try {
-          await api('DELETE', `/memories/${encodeURIComponent(m.id)}`);
+          // At the revision shown: an edit that landed since is not deleted unseen (409).
+          await api('DELETE', `/memories/${encodeURIComponent(m.id)}?expected_revision=${m.revision}`);
           location.hash = '#/memories';
           announce(`Deleted memory ${m.id}`);
         } catch (err) {
