@@ -243,7 +243,7 @@ def test_delete_asks_first_and_is_keyboard_usable(console: Console, live) -> Non
     console.heading("Memories")
     assert memory_id not in console.memory_ids_listed()
     console.go(f"#/memory/{memory_id}")
-    console.heading("Memory not found")
+    console.heading(f"Memory {memory_id} deleted")  # with its history, tombstones and all
 
 
 def test_keys_secret_shown_once_then_revoked(console: Console, live) -> None:

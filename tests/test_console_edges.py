@@ -119,3 +119,19 @@ def test_delete_keeps_a_memory_edited_since_the_page_showed_it(console: Console,
     )
     assert f"memory {memory_id!r} is at revision 2, not 1" in console.alert("conflict")
     assert api.get(f"/v1/memories/{memory_id}").json()["body"] == edit["body"]
+
+
+def test_a_deleted_memory_shows_its_history(console: Console, live, api) -> None:
+    """QA: a deleted memory's page said "not found", though its history (who deleted it,
+    when) is kept and `relay history` shows it."""
+    memory_id = remember(api, body="Builds are cached in the blue bucket.")
+    api.patch(f"/v1/memories/{memory_id}", json={"title": "Build cache"}).raise_for_status()
+    api.delete(f"/v1/memories/{memory_id}").raise_for_status()
+    console.sign_in(live["keys"]["admin"])
+    console.go(f"#/memory/{memory_id}")
+    console.heading(f"Memory {memory_id} deleted")
+    assert console.text_of("deleted").startswith("Deleted at ")
+    actions = console.d.find_elements(By.CSS_SELECTOR, "table.history tbody td:nth-child(4)")
+    assert [a.text for a in actions] == ["create", "edit", "delete"]
+    assert "Builds are cached" not in console.d.find_element(By.ID, "main").text
+    console.shot("deleted-memory-history")

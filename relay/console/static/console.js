@@ -496,12 +496,25 @@ async function pageMemory(params, id) {
   );
 }
 
-// A memory this key cannot open: saved out of its sight, or not there at all.
+// A memory this key cannot open: saved out of its sight, deleted (its history, tombstones
+// and all, stays readable, as `relay history` shows it), or not there at all.
 async function pageGone(id, err) {
   const back = h('p', {}, h('a', { href: '#/memories' }, 'Back to memories'));
   const saved = outOfSight.get(id);
   if (saved) {
     render(`Memory ${id} saved`, h('p', { id: 'write-warning', class: 'notice' }, `Saved as revision ${saved.revision}, but ${saved.warnings.join('; ')}.`), back);
+    return;
+  }
+  let history = { items: [] };
+  try {
+    history = await api('GET', `/memories/${encodeURIComponent(id)}/revisions`);
+  } catch (e) {
+    if (!(e instanceof ApiError && e.status === 404)) throw e;
+  }
+  const last = history.items[history.items.length - 1];
+  if (last && last.action === 'delete') {
+    const by = last.author_name || last.author || 'an unknown key';
+    render(`Memory ${id} deleted`, h('p', { id: 'deleted' }, `Deleted at ${when(last.recorded_at)} by ${by}. Its history keeps a tombstone, not the text.`), back, historySection({ id }, history.items));
     return;
   }
   render('Memory not found', h('p', { id: 'not-found' }, `No memory ${id} is visible to this key.`), back);
