@@ -81,7 +81,7 @@ def mint_key(
     roles = hygiene.check_roles(roles)  # named and normalised as the audiences they match
     hygiene.check_key_name(name)
     if expires_at is not None and expires_at <= datetime.now(UTC):
-        raise InvalidRequestError("expires_at is in the past")
+        raise InvalidRequestError("expires_at is in the past", field="expires_at")
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(24)
     key = store.create_key(org_id, key_id, hash_secret(secret), name, scopes, roles, expires_at)

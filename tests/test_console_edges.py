@@ -135,3 +135,35 @@ def test_a_deleted_memory_shows_its_history(console: Console, live, api) -> None
     assert [a.text for a in actions] == ["create", "edit", "delete"]
     assert "Builds are cached" not in console.d.find_element(By.ID, "main").text
     console.shot("deleted-memory-history")
+
+
+def test_an_error_stands_under_its_field_until_the_next_answer(console: Console, live) -> None:
+    """QA: the error was printed above the submit button, far from the field it named; a
+    refused `supersedes` or past `expires_at` marked no field (no `details.field`); and a
+    field marked by a refusal stayed marked after the next submit succeeded."""
+    console.sign_in(live["keys"]["admin"])
+    console.go("#/new")
+    console.fill("body", "The release train leaves on Tuesdays.")
+    console.fill("supersedes", "mem_nothing_here")
+    console.click("Create memory")
+    console.alert("not a memory of this organisation")
+    under = console.d.execute_script(
+        "const f = document.querySelector('[name=supersedes]');"
+        "const note = f.closest('.field').nextElementSibling;"
+        "return [f.getAttribute('aria-invalid'), note.className, note.textContent,"
+        " f.getAttribute('aria-describedby').split(' ').includes(note.id)];"
+    )
+    assert under[:2] == ["true", "form-error"] and "mem_nothing_here" in under[2] and under[3]
+    console.shot("error-under-its-field")
+
+    console.go("#/keys")
+    console.heading("API keys")
+    console.fill("name", "ci")
+    console.fill("expires_at", "2001-01-01")
+    console.click("Create key")
+    console.alert("expires_at is in the past")
+    assert console.d.find_element(By.NAME, "expires_at").get_attribute("aria-invalid") == "true"
+    console.fill("expires_at", "")
+    console.click("Create key")
+    console.wait(ec.presence_of_element_located((By.ID, "secret-value")))
+    assert console.d.find_elements(By.CSS_SELECTOR, "main [aria-invalid], main .form-error") == []

@@ -185,7 +185,7 @@ def judge_supersedes(
     reach = set(audiences)
     for target in targets:
         if target == memory_id:
-            raise InvalidRequestError("a memory cannot supersede itself")
+            raise InvalidRequestError("a memory cannot supersede itself", field="supersedes")
         found = stored.get(target)
         target_audiences = () if found is None else found.audiences
         live = found is not None and found.live
@@ -197,11 +197,13 @@ def judge_supersedes(
             raise InvalidRequestError(
                 f"supersedes names {target!r}, which was deleted at {iso(found.deleted_at)}"
                 f" (revision {found.revision}): recall no longer returns it, so there is"
-                " nothing to supersede; leave it out"
+                " nothing to supersede; leave it out",
+                field="supersedes",
             )
         elif not (live and readable):
             raise InvalidRequestError(
-                f"supersedes names {target!r}, which is not a memory of this organisation"
+                f"supersedes names {target!r}, which is not a memory of this organisation",
+                field="supersedes",
             )
         left_out = set() if EVERYONE in reach else (set(target_audiences) - reach)
         if left_out:

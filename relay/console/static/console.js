@@ -67,29 +67,41 @@ function showError(err, form) {
   alertBox.textContent = message;
   alertBox.hidden = false;
   if (form) {
-    // Repeated next to the form, where the eye is; the alert above is what is announced.
-    let note = form.querySelector('.form-error');
-    if (!note) {
-      note = h('p', { class: 'form-error' });
-      const submit = form.querySelector('[type=submit]');
-      if (submit) submit.before(note);
-      else form.append(note);
-    }
-    note.textContent = message;
-    for (const el of form.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
+    clearFieldErrors(form);
     const name = (err.details && err.details.field) || (err.message || '').split(':')[0].split('.').pop();
     const control = name && form.querySelector(`[name="${CSS.escape(name)}"]`);
+    // Repeated where the eye is: under the field it is about, else above the submit button;
+    // the alert above is what is announced.
+    const note = h('p', { class: 'form-error' }, message);
+    const submit = form.querySelector('[type=submit]');
     if (control) {
+      note.id = `${control.id || name}-error`;
+      (control.closest('.field') || control).after(note);
       control.setAttribute('aria-invalid', 'true');
+      control.setAttribute('aria-describedby', [control.getAttribute('aria-describedby'), note.id].filter(Boolean).join(' '));
       control.focus();
-    }
+    } else if (submit) submit.before(note);
+    else form.append(note);
   }
+}
+
+// A field marked by a refused submit stays marked only until the next answer.
+function clearFieldErrors(root) {
+  for (const note of root.querySelectorAll('.form-error')) {
+    for (const el of root.querySelectorAll('[aria-describedby]')) {
+      const rest = el.getAttribute('aria-describedby').split(' ').filter((id) => id && id !== note.id);
+      if (rest.length) el.setAttribute('aria-describedby', rest.join(' '));
+      else el.removeAttribute('aria-describedby');
+    }
+    note.remove();
+  }
+  for (const el of root.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
 }
 
 function clearError() {
   alertBox.hidden = true;
   alertBox.textContent = '';
-  for (const note of main.querySelectorAll('.form-error')) note.remove();
+  clearFieldErrors(main);
 }
 
 function confirmAction(title, text, okLabel) {
