@@ -167,3 +167,28 @@ def test_an_error_stands_under_its_field_until_the_next_answer(console: Console,
     console.click("Create key")
     console.wait(ec.presence_of_element_located((By.ID, "secret-value")))
     assert console.d.find_elements(By.CSS_SELECTOR, "main [aria-invalid], main .form-error") == []
+
+
+def test_a_phone_width_page_never_scrolls_sideways(console: Console, live, api) -> None:
+    """QA: at 390 px the memories, keys and history tables and the author select made every
+    such page wider than the screen (596 px for the memories)."""
+    memory_id = remember(api, body="Deploys need a green build.", source="team/infra/deploys")
+    api.patch(f"/v1/memories/{memory_id}", json={"tags": ["deploy"]}).raise_for_status()
+    console.sign_in(live["keys"]["admin"])
+    console.d.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": PHONE_WIDTH, "height": 844, "deviceScaleFactor": 1, "mobile": True},
+    )
+    try:
+        widths = {}
+        for route, ready in (
+            ("#/memories", "table.memories tbody tr"),
+            ("#/keys", "table.keys tbody tr"),
+            (f"#/memory/{memory_id}", "table.history tbody tr"),
+        ):
+            console.go(route)
+            console.wait(ec.presence_of_element_located((By.CSS_SELECTOR, ready)))
+            widths[route] = console.d.execute_script("return document.documentElement.scrollWidth")
+        assert widths == dict.fromkeys(widths, PHONE_WIDTH)
+    finally:
+        console.d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
