@@ -192,3 +192,22 @@ def test_a_phone_width_page_never_scrolls_sideways(console: Console, live, api) 
         assert widths == dict.fromkeys(widths, PHONE_WIDTH)
     finally:
         console.d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def test_a_persian_line_reads_right_to_left(console: Console, live, api) -> None:
+    """QA: in a memory's body, a Persian sentence was laid out as left-to-right text, its
+    full stop drawn at its start (the right) instead of its end (the left)."""
+    persian = "سرور استیجینگ روی خوشه آبی اجرا می‌شود."
+    memory_id = remember(api, body=f"{persian}\nThe staging server runs on the blue cluster.")
+    console.sign_in(live["keys"]["admin"])
+    console.go(f"#/memory/{memory_id}")
+    body = console.wait(ec.presence_of_element_located((By.ID, "memory-body")))
+    first, stop = console.d.execute_script(
+        "const text = arguments[0].firstChild, r = document.createRange();"
+        "const x = (i) => { r.setStart(text, i); r.setEnd(text, i + 1);"
+        " return r.getBoundingClientRect().left; };"
+        "return [x(0), x(arguments[1] - 1)];",
+        body,
+        len(persian),
+    )
+    assert stop < first  # the sentence ends on the left
