@@ -211,3 +211,14 @@ def test_a_persian_line_reads_right_to_left(console: Console, live, api) -> None
         len(persian),
     )
     assert stop < first  # the sentence ends on the left
+
+
+def test_health_tells_a_developer_to_opt_in_with_relay_stats_send(console: Console, live) -> None:
+    """QA: with no reports yet, Health showed a hand-made curl pipeline where docs/console.md
+    (and `relay stats --help`) give `relay stats --send`."""
+    console.sign_in(live["keys"]["admin"])
+    console.go("#/health")
+    console.heading("Health")
+    text = console.d.find_element(By.ID, "main").text
+    assert "No developer has sent hook outcomes yet" in text
+    assert "relay stats --send" in text and "curl" not in text

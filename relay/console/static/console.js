@@ -899,7 +899,7 @@ async function pageHealth(params) {
     const devs = d.developers;
     nodes.push(h('h2', {}, 'Hook installs (developers who send their outcomes)'));
     if (!devs.length) {
-      nodes.push(h('p', {}, 'No developer has sent hook outcomes yet. A developer opts in with: relay stats --json | curl -X POST -H "Authorization: Bearer $RELAY_API_KEY" -H "Content-Type: application/json" --data @- "$RELAY_URL/v1/hook-outcomes"'));
+      nodes.push(h('p', {}, 'No developer has sent hook outcomes yet. A developer opts in with: relay stats --send (or --as "alice laptop"), which posts the hook\'s aggregated outcomes, never prompts or paths.'));
     } else {
       nodes.push(
         pairedBars({
