@@ -668,6 +668,17 @@ def test_outcome_log_rotates_and_keeps_n_files(tmp_path):
     assert last["n"] == 399
 
 
+def test_rotation_removes_the_files_past_log_keep(tmp_path):
+    """QA: lowering log_keep (50 to 3, say) left outcomes.jsonl.4 to .50 for good, up to a
+    GiB each, and `relay stats` went on reading them all."""
+    for n in range(1, 7):
+        (tmp_path / f"outcomes.jsonl.{n}").write_text(f"old {n}\n")
+    for i in range(100):
+        outcome_log.append(str(tmp_path), {"n": i, "pad": "x" * 40}, max_bytes=4096, keep=2)
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("outcomes.jsonl"))
+    assert names == ["outcomes.jsonl", "outcomes.jsonl.1", "outcomes.jsonl.2"]
+
+
 def test_results_wanted_stays_within_what_one_search_returns():
     from relay.hook.run import EXTRA_CANDIDATES, SERVER_MAX_K, results_wanted
     from relay.search import MAX_K

@@ -83,3 +83,12 @@ def rotate(state_dir: str, max_bytes: int, keep: int) -> None:
             os.replace(path, f"{path}.1")
         except FileNotFoundError:
             pass
+        # Files past `keep`, left by a larger `log_keep` before, would stay for good (and be
+        # read by `relay stats`, which reads every file numbered on from .1).
+        n = keep + 1
+        while True:
+            try:
+                os.unlink(f"{path}.{n}")
+            except OSError:  # none left (or one this user may not remove: left as it is)
+                break
+            n += 1
