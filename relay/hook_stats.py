@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ import click
 from relay.hook import config as hook_config
 from relay.hook.codec import finite, no_constant
 from relay.hook.files import is_own_dir
-from relay.hook.outcome_log import LOG_NAME, fallback_dir, key_label
+from relay.hook.outcome_log import LOG_NAME, fallback_dir, key_label, timestamp
 from relay.numerals import is_decimal
 
 OUTCOMES = (
@@ -43,6 +44,8 @@ FLOORED = "no_match:below_min_score"
 # Skips after the server answered: the answer could not be written (the agent stopped
 # reading, or stdout failed), so nothing was shown, but the run searched like a hit.
 UNSHOWN = ("skipped:stdout_broken_pipe", "skipped:stdout_unwritable")
+# How the hook opens each line (`outcome_log.timestamp`): one format, so stamps sort as text.
+_STAMPED = re.compile(r'\{"ts":"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)"')
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -101,10 +104,19 @@ def _read_log(path: str, since: float | None) -> Iterator[dict]:
     while os.path.exists(f"{path}.{n}"):
         rotated.append(f"{path}.{n}")
         n += 1
+    # A line stamped before the period is passed over unparsed, and so is a rotated file last
+    # written before it (with a second's slack for the file clock's coarser ticks): parsing
+    # every line of a 1 GiB log took `relay stats` and `relay doctor` two minutes for a day.
+    first = None if since is None else timestamp(since)
     for name in [*reversed(rotated), path]:
         try:
+            if since is not None and name != path and os.stat(name).st_mtime < since - 1:
+                continue
             with open(name, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
+                    stamped = _STAMPED.match(line) if first is not None else None
+                    if stamped is not None and first is not None and stamped[1] < first:
+                        continue
                     try:
                         entry = json.loads(line, parse_float=finite, parse_constant=no_constant)
                     except ValueError:

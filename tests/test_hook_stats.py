@@ -368,3 +368,43 @@ def test_rejections_of_a_key_replaced_since_are_not_the_new_keys(tmp_path, live_
         f"  key {old['id']} rejected (401/403) on the last 2 searches since {rejected['since']},"
         f" and is not the key configured here ({new['id']})\n"
     ) in text
+
+
+def test_a_period_parses_only_its_own_lines(tmp_path, monkeypatch):
+    """QA: a summary for 24 hours parsed every line of the log, older ones included, so
+    `relay stats` and `relay doctor` took two minutes on a 1 GiB log (log_max_bytes allows
+    it). A line the hook stamped before the period, and a rotated file last written before
+    it, are passed over unparsed; a line stamped otherwise is still judged by its time."""
+    import os
+    import time
+
+    from relay.hook.outcome_log import timestamp
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "no-fallback"))
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    now = time.time()
+
+    def line(at: float, outcome: str = "hit", spaced: bool = False) -> str:
+        separators = (", ", ": ") if spaced else (",", ":")  # as a hand-edited line may be
+        return json.dumps({"ts": timestamp(at), "outcome": outcome}, separators=separators)
+
+    rotated = state_dir / "outcomes.jsonl.1"
+    rotated.write_text("".join(line(now - 3 * 86400 + i) + "\n" for i in range(500)))
+    os.utime(rotated, (now - 3 * 86400 + 500, now - 3 * 86400 + 500))
+    current = [line(now - 2 * 86400 + i) for i in range(500)]
+    current.append(line(now - 2 * 86400 + 600, spaced=True))
+    current += [line(now - 60 + i, "no_match") for i in range(3)]
+    current.append(line(now - 30, spaced=True))
+    (state_dir / "outcomes.jsonl").write_text("\n".join(current) + "\n")
+
+    parsed: list[str] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda text, **kw: parsed.append(text) or loads(text, **kw))
+    summary = summarise(str(state_dir), since_s=86400, now=now)
+    assert summary["invocations"] == 4
+    assert summary["outcomes"]["no_match"] == 3 and summary["outcomes"]["hit"] == 1
+    # the three recent lines, and the two stamped otherwise, whatever their time
+    assert len([text for text in parsed if '"ts"' in text]) == 5
+    everything = summarise(str(state_dir), since_s=None, now=now)
+    assert everything["invocations"] == 1005
