@@ -48,13 +48,23 @@ class ResultCache:
             return entry.value
 
     def put(self, key: Hashable, generation: int, value: Any, not_after: float | None) -> None:
-        expires = time.time() + self.ttl_s
+        now = time.time()
+        expires = now + self.ttl_s
         if not_after is not None:
             expires = min(expires, not_after)
         with self._lock:
             self._entries[key] = _Entry(generation, expires, value)
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+            # Expired entries at the cold end go now, not when the cache is full: a hook's
+            # prompts are rarely asked twice, so otherwise every server filled to
+            # max_entries (140 MB at 10,000 searches of the hook's 2,000 characters) and
+            # held them for good.
+            while self._entries:
+                oldest = next(iter(self._entries.values()))
+                if oldest.expires_at > now:
+                    break
                 self._entries.popitem(last=False)
 
     def __len__(self) -> int:

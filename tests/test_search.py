@@ -101,6 +101,23 @@ def test_degraded_answers_are_not_cached(store, embedder):
     slow.close()
 
 
+def test_expired_answers_leave_the_cache_before_it_fills():
+    """QA: an expired answer left the cache only when looked up again or when the cache was
+    full, and the hook's prompts are rarely asked twice: a server filled to its 10,000
+    entries (140 MB of RSS at the hook's 2,000-character queries) and kept them for good."""
+    import time
+
+    from relay.cache import ResultCache
+
+    cache = ResultCache(max_entries=1000)
+    gone = time.time() - 1  # answers whose time is up (their ttl, or a memory's expiry)
+    for i in range(50):
+        cache.put(("acme", f"prompt {i}"), 1, f"answer {i}", not_after=gone)
+    cache.put(("acme", "prompt now"), 1, "answer now", not_after=None)
+    assert len(cache) == 1
+    assert cache.get(("acme", "prompt now"), 1) == "answer now"
+
+
 def test_passages_keep_the_text_as_written():
     """A paragraph cut at sentences stays one paragraph in each passage (its sentences were
     joined by blank lines, as if each were a paragraph of its own), and paragraphs stay apart."""
