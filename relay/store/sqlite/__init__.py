@@ -26,6 +26,7 @@ from pathlib import Path
 
 from relay.store.migrations_sqlite import MIGRATIONS
 from relay.store.sqlite.connection import (
+    WRITER_CACHE_KIB,
     SQLiteConnections,
     _create_private,
     file_identity,
@@ -60,7 +61,7 @@ class SQLiteStore(
             _create_private(Path(self.path))
         self._local = threading.local()
         self._write_lock = threading.Lock()
-        self._writer = self._connect()
+        self._writer = self._connect(WRITER_CACHE_KIB)
         self._identity = None if self.path == ":memory:" else file_identity(self.path)
         self.vectors = VectorIndex()
         self._migrate()

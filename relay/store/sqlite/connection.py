@@ -16,6 +16,15 @@ from pathlib import Path
 
 from relay.errors import StoreError, UnavailableError
 
+# The page cache each connection may fill, in KiB. Every thread that serves requests keeps a
+# reader of its own (40 in the server's pool), each with a cache of its own, so readers get a
+# small one: forty clients searching a 20,000-memory file (172 MB) took relay serve from 427 MB
+# to 2.4 GB of RSS at 64 MiB a reader, from 364 MB to 772 MB at 8 MiB, in the same time (a page
+# a reader lacks comes from the system's file cache). The one writer keeps the larger cache,
+# for the index pages of big batches.
+WRITER_CACHE_KIB = 65_536
+READER_CACHE_KIB = 8_192
+
 
 @contextmanager
 def translate_errors() -> Iterator[None]:
@@ -77,7 +86,7 @@ class SQLiteConnections:
         )
         raise gone
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, cache_kib: int) -> sqlite3.Connection:
         with translate_errors():
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=30
@@ -86,14 +95,14 @@ class SQLiteConnections:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA busy_timeout=30000")
-            conn.execute("PRAGMA cache_size=-65536")
+            conn.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
             conn.row_factory = sqlite3.Row
         return conn
 
     def _reader(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._connect()
+            conn = self._connect(READER_CACHE_KIB)
             self._local.conn = conn
         return conn
 
