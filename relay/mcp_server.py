@@ -520,6 +520,9 @@ def mount_mcp(app: "FastAPI", services: "Services") -> None:
         endpoint.unavailable = MISSING_SDK
         return
     server = build_server(lambda ctx: LocalBackend(services, _principal_of(ctx)))
+    # The SDK logs "Terminating session: None" at info after every stateless request: a line
+    # in the server's log for each MCP call, where no other request is logged (no access log).
+    logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
     previous = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

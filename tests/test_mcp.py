@@ -804,3 +804,26 @@ def test_history_tool_dates_an_expired_memory_as_expired(api):
     assert (
         'valid_until="2999-01-01T00:00:00Z">' in still and "expired=" not in still.split("\n", 1)[1]
     )
+
+
+def test_a_stateless_mcp_request_adds_no_line_to_the_servers_log(api, caplog):
+    """QA (a year's operation): relay serve logs no request (no access log), but every call
+    to /mcp added "mcp.server.streamable_http Terminating session: None" to its log, so the
+    journal grew by a line per agent tool call and said nothing."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-03-26",
+            "capabilities": {},
+            "clientInfo": {"name": "qa", "version": "1"},
+        },
+    }
+    headers = {**api.headers("acme_dev"), "Accept": "application/json, text/event-stream"}
+    for _ in range(3):
+        assert api.client.post("/mcp", json=hello, headers=headers).status_code == 200
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("mcp.")] == []
