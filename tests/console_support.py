@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 from relay.auth import mint_key
@@ -110,6 +111,40 @@ def screenshot_folder(tmp_path_factory, request) -> Iterator[Path]:  # noqa: ANN
         count = len(list(folder.glob("*.png")))
         with capture.global_and_fixture_disabled():  # past pytest's capture, even with -q
             reporter.write_line(f"\nconsole screenshots ({count}): {folder}")
+
+
+# -- the fixtures both console modules use: imported there under these names, pytest
+# knows them by the `name` given (so a test's `live` argument shadows no import)
+@pytest.fixture(scope="module", name="live")
+def live_fixture(tmp_path_factory, request) -> Iterator[dict]:  # noqa: ANN001
+    """`relay serve` on the module's own database, plus a second org and keys with narrower
+    access (`console_server`)."""
+    with console_server(tmp_path_factory.mktemp(request.module.__name__)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module", name="api")
+def api_fixture(live) -> Iterator[httpx.Client]:  # noqa: ANN001
+    """The HTTP API with the acme admin key, for arranging data and checking effects."""
+    headers = {"Authorization": f"Bearer {live['keys']['admin']}"}
+    with httpx.Client(base_url=live["url"], headers=headers, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module", name="shots")
+def shots_fixture(tmp_path_factory, request) -> Iterator[Path]:  # noqa: ANN001
+    yield from screenshot_folder(tmp_path_factory, request)
+
+
+@pytest.fixture(scope="module", name="driver")
+def driver_fixture() -> Iterator[webdriver.Chrome]:
+    with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(name="console")
+def console_fixture(driver, live, shots) -> Console:  # noqa: ANN001
+    return Console(driver, live["url"], shots)
 
 
 class Console:

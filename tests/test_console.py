@@ -12,13 +12,21 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import pytest
-from console_support import By, Console, Keys, chromium, console_server, ec, screenshot_folder
+from console_support import (  # noqa: F401 (the *_fixture: pytest finds them by name)
+    By,
+    Console,
+    Keys,
+    api_fixture,
+    console_fixture,
+    driver_fixture,
+    ec,
+    live_fixture,
+    shots_fixture,
+)
 
 BIN = Path(sys.executable).parent
 
@@ -27,38 +35,6 @@ XSS_BODY = (
     '<img src="x" onerror="window.__relay_xss = 2"> Rotate the <b>signing</b> cert yearly.'
 )
 XSS_TITLE = '<img src=x onerror="window.__relay_xss=3">Cert rotation'
-
-
-# -- fixtures -----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def live(tmp_path_factory) -> Iterator[dict]:
-    """`relay serve` on its own database, plus a second org and keys with narrower access."""
-    with console_server(tmp_path_factory.mktemp("console")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def api(live) -> Iterator[httpx.Client]:
-    """The HTTP API with the acme admin key, for arranging data and checking effects."""
-    headers = {"Authorization": f"Bearer {live['keys']['admin']}"}
-    with httpx.Client(base_url=live["url"], headers=headers, timeout=30) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory, request) -> Iterator[Path]:
-    yield from screenshot_folder(tmp_path_factory, request)
-
-
-@pytest.fixture(scope="module")
-def driver() -> Iterator:
-    with chromium() as browser:
-        yield browser
-
-
-@pytest.fixture
-def console(driver, live, shots) -> Console:
-    return Console(driver, live["url"], shots)
 
 
 # -- tests --------------------------------------------------------------------------

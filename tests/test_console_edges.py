@@ -9,43 +9,20 @@ console's main paths.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
-import pytest
-from console_support import By, Console, chromium, console_server, ec, screenshot_folder
+from console_support import (  # noqa: F401 (the *_fixture: pytest finds them by name)
+    By,
+    Console,
+    api_fixture,
+    console_fixture,
+    driver_fixture,
+    ec,
+    live_fixture,
+    shots_fixture,
+)
 
 PHONE_WIDTH = 390
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory) -> Iterator[dict]:
-    with console_server(tmp_path_factory.mktemp("console-edges")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def api(live) -> Iterator[httpx.Client]:
-    headers = {"Authorization": f"Bearer {live['keys']['admin']}"}
-    with httpx.Client(base_url=live["url"], headers=headers, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory, request) -> Iterator[Path]:
-    yield from screenshot_folder(tmp_path_factory, request)
-
-
-@pytest.fixture(scope="module")
-def driver() -> Iterator:
-    with chromium() as browser:
-        yield browser
-
-
-@pytest.fixture
-def console(driver, live, shots) -> Console:
-    return Console(driver, live["url"], shots)
 
 
 def remember(api: httpx.Client, **fields: object) -> str:
