@@ -2160,6 +2160,19 @@ def test_a_bidi_control_in_a_source_or_tag_is_refused_by_the_server(live_server)
         assert [m["source"] for m in listed["items"]] == ["bidi-probe/ops/fdp.exe"]
 
 
+def _sent_three_ways(api, h, memory_id: str, fields: dict, batch_id: str) -> list:  # noqa: ANN001
+    """The answers to `fields` in each write a client has: a create (with a body), an edit of
+    `memory_id`, and a batch item `batch_id`."""
+    sent = {"body": "Deploys freeze at noon.", **fields}
+    return [
+        api.client.post("/v1/memories", json=sent, headers=h),
+        api.client.patch(f"/v1/memories/{memory_id}", json=fields, headers=h),
+        api.client.post(
+            "/v1/memories/batch", json={"items": [{**sent, "id": batch_id}]}, headers=h
+        ),
+    ]
+
+
 def test_a_control_at_a_line_end_is_refused_not_stripped_on_every_write(api):
     """QA: `relay remember "$(printf 'x.\\x1f')"` stored `x.`, the 0x1F gone unsaid, where
     one inside the line was refused: 0x1C-0x1F, a form feed, a vertical tab and NEL are
@@ -2176,14 +2189,7 @@ def test_a_control_at_a_line_end_is_refused_not_stripped_on_every_write(api):
             ({"source": f"docs/deploy.md{control}"}, "source"),
             ({"tags": ["deploy", f"freeze{control}"]}, "tags"),
         ):
-            sent = {"body": "Deploys freeze at noon.", **fields}
-            for answer in (
-                api.client.post("/v1/memories", json=sent, headers=h),
-                api.client.patch(f"/v1/memories/{kept['id']}", json=fields, headers=h),
-                api.client.post(
-                    "/v1/memories/batch", json={"items": [{**sent, "id": "ctl"}]}, headers=h
-                ),
-            ):
+            for answer in _sent_three_ways(api, h, kept["id"], fields, "ctl"):
                 error = assert_error(answer, 400, "invalid_request")
                 assert "control characters" in error["message"], error
                 assert f"{code_point} at character " in error["message"], error
@@ -2254,14 +2260,7 @@ def test_a_line_break_inside_a_title_is_refused_on_every_write_cr_or_lf_alike(ap
     for line_break in ("\n", "\r", "\r\n", "\u2028"):
         code_point = f"U+{ord(line_break[0]):04X}"
         fields = {"title": f"Deploy{line_break}freeze"}
-        sent = {"body": "Deploys freeze at noon.", **fields}
-        for answer in (
-            api.client.post("/v1/memories", json=sent, headers=h),
-            api.client.patch(f"/v1/memories/{kept['id']}", json=fields, headers=h),
-            api.client.post(
-                "/v1/memories/batch", json={"items": [{**sent, "id": "brk"}]}, headers=h
-            ),
-        ):
+        for answer in _sent_three_ways(api, h, kept["id"], fields, "brk"):
             error = assert_error(answer, 400, "invalid_request")
             assert error["message"].endswith(  # a batch's begins `items.0: `
                 f"title must be one line, without a line break ({code_point} at character 6)"
