@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relay import key_source, knob_script
+from relay.hook import codec
 from relay.hook import config as hook_config
 
 if TYPE_CHECKING:
@@ -63,9 +64,10 @@ class ConfigChecks:
             try:
                 if problem:
                     raise ValueError(problem.replace(str(path), "it"))
-                raw = json.loads(path.read_text())
-                if not isinstance(raw, dict):
+                parsed = codec.loads(path.read_bytes())  # as the hook reads it: past a BOM
+                if not isinstance(parsed, dict):
                     raise ValueError("not a JSON object")
+                raw = parsed
             except (OSError, ValueError) as exc:
                 self.add(
                     "fail",

@@ -315,6 +315,17 @@ def test_a_relay_config_that_is_not_json_is_named_as_such(tmp_path, server):
     assert relay(tmp_path, "search", "how do we deploy?", **key).returncode == 0
 
 
+def test_a_config_saved_with_a_byte_order_mark_is_read_as_the_hook_reads_it(tmp_path, server):
+    """QA: a ~/.relay/config.json saved by Notepad (a UTF-8 byte-order mark first), which the
+    hook and the CLI read, failed doctor with "cannot be read as JSON ... the hook ignores
+    it": doctor parsed it a second time, by json.loads, which refuses the mark."""
+    installed(tmp_path, server.url, server.admin_key)
+    config = tmp_path / ".relay/config.json"
+    config.write_bytes(b"\xef\xbb\xbf" + config.read_bytes())
+    assert relay(tmp_path, "search", "how do we deploy?").returncode == 0
+    assert [f for f in failures(tmp_path) if "config" in f] == []
+
+
 def test_a_config_the_hook_refuses_is_named_as_doctor_reads_it(tmp_path, server):
     """Reviewer: doctor parsed config.json by json.loads, which takes NaN, and then said "no
     server URL configured: run relay install" for a file the hook logs as bad_config."""
