@@ -95,6 +95,15 @@ class FakeRelay:
             except OSError:
                 pass
 
+    def wait_for_requests(self, count: int, timeout: float = 5.0) -> list[Request]:
+        """The requests read so far, once there are `count` of them (or `timeout` passed):
+        a client that gave up may return before the server's thread has read what it sent."""
+        until = time.monotonic() + timeout
+        while len(self.requests) < count and time.monotonic() < until:
+            time.sleep(0.01)
+        with self._lock:
+            return list(self.requests)
+
     def wait(self, seconds: float) -> None:
         """Sleep in a handler, cut short when the server closes."""
         self.stopping.wait(seconds)

@@ -168,18 +168,22 @@ def test_unauthorized_tells_the_user_once_per_session(tmp_path):
 
 
 def test_deadline_bounds_the_whole_process_and_is_sent_to_the_server(tmp_path):
+    # 400 ms, not less: CI once started the hook so slowly under load that a 250 ms deadline
+    # left it under 20 ms for the server, so it rightly sent nothing ("no_budget_left").
     server = FakeRelay()
     server.handler = hung(server)
     with server:
-        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="250")
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS=str(DEADLINE))
         run = hook.prompt(PROMPT)
-        (req,) = server.requests
+        entry = hook.last()
+        assert entry.get("reason") != "no_budget_left", entry
+        # The hook has given up; the server's thread may still be reading what it sent.
+        (req,) = server.wait_for_requests(1)
     assert_silent(run)
-    assert run.ms <= 250 + SLACK
-    assert 20 <= req.json()["deadline_ms"] <= 200
-    entry = hook.last()
+    assert run.ms <= DEADLINE + SLACK
+    assert 20 <= req.json()["deadline_ms"] <= DEADLINE - 50
     assert entry["outcome"] == "timeout"
-    assert entry["ms"]["total"] <= 250
+    assert entry["ms"]["total"] <= DEADLINE
 
 
 def test_a_late_answer_is_never_injected(tmp_path):
@@ -326,9 +330,7 @@ def test_sigint_mid_request_still_exits_zero_silently(tmp_path):
         ) as proc:
             proc.stdin.write(hook.payload(PROMPT))
             proc.stdin.close()
-            deadline = time.monotonic() + 5
-            while not server.requests and time.monotonic() < deadline:
-                time.sleep(0.01)
+            server.wait_for_requests(1)
             proc.send_signal(signal.SIGINT)
             out = proc.stdout.read()
             assert proc.wait(5) == 0
