@@ -984,17 +984,19 @@ def test_apply_merges_the_advice_into_the_config_and_the_hook_honours_min_score(
 
 
 def test_the_replay_takes_only_deadlines_the_hook_accepts(tmp_path):
-    """A deadline the hook would ignore (under its least) must not be replayed as if used."""
+    """A deadline the hook would ignore (under its least) must not be replayed as if used.
+    QA: `relay bench hook --deadline-ms 60` took 60, the hook ran at its default 400, and
+    the fault drill judged those runs by 60 ms: seven of eleven faults "not ok"."""
     from click.testing import CliRunner
 
     from relay.cli import cli
     from relay.hook.config import DEADLINE_MIN_MS
 
-    for command in ("replay", "faults"):
-        done = CliRunner().invoke(
-            cli, ["eval", command, str(tmp_path), "--deadline-ms", str(DEADLINE_MIN_MS - 1)]
-        )
+    for command in (["eval", "replay", str(tmp_path)], ["eval", "faults", str(tmp_path)]):
+        done = CliRunner().invoke(cli, [*command, "--deadline-ms", str(DEADLINE_MIN_MS - 1)])
         assert done.exit_code == 2 and "--deadline-ms" in done.output, done.output
+    done = CliRunner().invoke(cli, ["bench", "hook", "--deadline-ms", str(DEADLINE_MIN_MS - 1)])
+    assert done.exit_code == 2 and "--deadline-ms" in done.output, done.output
 
 
 def test_a_kept_database_is_reused_for_the_same_data_only_and_with_its_keys(tmp_path):

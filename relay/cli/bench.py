@@ -16,6 +16,7 @@ from relay.cli.common import (
     pin_blas,
 )
 from relay.cli_types import StrictFloat, StrictInt
+from relay.hook.config import DEADLINE_MAX_MS, DEADLINE_MIN_MS
 from relay.key_file import given_key, key_file_option
 
 
@@ -214,7 +215,11 @@ def bench_search(
     help="Runs per fault kind.",
 )
 @click.option(
-    "--deadline-ms", type=StrictInt(50), default=400, show_default=True, help="DEADLINE_MS."
+    "--deadline-ms",
+    type=StrictInt(DEADLINE_MIN_MS, DEADLINE_MAX_MS),
+    default=400,
+    show_default=True,
+    help="The hook's DEADLINE_MS (what the hook accepts: a shorter one could never search).",
 )
 @figures_json_option
 @click.option(
