@@ -346,7 +346,8 @@ def _refuse_another_server(url: str, paths: Paths) -> None:
 @click.option(
     "--key",
     envvar="RELAY_API_KEY",
-    help="API key (default: the one installed before, if for the same server; else asked for).",
+    help="API key [default: RELAY_API_KEY, else the one installed before, if for the same"
+    " server; else asked for].",
 )
 @key_file_option
 @click.option(

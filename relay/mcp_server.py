@@ -549,7 +549,11 @@ def mount_mcp(app: "FastAPI", services: "Services") -> None:
 # -- `relay mcp` -------------------------------------------------------------------
 @click.command("mcp")
 @click.option("--url", help="Relay server URL [default: RELAY_URL, else from relay install].")
-@click.option("--key", envvar="RELAY_API_KEY", help="API key (default: from relay install).")
+@click.option(
+    "--key",
+    envvar="RELAY_API_KEY",
+    help="API key [default: RELAY_API_KEY, else from relay install].",
+)
 @key_file_option
 def mcp_command(url: str | None, key: str | None, key_file: str | None) -> None:
     """Run Relay's MCP server on stdio (what `relay install` registers for the agents)."""

@@ -293,6 +293,30 @@ def test_serve_help_names_each_settings_type(tmp_path: Path):
     assert "--port INTEGER" in shown and "--log-level DEBUG|INFO|WARNING|ERROR" in shown
 
 
+def test_every_option_read_from_the_environment_names_its_variable_in_help():
+    """QA: `relay key create --help` gave --db's default as $RELAY_HOME/relay.db and `relay
+    remember --help` --key's as "from relay install", while RELAY_DB and RELAY_API_KEY
+    (README, docs/deployment.md) come first: a user with RELAY_DB exported was told another
+    database."""
+    import click
+
+    from relay.cli import cli
+
+    def options(command: click.Command, path: str):
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                yield from options(sub, f"{path} {name}")
+        else:
+            for param in command.params:
+                if isinstance(param, click.Option) and param.envvar:
+                    yield path, param
+
+    found = list(options(cli, "relay"))
+    assert {path for path, _ in found} >= {"relay org create", "relay key create", "relay search"}
+    for path, option in found:
+        assert f"default: {option.envvar}" in (option.help or ""), (path, option.opts)
+
+
 def test_a_url_python_cannot_split_is_refused_in_one_line(tmp_path: Path):
     """QA: an unclosed IPv6 bracket ended `relay org list` and `relay serve` in a traceback
     (urllib's ValueError 'Invalid IPv6 URL') instead of Relay's one line."""

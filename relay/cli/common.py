@@ -24,8 +24,8 @@ def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--db",
         envvar="RELAY_DB",
-        help="SQLite path or postgresql:// URL (default $RELAY_HOME/relay.db; RELAY_HOME:"
-        " ~/.relay).",
+        help="SQLite path or postgresql:// URL [default: RELAY_DB, else $RELAY_HOME/relay.db;"
+        " RELAY_HOME: ~/.relay].",
     )(fn)
 
 
@@ -33,7 +33,11 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     # RELAY_URL is read with the hook's settings (`RelayClient.from_config`), not by click:
     # a refusal to send the installed key there then names the variable, not a flag.
     @click.option("--url", help="Relay server URL [default: RELAY_URL, else from relay install].")
-    @click.option("--key", envvar="RELAY_API_KEY", help="API key (default: from relay install).")
+    @click.option(
+        "--key",
+        envvar="RELAY_API_KEY",
+        help="API key [default: RELAY_API_KEY, else from relay install].",
+    )
     @key_file_option
     @functools.wraps(fn)
     def wrapper(url: str | None, key: str | None, key_file: str | None, **kwargs: Any) -> Any:
