@@ -261,7 +261,8 @@ def test_faults_drills_on_the_team_dataset(team, tmp_path):
     result = CliRunner().invoke(
         eval_group,
         ["faults", str(team), "--conversations", "1", "--drill-prompts", "2"]
-        + ["--json", str(tmp_path / "figures.json"), "--report-dir", str(tmp_path / "rep")],
+        + ["--json", str(tmp_path / "figures.json"), "--report-dir", str(tmp_path / "rep")]
+        + ["--workdir", str(tmp_path / "work")],
     )
     data = json.loads((tmp_path / "figures.json").read_text())
     assert list(data) == list(KINDS)
@@ -276,6 +277,19 @@ def test_faults_drills_on_the_team_dataset(team, tmp_path):
     for kind in ("hung", "slow_body", "denied_key", "oversized", "invalid_json", "server_killed"):
         assert details[kind]["faulted_requests"] > 0, kind  # the fault reached the hook
     assert details["deletion"]["deleted"] > 0
+    # QA: docs/eval.md's two-memory example folder failed the command ("some drill runs were
+    # late, injected from a failure or mislogged", none was): deletion had deleted both
+    # memories, and revocation, run after it, had nothing left to be served. Deletion last.
+    logs = tmp_path / "work" / "homes"
+    ts = {
+        drill: sorted(
+            json.loads(line)["ts"]
+            for log in (logs / drill).rglob("outcomes.jsonl")
+            for line in log.read_text().splitlines()
+        )
+        for drill in ("rev", "del")
+    }
+    assert ts["rev"] and ts["del"] and ts["rev"][-1] < ts["del"][0], ts
     html = (tmp_path / "rep" / "faults.html").read_text()
     assert 'data-plot="drills"' in html and 'data-plot="latency"' in html
 

@@ -506,6 +506,8 @@ def run_drills(
             done(network_drill(kind, conversations, proxy, keys, home / kind, deadline_ms))
     finally:
         proxy.close()
+    # Deletion last: it deletes the memories it injects, and on a team's small folder (the
+    # two memories of docs/eval.md's example) it left revocation nothing to be served.
     steps: list[tuple[str, Callable[[], Drill]]] = [
         (
             "server_killed",
@@ -516,15 +518,15 @@ def run_drills(
             lambda: compaction_drill(conversations, server, keys, home / "compact", deadline_ms),
         ),
         (
-            "deletion",
-            lambda: deletion_drill(
-                conversations, server, keys, home / "del", deadline_ms, drill_prompts
-            ),
-        ),
-        (
             "revocation",
             lambda: revocation_drill(
                 conversations, server, keys, home / "rev", deadline_ms, drill_prompts
+            ),
+        ),
+        (
+            "deletion",
+            lambda: deletion_drill(
+                conversations, server, keys, home / "del", deadline_ms, drill_prompts
             ),
         ),
     ]
