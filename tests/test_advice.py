@@ -6,6 +6,7 @@ import pytest
 
 from relay.errors import RelayError
 from relay.eval.advice import (
+    GRID,
     MIN_LABELLED,
     best_knobs,
     cannot_advise,
@@ -315,3 +316,43 @@ def test_a_teams_own_setting_that_meets_the_targets_is_kept_over_a_less_useful_g
     knobs, predicted, rule = best_knobs([one, two], probes, own, ungated)
     assert knobs == own and predicted["useful_rate"] == 1.0 and predicted["quiet_rate"] == 1.0
     assert "none of those" not in rule
+
+
+def test_settings_that_act_alike_share_one_play_and_each_gets_what_simulate_gives():
+    """The advice tries 6,400 settings: a conversation is played once per distinct effect
+    (which prompts are too short, which results clear min_score, the other knobs), and every
+    setting still gets exactly what it gets simulated alone."""
+    import itertools
+
+    from relay.eval.simulation import Simulator
+
+    conversation = _conversation(
+        "c1",
+        [
+            ("which cluster runs the staging deploys", "needs_memory", ("g1",)),  # 38 chars
+            ("continue", "follow_up", ()),  # 8
+            ("and the staging cluster's deploys?", "same_topic", ("g1",)),  # 34
+            ("what about ledger backups", "topic_shift", ("g2",)),  # 25
+            (NOTHING[0], "nothing_relevant", ()),  # 61
+        ],
+    )
+    probes = {("acme", t.prompt): [] for t in conversation.turns}
+    probes["acme", conversation.turns[0].prompt] = [_record("g1", 0.9), _record("x", 0.3)]
+    probes["acme", conversation.turns[2].prompt] = [_record("g1", 0.45)]
+    probes["acme", conversation.turns[3].prompt] = [_record("g2", 0.45), _record("g1", 0.3)]
+    probes["acme", conversation.turns[4].prompt] = [_record("noise", 0.3)]
+    current = current_knobs(None)
+    shared = Simulator(probes)
+    grid = {
+        "min_prompt_len": (15, 30, 40),  # too short: 1, 2, 4 of the prompts
+        "throttle_prompts": (0, 2),
+        "overlap_threshold": (0.2, 0.5),
+        "min_score": GRID["min_score"],  # 16 values; 3 cuts of the scores 0.3, 0.45, 0.9
+        "max_records": (1, 3),
+    }
+    tried = 0
+    for values in itertools.product(*grid.values()):
+        knobs = {**current, **dict(zip(grid, values, strict=True))}
+        assert shared([conversation], knobs) == simulate([conversation], probes, knobs), knobs
+        tried += 1
+    assert (tried, len(shared.plays)) == (384, 3 * 2 * 2 * 3 * 2)

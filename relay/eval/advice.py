@@ -31,16 +31,9 @@ from relay.eval.conversations import (
     Conversation,
     kept_in_history,
 )
+from relay.eval.simulation import Probes, Simulator, simulate
 from relay.hook import config as hook_config
-from relay.hook import gate, state
-from relay.hook.pack import (
-    PROMPT_INTRO,
-    PROMPT_REMINDER,
-    ledger_add,
-    pack,
-    tokens,
-    validate,
-)
+from relay.hook.pack import validate
 from relay.hook.run import QUERY_MAX_CHARS, results_wanted
 from relay.hook_stats import SEARCHED
 
@@ -55,7 +48,6 @@ GRID = {
     # under max_tokens for more of them: the token target decides which serves a team better.
     "max_records": (1, 2, 3, 4, 5),
 }
-SEARCH_COST = 0.1  # score lost per prompt that searches
 # The issue's targets, which the report judges the replay by and the advice its setting by.
 USEFUL_TARGET = 0.8  # of memory-needing prompts with gold have it in context
 QUIET_TARGET = 0.9  # of nothing-needed prompts get nothing
@@ -66,7 +58,6 @@ MIN_LABELLED = round(1 / (1 - QUIET_TARGET))
 NO_HELP = 0.1  # a class whose searches bring a gold memory less often than this does not help
 # ... and is worth excluding only if it searches at all often (1 of 50 prompts is noise).
 MIN_SEARCHED_SHARE = 0.05
-Probes = dict[tuple[str, str], list[dict[str, Any]]]
 
 
 def labelled(conversations: list[Conversation]) -> tuple[int, int]:
@@ -162,69 +153,6 @@ def probe(
     return out
 
 
-def simulate(
-    conversations: list[Conversation], probes: Probes, knobs: dict[str, Any]
-) -> dict[str, Any]:
-    """The hook's decisions for every turn under `knobs`; usefulness, quiet, searches, tokens."""
-    cfg = hook_config.Config(knobs)
-    useful, quiet, searched, turns, cumulative = [], [], 0, 0, 0
-    per_class: dict[str, list[int]] = {}  # class -> [turns, searched, injected]
-    for conv in conversations:
-        data = state.fresh(conv.id)
-        held: set[str] = set()
-        length = len(conv.turns)
-        for turn in conv.turns:
-            prompt = turn.prompt.strip()
-            words = gate.keywords(prompt)
-            data["count"] += 1
-            context = None
-            did_search = gate.skip_reason(prompt, words, data, cfg) is None
-            if did_search:
-                searched += 1
-                records = [
-                    r
-                    for r in probes.get((conv.store, prompt[:QUERY_MAX_CHARS]), [])
-                    if (r["score"] or 0.0) >= cfg.min_score
-                ]
-                context, injected, _ = pack(
-                    records,
-                    data["ledger"],
-                    cfg.max_records,
-                    cfg.max_tokens,
-                    PROMPT_INTRO,
-                    PROMPT_REMINDER,
-                    shown=data["shown"],
-                )
-                data["keywords"] = words
-                if context is not None:  # as the hook: a search that injected nothing
-                    data["last_search"] = data["count"]  # starts no throttle
-                for record in injected:
-                    ledger_add(data["ledger"], record, data["shown"])
-                    held.add(record["id"])
-                if context:
-                    cumulative += kept_in_history(tokens(context), turn.no, length)
-            turns += 1
-            counts = per_class.setdefault(turn.kind, [0, 0, 0])
-            counts[0] += 1
-            counts[1] += did_search
-            counts[2] += context is not None
-            if turn.kind in MEMORY_CLASSES and turn.relevant:
-                useful.append(any(g in held for g in turn.relevant))
-            if turn.kind in QUIET_CLASSES:
-                quiet.append(context is None)
-    useful_rate = sum(useful) / len(useful) if useful else 0.0
-    quiet_rate = sum(quiet) / len(quiet) if quiet else 0.0
-    return {
-        "useful_rate": round(useful_rate, 4),
-        "quiet_rate": round(quiet_rate, 4),
-        "search_share": round(searched / turns, 4) if turns else 0.0,
-        "tokens_cumulative": round(cumulative / max(len(conversations), 1), 1),
-        "searched_by_class": {k: round(v[1] / v[0], 4) for k, v in sorted(per_class.items())},
-        "injected_by_class": {k: round(v[2] / v[0], 4) for k, v in sorted(per_class.items())},
-        "score": round(useful_rate + quiet_rate - SEARCH_COST * searched / max(turns, 1), 4),
-    }
-
-
 def best_knobs(
     conversations: list[Conversation],
     probes: Probes,
@@ -248,9 +176,10 @@ def best_knobs(
     feasible: tuple[tuple[float, ...], dict[str, Any], dict[str, Any]] | None = None
     scored: tuple[tuple[float, ...], dict[str, Any], dict[str, Any]] | None = None
     own = tuple(current[k] for k in KNOBS)
+    play = Simulator(probes)
     for values in itertools.chain([own], itertools.product(*(GRID[k] for k in KNOBS))):
         knobs = {**current, **dict(zip(KNOBS, values, strict=True))}
-        sim = simulate(conversations, probes, knobs)
+        sim = play(conversations, knobs)
         distance = sum(
             abs(knobs[k] - current[k]) / (max(GRID[k]) - min(GRID[k]) or 1) for k in KNOBS
         )
@@ -258,7 +187,7 @@ def best_knobs(
         if (
             (feasible is None or key > feasible[0])
             and meets(conversations, sim)
-            and all(meets(h, simulate(h, probes, knobs)) for h in halves)
+            and all(meets(h, play(h, knobs)) for h in halves)
         ):
             feasible = (key, knobs, sim)
         rank = (sim["score"], -distance)
@@ -270,7 +199,7 @@ def best_knobs(
         if useful < USEFUL_TARGET:
             # Honest about the trade: the report judges the replay by this target too.
             rule += f"; none of those reaches the usefulness target ({USEFUL_TARGET})"
-            if useful < simulate(conversations, probes, current)["useful_rate"]:
+            if useful < play(conversations, current)["useful_rate"]:
                 rule += (
                     ", and this one is less useful than the current knobs: meeting the quiet "
                     "and token targets costs usefulness here"
