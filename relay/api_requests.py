@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 from datetime import datetime
 from typing import Annotated, Any, get_args
 
@@ -31,6 +32,7 @@ from relay import hygiene, writes
 from relay.errors import InvalidRequestError, TooLargeError
 from relay.numerals import is_integer
 from relay.search import MAX_K
+from relay.store.listing import ListPosition
 
 
 class TextBody(BaseModel):
@@ -187,45 +189,102 @@ class KeyBody(_Body):
 
 
 # -- list cursors ----------------------------------------------------------------
-# A cursor is the last id of a page, encoded with a check: a raw id could not tell a
-# corrupted cursor ("garbage", a truncated one) from a real position, and the listing
-# silently started over from wherever that text sorted.
+# A cursor is where a page ended (a key id; a memory's change time and id), encoded with a
+# check: a raw position could not tell a corrupted cursor ("garbage", a truncated one) from
+# a real one, and the listing silently started over from wherever that text sorted.
 _CURSOR_CHECK = b"relay list cursor\0"
+_NOT_HANDED_OUT = (
+    "cursor is not one this server handed out: send next_cursor back as it came, "
+    "or leave cursor out to list from the beginning"
+)
+
+
+# What a memory listing's parameters mean, for the OpenAPI description of both listings.
+CURSOR_HELP = (
+    "next_cursor of the page before (same order and filters), as it came; absent: from the"
+    " start. In `updated` order every memory left unchanged while you page is listed exactly"
+    " once; one written meanwhile moves to the front, where a listing from the start shows it."
+)
+PREFIX_HELP = "A source starting with this text, taken literally (`docs/` lists `docs/a.md#x`)."
+ORDER_HELP = (
+    "`updated`: newest change first (`updated_at`, then `id`, descending). `id`: by id,"
+    " where nothing moves while you page, so every memory is listed exactly once however"
+    " they change meanwhile (an export, a sync)."
+)
+TEXT_HELP = (
+    "Every word of it in the title or the body, anywhere, case-insensitively (`Migra db`"
+    " matches `db migrations`); at most 10 words."
+)
 
 
 def _cursor_check(raw: bytes) -> str:
     return hashlib.sha256(_CURSOR_CHECK + raw).hexdigest()[:10]
 
 
+def _sealed(text: str) -> str:
+    raw = text.encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode() + "." + _cursor_check(raw)
+
+
+def _unsealed(cursor: str) -> str:
+    """The text `_sealed` put in `cursor`, or 400. The check catches accidents, not forgery
+    (it has no secret), so callers check the shape of what it carries too: a forged cursor
+    holding a NUL reached PostgreSQL, which failed the query (a 500)."""
+    text, _, check = cursor.rpartition(".")
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        if hmac.compare_digest(check.encode(), _cursor_check(raw).encode()):
+            return raw.decode()
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
+        pass
+    raise InvalidRequestError(_NOT_HANDED_OUT, field="cursor")
+
+
 def encode_cursor(last_id: str | None) -> str | None:
     """The opaque `next_cursor` for a page that ended at `last_id` (None: no more pages)."""
-    if last_id is None:
-        return None
-    raw = last_id.encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode() + "." + _cursor_check(raw)
+    return None if last_id is None else _sealed(last_id)
 
 
 def decode_cursor(cursor: str | None) -> str | None:
     """The id a cursor from `encode_cursor` continues after; a blank or absent one starts at
-    the beginning, and anything else is refused (400). The check catches accidents, not
-    forgery (it has no secret), so the id it carries must be shaped like a memory id too:
-    a forged cursor holding a NUL reached PostgreSQL, which failed the query (a 500)."""
+    the beginning, and anything else is refused (400)."""
     if not cursor:
         return None
-    text, _, check = cursor.rpartition(".")
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        valid = hmac.compare_digest(check.encode(), _cursor_check(raw).encode())
-        last_id = raw.decode() if valid else None
-    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
-        last_id = None
-    if last_id is None or not writes.MEMORY_ID.fullmatch(last_id):
-        raise InvalidRequestError(
-            "cursor is not one this server handed out: send next_cursor back as it came, "
-            "or leave cursor out to list from the beginning",
-            field="cursor",
-        )
+    last_id = _unsealed(cursor)
+    if not writes.MEMORY_ID.fullmatch(last_id):
+        raise InvalidRequestError(_NOT_HANDED_OUT, field="cursor")
     return last_id
+
+
+def encode_position(last: ListPosition | None) -> str | None:
+    """The opaque `next_cursor` of a page of memories that ended at `last` (None: no more)."""
+    if last is None:
+        return None
+    # repr: the shortest text that reads back as the same float, so no memory sits between
+    return _sealed(f"{'id' if last.updated_at is None else repr(last.updated_at)} {last.id}")
+
+
+def decode_position(cursor: str | None, order: str = "updated") -> ListPosition | None:
+    """Where a cursor from `encode_position` continues a listing in `order`; blank or absent:
+    from its start. A cursor of an older server (a bare id) or of the other order is refused
+    (400) like any this one did not hand out: it names no place in this order."""
+    if not cursor:
+        return None
+    at, _, last_id = _unsealed(cursor).partition(" ")
+    updated_at: float | None = None
+    if order != "id":
+        try:
+            updated_at = float(at)
+        except ValueError:
+            updated_at = math.nan
+    if not (
+        (at == "id" if updated_at is None else math.isfinite(updated_at))
+        and writes.MEMORY_ID.fullmatch(last_id)
+    ):
+        raise InvalidRequestError(
+            _NOT_HANDED_OUT + f" (this listing is in {order} order)", field="cursor"
+        )
+    return ListPosition(updated_at, last_id)
 
 
 def validation_message(error: dict[str, Any]) -> str:

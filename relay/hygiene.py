@@ -118,7 +118,7 @@ def surrogate_in(value: object, root: str = "the value") -> tuple[str, str] | No
 
 
 def check_filter(name: str, value: str | None) -> str | None:
-    """A list filter's value (`source`, `source_prefix`, `tag`): no stored value has control
+    """A list filter's value (`source`, `source_prefix`, `tag`, `q`): no stored value has control
     characters, and PostgreSQL refuses a NUL in a query where SQLite matched nothing, so one
     is refused (422, like any malformed parameter) the same on both stores; one longer than
     any stored value can be is 413, as every text over its limit is."""

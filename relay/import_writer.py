@@ -404,7 +404,8 @@ def _base_id(memory_id: str) -> str:
 
 
 def _list(client: RelayClient, filters: dict[str, str]) -> Iterator[dict]:
-    query: dict[str, str | int] = {**filters, "limit": 500}
+    # id order: one a teammate edits meanwhile would move past the cursor in the default
+    query: dict[str, str | int] = {**filters, "limit": 500, "order": "id"}
     while True:
         page = client.get(f"/v1/memories?{urllib.parse.urlencode(query)}")
         yield from page["items"]

@@ -28,6 +28,10 @@ from starlette.types import ASGIApp, Scope
 
 from relay import __version__, auth, hygiene, writes
 from relay.api_requests import (
+    CURSOR_HELP,
+    ORDER_HELP,
+    PREFIX_HELP,
+    TEXT_HELP,
     KeyBody,
     MemoryBatch,
     MemoryBody,
@@ -36,7 +40,9 @@ from relay.api_requests import (
     SearchBody,
     check_query,
     decode_cursor,
+    decode_position,
     encode_cursor,
+    encode_position,
     validation_message,
 )
 from relay.embedding import Embedder
@@ -50,6 +56,7 @@ from relay.metrics import Metrics
 from relay.models import Principal
 from relay.search import Searcher, SearchSettings
 from relay.store import Store, connect_by
+from relay.store.listing import ListFilter
 
 log = logging.getLogger("relay.server")
 
@@ -384,19 +391,24 @@ def create_app(services: Services) -> FastAPI:
     def list_memories(
         p: Auth,
         limit: Annotated[QueryInt, Query(ge=1, le=500)] = 50,
-        cursor: str | None = None,
-        source: str | None = None,
+        cursor: Annotated[str | None, Query(description=CURSOR_HELP)] = None,
+        source: Annotated[str | None, Query(description="Exactly this source.")] = None,
         tag: str | None = None,
-        source_prefix: str | None = None,
+        source_prefix: Annotated[str | None, Query(description=PREFIX_HELP)] = None,
+        q: Annotated[str | None, Query(description=TEXT_HELP)] = None,
+        order: Annotated[str, Query(pattern="^(updated|id)$", description=ORDER_HELP)] = "updated",
     ) -> dict[str, Any]:
+        """The memories this key may manage, newest change first unless `order=id`, a page
+        at a time."""
         auth.require(p, "memory:read")
-        for name, value in (("source", source), ("tag", tag), ("source_prefix", source_prefix)):
+        filters = (("source", source), ("tag", tag), ("source_prefix", source_prefix), ("q", q))
+        for name, value in filters:
             hygiene.check_filter(name, value)
-        after = decode_cursor(cursor)
-        items, nxt = store.list_memories(
-            p.org_id, auth.management_view(p), limit, after, source, tag, source_prefix
+        where = ListFilter(source=source, tag=tag, source_prefix=source_prefix, text=q)
+        items, last = store.list_memories(
+            p.org_id, auth.management_view(p), limit, decode_position(cursor, order), where, order
         )
-        return {"items": [m.to_dict() for m in items], "next_cursor": encode_cursor(nxt)}
+        return {"items": [m.to_dict() for m in items], "next_cursor": encode_position(last)}
 
     @app.get("/v1/memories/{memory_id}", tags=["memories"])
     def get_memory(memory_id: str, p: Auth) -> dict[str, Any]:

@@ -1703,20 +1703,47 @@ def test_list_memories_by_source_prefix_takes_it_literally(api):
     assert len(under("team/")) == 4
 
 
-def test_list_memories_paginates(api):
+def test_list_memories_paginates_newest_change_first_while_others_write(api):
+    """QA: the list ran in id order, so a team could not find what changed lately. Newest
+    change first, and a page continues where the one before ended: a memory written in
+    between moves to the front, and none of the rest is listed twice or skipped."""
     h = api.headers("acme_dev")
-    for i in range(7):
-        remember(api, "acme_dev", f"memory number {i} about the build")
-    seen, cursor = [], None
-    while True:
-        page = api.client.get(
-            "/v1/memories?limit=3" + (f"&cursor={cursor}" if cursor else ""), headers=h
-        ).json()
-        seen += [m["id"] for m in page["items"]]
-        cursor = page["next_cursor"]
-        if not cursor:
-            break
-    assert len(seen) == len(set(seen)) == 7
+    ids = [remember(api, "acme_dev", f"memory number {i} about the build")["id"] for i in range(7)]
+
+    def page(cursor: str | None, **query) -> dict:
+        query = {"limit": 3, **query, **({"cursor": cursor} if cursor else {})}
+        r = api.client.get("/v1/memories", params=query, headers=h)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = page(None)
+    assert [m["id"] for m in first["items"]] == ids[:3:-1]
+    edited = api.client.patch(f"/v1/memories/{ids[0]}", json={"title": "build"}, headers=h)
+    assert edited.status_code == 200, edited.text  # not listed yet: moves past the cursor
+    fresh = remember(api, "acme_dev", "a memory written between two pages")["id"]
+    seen, cursor = [m["id"] for m in first["items"]], first["next_cursor"]
+    while cursor:
+        nxt = page(cursor)
+        seen += [m["id"] for m in nxt["items"]]
+        cursor = nxt["next_cursor"]
+    assert seen == ids[:0:-1]
+    assert [m["id"] for m in page(None, limit=2)["items"]] == [fresh, ids[0]]
+    found = page(None, q="NUMBER 3 build")["items"]
+    assert [m["id"] for m in found] == [ids[3]]  # every word, in the title or the body
+
+    # order=id (an export): nothing moves, so an edit between pages skips nothing.
+    by_id = page(None, order="id")
+    r = api.client.get("/v1/memories", params={"cursor": by_id["next_cursor"]}, headers=h)
+    assert_error(r, 400, "invalid_request")  # a cursor continues its own order only
+    later = max(m["id"] for m in by_id["items"])
+    moved = next(i for i in sorted(ids) if i > later)
+    assert api.client.patch(f"/v1/memories/{moved}", json={"title": "x"}, headers=h).is_success
+    seen, cursor = [m["id"] for m in by_id["items"]], by_id["next_cursor"]
+    while cursor:
+        nxt = page(cursor, order="id")
+        seen += [m["id"] for m in nxt["items"]]
+        cursor = nxt["next_cursor"]
+    assert seen == sorted([*ids, fresh])
 
 
 def test_a_corrupted_cursor_is_refused_not_a_fresh_start(api):
@@ -1783,6 +1810,10 @@ def test_health_metrics_and_openapi(api):
     assert "/v1/search" in spec["paths"] and "/v1/memories/{memory_id}/revisions" in spec["paths"]
     # errors are described as they are sent (QA: it promised FastAPI's {"detail": [...]})
     assert "HTTPValidationError" not in json.dumps(spec)
+    listing = spec["paths"]["/v1/memories"]["get"]
+    assert "newest change first" in listing["description"]
+    told = {p["name"]: p.get("description", "") for p in listing["parameters"]}
+    assert "exactly once" in told["order"] and "case-insensitively" in told["q"]
     error = spec["components"]["schemas"]["Error"]
     assert error["properties"]["error"]["required"] == ["code", "message", "status"]
     search_responses = spec["paths"]["/v1/search"]["post"]["responses"]
@@ -2049,7 +2080,7 @@ def test_list_filters_over_any_stored_length_are_413_like_every_long_text(api):
     """QA: a `source_prefix` over 500 characters was 422 while `source` and `tag` had no
     limit at all (a 70 KB tag was taken); docs/http-api.md: a text over its limit is 413."""
     h = api.headers("acme_dev")
-    for name, limit in (("source", 300), ("source_prefix", 300), ("tag", 100)):
+    for name, limit in (("source", 300), ("source_prefix", 300), ("q", 300), ("tag", 100)):
         assert (
             api.client.get("/v1/memories", params={name: "x" * limit}, headers=h).status_code == 200
         )

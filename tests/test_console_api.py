@@ -6,11 +6,13 @@ without a browser, and run on PostgreSQL as well as SQLite.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 from relay import models
-from relay.api_requests import encode_cursor
+from relay.api_requests import encode_cursor, encode_position
 from relay.console.routes import COOKIE, csrf_token
+from relay.store.listing import ListPosition
 
 
 def sign_in(api, who: str) -> dict[str, str]:
@@ -61,6 +63,10 @@ def test_filters_diff_and_isolation(api) -> None:
         assert r.status_code == 200, r.text
         return [m["id"] for m in r.json()["items"]]
 
+    assert listed() == [second["id"], first["id"]]  # newest change first
+    assert listed(source_prefix="team/") == [first["id"]]
+    assert listed(q="TEAL ask") == [second["id"]]  # every word, case-insensitively
+    assert listed(q="teal", status="superseded") == []
     assert listed(status="superseded") == [first["id"]]
     assert listed(status="expiring") == [second["id"]]
     assert set(listed(audience="sre")) == {first["id"], second["id"]}
@@ -177,9 +183,14 @@ def test_a_corrupted_cursor_is_refused(api) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
     nul = api.client.get("/console/api/memories", params={"limit": 2, "cursor": "a\x00b"})
     assert nul.status_code == 400, nul.text
-    forged = encode_cursor("a\x00b")  # its check is right: it has no secret
-    nul = api.client.get("/console/api/memories", params={"limit": 2, "cursor": forged})
-    assert nul.status_code == 400 and nul.json()["error"]["code"] == "invalid_request", nul.text
+    for forged in (  # their check is right: it has no secret
+        encode_cursor("a\x00b"),
+        encode_position(ListPosition(1.5, "a\x00b")),
+        encode_position(ListPosition(math.inf, "m1")),
+        encode_cursor(first["items"][-1]["id"]),  # an older server's, which listed by id
+    ):
+        nul = api.client.get("/console/api/memories", params={"limit": 2, "cursor": forged})
+        assert nul.status_code == 400 and nul.json()["error"]["code"] == "invalid_request"
     rest = api.client.get(
         "/console/api/memories", params={"limit": 2, "cursor": first["next_cursor"]}
     ).json()
@@ -198,7 +209,7 @@ def test_a_nul_is_answered_alike_by_both_stores(api) -> None:
         r = c.request(method, "/console/api/memories/a%00b", json={"title": "x"}, headers=csrf)
         assert r.status_code == 404, r.text
     assert c.delete("/console/api/keys/a%00b", headers=csrf).status_code == 404
-    for name in ("source", "tag", "audience", "author"):
+    for name in ("source_prefix", "q", "tag", "audience", "author"):
         r = c.get("/console/api/memories", params={name: "a\x00b"})
         assert r.status_code == 422, r.text
         assert r.json()["error"]["message"] == f"{name} must not contain control characters"

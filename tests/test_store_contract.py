@@ -10,10 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
-from postgres_support import raw_rows, recounted_totals, stored_totals
+from postgres_support import execute_beneath, raw_rows, recounted_totals, stored_totals
 
 from relay.errors import ConflictError, InvalidRequestError, NotFoundError
 from relay.models import MemoryDraft, PassageInput, iso
+from relay.store.listing import ListFilter, ListPosition
 from relay.text import lexical_terms
 
 EVERY = frozenset({"all"})
@@ -460,18 +461,99 @@ def test_an_expired_key_s_roles_are_no_audience(store):
     assert store.known_audiences(org) == {"dev", "sre"}
 
 
-def test_listing_pages_and_filters(store):
+def listed(store, org, limit=10, after=None, **where) -> tuple[list[str], ListPosition | None]:  # noqa: ANN001
+    page, last = store.list_memories(org, None, limit, after, ListFilter(**where))
+    return [m.id for m in page], last
+
+
+def test_listing_pages_newest_change_first_and_filters(store):
     org = store.create_org("acme").id
     for i in range(5):
         save(store, org, f"m{i}", f"fact {i}", source=f"s{i % 2}", tags=(f"t{i % 3}",))
-    page, cursor = store.list_memories(org, None, 2)
-    assert [m.id for m in page] == ["m0", "m1"] and cursor == "m1"
-    page, cursor = store.list_memories(org, None, 10, cursor=cursor)
-    assert [m.id for m in page] == ["m2", "m3", "m4"] and cursor is None
-    assert [m.id for m in store.list_memories(org, None, 10, source="s1")[0]] == ["m1", "m3"]
-    assert [m.id for m in store.list_memories(org, None, 10, tag="t0")[0]] == ["m0", "m3"]
+    ids, last = listed(store, org, 2)
+    assert ids == ["m4", "m3"] and last is not None and last.id == "m3"
+    assert listed(store, org, 10, last) == (["m2", "m1", "m0"], None)
+    save(store, org, "m1", "fact 1, edited", "edit", source="s1", tags=("t1",))
+    assert listed(store, org)[0] == ["m1", "m4", "m3", "m2", "m0"]
+    assert listed(store, org, source="s1")[0] == ["m1", "m3"]
+    assert listed(store, org, tag="t0")[0] == ["m3", "m0"]
     save(store, org, "pin", "pinned fact", pinned=True)
     assert [m.id for m in store.pinned(org, EVERY, datetime.now(UTC))] == ["pin"]
+
+
+def test_a_page_continues_where_it_ended_while_others_write(store):
+    """Keyset paging: what is written between two pages moves to the front, so no memory
+    is listed twice and none left unchanged is skipped."""
+    org = store.create_org("acme").id
+    for i in range(5):
+        save(store, org, f"m{i}", f"fact {i}")
+    first, last = listed(store, org, 2)
+    save(store, org, "m3", "fact 3, edited after it was listed", "edit")
+    save(store, org, "m9", "a fact written meanwhile", "create")
+    store.delete_memory(org, "m2", "tester", None)
+    rest, end = listed(store, org, 10, last)
+    assert (first, rest, end) == (["m4", "m3"], ["m1", "m0"], None)
+    assert listed(store, org)[0] == ["m9", "m3", "m4", "m1", "m0"]
+
+
+def test_memories_changed_at_one_moment_page_by_id(store):
+    """Ties in `updated_at` (a restore, a batch) fall back to id, descending, so a page that
+    ends inside a tie continues inside it. SQLite keeps times finer than a microsecond, and
+    a cursor must hold them exactly: rounded to one, `a` would be listed twice or never."""
+    org = store.create_org("acme").id
+    for mid in ("a", "b", "c", "d", "e"):
+        save(store, org, mid, f"fact {mid}")
+    # One and two steps of a float above d and e's time; all within its first microsecond.
+    at = {"a": "1700000000.0000002", "b": "1700000000.0000005", "c": "1700000000.0000005"}
+    at |= {"d": "1700000000", "e": "1700000000"}
+    pg = getattr(store, "conninfo", None) is not None
+    for mid, seconds in at.items():
+        value = f"to_timestamp({seconds})" if pg else seconds
+        execute_beneath(store, f"UPDATE memories SET updated_at = {value} WHERE id = '{mid}'")
+    seen, last = [], None
+    for _ in range(6):
+        ids, last = listed(store, org, 1, last)
+        seen += ids
+        if last is None:
+            break
+    # PostgreSQL keeps microseconds: there all five are one tie.
+    assert seen == (["e", "d", "c", "b", "a"] if pg else ["c", "b", "a", "e", "d"])
+
+
+def test_listing_filters_by_words_prefix_and_status(store):
+    org = store.create_org("acme").id
+    now = datetime.now(UTC)
+    body, title = "Run the DB migrations before deploys.", "Migration order"
+    save(store, org, "mig", body, title=title, source="docs/CLAUDE.md#Testing")
+    save(store, org, "wiki", "The wiki lives on Confluence.", source="docs/wiki.md")
+    old = now + timedelta(hours=1)  # expired at the `now` listed at, below
+    save(store, org, "old", "Deploys used the blue cluster.", source="docs%/x", valid_until=old)
+    soon = now + timedelta(days=5)
+    save(store, org, "soon", "Staging moves to teal.", source="do_s/y", valid_until=soon)
+    save(store, org, "new", "Staging is teal.", source="do_s", supersedes=("old",))
+    now += timedelta(hours=2)
+
+    def ids(**where) -> set[str]:
+        return set(listed(store, org, now=now, **where)[0])
+
+    assert ids(text="migration") == {"mig"}  # in the title, whatever its case
+    assert ids(text="deploys db") == {"mig"}  # every word, in any order, title or body
+    assert ids(text="DEPLOYS") == {"mig", "old"}
+    assert ids(text="deploys wiki") == set()
+    assert ids(text="ration befo") == {"mig"}  # inside words too
+    assert ids(source_prefix="docs/") == {"mig", "wiki"}
+    assert ids(source_prefix="docs/CLAUDE.md#") == {"mig"}
+    assert ids(source_prefix="do_s/") == {"soon"}  # literally: no wildcard in _ or %
+    assert ids(source_prefix="docs%") == {"old"}
+    assert ids(status="expired") == {"old"}
+    assert ids(status="superseded") == {"old"}
+    assert ids(status="expiring") == {"soon"}
+    assert ids(status="expiring", expiring_days=4) == set()
+    assert ids(status="active") == {"mig", "wiki", "soon", "new"}
+    assert ids(status="active", text="deploys") == {"mig"}
+    assert ids(status="pinned") == set()
+    assert ids(audience="all", author="tester", source_prefix="docs") == {"mig", "wiki", "old"}
+    assert ids(author="someone else") == ids(audience="sre") == set()
 
 
 def test_batch_writes_are_all_or_nothing(store):

@@ -1,45 +1,26 @@
-"""What the console adds on top of the store's reads: filters, statuses, revision diffs.
+"""What the console adds on top of the store's reads: statuses, revision diffs.
 
-Filters the store cannot express (audience, author, expiry, supersession) are
-applied while paging through `Store.list_memories`, whose SQL already holds the
-tenant and audience checks, so nothing here can widen what a key sees.
+The list's filters, statuses among them, are the store's (`relay.store.listing`): they
+run inside its query, beside the tenant and audience checks.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from relay.errors import InvalidRequestError, NotFoundError
 from relay.models import CONTENT_FIELDS, Memory, Revision, iso
 from relay.store import Store
 
-STATUSES = ("any", "active", "expiring", "expired", "superseded", "pinned")
 PAGE = 500  # rows per store read while scanning
-SCAN_MAX = 5_000  # rows one list request may inspect before answering with a cursor
-
-
-@dataclass(frozen=True)
-class Filters:
-    source: str | None = None
-    tag: str | None = None
-    audience: str | None = None
-    author: str | None = None
-    status: str = "any"
-    expiring_days: int = 7
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise InvalidRequestError(f"status must be one of {', '.join(STATUSES)}")
-        if not 1 <= self.expiring_days <= 3650:
-            raise InvalidRequestError("expiring_days must be between 1 and 3650")
 
 
 def statuses(m: Memory, now: datetime, expiring_days: int = 7) -> list[str]:
-    """Every status that applies: expired, expiring, superseded, pinned; else active."""
+    """Every status that applies: expired, expiring, superseded, pinned; else active. The
+    store's `status` filter (`relay.store.listing`) selects by the same rules, in SQL."""
     out = []
     if m.valid_until is not None and m.valid_until <= now:
         out.append("expired")
@@ -54,52 +35,14 @@ def statuses(m: Memory, now: datetime, expiring_days: int = 7) -> list[str]:
     return out
 
 
-def matches(m: Memory, f: Filters, now: datetime) -> bool:
-    if f.audience and f.audience not in m.audiences:
-        return False
-    if f.author and m.author != f.author:
-        return False
-    return f.status == "any" or f.status in statuses(m, now, f.expiring_days)
-
-
-def scan(
-    store: Store, org_id: str, audiences: frozenset[str] | None, cursor: str | None = None
-) -> Iterator[Memory]:
-    """Every memory the reader may manage, in id order, from `cursor` on."""
+def scan(store: Store, org_id: str, audiences: frozenset[str] | None) -> Iterator[Memory]:
+    """Every memory the reader may manage, in id order (none moves while it pages)."""
+    after = None
     while True:
-        page, cursor = store.list_memories(org_id, audiences, PAGE, cursor)
+        page, after = store.list_memories(org_id, audiences, PAGE, after, order="id")
         yield from page
-        if cursor is None:
+        if after is None:
             return
-
-
-def filtered(
-    store: Store,
-    org_id: str,
-    audiences: frozenset[str] | None,
-    f: Filters,
-    limit: int,
-    cursor: str | None = None,
-    now: datetime | None = None,
-) -> tuple[list[Memory], str | None]:
-    """One page of matching memories and the cursor to continue from (None at the end)."""
-    now = now or datetime.now(UTC)
-    found: list[Memory] = []
-    inspected = 0
-    while True:
-        page, nxt = store.list_memories(org_id, audiences, PAGE, cursor, f.source, f.tag)
-        for m in page:
-            inspected += 1
-            if matches(m, f, now):
-                found.append(m)
-                if len(found) == limit:
-                    more = m.id != page[-1].id or nxt is not None
-                    return found, (m.id if more else None)
-        if nxt is None:
-            return found, None
-        cursor = nxt
-        if inspected >= SCAN_MAX:
-            return found, cursor  # bounded work per request; the caller asks for more
 
 
 def find_revision(history: list[Revision], number: int) -> Revision:

@@ -30,8 +30,8 @@ from relay.api_requests import (
     QueryInt,
     TextBody,
     check_query,
-    decode_cursor,
-    encode_cursor,
+    decode_position,
+    encode_position,
 )
 from relay.console import curate
 from relay.console.health import (
@@ -58,6 +58,7 @@ from relay.hook_stats import OUTCOMES
 from relay.models import ApiKey, HookReport, Memory, Principal, iso
 from relay.search import MAX_K, SearchResponse
 from relay.server import Auth, Services
+from relay.store.listing import ListFilter
 
 COOKIE = "relay_console"
 CSRF_HEADER = "X-CSRF-Token"
@@ -294,31 +295,41 @@ def build_routers(
         p: Session,
         limit: Annotated[QueryInt, Query(ge=1, le=500)] = 50,
         cursor: str | None = None,
-        source: str | None = None,
+        source_prefix: str | None = None,
+        q: str | None = None,
         tag: str | None = None,
         audience: str | None = None,
         author: str | None = None,
         status: str = "any",
         expiring_days: Annotated[QueryInt, Query(ge=1, le=3650)] = 7,
     ) -> dict[str, Any]:
+        """As /v1/memories lists them (newest change first), filtered in the store's query."""
         auth.require(p, "memory:read")
         for name, value in (
-            ("source", source),
+            ("source_prefix", source_prefix),
+            ("q", q),
             ("tag", tag),
             ("audience", audience),
             ("author", author),
         ):
             hygiene.check_filter(name, value)
-        f = curate.Filters(
-            source or None, tag or None, audience or None, author or None, status, expiring_days
-        )
         now = datetime.now(UTC)
-        after = decode_cursor(cursor)
-        items, nxt = curate.filtered(store, p.org_id, auth.management_view(p), f, limit, after, now)
+        where = ListFilter(
+            source_prefix=source_prefix,
+            text=q,
+            tag=tag,
+            audience=audience,
+            author=author,
+            status=status,
+            expiring_days=expiring_days,
+            now=now,
+        )
+        after = decode_position(cursor)
+        items, last = store.list_memories(p.org_id, auth.management_view(p), limit, after, where)
         names = key_names(p)
         return {
             "items": [memory_view(m, now, names) for m in items],
-            "next_cursor": encode_cursor(nxt),
+            "next_cursor": encode_position(last),
         }
 
     @api.get("/facets")

@@ -33,6 +33,7 @@ from relay.models import (
     PassageInput,
     Revision,
 )
+from relay.store.listing import NO_FILTER, ListFilter, ListPosition
 
 SaveMode = Literal["create", "edit", "upsert"]
 
@@ -177,11 +178,10 @@ class Store(Protocol):
         org_id: str,
         audiences: frozenset[str] | None,
         limit: int,
-        cursor: str | None = None,
-        source: str | None = None,
-        tag: str | None = None,
-        source_prefix: str | None = None,
-    ) -> tuple[list[Memory], str | None]: ...
+        after: ListPosition | None = None,  # where the page before ended
+        where: ListFilter = NO_FILTER,
+        order: str = "updated",  # newest change first, or "id" (`listing`)
+    ) -> tuple[list[Memory], ListPosition | None]: ...
     def history(
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None
     ) -> list[Revision]: ...

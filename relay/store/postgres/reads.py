@@ -9,11 +9,12 @@ links to memories a reader may not read are withheld from what it gets (`_as_rea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from relay.errors import NotFoundError
 from relay.models import EVERYONE, WITHHELD_FIELDS, Memory, Revision
+from relay.store.listing import NO_FILTER, ListFilter, ListPosition
 from relay.store.postgres.connection import PgConnection, PostgresConnections
 from relay.store.postgres.rows import _memory, _revision
 from relay.store.rules import Read, as_read, linked_ids
@@ -90,6 +91,48 @@ def _as_read(
     return [as_read(item, {r["memory_id"] for r in rows}) for item in items]
 
 
+def _filter_sql(where: ListFilter, params: dict[str, Any]) -> str:
+    """`where` as clauses on `memories m` (each starting " AND "), its values put in `params`.
+    Case is folded by lower(), as the database's collation folds it."""
+    sql = ""
+    if where.source:
+        sql += " AND m.source = %(source)s"
+        params["source"] = where.source
+    if where.source_prefix:
+        sql += " AND starts_with(m.source, %(prefix)s)"
+        params["prefix"] = where.source_prefix
+    if where.tag:
+        sql += " AND %(tag)s = ANY(m.tags)"
+        params["tag"] = where.tag
+    for i, word in enumerate(where.words()):
+        sql += (
+            f" AND (strpos(lower(m.title), lower(%(w{i})s)) > 0"
+            f" OR strpos(lower(m.body), lower(%(w{i})s)) > 0)"
+        )
+        params[f"w{i}"] = word
+    if where.audience:
+        sql += (
+            " AND EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
+            " AND ma.memory_id = m.id AND ma.audience = %(audience)s)"
+        )
+        params["audience"] = where.audience
+    if where.author:
+        sql += " AND m.author = %(author)s"
+        params["author"] = where.author
+    if where.now is not None:
+        params.update(now=where.now, soon=where.soon())
+    sql += {
+        "any": "",
+        "active": " AND m.superseded_by IS NULL"
+        " AND (m.valid_until IS NULL OR m.valid_until > %(now)s)",
+        "expiring": " AND m.valid_until > %(now)s AND m.valid_until <= %(soon)s",
+        "expired": " AND m.valid_until <= %(now)s",
+        "superseded": " AND m.superseded_by IS NOT NULL",
+        "pinned": " AND m.pinned",
+    }[where.status]
+    return sql
+
+
 class MemoryReads(PostgresConnections):
     """Reads of memories and their histories (mixed into `PostgresStore`)."""
 
@@ -118,30 +161,36 @@ class MemoryReads(PostgresConnections):
         org_id: str,
         audiences: frozenset[str] | None,
         limit: int,
-        cursor: str | None = None,
-        source: str | None = None,
-        tag: str | None = None,
-        source_prefix: str | None = None,
-    ) -> tuple[list[Memory], str | None]:
+        after: ListPosition | None = None,
+        where: ListFilter = NO_FILTER,
+        order: str = "updated",  # or "id" (`listing.ORDERS`)
+    ) -> tuple[list[Memory], ListPosition | None]:
         params = _params(org_id, audiences, limit=limit + 1)
         query = f"SELECT m.* FROM memories m WHERE {managed_sql(audiences)}"
-        if cursor:
-            query += " AND m.id > %(cursor)s"
-            params["cursor"] = cursor
-        if source:
-            query += " AND m.source = %(source)s"
-            params["source"] = source
-        if source_prefix:
-            query += " AND starts_with(m.source, %(prefix)s)"
-            params["prefix"] = source_prefix
-        if tag:
-            query += " AND %(tag)s = ANY(m.tags)"
-            params["tag"] = tag
-        query += " ORDER BY m.id LIMIT %(limit)s"
+        query += _filter_sql(where, params)
+        if order == "id":
+            if after is not None:
+                query += " AND m.id > %(after_id)s"
+                params["after_id"] = after.id
+            query += " ORDER BY m.id LIMIT %(limit)s"
+        else:
+            if after is not None:
+                query += (
+                    " AND (m.updated_at < %(after_at)s"
+                    " OR (m.updated_at = %(after_at)s AND m.id < %(after_id)s))"
+                )
+                # timestamptz keeps microseconds, which a float of seconds holds exactly
+                since = datetime.fromtimestamp(after.updated_at or 0.0, UTC)
+                params.update(after_at=since, after_id=after.id)
+            query += " ORDER BY m.updated_at DESC, m.id DESC LIMIT %(limit)s"
         with self._tx(org_id) as conn:
             rows = conn.execute(query, params).fetchall()
             items = _as_read(conn, org_id, [_memory(r) for r in rows[:limit]], audiences)
-        return items, (items[-1].id if len(rows) > limit else None)
+        if len(rows) <= limit:
+            return items, None
+        last = rows[limit - 1]
+        at = None if order == "id" else last["updated_at"].timestamp()
+        return items, ListPosition(at, last["id"])
 
     def history(
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None

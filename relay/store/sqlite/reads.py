@@ -15,6 +15,7 @@ from datetime import datetime
 
 from relay.errors import NotFoundError
 from relay.models import EVERYONE, WITHHELD_FIELDS, Memory, Revision
+from relay.store.listing import NO_FILTER, ListFilter, ListPosition
 from relay.store.rules import Read, as_read, linked_ids
 from relay.store.sqlite.connection import SQLiteConnections, translate_errors
 from relay.store.sqlite.rows import _memory, _revision
@@ -113,6 +114,48 @@ def _readable(
     return found
 
 
+def _filter_sql(where: ListFilter, params: dict[str, object]) -> str:
+    """`where` as clauses on `memories m` (each starting " AND "), its values put in `params`.
+    Case is folded by SQLite's lower(), which folds ASCII letters only."""
+    sql = ""
+    if where.source:
+        sql += " AND m.source = :source"
+        params["source"] = where.source
+    if where.source_prefix:
+        sql += " AND substr(m.source, 1, length(:prefix)) = :prefix"
+        params["prefix"] = where.source_prefix
+    if where.tag:
+        sql += " AND EXISTS (SELECT 1 FROM json_each(m.tags) WHERE json_each.value = :tag)"
+        params["tag"] = where.tag
+    for i, word in enumerate(where.words()):
+        sql += (
+            f" AND (instr(lower(m.title), lower(:w{i})) > 0"
+            f" OR instr(lower(m.body), lower(:w{i})) > 0)"
+        )
+        params[f"w{i}"] = word
+    if where.audience:
+        sql += (
+            " AND EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
+            " AND ma.memory_id = m.id AND ma.audience = :audience)"
+        )
+        params["audience"] = where.audience
+    if where.author:
+        sql += " AND m.author = :author"
+        params["author"] = where.author
+    if where.now is not None:
+        params.update(now=where.now.timestamp(), soon=where.soon().timestamp())
+    sql += {
+        "any": "",
+        "active": " AND m.superseded_by IS NULL"
+        " AND (m.valid_until IS NULL OR m.valid_until > :now)",
+        "expiring": " AND m.valid_until > :now AND m.valid_until <= :soon",
+        "expired": " AND m.valid_until <= :now",
+        "superseded": " AND m.superseded_by IS NOT NULL",
+        "pinned": " AND m.pinned = 1",
+    }[where.status]
+    return sql
+
+
 class MemoryReads(SQLiteConnections):
     """Reads of memories and their histories (mixed into `SQLiteStore`)."""
 
@@ -145,32 +188,34 @@ class MemoryReads(SQLiteConnections):
         org_id: str,
         audiences: frozenset[str] | None,
         limit: int,
-        cursor: str | None = None,
-        source: str | None = None,
-        tag: str | None = None,
-        source_prefix: str | None = None,
-    ) -> tuple[list[Memory], str | None]:
+        after: ListPosition | None = None,
+        where: ListFilter = NO_FILTER,
+        order: str = "updated",  # or "id" (`listing.ORDERS`)
+    ) -> tuple[list[Memory], ListPosition | None]:
         params: dict[str, object] = {"org": org_id, **_audience_params(audiences)}
         count = None if audiences is None else len(params) - 1
-        sql = f"SELECT m.* FROM memories m WHERE {_managed_sql(count)}"
-        if cursor:
-            sql += " AND m.id > :cursor"
-            params["cursor"] = cursor
-        if source:
-            sql += " AND m.source = :source"
-            params["source"] = source
-        if source_prefix:
-            sql += " AND substr(m.source, 1, length(:prefix)) = :prefix"
-            params["prefix"] = source_prefix
-        if tag:
-            sql += " AND EXISTS (SELECT 1 FROM json_each(m.tags) WHERE json_each.value = :tag)"
-            params["tag"] = tag
-        sql += " ORDER BY m.id LIMIT :limit"
+        sql = f"SELECT m.* FROM memories m WHERE {_managed_sql(count)}{_filter_sql(where, params)}"
+        if order == "id":
+            if after is not None:
+                sql += " AND m.id > :after_id"
+                params["after_id"] = after.id
+            sql += " ORDER BY m.id LIMIT :limit"
+        else:
+            if after is not None:
+                sql += (
+                    " AND (m.updated_at < :after_at"
+                    " OR (m.updated_at = :after_at AND m.id < :after_id))"
+                )
+                params.update(after_at=after.updated_at, after_id=after.id)
+            sql += " ORDER BY m.updated_at DESC, m.id DESC LIMIT :limit"
         params["limit"] = limit + 1
         with self._read() as conn:
             rows = conn.execute(sql, params).fetchall()
             items = _as_read(conn, org_id, [_memory(r) for r in rows[:limit]], audiences)
-        return items, (items[-1].id if len(rows) > limit else None)
+        if len(rows) <= limit:
+            return items, None
+        last = rows[limit - 1]
+        return items, ListPosition(None if order == "id" else last["updated_at"], last["id"])
 
     def history(
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None
