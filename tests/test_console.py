@@ -315,6 +315,10 @@ def test_memory_text_with_script_renders_inert(console: Console, live) -> None:
     console.click("Search")
     console.wait(ec.text_to_be_present_in_element((By.ID, "search-results"), "Rotate"))
     console.shot("xss-search-results")
+    # The search is in the route: a reload (or a shared link) shows the same results.
+    assert "#/search?q=rotate+the+signing+cert&mode=hybrid&k=10" in console.d.current_url
+    console.d.refresh()
+    console.wait(ec.text_to_be_present_in_element((By.ID, "search-results"), "Rotate"))
     console.go("#/preview")
     console.fill("prompt", "when do we rotate the signing cert?")
     console.click("Show what the agent would see")

@@ -33,18 +33,21 @@ def remember(api: httpx.Client, **fields: object) -> str:
 
 def test_load_more_clicked_twice_lists_each_memory_once(console: Console, live, api) -> None:
     """QA: a second click while a page loaded asked for the same cursor again, and 50
-    memories were listed twice (150 rows for 100 memories)."""
+    memories were listed twice (150 rows for 100 memories). Then: the list ran in id order,
+    had no text filter, matched a source exactly, and Apply with the filters unchanged did
+    nothing (the same route fires no hashchange), so it never listed from the top again."""
     items = [
         {
             "id": f"paging-{n:02d}",
             "body": f"Paging probe {n}: the queue worker {n} drains the outbox.",
+            "source": f"docs/queue/{n:02d}.md#Drain",
             "tags": ["paging"],
         }
         for n in range(60)
     ]
     api.post("/v1/memories/batch", json={"items": items}).raise_for_status()
     console.sign_in(live["keys"]["admin"])
-    console.go("#/memories?tag=paging")
+    console.go("#/memories?tag=paging&status=any&expiring_days=7")  # as Apply spells it
     more = console.wait(
         ec.visibility_of_element_located((By.XPATH, "//button[normalize-space()='Load more']"))
     )
@@ -54,6 +57,27 @@ def test_load_more_clicked_twice_lists_each_memory_once(console: Console, live, 
     rows = console.d.find_elements(By.CSS_SELECTOR, "table.memories tbody tr")
     assert len(rows) == 60
     assert console.d.find_element(By.CSS_SELECTOR, "main p.hint").text == "60 memories shown."
+
+    def shown(count: str) -> list[str]:
+        hint = (By.CSS_SELECTOR, "main p.hint")
+        console.wait(ec.text_to_be_present_in_element(hint, f"{count} shown"))
+        links = console.d.find_elements(By.CSS_SELECTOR, "table.memories tbody a")
+        return [a.get_attribute("href").rsplit("/", 1)[-1] for a in links]
+
+    console.click("Apply filters")  # the same route: no hashchange, and the list stayed
+    assert shown("50 memories")[:2] == ["paging-59", "paging-58"]  # the batch wrote 59 last
+    console.fill("q", "WORKER 42 drains")
+    console.click("Apply filters")
+    assert shown("1 memory") == ["paging-42"]
+    assert "q=WORKER+42+drains" in console.d.current_url
+    console.d.refresh()  # the filter is in the route: a reload or a shared link keeps it
+    assert shown("1 memory") == ["paging-42"]
+    assert console.d.find_element(By.NAME, "q").get_attribute("value") == "WORKER 42 drains"
+    console.fill("q", "")
+    console.fill("source_prefix", "docs/queue/4")
+    console.click("Apply filters")
+    assert shown("10 memories") == [f"paging-{n}" for n in range(49, 39, -1)]
+    console.shot("memories-filtered-by-source-prefix")
 
 
 def test_a_write_out_of_the_keys_sight_says_it_was_saved(console: Console, live, api) -> None:

@@ -276,13 +276,24 @@ function select(name, options, value) {
   );
 }
 
+// The filters live in the route (#/memories?q=...), so a reload or a shared link keeps them.
+const MEMORY_FILTERS = ['q', 'source_prefix', 'tag', 'audience', 'author', 'status', 'expiring_days'];
+
+// Follow `hash`; one equal to the current route would fire no hashchange, so show it anew.
+function follow(hash) {
+  if (location.hash === hash) route();
+  else location.hash = hash;
+}
+
 async function pageMemories(params) {
-  const value = (name) => params.get(name) || '';
+  // `source`: links made before the filter matched a prefix
+  const value = (name) => params.get(name) || (name === 'source_prefix' && params.get('source')) || '';
   const authors = Object.entries(facets.authors || {});
   const form = h(
     'form',
     { class: 'filters', role: 'search', 'aria-label': 'Filter memories' },
-    field('Source', h('input', { name: 'source', value: value('source') })),
+    field('Text', h('input', { name: 'q', type: 'search', value: value('q'), placeholder: 'words in title or text' })),
+    field('Source starts with', h('input', { name: 'source_prefix', value: value('source_prefix') })),
     field('Tag', h('input', { name: 'tag', value: value('tag') })),
     field('Audience', select('audience', [['', 'any'], ...facets.audiences.map((a) => [a, a])], value('audience'))),
     field(
@@ -296,14 +307,15 @@ async function pageMemories(params) {
     h('div', { class: 'field actions' }, h('button', { type: 'submit' }, 'Apply filters')),
   );
   submitting(form, async (values) => {
-    const query = new URLSearchParams(Object.entries(values).filter(([, v]) => v !== ''));
-    location.hash = `#/memories?${query}`;
+    const query = new URLSearchParams(Object.entries(values).filter(([, v]) => v.trim() !== ''));
+    // Unchanged filters too: the list starts again from the newest change.
+    follow(`#/memories?${query}`);
   });
   const tbody = h('tbody', {});
   const table = h(
     'table',
     { class: 'memories' },
-    h('caption', {}, 'Memories'),
+    h('caption', {}, 'Memories, most recently changed first'),
     h(
       'thead',
       {},
@@ -331,8 +343,8 @@ async function pageMemories(params) {
   let shown = 0;
   async function load() {
     const query = new URLSearchParams();
-    for (const name of ['source', 'tag', 'audience', 'author', 'status', 'expiring_days']) {
-      if (params.get(name)) query.set(name, params.get(name));
+    for (const name of MEMORY_FILTERS) {
+      if (value(name)) query.set(name, value(name));
     }
     query.set('limit', '50');
     if (cursor) query.set('cursor', cursor);
@@ -358,7 +370,12 @@ async function pageMemories(params) {
     more.hidden = !cursor;
     count.textContent = `${shown} memor${shown === 1 ? 'y' : 'ies'} shown${cursor ? ' (more available)' : ''}.`;
   }
-  await load();
+  try {
+    await load();
+  } catch (err) {
+    // A filter the server refused (too long, too many words) is told by its field.
+    if (!(err instanceof ApiError && err.status === 401)) showError(err, form);
+  }
 }
 
 // -- one memory --------------------------------------------------------------------
@@ -612,32 +629,41 @@ async function pageSearch(params) {
     { class: 'card', role: 'search', 'aria-label': 'Search memories' },
     field('Query', query, 'Runs the recall pipeline under this key\'s roles: the same candidates, ranking and threshold as the hook\'s searches.'),
     field('Mode', select('mode', [['hybrid', 'hybrid (lexical + semantic)'], ['lexical', 'full-text (lexical)'], ['semantic', 'semantic']], params.get('mode') || 'hybrid')),
-    field('Results', h('input', { name: 'k', type: 'number', min: '1', max: '12', value: '10' })),
+    field('Results', h('input', { name: 'k', type: 'number', min: '1', max: '12', value: params.get('k') || '10' })),
     h('button', { type: 'submit' }, 'Search'),
   );
   const out = h('div', { id: 'search-results', 'aria-live': 'polite' });
   render('Search', form, out);
-  submitting(form, async (v) => {
-    const r = await api('POST', '/search', { query: v.query, mode: v.mode, k: Number(v.k) });
-    out.replaceChildren(
-      h('p', { class: 'hint' }, `${r.results.length} result(s) · stages ${r.stages.join(', ') || 'none'} · ${r.took_ms} ms${r.degraded ? ' · degraded (semantic stage skipped)' : ''}`),
-      r.results.length
-        ? h(
-            'ol',
-            { class: 'results' },
-            r.results.map((hit) =>
-              h(
-                'li',
-                {},
-                h('div', {}, memoryLink(hit.id, hit.title || hit.id)),
-                h('div', { class: 'hint' }, `score ${hit.score} · revision ${hit.revision} · ${hit.source || 'no source'} · passage ${hit.passage}`),
-                h('p', { class: 'passage' }, hit.text),
-              ),
+  // The search lives in the route (#/search?q=...): submitting follows it, and the page
+  // it renders runs it, so a reload or a shared link shows the same results.
+  submitting(form, async (v) => follow(`#/search?${new URLSearchParams({ q: v.query, mode: v.mode, k: v.k })}`));
+  if (!params.get('q')) return;
+  try {
+    out.replaceChildren(...searchResults(await api('POST', '/search', { query: params.get('q'), mode: params.get('mode') || 'hybrid', k: Number(params.get('k') || 10) })));
+  } catch (err) {
+    if (!(err instanceof ApiError && err.status === 401)) showError(err, form);
+  }
+}
+
+function searchResults(r) {
+  return [
+    h('p', { class: 'hint' }, `${r.results.length} result(s) · stages ${r.stages.join(', ') || 'none'} · ${r.took_ms} ms${r.degraded ? ' · degraded (semantic stage skipped)' : ''}`),
+    r.results.length
+      ? h(
+          'ol',
+          { class: 'results' },
+          r.results.map((hit) =>
+            h(
+              'li',
+              {},
+              h('div', {}, memoryLink(hit.id, hit.title || hit.id)),
+              h('div', { class: 'hint' }, `score ${hit.score} · revision ${hit.revision} · ${hit.source || 'no source'} · passage ${hit.passage}`),
+              h('p', { class: 'passage' }, hit.text),
             ),
-          )
-        : h('p', {}, 'Nothing relevant: the answer is empty, as recall would answer.'),
-    );
-  });
+          ),
+        )
+      : h('p', {}, 'Nothing relevant: the answer is empty, as recall would answer.'),
+  ];
 }
 
 // -- what the agent would see -------------------------------------------------------------
