@@ -207,9 +207,9 @@ CURSOR_HELP = (
 )
 PREFIX_HELP = "A source starting with this text, taken literally (`docs/` lists `docs/a.md#x`)."
 ORDER_HELP = (
-    "`updated`: newest change first (`updated_at`, then `id`, descending). `id`: by id,"
-    " where nothing moves while you page, so every memory is listed exactly once however"
-    " they change meanwhile (an export, a sync)."
+    "`id` (the default): by id, where nothing moves while you page, so every memory is"
+    " listed exactly once however they change meanwhile (an export, a sync). `updated`:"
+    " newest change first (`updated_at`, then `id`, descending), as the console lists."
 )
 TEXT_HELP = (
     "Every word of it in the title or the body, anywhere, case-insensitively (`Migra db`"
@@ -260,27 +260,28 @@ def encode_position(last: ListPosition | None) -> str | None:
     """The opaque `next_cursor` of a page of memories that ended at `last` (None: no more)."""
     if last is None:
         return None
+    if last.updated_at is None:  # id order: the bare id, as servers before `updated` wrote
+        return encode_cursor(last.id)
     # repr: the shortest text that reads back as the same float, so no memory sits between
-    return _sealed(f"{'id' if last.updated_at is None else repr(last.updated_at)} {last.id}")
+    return _sealed(f"{last.updated_at!r} {last.id}")
 
 
 def decode_position(cursor: str | None, order: str = "updated") -> ListPosition | None:
     """Where a cursor from `encode_position` continues a listing in `order`; blank or absent:
-    from its start. A cursor of an older server (a bare id) or of the other order is refused
-    (400) like any this one did not hand out: it names no place in this order."""
+    from its start. In id order a cursor is a bare id, as older servers wrote (so a client
+    paging across an upgrade goes on); a cursor of the other order is refused (400) like any
+    this server did not hand out: it names no place in this order."""
+    if order == "id":
+        last_id = decode_cursor(cursor)
+        return None if last_id is None else ListPosition(None, last_id)
     if not cursor:
         return None
     at, _, last_id = _unsealed(cursor).partition(" ")
-    updated_at: float | None = None
-    if order != "id":
-        try:
-            updated_at = float(at)
-        except ValueError:
-            updated_at = math.nan
-    if not (
-        (at == "id" if updated_at is None else math.isfinite(updated_at))
-        and writes.MEMORY_ID.fullmatch(last_id)
-    ):
+    try:
+        updated_at = float(at)
+    except ValueError:
+        updated_at = math.nan
+    if not (math.isfinite(updated_at) and writes.MEMORY_ID.fullmatch(last_id)):
         raise InvalidRequestError(
             _NOT_HANDED_OUT + f" (this listing is in {order} order)", field="cursor"
         )

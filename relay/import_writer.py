@@ -404,7 +404,7 @@ def _base_id(memory_id: str) -> str:
 
 
 def _list(client: RelayClient, filters: dict[str, str]) -> Iterator[dict]:
-    # id order: one a teammate edits meanwhile would move past the cursor in the default
+    # id order, said outright: in `updated` order an edit meanwhile moves past the cursor
     query: dict[str, str | int] = {**filters, "limit": 500, "order": "id"}
     while True:
         page = client.get(f"/v1/memories?{urllib.parse.urlencode(query)}")

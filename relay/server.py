@@ -396,10 +396,10 @@ def create_app(services: Services) -> FastAPI:
         tag: str | None = None,
         source_prefix: Annotated[str | None, Query(description=PREFIX_HELP)] = None,
         q: Annotated[str | None, Query(description=TEXT_HELP)] = None,
-        order: Annotated[str, Query(pattern="^(updated|id)$", description=ORDER_HELP)] = "updated",
+        order: Annotated[str, Query(pattern="^(updated|id)$", description=ORDER_HELP)] = "id",
     ) -> dict[str, Any]:
-        """The memories this key may manage, newest change first unless `order=id`, a page
-        at a time."""
+        """The memories this key may manage, a page at a time: by id (the default, as before
+        `order` existed), or newest change first with `order=updated`."""
         auth.require(p, "memory:read")
         filters = (("source", source), ("tag", tag), ("source_prefix", source_prefix), ("q", q))
         for name, value in filters:

@@ -1704,14 +1704,16 @@ def test_list_memories_by_source_prefix_takes_it_literally(api):
 
 
 def test_list_memories_paginates_newest_change_first_while_others_write(api):
-    """QA: the list ran in id order, so a team could not find what changed lately. Newest
-    change first, and a page continues where the one before ended: a memory written in
-    between moves to the front, and none of the rest is listed twice or skipped."""
+    """QA: the list ran in id order only, so a team could not find what changed lately.
+    `order=updated` lists newest change first, and a page continues where the one before
+    ended: a memory written in between moves to the front, and none of the rest is listed
+    twice or skipped. The default stays id order, whose cursors older servers wrote."""
     h = api.headers("acme_dev")
     ids = [remember(api, "acme_dev", f"memory number {i} about the build")["id"] for i in range(7)]
 
     def page(cursor: str | None, **query) -> dict:
-        query = {"limit": 3, **query, **({"cursor": cursor} if cursor else {})}
+        query = {"limit": 3, "order": "updated", **query, **({"cursor": cursor} if cursor else {})}
+        query = {name: value for name, value in query.items() if value is not None}
         r = api.client.get("/v1/memories", params=query, headers=h)
         assert r.status_code == 200, r.text
         return r.json()
@@ -1731,16 +1733,24 @@ def test_list_memories_paginates_newest_change_first_while_others_write(api):
     found = page(None, q="NUMBER 3 build")["items"]
     assert [m["id"] for m in found] == [ids[3]]  # every word, in the title or the body
 
-    # order=id (an export): nothing moves, so an edit between pages skips nothing.
-    by_id = page(None, order="id")
-    r = api.client.get("/v1/memories", params={"cursor": by_id["next_cursor"]}, headers=h)
-    assert_error(r, 400, "invalid_request")  # a cursor continues its own order only
+    # Without `order`, by id, as before `order` existed (an export, a client paging across an
+    # upgrade): nothing moves, so an edit between pages skips nothing.
+    by_id = page(None, order=None)
+    assert by_id == page(None, order="id")
+    # a cursor continues its own order only; an id cursor is the older servers' bare id
+    assert by_id["next_cursor"] == encode_cursor(by_id["items"][-1]["id"])
+    r = api.client.get(
+        "/v1/memories", params={"cursor": by_id["next_cursor"], "order": "updated"}, headers=h
+    )
+    assert_error(r, 400, "invalid_request")
+    r = api.client.get("/v1/memories", params={"cursor": first["next_cursor"]}, headers=h)
+    assert_error(r, 400, "invalid_request")
     later = max(m["id"] for m in by_id["items"])
     moved = next(i for i in sorted(ids) if i > later)
     assert api.client.patch(f"/v1/memories/{moved}", json={"title": "x"}, headers=h).is_success
     seen, cursor = [m["id"] for m in by_id["items"]], by_id["next_cursor"]
     while cursor:
-        nxt = page(cursor, order="id")
+        nxt = page(cursor, order=None)
         seen += [m["id"] for m in nxt["items"]]
         cursor = nxt["next_cursor"]
     assert seen == sorted([*ids, fresh])

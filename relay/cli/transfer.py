@@ -118,7 +118,7 @@ def _export_pages(client, out: TextIO) -> None:  # noqa: ANN001
     written = 0
     while True:
         query = "" if cursor is None else "&cursor=" + urllib.parse.quote(cursor)
-        # id order: a memory edited while the export pages would move past it in the default
+        # id order, said outright: in `updated` order a memory edited meanwhile moves past it
         page = client.get("/v1/memories?limit=500&order=id" + query)
         if cursor is None:
             out.write(export_begin())

@@ -303,7 +303,8 @@ def build_routers(
         status: str = "any",
         expiring_days: Annotated[QueryInt, Query(ge=1, le=3650)] = 7,
     ) -> dict[str, Any]:
-        """As /v1/memories lists them (newest change first), filtered in the store's query."""
+        """As /v1/memories?order=updated lists them (newest change first), filtered in the
+        store's query."""
         auth.require(p, "memory:read")
         for name, value in (
             ("source_prefix", source_prefix),
