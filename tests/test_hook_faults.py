@@ -194,14 +194,19 @@ def test_deadline_bounds_the_whole_process_and_is_sent_to_the_server(tmp_path):
 
 
 def test_a_late_answer_is_never_injected(tmp_path):
+    # The answer comes 100 ms after the budget the hook gave the server (its deadline ends 50 ms
+    # after that): late, whatever the hook's start left of its deadline. At 300 ms, with a fixed
+    # 350 ms answer, a hook started late under load sent nothing (`no_budget_left`): the test
+    # checked nothing, or failed reading a session state never written.
     def late(conn, request):
-        time.sleep(0.35)
+        server.wait(request.json()["deadline_ms"] / 1000 + 0.1)
         reply(200, results(record("mem_late")))(conn, request)
 
-    with FakeRelay(late) as server:
-        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="300")
+    server = FakeRelay(late)
+    with server:
+        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS=str(2 * DEADLINE))
         assert_silent(hook.prompt(PROMPT))
-    assert hook.last()["outcome"] == "timeout"
+    assert (hook.last()["outcome"], hook.last().get("reason")) == ("timeout", "network")
     assert "mem_late" not in json.dumps(hook.session_state())
 
 
