@@ -311,11 +311,14 @@ def test_a_deadline_too_short_to_ever_search_is_ignored(tmp_path):
     """QA: RELAY_DEADLINE_MS=50 was accepted (the documented range began at 50) and every
     prompt ended `timeout`, `no_budget_left`: 50 ms kept back for packing and 20 for the
     server leave nothing once the process has started. Below the least deadline that can
-    search, the value is out of range and the layer below applies (here the default)."""
+    search, the value is out of range and the layer below applies, here the config file's
+    (the default's 400 ms, less a start of 280 ms under load, left the server 75 ms)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"deadline_ms": ROOMY}))
     with FakeRelay(reply(200, results(record("mem_a")))) as server:
-        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="50")
+        hook = Hook(tmp_path, server.url, RELAY_CONFIG=str(config), RELAY_DEADLINE_MS="50")
         assert_hit_contract(hook.prompt(PROMPT))
-    assert hook.last()["deadline_ms"] > 100  # the server was given the default's budget
+    assert hook.last()["deadline_ms"] > DEADLINE  # the server was given the file's budget
 
 
 def test_missing_and_unknown_fields_are_tolerated(tmp_path):
