@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -628,7 +627,9 @@ def test_a_prompt_without_an_id_that_reaches_the_hook_twice_counts_once(tmp_path
     the prompt, so the throttle let through half the prompts it should. The same text again,
     with no prompt between and within the deadline and a second, is the same prompt."""
     with FakeRelay(reply(200, results(record("mem_a")))) as server:
-        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="400")
+        # The default 2,000 ms (Hook's): at 400 two hooks started together under load both
+        # ran out of time, and neither answered.
+        hook = Hook(tmp_path, server.url)
         text = "how do we write a database migration?"
         twice = hook.payload(text, prompt_id=None)
         done = run_together(hook, [twice, twice])
@@ -644,7 +645,10 @@ def test_a_prompt_without_an_id_that_reaches_the_hook_twice_counts_once(tmp_path
         hook.prompt(text, prompt_id=None)
         assert hook.last().get("reason") != "repeat_prompt"
         assert hook.session_state()["count"] == 3
-        time.sleep(0.4 + 1.0 + 0.1)
+        path = hook.state_dir / "sessions" / "sess-1.json"
+        stored = json.loads(path.read_text())
+        stored["last_prompt"]["at"] -= 2.0 + 1.0  # as if the deadline and a second had passed
+        path.write_text(json.dumps(stored))
         hook.prompt(text, prompt_id=None)
         assert hook.last().get("reason") != "repeat_prompt"
         assert hook.session_state()["count"] == 4
@@ -683,14 +687,15 @@ def test_a_later_session_start_of_the_same_source_resets_again(tmp_path):
     """Only a duplicate counts once: a compaction after a prompt, or one past the time the
     first run of a start could take, resets the ledger and brings the profile back."""
     with FakeRelay(reply(200, results(record("mem_style")))) as server:
-        hook = Hook(tmp_path, server.url, RELAY_DEADLINE_MS="400")
+        # The default 2,000 ms (Hook's): at 400 a start under load could answer nothing.
+        hook = Hook(tmp_path, server.url)
         assert_hit_contract(hook.session_start("compact"), "SessionStart")
         hook.prompt("ok")  # a prompt in between: the next compaction is a new one
         assert_hit_contract(hook.session_start("compact"), "SessionStart")
         # no prompt in between, but later than a duplicate run could start
         path = hook.state_dir / "sessions" / "sess-1.json"
         stored = json.loads(path.read_text())
-        stored["start"]["at"] -= 0.4 + 1.0
+        stored["start"]["at"] -= 2.0 + 1.0
         path.write_text(json.dumps(stored))
         assert_hit_contract(hook.session_start("compact"), "SessionStart")
         assert hook.last()["ledger_reset"] is True
