@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 from hook_support import (
     FakeRelay,
@@ -17,9 +16,13 @@ from hook_support import (
 )
 
 PROMPT = "how do we write a database migration for the orders table?"
+# A timeout counts only once the request went out: at 400 ms a hook started late under load
+# sent nothing (`no_budget_left`), so the breaker never opened ('timeout' == 'circuit_open',
+# and KeyError 'probe', with three busy loops on two cores).
+DEADLINE_MS = 800
 
 
-def breaker_hook(tmp_path, url: str, deadline_ms: int = 400) -> Hook:
+def breaker_hook(tmp_path, url: str, deadline_ms: int = DEADLINE_MS) -> Hook:
     return Hook(
         tmp_path,
         url,
@@ -29,6 +32,15 @@ def breaker_hook(tmp_path, url: str, deadline_ms: int = 400) -> Hook:
         RELAY_THROTTLE_PROMPTS="0",
         RELAY_OVERLAP_THRESHOLD="1.5",
     )
+
+
+def cool_down(hook: Hook) -> None:
+    """Move the breaker's opening back past its 1 s cool-down, rather than sleep through it."""
+    path = hook.state_dir / "breaker.json"
+    state = json.loads(path.read_text())
+    assert state["opened_at"] is not None, state  # open: both failures were counted
+    state["opened_at"] -= 1.1
+    path.write_text(json.dumps(state))
 
 
 def run_concurrently(hook: Hook, n: int) -> list[bytes]:
@@ -45,16 +57,17 @@ def test_breaker_opens_probes_once_and_closes(tmp_path):
         hook = breaker_hook(tmp_path, server.url)
         for _ in range(2):
             assert_silent(hook.prompt(PROMPT))
-            assert hook.last()["outcome"] == "timeout"
+            assert (hook.last()["outcome"], hook.last().get("reason")) == ("timeout", "network")
         # open: no connection at all, and fast
         before = server.connections
         run = hook.prompt(PROMPT)
         assert_silent(run)
         assert hook.last()["outcome"] == "circuit_open"
         assert server.connections == before
-        assert run.ms < 250
+        # fast: no network, nor the deadline waited out (`run.ms < 250` was a slow start)
+        assert "net" not in hook.last()["ms"] and run.ms < DEADLINE_MS / 2
         # after the cool-down exactly one of several concurrent prompts probes
-        time.sleep(1.1)
+        cool_down(hook)
         # The probe's answer is slow, so the others start while the breaker is half-open;
         # one that starts after the probe closed it may search normally, which is right.
         server.handler = lambda conn, request: (server.wait(0.5), healthy(conn, request))
@@ -82,7 +95,7 @@ def test_failed_probe_reopens_for_another_cool_down(tmp_path):
         hook = breaker_hook(tmp_path, server.url)
         hook.prompt(PROMPT)
         hook.prompt(PROMPT)
-        time.sleep(1.1)
+        cool_down(hook)
         assert_silent(hook.prompt(PROMPT))
         assert hook.last()["outcome"] == "timeout" and hook.last()["probe"] is True
         assert_silent(hook.prompt(PROMPT))
