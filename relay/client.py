@@ -232,6 +232,7 @@ _ROUTES: tuple[tuple[str, re.Pattern[str], _Route], ...] = tuple(
         ("PATCH", f"/v1/memories{_ID}", ("id",), True, _ONE),
         ("DELETE", f"/v1/memories{_ID}", None, True, _ONE),
         ("GET", f"/v1/memories{_ID}/revisions", ("items",), False, None),
+        ("GET", "/v1/tombstones/count", ("count",), False, _ONE),
         ("POST", "/v1/keys", ("id", "secret"), True, _ONE),
         ("GET", "/v1/keys", ("items",), False, _PAGE),
         ("DELETE", f"/v1/keys{_ID}", ("id",), True, _ONE),

@@ -181,6 +181,21 @@ def owned_memories(client: RelayClient, source: str) -> list[dict]:
     return [m for m in _list(client, {"source": source}) if _IMPORTED_ID.fullmatch(m["id"])]
 
 
+def deleted_count(client: RelayClient, sources: Iterable[str]) -> int:
+    """How many deleted memories (retired by an import, or forgotten) were recorded under
+    `sources` (a folder's prefix, with its closing `/`, or a file's own source), counted by
+    the server. A server from before it counted them answers 404: none known."""
+    total = 0
+    for source in sources:
+        which = "source_prefix" if source.endswith("/") else "source"
+        try:
+            answer = client.get(f"/v1/tombstones/count?{urllib.parse.urlencode({which: source})}")
+        except NotFoundError:
+            return 0
+        total += answer["count"]
+    return total
+
+
 @dataclass
 class Vanished:
     """What `vanished` found: the memories to retire, by source, and those it leaves."""

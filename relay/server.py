@@ -410,6 +410,16 @@ def create_app(services: Services) -> FastAPI:
         )
         return {"items": [m.to_dict() for m in items], "next_cursor": encode_position(last)}
 
+    @app.get("/v1/tombstones/count", tags=["memories"])
+    def count_tombstones(
+        p: Auth, source: str | None = None, source_prefix: str | None = None
+    ) -> dict[str, int]:
+        auth.require(p, "memory:read")
+        for name, value in (("source", source), ("source_prefix", source_prefix)):
+            hygiene.check_filter(name, value)
+        audiences = auth.management_view(p)
+        return {"count": store.deleted_count(p.org_id, audiences, source, source_prefix)}
+
     @app.get("/v1/memories/{memory_id}", tags=["memories"])
     def get_memory(memory_id: str, p: Auth) -> dict[str, Any]:
         return read_memory(store, p, memory_id)

@@ -98,6 +98,29 @@ def test_revisions_and_tombstones(store):
     assert store.doc_freq(org, ["stag", "cluster"]) == (0, {})
 
 
+def test_deleted_memories_are_counted_by_source_within_the_org_and_audiences(store):
+    """`relay import docs` of a folder gone, whose memories an earlier import retired, asks
+    how many deleted memories came from it: only tombstones, of this org, by the audiences
+    of their last revision, and a prefix is not a file's source (docs/ is not docs.md)."""
+    org, other = store.create_org("acme").id, store.create_org("globex").id
+    for mid, source, audiences in (
+        ("a", "r/docs/a.md", ("all",)),
+        ("b", "r/docs/b.md", ("sre",)),
+        ("c", "r/docs.md", ("all",)),
+        ("live", "r/docs/live.md", ("all",)),
+    ):
+        save(store, org, mid, f"fact {mid}", source=source, audiences=audiences)
+        if mid != "live":
+            store.delete_memory(org, mid, "tester", None)
+    save(store, other, "a", "fact a", source="r/docs/a.md")
+    store.delete_memory(other, "a", "tester", None)
+    assert store.deleted_count(org, None, source_prefix="r/docs/") == 2
+    assert store.deleted_count(org, EVERY, source_prefix="r/docs/") == 1
+    assert store.deleted_count(org, frozenset({"sre"}), source_prefix="r/docs/") == 2
+    assert store.deleted_count(org, None, source="r/docs.md") == 1
+    assert store.deleted_count(org, None, source="r/dcos") == 0
+
+
 def test_a_delete_at_a_revision_leaves_a_memory_edited_since(store):
     """`expected_revision` on a delete is judged inside its transaction, as on a write:
     a memory at another revision keeps its text, passages and history."""

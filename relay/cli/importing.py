@@ -145,7 +145,8 @@ def import_(
     to import", exit 0, only when nothing imported from it is gone either), or is
     gone whole (git keeps no empty folder): a path a work tree no longer has may be
     named when memories were imported from it (a file deleted: its own are retired) or
-    from under it. A file this checkout merely lacks
+    from under it, and again once they are retired ("gone", exit 0; a path that never
+    held any is exit 2). A file this checkout merely lacks
     (another branch's, newer than this clone, outside a sparse checkout) keeps its
     memories, as does every missing file when git cannot tell; the summary counts them.
     Outside a git work tree no file missing from a folder is retired (nothing tells a
@@ -172,6 +173,7 @@ def import_(
         Vanished,
         check_drafts,
         check_readable,
+        deleted_count,
         former_copies,
         import_files,
         owned_memories,
@@ -255,12 +257,21 @@ def import_(
         )
     folders = folder_prefixes(paths, source_prefix) if looks else {}
     found = vanished(client, folders, drafts_by_source, ignored) if looks else Vanished()
+    retired_before: list[Path] = []  # gone, its memories retired by an earlier import
     for path in dict.fromkeys(folders.values()):  # a path gone: as a file, or a folder
-        if not path.exists() and not any(found.under(p) for p, f in folders.items() if f == path):
+        prefixes = [p for p, f in folders.items() if f == path]
+        if path.exists() or any(found.under(p) for p in prefixes):
+            continue
+        # A CI job imports docs/ on every commit: once a run retired it, the next must not
+        # fail. Only a path no memory was ever imported from (a typo) is an error.
+        if not (n := deleted_count(client, prefixes)):
             raise click.UsageError(
                 f"no such file or folder: {path}, nor memories imported from it or from"
                 " under it: nothing to import or retire"
             )
+        retired_before.append(path)
+        its = "its memory was" if n == 1 else f"its {n} memories were"
+        click.echo(f"nothing to import in {path}: gone, and {its} retired before (or forgotten)")
     if retire_ignored:  # asked for: what is still on disk is retired only so
         found.gone.update(found.ignored)
         found.ignored = {}
@@ -268,7 +279,8 @@ def import_(
         # Only now: a folder with no file left to read still retires (or names) the
         # memories of those gone from it, as `relay import .` would. An empty folder is no
         # mistake of the user's (a CI job importing docs/ before it has any): said, exit 0.
-        click.echo(_nothing_found(paths, ignored, looked=looks))
+        if rest := tuple(path for path in paths if path not in retired_before):
+            click.echo(_nothing_found(rest, ignored, looked=looks))
         return
     # A link named by its target now: the memories an import made under its own name are
     # a stale copy of the target's (not another file's: a source this import writes stays).

@@ -182,6 +182,13 @@ class Store(Protocol):
         where: ListFilter = NO_FILTER,
         order: str = "updated",  # newest change first, or "id" (`listing`)
     ) -> tuple[list[Memory], ListPosition | None]: ...
+    def deleted_count(
+        self,
+        org_id: str,
+        audiences: frozenset[str] | None,  # a deleted memory's: those of its last revision
+        source: str | None = None,
+        source_prefix: str | None = None,
+    ) -> int: ...
     def history(
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None
     ) -> list[Revision]: ...

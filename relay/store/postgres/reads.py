@@ -15,7 +15,7 @@ from typing import Any
 from relay.errors import NotFoundError
 from relay.models import EVERYONE, WITHHELD_FIELDS, Memory, Revision
 from relay.store.listing import NO_FILTER, ListFilter, ListPosition
-from relay.store.postgres.connection import PgConnection, PostgresConnections
+from relay.store.postgres.connection import PgConnection, PostgresConnections, one_row
 from relay.store.postgres.rows import _memory, _revision
 from relay.store.rules import Read, as_read, linked_ids
 
@@ -36,9 +36,10 @@ def visible_sql(audience_filter: bool) -> str:
     return " AND ".join(clauses)
 
 
-def managed_sql(audiences: frozenset[str] | None) -> str:
-    """Management reads see expired and superseded memories too (so they can be tended)."""
-    clauses = ["m.org_id = %(org)s", "m.deleted_at IS NULL"]
+def managed_sql(audiences: frozenset[str] | None, deleted: bool = False) -> str:
+    """Management reads see expired and superseded memories too (so they can be tended);
+    `deleted`: the tombstones instead, each by the audiences of its last live revision."""
+    clauses = ["m.org_id = %(org)s", f"m.deleted_at IS {'NOT ' if deleted else ''}NULL"]
     if audiences is not None:
         clauses.append(
             "EXISTS (SELECT 1 FROM memory_audiences ma WHERE ma.org_id = m.org_id"
@@ -191,6 +192,24 @@ class MemoryReads(PostgresConnections):
         last = rows[limit - 1]
         at = None if order == "id" else last["updated_at"].timestamp()
         return items, ListPosition(at, last["id"])
+
+    def deleted_count(
+        self,
+        org_id: str,
+        audiences: frozenset[str] | None,
+        source: str | None = None,
+        source_prefix: str | None = None,
+    ) -> int:
+        params = _params(org_id, audiences)
+        query = f"SELECT count(*) AS n FROM memories m WHERE {managed_sql(audiences, True)}"
+        if source:
+            query += " AND m.source = %(source)s"
+            params["source"] = source
+        if source_prefix:
+            query += " AND starts_with(m.source, %(prefix)s)"
+            params["prefix"] = source_prefix
+        with self._tx(org_id) as conn:
+            return int(one_row(conn.execute(query, params))["n"])
 
     def history(
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None

@@ -69,9 +69,10 @@ def _audience_params(audiences: frozenset[str] | None) -> dict[str, str]:
     return {f"a{i}": a for i, a in enumerate(sorted(audiences | {EVERYONE}))}
 
 
-def _managed_sql(audience_count: int | None) -> str:
-    """Management reads see expired and superseded memories too (so they can be tended)."""
-    clauses = ["m.org_id = :org", "m.deleted_at IS NULL"]
+def _managed_sql(audience_count: int | None, deleted: bool = False) -> str:
+    """Management reads see expired and superseded memories too (so they can be tended);
+    `deleted`: the tombstones instead, each by the audiences of its last live revision."""
+    clauses = ["m.org_id = :org", f"m.deleted_at IS {'NOT ' if deleted else ''}NULL"]
     if audience_count is not None:
         names = ", ".join(f":a{i}" for i in range(audience_count))
         clauses.append(
@@ -216,6 +217,25 @@ class MemoryReads(SQLiteConnections):
             return items, None
         last = rows[limit - 1]
         return items, ListPosition(None if order == "id" else last["updated_at"], last["id"])
+
+    def deleted_count(
+        self,
+        org_id: str,
+        audiences: frozenset[str] | None,
+        source: str | None = None,
+        source_prefix: str | None = None,
+    ) -> int:
+        params: dict[str, object] = {"org": org_id, **_audience_params(audiences)}
+        count = None if audiences is None else len(params) - 1
+        sql = f"SELECT count(*) FROM memories m WHERE {_managed_sql(count, deleted=True)}"
+        if source:
+            sql += " AND m.source = :source"
+            params["source"] = source
+        if source_prefix:
+            sql += " AND substr(m.source, 1, length(:prefix)) = :prefix"
+            params["prefix"] = source_prefix
+        with self._read() as conn:
+            return int(conn.execute(sql, params).fetchone()[0])
 
     def history(
         self, org_id: str, memory_id: str, audiences: frozenset[str] | None
