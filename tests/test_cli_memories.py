@@ -5,6 +5,7 @@ reports in one line."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -240,6 +241,8 @@ def test_history_says_what_else_each_revision_changed(relay, api):
     relay("acme_dev", "edit", memory_id, "--tag", "deploy")
     relay("acme_dev", "edit", memory_id, "--source", "team/release", "--no-tags")
     shown = relay("acme_dev", "history", memory_id).output.splitlines()
+    # QA: a revision with no title ended its line in a blank field ("...07:04:46Z  ").
+    assert re.fullmatch(r"rev 1  create \S+Z", shown[0]), shown[0]
     assert shown[1:3] == [
         "    Deploys go out on Tuesdays.",
         "    (source: team/ops; audiences: all)",
@@ -258,6 +261,12 @@ def test_history_says_what_else_each_revision_changed(relay, api):
         f"superseded by {newer_id}: recall no longer returns this memory"
         f" ('relay history {newer_id}' shows what replaced it)"
     ]
+    body = "Deploys go out on Fridays.\n\nNever on a holiday."
+    relay("acme_dev", "edit", newer_id, "--title", "Deploy day", "--body", body)
+    shown = relay("acme_dev", "history", newer_id).output.splitlines()
+    assert [line for line in shown if line != line.rstrip()] == []
+    assert re.fullmatch(r"rev 2  edit   \S+Z  Deploy day", shown[3]), shown[3]
+    assert shown[4:7] == ["    Deploys go out on Fridays.", "", "    Never on a holiday."]
 
 
 def test_history_says_which_revisions_pinned_and_unpinned_the_memory(relay, api):

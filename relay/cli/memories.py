@@ -4,6 +4,7 @@ user's key, through the same authorization as every agent."""
 from __future__ import annotations
 
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -288,8 +289,11 @@ def history(client, memory_id: str, as_json: bool) -> None:  # noqa: ANN001
             text = "(withheld: written for audiences this key cannot read)"
         else:
             text = r["body"] if r["body"] is not None else "(deleted: text removed)"
-        head = f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}  {r['title'] or ''}"
-        click.echo(f"{head}\n    {text}")
+        head = f"rev {r['revision']}  {r['action']:<6} {r['recorded_at']}"
+        if r["title"]:  # else no title: nothing, not a blank field closing the line
+            head += f"  {r['title']}"
+        # Every line of the body indented as its first (a blank one left empty, not spaces).
+        click.echo(f"{head}\n{textwrap.indent(text, '    ')}")
         if r.get("withheld") or r["action"] == "delete":
             continue
         # What else this revision changed: an edit of a tag, a date or the pin is a revision too.
