@@ -276,6 +276,7 @@ def test_faults_drills_on_the_team_dataset(team, tmp_path):
         assert d["on_time"] >= d["turns"] - 1, (kind, result.output)
     for kind in ("hung", "slow_body", "denied_key", "oversized", "invalid_json", "server_killed"):
         assert details[kind]["faulted_requests"] > 0, kind  # the fault reached the hook
+    assert all(d["exercised"] for d in details.values()), details
     assert details["deletion"]["deleted"] > 0
     # QA: docs/eval.md's two-memory example folder failed the command ("some drill runs were
     # late, injected from a failure or mislogged", none was): deletion had deleted both
@@ -1084,6 +1085,41 @@ def test_apply_with_another_config_is_refused(team, tmp_path):
     )
     assert done.returncode == 2 and not (tmp_path / "rep").exists()
     assert json.loads(config.read_text()) == {"min_score": 0.5}
+
+
+def test_faults_on_a_folder_too_small_to_drill_say_which_drills_tested_nothing(tmp_path):
+    """QA: on a tiny folder the deletion drill ran no prompt, and the command blamed "some
+    drill runs were late, injected from a failure or mislogged" (none was); fault drills
+    "passed" with faulted_requests 0, their fault never reaching the hook (the proxy's
+    every-other-request count ran on across drills, so a drill making one request could
+    find it forwarded). Each drill's first request is faulted now; a drill that tested
+    nothing fails the command, named, with what would give it something to test."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()  # one memory too short for the hook to search by its text, one prompt
+    (folder / "memories.jsonl").write_text(
+        '{"store": "shop", "id": "shop:tabs", "text": "Use tabs."}\n'
+    )
+    (folder / "queries.jsonl").write_text(
+        '{"store": "shop", "qid": "shop:1", "query": "what is the weather like on the moon'
+        ' today", "relevant": [], "kind": "nothing_relevant", "meta": {"session": "a"}}\n'
+    )
+    done = relay(tmp_path, "eval", "faults", str(folder), "--report-dir", str(tmp_path / "r"))
+    assert done.returncode == 1, done.stderr
+    error = done.stderr.splitlines()[-1]
+    assert error.startswith("relay: error: not every drill passed: server_killed was not"), error
+    assert "late" not in error and "mislogged" not in error, error
+    assert "; deletion ran no prompts: " in error and "raise --drill-prompts" in error, error
+    assert "; revocation was not exercised: " in error, error
+    details = json.loads((tmp_path / "r" / "faults.json").read_text())["drills"]
+    assert {kind: d["exercised"] for kind, d in details.items()} == {
+        **dict.fromkeys(KINDS, True),
+        "server_killed": False,
+        "deletion": False,
+        "revocation": False,
+    }
+    for kind in ("hung", "slow_body", "denied_key", "oversized", "invalid_json"):
+        assert details[kind]["faulted_requests"] == 1, kind
+    assert "exercised False" in (tmp_path / "r" / "faults.html").read_text()
 
 
 def test_faults_given_a_teams_prompts_file_says_what_it_needs(tmp_path):

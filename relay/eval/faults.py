@@ -17,6 +17,7 @@ response (for deletion: the deleted record served again; for revocation: anythin
 served to the revoked key; for compaction: a record revision injected twice since
 the compaction); `logged_correctly`: runs whose outcome-log line names what happened
 (a forwarded request may be a `timeout` only if the real answer came after the cut-off).
+A drill whose fault never reached the hook (no run, or none its fault met) tested nothing.
 The breaker's cool-down is 2 s in the drills (default 30 s), so recovery shows
 within a short conversation.
 """
@@ -69,6 +70,12 @@ class FaultProxy(FaultServer):
         self.seen: list[list[Any]] = []
         self._count = 0
         self._lock = threading.Lock()
+
+    def start(self, kind: str) -> None:
+        """Fault `kind` from the next request on, which gets it: counted across drills, a
+        drill whose conversations made one request found it forwarded (not exercised)."""
+        with self._lock:
+            self.kind, self._count = kind, 0
 
     def _handle(self, conn: socket.socket) -> None:
         try:
@@ -162,6 +169,9 @@ class Drill:
         self.kind = kind
         self.deadline_ms = deadline_ms
         self.turns = self.on_time = self.injected_from_failure = self.logged_correctly = 0
+        # Runs the drill's fault reached (a faulted request, the server down, a deleted
+        # record or a revoked key asked about): with none the drill tested nothing.
+        self.reached = 0
         self.outcomes: Counter[str] = Counter()
         self.ms: list[float] = []
         self.overhead: list[float] = []
@@ -201,6 +211,7 @@ class Drill:
             "max_ms": round(max(self.ms, default=0.0), 1),
             "harness_overhead_ms": percentiles(self.overhead),
             "problems": self.problems[:20],
+            "exercised": self.reached > 0,
             **self.notes,
         }
 
@@ -228,7 +239,7 @@ def network_drill(
 ) -> Drill:
     behaviour, expected = NETWORK_FAULTS[kind]
     drill = Drill(kind, deadline_ms)
-    proxy.kind = behaviour
+    proxy.start(behaviour)
     faulted = 0
     try:
         for conv in conversations:
@@ -256,6 +267,7 @@ def network_drill(
                 drill.count(run, logged, bad, f"{conv.id} turn {turn.no}")
     finally:
         proxy.kind = None
+    drill.reached = faulted
     drill.notes.update(expected=expected, faulted_requests=faulted)
     return drill
 
@@ -302,6 +314,7 @@ def kill_drill(
         drill.count(run, logged, bad, f"{conv.id} turn {turn.no} ({'down' if is_down else 'up'})")
     if server.proc is None or server.proc.poll() is not None:
         server.start()
+    drill.reached = down
     drill.notes.update(expected="unavailable", faulted_requests=down)
     return drill
 
@@ -373,6 +386,7 @@ def deletion_drill(
         deleted.add(victim)
         run = hook.prompt(prompt, f"del-{n}-c", "1")
         stale = victim in {rid for rid, _, _ in injected_records(run.context)}
+        drill.reached += run.outcome not in NO_REQUEST  # asked again, not skipped by the gate
         drill.count(run, _healthy_ok(run, deadline_ms), stale, f"after deleting {victim}")
     drill.notes.update(deleted=len(deleted), warm_cache_hits=warm)
     return drill
@@ -412,9 +426,10 @@ def revocation_drill(
     for n, (store, prompt) in enumerate(prompts):
         hook = Hook(home / store, server.url, minted[store][0], deadline_ms, **DRILL_ENV)
         run = hook.prompt(prompt, f"rev-{n}-c", "1")
-        drill.count(
-            run, run.outcome == "unauthorized", run.context is not None, f"revoked, prompt {n}"
-        )
+        asked = run.outcome not in NO_REQUEST  # else the gate kept the revoked key at home
+        drill.reached += asked
+        logged = run.outcome == "unauthorized" if asked else True
+        drill.count(run, logged, run.context is not None, f"revoked, prompt {n}")
     drill.notes.update(served_before_revocation=served_before)
     return drill
 
@@ -454,6 +469,7 @@ def compaction_drill(
                     start.outcome in HEALTHY or start.log.get("reason") == "profile_off"
                 )
                 drill.count(start, logged, False, f"{conv.id} compaction")
+                drill.reached += 1
                 held = set(shown_whole(start.context))
             run = hook.prompt(turn.prompt, sid, f"{i}")
             records = injected_records(run.context)
@@ -555,11 +571,37 @@ def render(drills: dict[str, Drill], deadline_ms: int) -> str:
     return "\n".join(lines)
 
 
-def all_good(drills: dict[str, Drill]) -> bool:
-    return all(
-        d.turns
-        and d.on_time == d.turns
-        and not d.injected_from_failure
-        and d.logged_correctly == d.turns
-        for d in drills.values()
-    )
+# What leaves a drill untested, by drill, and what gives it something to test.
+_MORE_TURNS = "; replay more turns (--conversations, --turns, or more prompts in SOURCE)"
+_MORE_ASKED = "; give SOURCE more memory-needing prompts the hook answers, or raise --drill-prompts"
+_UNTESTED = {
+    **dict.fromkeys(
+        NETWORK_FAULTS, "the hook made no request for the proxy to fault" + _MORE_TURNS
+    ),
+    "server_killed": "no prompt searched while the server was down (a third to two thirds of"
+    " the way in)" + _MORE_TURNS,
+    "deletion": "the hook injected no memory to delete and ask about again" + _MORE_ASKED,
+    "revocation": "the revoked key never reached the server (the gate skipped its prompts)"
+    + _MORE_ASKED,
+    "compaction": "no conversation reached its compaction" + _MORE_TURNS,
+}
+
+
+def shortfalls(drills: dict[str, Drill]) -> list[str]:
+    """Why the drills did not all pass, a clause per drill, or none. A drill that ran no
+    prompt, or whose fault never reached the hook, tested nothing: it is not a pass (a
+    folder too small to drill is said as such, not as runs late or mislogged)."""
+    out = []
+    for kind, d in drills.items():
+        if not d.turns:
+            out.append(f"{kind} ran no prompts: {_UNTESTED[kind]}")
+        elif not d.reached:
+            out.append(f"{kind} was not exercised: {_UNTESTED[kind]}")
+        missed = (
+            (d.turns - d.on_time, "late"),
+            (d.injected_from_failure, "injected from a failure"),
+            (d.turns - d.logged_correctly, "mislogged"),
+        )
+        if said := ", ".join(f"{n} {what}" for n, what in missed if n):
+            out.append(f"{kind}: {said}, of {d.turns} runs")
+    return out

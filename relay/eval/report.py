@@ -621,6 +621,7 @@ def faults_page(report: dict[str, Any]) -> str:
                         for k, v in d.items()
                         if k
                         in (
+                            "exercised",
                             "expected",
                             "faulted_requests",
                             "deleted",
