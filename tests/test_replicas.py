@@ -8,10 +8,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
+import psycopg
 import pytest
 from conftest import LiveServer, console_health, start_server
-from postgres_support import truncate_all
+
+from relay.store.postgres import parse_url
 
 pytestmark = pytest.mark.postgres
 
@@ -51,28 +54,59 @@ def wait_healthy(server: LiveServer) -> None:
 
 
 @pytest.fixture
-def replicas(pg_url: str) -> Iterator[tuple[LiveServer, LiveServer]]:
-    truncate_all(pg_url)
+def replicas(pg_url: str, pg_store) -> Iterator[tuple[LiveServer, LiveServer]]:  # noqa: ANN001
+    """Two replicas started together on an empty database, each held where it would make the
+    first organisation until both are there (`orgs` locked against writes, not reads), then
+    let go at once: QA saw the second exit 5 ("an organisation named 'default' already
+    exists"), and under another `--org` it made a second org and key. The one that made the
+    org (and printed its key) comes first. `pg_store`: the schema made, the tables empty."""
     env = {"RELAY_PG_POOL": "4"}
-    a = start_server(pg_url, env)  # type: ignore[arg-type]  (a URL where a path usually goes)
-    b = start_server(pg_url, env)  # type: ignore[arg-type]
+    conninfo = parse_url(pg_url).conninfo
+    with psycopg.connect(conninfo) as hold, ThreadPoolExecutor(2) as pool:
+        hold.execute("LOCK TABLE orgs IN EXCLUSIVE MODE")
+        # a URL where a path usually goes
+        starting = [pool.submit(start_server, pg_url, env) for _ in range(2)]  # type: ignore[arg-type]
+        _until_waiting(conninfo, 2, starting)
+        hold.commit()
+        wait(starting)
+    up = [f.result() for f in starting if f.exception() is None]
     try:
+        for f in starting:
+            f.result()  # the one that failed to start, if any, with what it printed
+        a, b = sorted(up, key=lambda s: not s.admin_key)
         for server in (a, b):
             wait_healthy(server)
         yield a, b
     finally:
-        for server in (a, b):
+        for server in up:
             server.stop()
         time.sleep(0.2)  # let start_server's reader threads see EOF, then close the pipes
-        for server in (a, b):
+        for server in up:
             if server.process.stdout:
                 server.process.stdout.close()
+
+
+def _until_waiting(conninfo: str, n: int, starting: list[Future]) -> None:
+    """Until `n` sessions of the database wait on a lock (or a server stops on its own)."""
+    deadline = time.monotonic() + 60
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        while not any(f.done() for f in starting):
+            waiting = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ).fetchone()
+            if waiting and waiting[0] >= n:
+                return
+            assert time.monotonic() < deadline, "the servers never reached the first org"
+            time.sleep(0.05)
 
 
 def test_write_delete_and_revocation_through_one_replica_are_seen_through_the_other(replicas):
     a, b = replicas
     admin = a.admin_key
     assert admin and not b.admin_key  # the second replica found the org the first created
+    assert "Another process created the first organisation" in b.startup
+    assert "Traceback" not in a.startup + b.startup
     query = "which cluster is staging on?"
     assert found(b, admin, query) == []  # b caches this empty answer ...
     assert found(b, admin, query) == []

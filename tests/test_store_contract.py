@@ -450,6 +450,16 @@ def test_orgs_keys_and_cache(store):
     assert store.cached_embeddings("model", ["a", "b"]) == {"a": b"\x01\x02"}
 
 
+def test_a_first_org_is_made_only_where_there_is_none(store):
+    """What `relay serve` makes on its first start: a replica started at the same moment
+    finds the one its twin made (tests/test_replicas.py races two)."""
+    first = store.create_first_org("acme")
+    assert first is not None and store.list_orgs() == [first]
+    assert store.create_first_org("globex") is None
+    assert store.create_first_org("acme") is None  # found, not a conflict
+    assert store.list_orgs() == [first]
+
+
 def test_an_org_name_cannot_read_as_an_org_id(store):
     """QA: `relay org create <another org's id>` was accepted, and `--org <that id>` then
     resolved to either org (`WHERE id = ? OR name = ?`, unordered)."""

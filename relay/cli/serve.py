@@ -8,7 +8,7 @@ import shlex
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +16,9 @@ from relay import __version__
 from relay.cli.common import check_database, pin_blas
 from relay.errors import RelayError
 from relay.settings import SERVER_SETTINGS, resolve
+
+if TYPE_CHECKING:
+    from relay.store import Store
 
 
 def _setting_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,22 +66,7 @@ def serve(first_org: str, **given: Any) -> None:
     shown = redact_url(conf["db"])
     _warn_if_shared(conf["db"])
     if not store.list_orgs():
-        from relay.auth import mint_key
-
-        org = store.create_org(first_org)
-        minted = mint_key(
-            store, org.id, "admin", frozenset({"admin", "memory:read", "memory:write"}), frozenset()
-        )
-        url = f"http://{conf['host']}:{conf['port']}"
-        relay = _relay_command()
-        click.echo(
-            f"\nCreated organisation {org.name!r} ({org.id}) in {shown}\n"
-            f"Admin API key (shown once, store it now):\n\n    {minted.secret}\n\n"
-            "Next, in another terminal, connect this machine and your agents, then add a memory:\n"
-            f"    {relay} install --url {url} --key {minted.secret}\n"
-            f'    {relay} remember "Staging is the blue cluster" --source team/infra\n'
-            f"    {relay} doctor\n"
-        )
+        _first_org(store, first_org, f"http://{conf['host']}:{conf['port']}", shown)
     click.echo(f"Relay {__version__} serving {shown} on http://{conf['host']}:{conf['port']}")
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -94,6 +82,33 @@ def serve(first_org: str, **given: Any) -> None:
         http=head_deadline(AutoHTTPProtocol, conf["body_timeout"]),
     )
     uvicorn.Server(config).run(sockets=[listener])
+
+
+def _first_org(store: Store, name: str, url: str, shown: str) -> None:
+    """The first organisation and its admin key, printed; or, when another process (a
+    replica started at the same moment) made the first organisation after this one looked,
+    a line saying so instead of an error."""
+    from relay.auth import mint_key
+
+    org = store.create_first_org(name)
+    if org is None:
+        click.echo(
+            f"Another process created the first organisation in {shown} as this server"
+            " started, and printed its admin key; serving it"
+        )
+        return
+    minted = mint_key(
+        store, org.id, "admin", frozenset({"admin", "memory:read", "memory:write"}), frozenset()
+    )
+    relay = _relay_command()
+    click.echo(
+        f"\nCreated organisation {org.name!r} ({org.id}) in {shown}\n"
+        f"Admin API key (shown once, store it now):\n\n    {minted.secret}\n\n"
+        "Next, in another terminal, connect this machine and your agents, then add a memory:\n"
+        f"    {relay} install --url {url} --key {minted.secret}\n"
+        f'    {relay} remember "Staging is the blue cluster" --source team/infra\n'
+        f"    {relay} doctor\n"
+    )
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -22,10 +22,25 @@ class OrgsAndKeys(PostgresConnections):
     """Organisations and their keys (mixed into `PostgresStore`)."""
 
     def create_org(self, name: str) -> Org:
+        org = self._insert_org(name, first=False)
+        assert org is not None  # only a first org is ever declined
+        return org
+
+    def create_first_org(self, name: str) -> Org | None:
+        return self._insert_org(name, first=True)
+
+    def _insert_org(self, name: str, first: bool) -> Org | None:
+        """An org named `name`; with `first`, only when there is none at all (None then).
+        Every org is made under one transaction lock: two `relay serve` started together
+        on an empty database each saw no org and each made one, the second exiting 5 on
+        the name `default` (or making a second org under another `--org`)."""
         name = check_org_name(name)
         org = Org(id="org_" + secrets.token_hex(6), name=name, created_at=datetime.now(UTC))
         try:
-            with self._tx(org.id) as conn:
+            with self._tx(org.id, directory=True) as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('relay orgs'))")
+                if first and conn.execute("SELECT 1 FROM orgs LIMIT 1").fetchone():
+                    return None
                 conn.execute(
                     "INSERT INTO orgs (id, name, created_at) VALUES (%s, %s, %s)",
                     (org.id, org.name, org.created_at),

@@ -20,9 +20,22 @@ class OrgsAndKeys(SQLiteConnections):
     """Organisations and their keys (mixed into `SQLiteStore`)."""
 
     def create_org(self, name: str) -> Org:
+        org = self._insert_org(name, first=False)
+        assert org is not None  # only a first org is ever declined
+        return org
+
+    def create_first_org(self, name: str) -> Org | None:
+        return self._insert_org(name, first=True)
+
+    def _insert_org(self, name: str, first: bool) -> Org | None:
+        """An org named `name`; with `first`, only when there is none at all (None then).
+        One write transaction (BEGIN IMMEDIATE) checks and inserts, so processes starting
+        together on one file make one."""
         name = check_org_name(name)
         org = Org(id="org_" + secrets.token_hex(6), name=name, created_at=datetime.now(UTC))
         with self._write() as conn:
+            if first and conn.execute("SELECT 1 FROM orgs LIMIT 1").fetchone():
+                return None
             if conn.execute("SELECT 1 FROM orgs WHERE name = ?", (name,)).fetchone():
                 raise ConflictError(f"an organisation named {name!r} already exists")
             conn.execute(
