@@ -4,12 +4,15 @@ file name), a password never printed, and a clear line when PostgreSQL support i
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import start_server
 from integration_support import relay
 from postgres_support import truncate_all
+
+from relay.store.sqlite import SQLiteStore
 
 NO_POSTGRES = (
     "relay: error: PostgreSQL support is not installed: pip install 'relay-memory[postgres]'"
@@ -141,16 +144,128 @@ def test_an_unreachable_database_is_said_on_one_readable_line(tmp_path: Path):
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     for args in (["serve", "--port", "8964"], ["org", "list"]):
-        done = relay(tmp_path, *args, "--db", f"postgresql://u@127.0.0.1:{port}/relay")
+        done = relay(tmp_path, *args, "--db", f"postgresql://u:S3cretPw@127.0.0.1:{port}/relay")
         assert one_line_error(done) == (
-            "relay: error: database unreachable: connection failed: connection to server at"
-            f' "127.0.0.1", port {port} failed: Connection refused; Is the server running on'
-            " that host and accepting TCP/IP connections?"
+            f"relay: error: database unreachable: connection refused at 127.0.0.1:{port} (is"
+            " PostgreSQL running, and listening on that host and port?)"
         )
+        assert done.returncode == 8 and "S3cretPw" not in done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def password_login(pg_url: str) -> Iterator[str]:
+    """A user of the test database who must give the password `RightPw1` (the test server
+    trusts every other local login): a line of its own, first in pg_hba.conf."""
+    import psycopg
+
+    from relay.store.postgres import parse_url
+
+    with psycopg.connect(parse_url(pg_url).conninfo, autocommit=True) as conn:
+        hba = Path(conn.execute("SHOW hba_file").fetchone()[0])
+        if not os.access(hba, os.W_OK):
+            pytest.skip("the test database's pg_hba.conf cannot be edited here")
+        before = hba.read_text()
+        hba.write_text("local all relay_pw scram-sha-256\n" + before)
+        conn.execute("SELECT pg_reload_conf()")
+        conn.execute("CREATE ROLE relay_pw LOGIN PASSWORD 'RightPw1'")
+        try:
+            yield pg_url.replace("postgres:@", "relay_pw:RightPw1@", 1)
+        finally:
+            conn.execute("DROP ROLE relay_pw")
+            hba.write_text(before)
+            conn.execute("SELECT pg_reload_conf()")
+
+
+def _said(monkeypatch, capsys, *args: str) -> tuple[int, str]:  # noqa: ANN001
+    """`relay ARGS` run through its entry point in this process: (exit code, all it said)."""
+    from relay.cli import main
+
+    monkeypatch.setattr("sys.argv", ["relay", *args])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    out = capsys.readouterr()
+    return int(exit_.value.code or 0), out.out + out.err
+
+
+def test_each_mistake_in_a_postgresql_url_is_named_and_never_its_password(
+    tmp_path: Path, pg_url: str, password_login: str, monkeypatch, capsys
+):
+    """QA: a wrong password, a database or user that does not exist, an unknown option were
+    each "database unreachable: connection failed: connection to server on socket ...
+    failed: FATAL:  ..." (exit 8) or "database error: ..." (exit 7), whatever the cause; a
+    mistyped scheme was refused without saying what it should be. `relay serve` reads the
+    URL as these do (the test above runs it)."""
+    from conftest import free_port
+
+    source = tmp_path / "src.db"
+    SQLiteStore(source).close()
+    socket = f"at {pg_url.partition('host=')[2].partition('&')[0]}/.s.PGSQL.5432"
+    right = password_login
+    wrong = right.replace("RightPw1", "WrongPw9")
+    port = free_port()
+    cases = [
+        (
+            wrong,
+            8,
+            f"PostgreSQL {socket} refused the login: password authentication failed for user"
+            ' "relay_pw" (check the user name and password in the URL)',
+        ),
+        (
+            right.replace("/relay_test?", "/relay_no_such_db?"),
+            8,
+            f'PostgreSQL {socket} has no database "relay_no_such_db" (create it, or check the'
+            " database name in the URL)",
+        ),
+        (
+            wrong.replace("relay_pw:", "relay_no_such_user:"),
+            8,
+            f'PostgreSQL {socket} refused the login: there is no user "relay_no_such_user"'
+            ' (role "relay_no_such_user" does not exist; check the URL\'s user name: without'
+            " one, libpq takes your login name)",
+        ),
+        (
+            right.replace(":RightPw1@", "@"),
+            8,
+            f"PostgreSQL {socket} asks for a password and the URL gives none"
+            " (postgresql://USER:PASSWORD@HOST/DATABASE)",
+        ),
+        (
+            "postgresql://relay_pw:WrongPw9@relay-no-such-host.invalid/relay",
+            8,
+            'database unreachable: cannot resolve host "relay-no-such-host.invalid" (check the'
+            " URL's host)",
+        ),
+        (
+            f"postgresql://relay_pw:WrongPw9@127.0.0.1:{port}/relay",
+            8,
+            f"database unreachable: connection refused at 127.0.0.1:{port} (is PostgreSQL"
+            " running, and listening on that host and port?)",
+        ),
+        (wrong + "&bogus=1", 2, 'bad PostgreSQL URL: invalid URI query parameter: "bogus"'),
+        (wrong + "&sslmode=bogus", 2, 'bad PostgreSQL URL: invalid sslmode value: "bogus"'),
+        (
+            wrong.replace("postgresql:", "postgresq:"),
+            2,
+            "unsupported database URL postgresq://...: did you mean postgresql://? use a"
+            " SQLite file path, sqlite:///path or postgresql://...",
+        ),
+        (
+            wrong.replace("postgresql:", "postgres+psycopg:"),
+            2,
+            "unsupported database URL postgres+psycopg://...: +psycopg names a driver, as"
+            " SQLAlchemy's URLs do; Relay's is postgresql://; use a SQLite file path,"
+            " sqlite:///path or postgresql://...",
+        ),
+    ]
+    for url, code, line in cases:
+        for args in (["org", "list", "--db", url], ["migrate", "--from", str(source), "--to", url]):
+            said = _said(monkeypatch, capsys, *args)
+            assert said == (code, f"relay: error: {line}\n"), args
+            assert "WrongPw9" not in said[1] and "RightPw1" not in said[1]
 
 
 def test_a_query_error_keeps_its_line_and_drops_the_caret():
-    from relay.store.postgres.connection import driver_text
+    from relay.store.postgres.failures import driver_text
 
     said = 'syntax error at or near "SELEC"\nLINE 1: SELEC 1\n        ^\n'
     assert driver_text(Exception(said)) == 'syntax error at or near "SELEC"; LINE 1: SELEC 1'

@@ -311,9 +311,22 @@ def database_kind(url: str) -> Literal["sqlite", "postgresql"]:
     if scheme is None or url.startswith("sqlite:///"):
         return "sqlite"
     raise InvalidRequestError(
-        f"unsupported database URL {scheme}://...: use a SQLite file path, sqlite:///path"
-        " or postgresql://..."
+        f"unsupported database URL {scheme}://...: {_scheme_hint(scheme or '')}use a SQLite"
+        " file path, sqlite:///path or postgresql://..."
     )
+
+
+def _scheme_hint(scheme: str) -> str:
+    """What a scheme meant for PostgreSQL says, before the list of those Relay takes: the
+    refusal alone left `postgresq://` looking like a PostgreSQL URL Relay could not read."""
+    import difflib
+
+    base, plus, driver = scheme.partition("+")
+    if plus and base in POSTGRES_SCHEMES:
+        return f"+{driver} names a driver, as SQLAlchemy's URLs do; Relay's is postgresql://; "
+    if difflib.get_close_matches(base, POSTGRES_SCHEMES, cutoff=0.75):
+        return "did you mean postgresql://? "
+    return ""
 
 
 def sqlite_path(url: str) -> Path:

@@ -22,7 +22,8 @@ HNSW with `hnsw.ef_search` raised in proportion to the org's share, and fall
 back to the exact scan when the share is too small or too few rows come back.
 
 `PostgresStore` is put together from one part per concern, each a module here:
-`connection` (URL options, pool, transactions, error translation, vectors on the wire),
+`connection` (URL options, pool, transactions, vectors on the wire), `failures` (psycopg's
+errors in Relay's words),
 `watch` (a transaction under a request's deadline cut short when the database stops answering),
 `orgs` (organisations and keys), `writes` (saves, deletes, supersession links), `totals`
 (the per-org counts writes keep for scoring, and their recount), `reads` (memory reads
@@ -52,13 +53,12 @@ from relay.store.postgres.connection import (
     RECONNECT_S,
     PostgresConnections,
     Vector,
-    driver_text,
     log,
     one_row,
     parse_url,
-    translate_errors,
 )
 from relay.store.postgres.embeddings import EmbeddingsAndTokens
+from relay.store.postgres.failures import driver_text, translate_errors
 from relay.store.postgres.orgs import OrgsAndKeys
 from relay.store.postgres.reads import MemoryReads
 from relay.store.postgres.reports import HookOutcomes

@@ -1,10 +1,10 @@
 """Connections to PostgreSQL: the URL's options, the pool, one transaction per call with
-its tenant settings, error translation, and vectors on the wire.
+its tenant settings, and vectors on the wire.
 
 Each transaction sets `relay.org_id` (and, for authentication, `relay.key_id`) for itself
 alone, so the Row-Level Security policies hide every other org's rows; a write locks its
-org's row first (`_write`). psycopg's errors become Relay's here (`translate_errors`),
-once: a lost connection as 503, any other as a store error.
+org's row first (`_write`). psycopg's errors become Relay's as each transaction ends
+(`failures.translate_errors`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from psycopg.rows import DictRow, Row
 from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
-from relay.errors import InvalidRequestError, NotFoundError, StoreError, UnavailableError
+from relay.errors import InvalidRequestError, NotFoundError, StoreError
 from relay.settings import whole
 from relay.store import connect_deadline
 from relay.store.migrations_postgres import APP_ROLE
+from relay.store.postgres.failures import translate_errors
 
 if TYPE_CHECKING:
     from relay.store.postgres.watch import StatementWatch
@@ -63,13 +64,6 @@ POOL_WAIT_S = 3.0
 # gives up and lets the next request start a fresh attempt: short, so a database that comes
 # back after a long outage is used again within seconds, not after a minute-long backoff.
 RECONNECT_S = 5.0
-# SQLSTATEs that mean the connection, not the query, failed: class 08, and the server
-# shutting down, crashing or still starting (57P01-03). Client-side errors have none.
-_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
-
-# What a client is told while the database is away (the driver's words go to the log).
-UNREACHABLE = "database unreachable: the server cannot reach its database right now"
-
 # Read beside an org's `generation` wherever caches are keyed on it (`_versioned`): what a
 # restore changes though it sets the counter back.
 INCARNATION = (
@@ -80,41 +74,6 @@ EPOCH_BITS = 40  # room for an org's generations within one epoch
 
 # A pooled connection: the pool makes its rows dicts (`row_factory=dict_row`).
 PgConnection: TypeAlias = psycopg.Connection[DictRow]
-
-
-def connection_lost(exc: psycopg.Error) -> bool:
-    """Whether the database went away (down, restarting, unreachable, no free connection),
-    as opposed to refusing one query: the first is worth retrying, the second is not."""
-    if not isinstance(exc, psycopg.OperationalError):
-        return False
-    return exc.sqlstate is None or exc.sqlstate.startswith(_CONNECTION_STATES)
-
-
-def driver_text(exc: BaseException) -> str:
-    """psycopg's text on one line. libpq gives its hint a line of its own ("Connection
-    refused\\n\\tIs the server running ...?"), each failed attempt another, a query error
-    its LINE and caret: on the CLI's one-line error they showed as a literal `\\n\\t`."""
-    out = ""
-    for line in str(exc).split("\n"):
-        line = line.strip()
-        if not line or not line.strip("^"):  # blank, or the caret under a query's LINE
-            continue
-        out += line if not out else (" " if out[-1] in ".:;,?!" else "; ") + line
-    return out
-
-
-@contextmanager
-def translate_errors() -> Iterator[None]:
-    """psycopg's errors become Relay's, once, here. Their text (hosts, ports, tables) is for
-    the operator: a client of the server is told the error's `public` sentence."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        if connection_lost(exc):
-            lost = UnavailableError(f"database unreachable: {driver_text(exc)}")
-            lost.public = UNREACHABLE
-            raise lost from exc
-        raise StoreError(f"database error: {driver_text(exc)}") from exc
 
 
 # -- vectors on the wire: float32 little-endian bytes <-> pgvector's binary format ------

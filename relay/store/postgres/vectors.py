@@ -29,8 +29,8 @@ from relay.store.postgres.connection import (
     PgConnection,
     PostgresConnections,
     Vector,
-    translate_errors,
 )
+from relay.store.postgres.failures import translate_errors
 from relay.store.postgres.reads import _params, visible_sql
 from relay.store.vector_index import VectorIndex
 

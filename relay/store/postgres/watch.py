@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from relay.errors import UnavailableError
-from relay.store.postgres.connection import UNREACHABLE
+from relay.store.postgres.failures import UNREACHABLE
 
 GRACE_S = 1.0  # how long past its deadline a watched transaction may still wait
 
