@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from relay.cli_types import StrictInt
-from relay.errors import InvalidRequestError, StoreError
+from relay.errors import InvalidRequestError, StoreError, UnavailableError
 from relay.migrate_verify import (
     SQLITE_CACHE,
     changed_passages,
@@ -106,6 +106,7 @@ class Migration:
         self.batch = batch
         self.say = progress or (lambda _m: None)
         self.tokens = has_tokens(src)
+        self.copied = 0  # memories this run has committed, every org's
 
     def org_ids(self) -> list[str]:
         return [r["id"] for r in self.src.execute("SELECT id FROM orgs ORDER BY id")]
@@ -215,6 +216,7 @@ class Migration:
                 after = ids[-1]
                 self._mark(conn, org, "memories", after, False)
             copied += len(ids)
+            self.copied += len(ids)
             self.say(f"{name}: {copied} memories")
         with self.store._tx(org) as conn:
             self._mark(conn, org, "memories", after, True)
@@ -455,20 +457,30 @@ def migrate(source: str, target: str, batch: int, verify_only: bool, defer_index
     """Copy a SQLite store into PostgreSQL: orgs, keys, memories with every revision,
     passages with their embeddings and token matrices. Resumable (re-run the same
     command) and verified by per-table counts and checksums."""
+    from relay.cli.common import failed_midway  # not at the top: relay.cli imports this
     from relay.store import database_kind, postgres_store, sqlite_path
 
     if database_kind(target) != "postgresql":
         raise InvalidRequestError("--to must be a postgresql:// URL")
     src = open_source(source)
-    store = cast("PostgresStore", postgres_store(target))
+    try:
+        store = cast("PostgresStore", postgres_store(target))
+    except BaseException:
+        src.close()
+        raise
     try:
         if not verify_only:
             t = time.perf_counter()
             if defer_index:
                 _drop_vector_index_for_bulk_load(store)
             name = str(sqlite_path(source).resolve())
-            Migration(src, store, name, batch, lambda m: click.echo(m, err=True)).run()
-            _restore_vector_index(store)
+            run = Migration(src, store, name, batch, lambda m: click.echo(m, err=True))
+            try:
+                run.run()
+                _restore_vector_index(store)
+            except (UnavailableError, StoreError) as exc:  # PostgreSQL stopped, say, midway
+                done = f"{run.copied} memories copied by this run kept"
+                raise failed_midway(exc, done, "migration") from None
             click.echo(f"copied in {time.perf_counter() - t:.1f} s", err=True)
         report = verify(src, store)
         click.echo(render(report))

@@ -5,6 +5,7 @@ The database is a private one (the shared test server stays up for every other t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -13,16 +14,23 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import LiveServer, start_server
 from integration_support import wait_healthy
 from postgres_support import PrivatePostgres
 
+from relay.migrate import migrate
+from relay.models import MemoryDraft, PassageInput
 from relay.server import HEALTH_WAIT_S
 from relay.store.postgres import POOL_WAIT_S
 from relay.store.postgres.connection import CONNECT_TIMEOUT_S
 from relay.store.postgres.watch import GRACE_S
+from relay.store.sqlite import SQLiteStore
+from relay.text import lexical_terms
 
 pytestmark = pytest.mark.postgres
 
@@ -154,3 +162,59 @@ def test_connecting_to_a_database_that_stops_answering_gives_up_in_seconds(pg: P
     assert done.returncode == 8, done.stderr
     assert done.stderr.startswith("relay: error: database unreachable:")
     assert took < CONNECT_TIMEOUT_S + 5  # the interpreter and Relay's imports: about 1 s
+
+
+def test_migrate_across_a_restart_says_one_line_and_finishes_when_run_again(
+    pg: PrivatePostgres, tmp_path: Path
+):
+    """QA: `relay migrate` across a PostgreSQL restart printed psycopg's and its pool's own
+    warnings ("discarding closed connection: <psycopg.Connection [BAD] at 0x...>", "error
+    ignored terminating <psycopg.Pipeline [BAD]>") beside its line, which quoted the query
+    the restart cut ("terminating connection due to administrator command; LINE 1: SELECT
+    ...") and said nothing of running it again. Here it is held at its first batch (the
+    memories locked), and PostgreSQL restarted under it."""
+    import psycopg
+
+    from relay.store.postgres import PostgresStore
+
+    source = tmp_path / "src.db"
+    with contextlib.closing(SQLiteStore(source)) as s:
+        org = s.create_org("acme").id
+        vector = (np.ones(384) / np.sqrt(384)).astype("<f4")
+        for i in range(3):
+            body = f"Fact {i} about the deploy"
+            passage = PassageInput(
+                0, body, " ".join(lexical_terms(body)), f"h{i}", vector.tobytes()
+            )
+            s.save_memory(org, f"m{i}", MemoryDraft(body=body), "alice", [passage], "create")
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE migrate_target")
+    target = pg.url.replace("/postgres?", "/migrate_target?", 1)
+    PostgresStore(target, pool_size=1).close()  # the schema, so the memories can be locked
+    command = [sys.executable, "-m", "relay", "migrate", "--from", str(source), "--to", target]
+    hold = psycopg.connect(target)
+    try:
+        hold.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+        run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with psycopg.connect(target, autocommit=True) as watch:
+            deadline = time.monotonic() + 60
+            while not watch.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ).fetchone()[0]:
+                assert run.poll() is None and time.monotonic() < deadline, run.stderr
+                time.sleep(0.05)
+        pg.restart()
+        _, said = run.communicate(timeout=60)
+    finally:
+        hold.close()
+    assert run.returncode == 8
+    assert said == (
+        "relay: error: database unreachable: PostgreSQL closed the connection while it was in"
+        " use (it stopped or restarted, or ended this session); the migration stopped there,"
+        " with 0 memories copied by this run kept; once that is dealt with, running the same"
+        " migration again finishes it\n"
+    )
+    again = CliRunner().invoke(migrate, command[4:])
+    assert again.exit_code == 0, again.output
+    assert "verified: every table matches" in again.stdout

@@ -10,10 +10,17 @@ to server on socket ... failed: FATAL:  password authentication failed ..."), la
 unreachable whatever it said. libpq and PostgreSQL say these in English unless configured
 otherwise; other words pass through on one line (`driver_text`). Neither ever quotes the
 password.
+
+psycopg and its pool log what they do about a broken connection ("discarding closed
+connection", "error ignored terminating <psycopg.Pipeline [BAD]>") as warnings. A server
+logs them; a command that configures no logging printed them through Python's last-resort
+handler, beside its own one line, so the library's logger gets a handler that drops them
+there (records still reach a configured root logger).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +28,8 @@ from contextlib import contextmanager
 import psycopg
 
 from relay.errors import InvalidRequestError, StoreError, UnavailableError
+
+logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 # SQLSTATEs that mean the connection, not the query, failed: class 08, and the server
 # shutting down, crashing or still starting (57P01-03). Client-side errors have none.
