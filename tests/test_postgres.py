@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
@@ -255,6 +255,59 @@ def test_a_member_login_on_a_database_no_owner_has_set_up_is_told_who_may(
         with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE {database}")
             conn.execute(f"DROP ROLE {login}")
+
+
+def test_first_starts_on_two_databases_of_one_cluster_share_the_app_role(
+    pg_store: PostgresStore, pg_url: str
+):
+    """QA: roles belong to the cluster, the schema's lock to one database: first starts on two
+    databases of one cluster (staging and production, say) at once each saw no app role and
+    each created it, and one failed, exit 7: 'duplicate key value violates unique constraint
+    "pg_authid_rolname_index"'. Both are held at CREATE ROLE (pg_authid locked against
+    writes, not reads) until both are there, then let go together."""
+    suffix = time.monotonic_ns()
+    role, database = f"relay_app_{suffix}", f"relay_second_{suffix}"
+    parts = urlsplit(pg_url)
+    query = f"{parts.query}&app_role={role}"
+    urls = [
+        parts._replace(query=query, path=path).geturl() for path in (parts.path, f"/{database}")
+    ]
+    with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {database}")
+    hold, stores = psycopg.connect(pg_store.conninfo), []
+    try:
+        hold.execute("LOCK TABLE pg_authid IN EXCLUSIVE MODE")
+        with (
+            ThreadPoolExecutor(2) as pool,
+            # autocommit: one transaction would see the same activity snapshot every poll
+            psycopg.connect(pg_store.conninfo, autocommit=True) as watch,
+        ):
+            opening = [pool.submit(PostgresStore, url, 1) for url in urls]
+            deadline = time.monotonic() + 60
+            while not any(f.done() for f in opening):
+                (waiting,) = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname IN (current_database(), %s)",
+                    (database,),
+                ).fetchone()
+                if waiting >= 2:
+                    break
+                assert time.monotonic() < deadline, "the stores never reached CREATE ROLE"
+                time.sleep(0.05)
+            hold.commit()
+            wait(opening)
+        stores = [f.result() for f in opening if f.exception() is None]
+        for f in opening:
+            f.result()  # the one that failed to open, if any
+        assert [store.role for store in stores] == [role, role]
+    finally:
+        for store in stores:
+            store.close()
+        hold.close()
+        with psycopg.connect(pg_store.conninfo, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {database}")
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
 
 
 def test_relay_options_are_taken_out_of_the_url(monkeypatch):

@@ -195,6 +195,10 @@ class PostgresStore(
             except psycopg.errors.InsufficientPrivilege:
                 log.warning("cannot create role %s; connecting as the owner", self.app_role)
                 return
+            except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                # Roles are the cluster's, the schema lock one database's: a first start on
+                # another database of this cluster made it an instant ago.
+                pass
         schema = one_row(conn.execute("SELECT current_schema()"))[0]
         ident = sql.Identifier(schema).as_string(conn)
         role = sql.Identifier(self.app_role).as_string(conn)
