@@ -202,12 +202,7 @@ class MemoryReads(PostgresConnections):
     ) -> int:
         params = _params(org_id, audiences)
         query = f"SELECT count(*) AS n FROM memories m WHERE {managed_sql(audiences, True)}"
-        if source:
-            query += " AND m.source = %(source)s"
-            params["source"] = source
-        if source_prefix:
-            query += " AND starts_with(m.source, %(prefix)s)"
-            params["prefix"] = source_prefix
+        query += _filter_sql(ListFilter(source=source, source_prefix=source_prefix), params)
         with self._tx(org_id) as conn:
             return int(one_row(conn.execute(query, params))["n"])
 

@@ -227,13 +227,8 @@ class MemoryReads(SQLiteConnections):
     ) -> int:
         params: dict[str, object] = {"org": org_id, **_audience_params(audiences)}
         count = None if audiences is None else len(params) - 1
-        sql = f"SELECT count(*) FROM memories m WHERE {_managed_sql(count, deleted=True)}"
-        if source:
-            sql += " AND m.source = :source"
-            params["source"] = source
-        if source_prefix:
-            sql += " AND substr(m.source, 1, length(:prefix)) = :prefix"
-            params["prefix"] = source_prefix
+        where = _filter_sql(ListFilter(source=source, source_prefix=source_prefix), params)
+        sql = f"SELECT count(*) FROM memories m WHERE {_managed_sql(count, deleted=True)}{where}"
         with self._read() as conn:
             return int(conn.execute(sql, params).fetchone()[0])
 
