@@ -34,7 +34,6 @@ another's.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Callable
@@ -44,16 +43,8 @@ import click
 
 from relay.cli_types import StrictInt
 from relay.errors import InvalidRequestError, StoreError, UnavailableError
-from relay.migrate_verify import (
-    SQLITE_CACHE,
-    changed_passages,
-    has_tokens,
-    json_list,
-    render,
-    revision_pinned,
-    sqlite_time,
-    verify,
-)
+from relay.migrate_columns import from_sqlite, insert, sqlite_time
+from relay.migrate_verify import SQLITE_CACHE, changed_passages, has_tokens, render, verify
 
 if TYPE_CHECKING:
     from relay.store.postgres import PostgresStore
@@ -171,23 +162,11 @@ class Migration:
             keys = self.src.execute("SELECT * FROM api_keys WHERE org_id = ?", (org,)).fetchall()
             for k in keys:
                 conn.execute(
-                    "INSERT INTO api_keys (id, org_id, secret_hash, name, scopes, roles,"
-                    " created_at, expires_at, revoked_at) VALUES"
-                    " (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
+                    insert("api_keys") + " ON CONFLICT (id) DO UPDATE SET"
                     # A revocation is final: one made on the target since is never undone.
                     " revoked_at = coalesce(api_keys.revoked_at, excluded.revoked_at),"
                     " expires_at = excluded.expires_at",
-                    (
-                        k["id"],
-                        org,
-                        k["secret_hash"],
-                        k["name"],
-                        sorted(json.loads(k["scopes"])),
-                        sorted(json.loads(k["roles"])),
-                        sqlite_time(k["created_at"]),
-                        sqlite_time(k["expires_at"]),
-                        sqlite_time(k["revoked_at"]),
-                    ),
+                    from_sqlite("api_keys", k),
                 )
         copied = self.copy_memories(org, o["name"])
         with self.store._tx(org) as conn:
@@ -255,61 +234,22 @@ class Migration:
         args = (org, *ids)
         with conn.cursor() as cur:
             cur.executemany(
-                "INSERT INTO memories (org_id, id, revision, title, body, source, tags, audiences,"
-                " author, created_at, updated_at, valid_until, supersedes, superseded_by, pinned,"
-                " deleted_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-                " %s, %s) ON CONFLICT (org_id, id) DO UPDATE SET revision = excluded.revision,"
+                insert("memories") + " ON CONFLICT (org_id, id) DO UPDATE SET"
+                " revision = excluded.revision,"
                 " title = excluded.title, body = excluded.body, source = excluded.source,"
                 " tags = excluded.tags, audiences = excluded.audiences, author = excluded.author,"
                 " created_at = excluded.created_at, updated_at = excluded.updated_at,"
                 " valid_until = excluded.valid_until, supersedes = excluded.supersedes,"
                 " superseded_by = excluded.superseded_by, pinned = excluded.pinned,"
                 " deleted_at = excluded.deleted_at",
-                [
-                    (
-                        org,
-                        m["id"],
-                        m["revision"],
-                        m["title"],
-                        m["body"],
-                        m["source"],
-                        json_list(m["tags"]),
-                        json_list(m["audiences"]),
-                        m["author"],
-                        sqlite_time(m["created_at"]),
-                        sqlite_time(m["updated_at"]),
-                        sqlite_time(m["valid_until"]),
-                        json_list(m["supersedes"]),
-                        m["superseded_by"],
-                        bool(m["pinned"]),
-                        sqlite_time(m["deleted_at"]),
-                    )
-                    for m in memories
-                ],
+                [from_sqlite("memories", m) for m in memories],
             )
             cur.executemany(
-                "INSERT INTO memory_revisions (org_id, id, revision, action, recorded_at, author,"
-                " title, body, source, tags, audiences, valid_until, supersedes, pinned) VALUES"
-                " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (org_id, id, revision) DO UPDATE SET title = excluded.title,"
+                insert("memory_revisions")
+                + " ON CONFLICT (org_id, id, revision) DO UPDATE SET title = excluded.title,"
                 " body = excluded.body, pinned = excluded.pinned",
                 [
-                    (
-                        org,
-                        r["id"],
-                        r["revision"],
-                        r["action"],
-                        sqlite_time(r["recorded_at"]),
-                        r["author"],
-                        r["title"],
-                        r["body"],
-                        r["source"],
-                        json_list(r["tags"]),
-                        json_list(r["audiences"]),
-                        sqlite_time(r["valid_until"]),
-                        json_list(r["supersedes"]),
-                        revision_pinned(r),
-                    )
+                    from_sqlite("memory_revisions", r)
                     for r in self.src.execute(
                         f"SELECT * FROM memory_revisions WHERE org_id = ? AND id IN ({marks})",
                         args,
@@ -321,11 +261,11 @@ class Migration:
                 (org, ids),
             )
             cur.executemany(
-                "INSERT INTO memory_audiences (org_id, memory_id, audience) VALUES (%s, %s, %s)",
+                insert("memory_audiences"),
                 [
-                    tuple(r)
+                    from_sqlite("memory_audiences", r)
                     for r in self.src.execute(
-                        "SELECT org_id, memory_id, audience FROM memory_audiences"
+                        "SELECT * FROM memory_audiences"
                         f" WHERE org_id = ? AND memory_id IN ({marks})",
                         args,
                     )

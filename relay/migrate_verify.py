@@ -1,9 +1,10 @@
 """`relay migrate`'s check: per-table row counts and checksums of both sides.
 
-Each table's rows are brought to one canonical tuple from either store (times as ISO
-strings, JSON lists as lists, blobs as their SHA-256), hashed row by row, and the sorted
-hashes hashed again: an order-independent digest that two stores holding the same rows
-agree on. The copy uses the same canonical form to find the passages that differ.
+Each table's rows are brought to one canonical tuple from either store
+(`relay.migrate_columns`: times as ISO strings, JSON lists as lists, blobs as their
+SHA-256), hashed row by row, and the sorted hashes hashed again: an order-independent
+digest that two stores holding the same rows agree on. The copy uses the same canonical
+form to find the passages that differ.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from relay.migrate_columns import blob_digest, canonical, from_postgres, from_sqlite, names
 
 if TYPE_CHECKING:
     from relay.store.postgres import PostgresStore
@@ -60,182 +62,10 @@ _SQLITE_AUDIENCE_TOTALS = (
 )
 
 
-def sqlite_time(value: float | None) -> datetime | None:
-    """A time as the SQLite store reads it (`relay.store.sqlite.rows._dt`): one past
-    `LATEST_TIME`, which Relay once stored rounded up to year 10000, as that."""
-    from relay.hygiene import LATEST_TIME
-
-    if value is None:
-        return None
-    return datetime.fromtimestamp(min(value, LATEST_TIME.timestamp()), UTC)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def json_list(value: str | None) -> list[str] | None:
-    return None if value is None else list(json.loads(value))
-
-
-def revision_pinned(r: sqlite3.Row) -> bool | None:
-    """Whether a source revision pinned its memory; None when not known (recorded before
-    revisions kept it, where migration 8 could not tell, as `migrate.open_source` reads a
-    file not opened since)."""
-    return None if r["pinned"] is None else bool(r["pinned"])
-
-
 def has_tokens(src: sqlite3.Connection) -> bool:
     """Whether the source stores token matrices (stores from before them do not)."""
     query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'passage_tokens'"
     return src.execute(query).fetchone() is not None
-
-
-# -- canonical rows: the same tuple from either side, for counts and checksums -------
-def _canon_sqlite(table: str, r: sqlite3.Row) -> tuple[Any, ...]:
-    if table == "orgs":
-        return (r["id"], r["name"], _iso(sqlite_time(r["created_at"])), r["passage_count"])
-    if table == "api_keys":
-        return (
-            r["id"],
-            r["org_id"],
-            r["secret_hash"],
-            r["name"],
-            sorted(json.loads(r["scopes"])),
-            sorted(json.loads(r["roles"])),
-            *(_iso(sqlite_time(r[c])) for c in ("created_at", "expires_at", "revoked_at")),
-        )
-    if table == "memories":
-        return (
-            r["org_id"],
-            r["id"],
-            r["revision"],
-            r["title"],
-            r["body"],
-            r["source"],
-            json_list(r["tags"]),
-            json_list(r["audiences"]),
-            r["author"],
-            *(_iso(sqlite_time(r[c])) for c in ("created_at", "updated_at", "valid_until")),
-            json_list(r["supersedes"]),
-            r["superseded_by"],
-            bool(r["pinned"]),
-            _iso(sqlite_time(r["deleted_at"])),
-        )
-    if table == "memory_revisions":
-        return (
-            r["org_id"],
-            r["id"],
-            r["revision"],
-            r["action"],
-            _iso(sqlite_time(r["recorded_at"])),
-            r["author"],
-            r["title"],
-            r["body"],
-            r["source"],
-            json_list(r["tags"]),
-            json_list(r["audiences"]),
-            _iso(sqlite_time(r["valid_until"])),
-            json_list(r["supersedes"]),
-            revision_pinned(r),
-        )
-    if table == "passages":
-        return (
-            r["org_id"],
-            r["memory_id"],
-            r["revision"],
-            r["seq"],
-            r["text"],
-            r["lexical"],
-            r["content_hash"],
-            hashlib.sha256(r["embedding"]).hexdigest(),
-        )
-    if table == "passage_tokens":
-        return (r["org_id"], r["memory_id"], r["seq"], hashlib.sha256(r["tokens"]).hexdigest())
-    if table == "embedding_cache":
-        return (r["model"], r["content_hash"], hashlib.sha256(r["embedding"]).hexdigest())
-    if table == "audience_totals":
-        return (r["org_id"], json.loads(r["audiences"]), r["passage_count"])
-    return tuple(r)  # memory_audiences, org_terms
-
-
-def _canon_pg(table: str, r: dict[str, Any]) -> tuple[Any, ...]:
-    if table == "orgs":
-        return (r["id"], r["name"], _iso(r["created_at"]), r["passage_count"])
-    if table == "api_keys":
-        return (
-            r["id"],
-            r["org_id"],
-            r["secret_hash"],
-            r["name"],
-            sorted(r["scopes"]),
-            sorted(r["roles"]),
-            *(_iso(r[c]) for c in ("created_at", "expires_at", "revoked_at")),
-        )
-    if table == "memories":
-        return (
-            r["org_id"],
-            r["id"],
-            r["revision"],
-            r["title"],
-            r["body"],
-            r["source"],
-            r["tags"],
-            r["audiences"],
-            r["author"],
-            *(_iso(r[c]) for c in ("created_at", "updated_at", "valid_until")),
-            r["supersedes"],
-            r["superseded_by"],
-            r["pinned"],
-            _iso(r["deleted_at"]),
-        )
-    if table == "memory_revisions":
-        return (
-            r["org_id"],
-            r["id"],
-            r["revision"],
-            r["action"],
-            _iso(r["recorded_at"]),
-            r["author"],
-            r["title"],
-            r["body"],
-            r["source"],
-            r["tags"],
-            r["audiences"],
-            _iso(r["valid_until"]),
-            r["supersedes"],
-            r["pinned"],
-        )
-    if table == "passages":
-        return (
-            r["org_id"],
-            r["memory_id"],
-            r["revision"],
-            r["seq"],
-            r["text"],
-            r["lexical"],
-            r["content_hash"],
-            hashlib.sha256(r["embedding"]).hexdigest(),
-        )
-    if table == "passage_tokens":
-        return (
-            r["org_id"],
-            r["memory_id"],
-            r["seq"],
-            hashlib.sha256(bytes(r["tokens"])).hexdigest(),
-        )
-    if table == "embedding_cache":
-        return (r["model"], r["content_hash"], hashlib.sha256(bytes(r["embedding"])).hexdigest())
-    if table == "audience_totals":
-        return (r["org_id"], list(r["audiences"]), r["passage_count"])
-    return tuple(r.values())
-
-
-_PG_COLUMNS = {
-    "memory_audiences": "org_id, memory_id, audience",
-    "org_terms": "org_id, term, df",
-    "passages": "org_id, memory_id, revision, seq, text, lexical, content_hash, embedding",
-}
 
 
 @dataclass
@@ -270,7 +100,8 @@ def source_sums(src: sqlite3.Connection, org_ids: list[str]) -> dict[str, TableS
         else:
             col = "id" if table == "orgs" else "org_id"
             query, args = f"SELECT * FROM {table} WHERE {col} IN ({marks})", tuple(org_ids)
-        out[table] = _summarise(_canon_sqlite(table, r) for r in src.execute(query, args))
+        rows = src.execute(query, args)
+        out[table] = _summarise(canonical(table, from_sqlite(table, r)) for r in rows)
     return out
 
 
@@ -286,9 +117,9 @@ def target_sums(
                     query = f"{_PG_TOKENS} WHERE p.org_id = %s"
                 else:
                     col = "id" if table == "orgs" else "org_id"
-                    query = f"SELECT {_PG_COLUMNS.get(table, '*')} FROM {table} WHERE {col} = %s"
+                    query = f"SELECT {names(table)} FROM {table} WHERE {col} = %s"
                 for r in cur.execute(query, (org,)):
-                    rows[table].append(_canon_pg(table, r))
+                    rows[table].append(canonical(table, from_postgres(table, r)))
     models = sorted({m for m, _ in cache_keys})
     with store._tx() as conn:
         for model in models:
@@ -297,7 +128,8 @@ def target_sums(
                 "SELECT * FROM embedding_cache WHERE model = %s AND content_hash = ANY(%s)",
                 (model, hashes),
             ):
-                rows["embedding_cache"].append(_canon_pg("embedding_cache", r))
+                cached = from_postgres("embedding_cache", r)
+                rows["embedding_cache"].append(canonical("embedding_cache", cached))
     return {t: _summarise(rows[t]) for t in TABLES}
 
 
@@ -306,18 +138,18 @@ def changed_passages(conn: Any, org: str, ids: list[str], source: list[sqlite3.R
     verification compares them) differ between the source rows and the target."""
     want: dict[str, list[tuple[Any, ...]]] = {}
     for p in source:
-        matrix = None if p["tokens"] is None else hashlib.sha256(p["tokens"]).hexdigest()
-        want.setdefault(p["memory_id"], []).append((*_canon_sqlite("passages", p), matrix))
+        row = canonical("passages", from_sqlite("passages", p))
+        want.setdefault(p["memory_id"], []).append((*row, blob_digest(p["tokens"])))
     have: dict[str, list[tuple[Any, ...]]] = {}
     with conn.cursor(binary=True) as cur:
         for p in cur.execute(
-            f"SELECT {_PG_COLUMNS['passages']}, t.tokens FROM passages p"
+            f"SELECT {names('passages')}, t.tokens FROM passages p"
             " LEFT JOIN passage_tokens t ON t.passage_id = p.id"
             " WHERE p.org_id = %s AND p.memory_id = ANY(%s) ORDER BY p.memory_id, p.seq",
             (org, ids),
         ):
-            matrix = None if p["tokens"] is None else hashlib.sha256(p["tokens"]).hexdigest()
-            have.setdefault(p["memory_id"], []).append((*_canon_pg("passages", p), matrix))
+            row = canonical("passages", from_postgres("passages", p))
+            have.setdefault(p["memory_id"], []).append((*row, blob_digest(p["tokens"])))
     return [m for m in ids if want.get(m) != have.get(m)]
 
 
