@@ -151,14 +151,36 @@ _PROVIDER_PATTERNS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool] | No
     ),
     ("github token", re.compile(_NOT_TOKEN + r"gh[pousr]_[A-Za-z0-9]{30,}"), _random_looking),
     ("github token", re.compile(_NOT_TOKEN + r"github_pat_[A-Za-z0-9_]{30,}"), _random_looking),
-    ("gitlab token", re.compile(_NOT_TOKEN + r"glpat-[A-Za-z0-9_-]{20,}"), _random_looking),
+    # Every kind GitLab prefixes (personal, deploy, runner, job, trigger, feed, agent, OAuth
+    # application...), and the legacy runner registration token's fixed prefix.
+    (
+        "gitlab token",
+        re.compile(
+            _NOT_TOKEN + r"(?:gl(?:pat|dt|rt|rtr|cbt|ptt|ft|imt|agent|oas|soat|ffct|wt)-"
+            r"|GR1348941)[A-Za-z0-9_-]{20,}"
+        ),
+        _random_looking,
+    ),
     ("slack token", re.compile(_NOT_TOKEN + r"xox[abprs]-[A-Za-z0-9-]{10,}"), _random_looking),
+    # An app-level token (Socket Mode): xapp-<version>-<app id>-<number>-<secret>.
+    ("slack token", re.compile(_NOT_TOKEN + r"xapp-\d-[A-Za-z0-9-]{20,}"), _random_looking),
     (
         "slack webhook",
         re.compile(r"hooks\.slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{16,}"),
         None,
     ),
+    (
+        # Workflow Builder's webhooks: whoever holds the URL starts the workflow.
+        "slack webhook",
+        re.compile(
+            r"hooks\.slack\.com/(?:workflows|triggers)/T[A-Z0-9]{6,}(?:/[A-Za-z0-9]{1,40}){1,2}"
+            r"/[A-Za-z0-9]{16,}"
+        ),
+        None,
+    ),
     ("stripe key", re.compile(_NOT_TOKEN + r"[sr]k_live_[A-Za-z0-9]{16,}"), _random_looking),
+    # A webhook endpoint's signing secret: with it anyone can forge Stripe's events.
+    ("stripe key", re.compile(_NOT_TOKEN + r"whsec_[A-Za-z0-9+/]{24,}"), _random_looking),
     ("anthropic api key", re.compile(_NOT_TOKEN + r"sk-ant-[A-Za-z0-9_-]{20,}"), _random_looking),
     (
         "openai api key",
@@ -212,6 +234,12 @@ _PROVIDER_PATTERNS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool] | No
         None,
     ),
     ("npm token", re.compile(_NOT_TOKEN + r"npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])"), _random_looking),
+    # Docker Hub's personal and organisation access tokens (`docker login -p ...`).
+    (
+        "docker hub token",
+        re.compile(_NOT_TOKEN + r"dckr_(?:pat|oat)_[A-Za-z0-9_-]{20,}"),
+        _random_looking,
+    ),
     ("pypi token", re.compile(_NOT_TOKEN + r"pypi-AgE[A-Za-z0-9_-]{50,}"), None),
     (
         "hugging face token",

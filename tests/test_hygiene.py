@@ -300,6 +300,29 @@ SECRETS = [
     ("token assignment", "token=abc123def456"),
     ("token assignment", "export GITLAB_TOKEN='tok3n-value'"),
     ("token assignment", "https://api.example.com/v1?access_token=8f14e45fceea167a"),
+    # QA: real formats the scan let through (shapes from each vendor's docs, random bodies).
+    ("docker hub token", "docker login -u acmeci -p dck" + "r_pat_0xw7rNFE50wa_9bf2uZD_wPxg7a"),
+    ("docker hub token", "dck" + "r_oat_Kq7Xp2LmV9nR4tW8yB3cD6fG1hJ5"),
+    ("gitlab token", "deploy token gl" + "dt-eKO7evVLwMD760_a677v"),
+    ("gitlab token", "runner token gl" + "rt-t3_Zy9Xw8Vu7Ts6Rq5Po4Nm"),
+    ("gitlab token", "trigger gl" + "ptt-9f8e7d6c5b4a39281706f5e4d3c2b1a0"),
+    ("gitlab token", "--registration-token GR1348" + "941Zy9Xw8Vu7Ts6Rq5Po4Nm"),
+    (
+        "slack token",
+        "SLACK_APP_TOKEN for Socket Mode: xa"
+        + "pp-1-A0VV95LD8E5-9996672042860-f7aae716c2d6fe45813f80d54332e2b2",
+    ),
+    (
+        "slack webhook",
+        "https://hooks.slack.com/workflows/"
+        + "T3PI8HTGV/AZQSO7YITEL/085774078552038382/y0h4N546I2vCFzpBcJtymXTA",
+    ),
+    (
+        "slack webhook",
+        "https://hooks.slack.com/triggers/"
+        + "T3PI8HTGV/6158012345678/9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+    ),
+    ("stripe key", "STRIPE_WEBHOOK_SECRET is wh" + "sec_vgJ3n6kwbDfKHSEfLvbghbUAvWOYJRE5"),
 ]
 
 
