@@ -15,6 +15,7 @@ write's refusal.
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 import unicodedata
@@ -114,6 +115,12 @@ def _azure_key(value: str) -> bool:
     return value != _AZURITE_KEY and _random_not_example(value)
 
 
+def _encoded_private_key(value: str) -> bool:
+    """Whether base64 text that opens as an encoded `-----BEGIN ` says PRIVATE KEY next."""
+    head = value[: min(len(value), 120) // 4 * 4]
+    return b"PRIVATE KEY" in base64.b64decode(head)
+
+
 _NOT_TOKEN = r"(?<![A-Za-z0-9_-])"
 _PROVIDER_PATTERNS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool] | None], ...] = (
     (
@@ -132,6 +139,13 @@ _PROVIDER_PATTERNS: tuple[tuple[str, re.Pattern[str], Callable[[str], bool] | No
             r"|Private-Lines:[ \t]*\d{1,3}[ \t]*\n[ \t]*[A-Za-z0-9+/]{40,}"
         ),
         None,
+    ),
+    (
+        # A PEM file base64-encoded whole, as kubeconfig's client-key-data and a Kubernetes
+        # secret's tls.key hold it: `LS0tLS1CRUdJTi` is `-----BEGIN ` encoded.
+        "private key",
+        re.compile(r"(?<![A-Za-z0-9+/])LS0tLS1CRUdJTi[A-Za-z0-9+/]{40,}"),
+        _encoded_private_key,
     ),
     (
         "aws access key id",

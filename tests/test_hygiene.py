@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -48,6 +49,15 @@ t4Wy8Bc1Df6Gh0Jk5pQ3ZR1zTOlUcR64cXQLioDnkHIfxIq2HZt
 Private-Lines: 1
 AAABAQCh3ZR1zTOlUcR64cXQLioDnkHIfxIq2HZtPlJhx2jIclHkCiHp6bR1IqfEouH
 Private-MAC: 8f14e45fceea167a5a36dedd4bea2543"""
+# A PEM file base64-encoded whole, as kubeconfig and Kubernetes secrets hold one.
+PEM_B64 = base64.b64encode(
+    b"-----BEGIN RSA " + b"PRIVATE KEY-----\nMIIEowIBAAKCAQEA7bq98Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1\n"
+    b"-----END RSA PRIVATE KEY-----\n"
+).decode()
+CERT_B64 = base64.b64encode(
+    b"-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUY2EZy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1\n"
+    b"-----END CERTIFICATE-----\n"
+).decode()
 
 
 # --- check_body ----------------------------------------------------------------------------
@@ -323,6 +333,8 @@ SECRETS = [
         + "T3PI8HTGV/6158012345678/9f8e7d6c5b4a39281706f5e4d3c2b1a0",
     ),
     ("stripe key", "STRIPE_WEBHOOK_SECRET is wh" + "sec_vgJ3n6kwbDfKHSEfLvbghbUAvWOYJRE5"),
+    ("private key", f"users:\n- name: admin\n  user:\n    client-key-data: {PEM_B64}"),
+    ("private key", f"kind: Secret\ntype: kubernetes.io/tls\ndata:\n  tls.key: {PEM_B64}"),
 ]
 
 
@@ -383,6 +395,7 @@ def test_invisible_and_full_width_characters_do_not_hide_a_secret(kind, text):
 # --- find_secrets: what must pass ---------------------------------------------------------
 
 NOT_SECRETS = [
+    f"client-certificate-data: {CERT_B64}",  # a certificate, encoded the same way, is public
     # prose about secrets
     "Never commit the password to git.",
     "Rotate the API key monthly.",
