@@ -287,6 +287,7 @@ _KEYWORDS = (
     r"password|passwd|passphrase|pwd|(?<![a-z0-9])pass|(?-i:(?<=[a-z0-9])Pass)"
     r"|secret|token|api[_ -]?key|apikey"
     r"|(?:access|private|secret|signing|encryption|master)[_-]?key|credentials?"
+    r"|secret[_-]?key[_-]base"  # Rails signs and encrypts its cookies with secret_key_base
 )
 # `password: str = "..."`: a typed declaration assigns after the annotation.
 _TYPE_ANNOTATION = r":[ \t]{0,4}[A-Za-z_][\w.\[\]| ]{0,40}?[ \t]{0,4}="

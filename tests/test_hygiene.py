@@ -333,6 +333,8 @@ SECRETS = [
         + "T3PI8HTGV/6158012345678/9f8e7d6c5b4a39281706f5e4d3c2b1a0",
     ),
     ("stripe key", "STRIPE_WEBHOOK_SECRET is wh" + "sec_vgJ3n6kwbDfKHSEfLvbghbUAvWOYJRE5"),
+    ("secret assignment", "SECRET_KEY_BASE=" + "3288f4e6cb097188f44b7ec25c5b44ed3d3bd6fa0aa43c59"),
+    ("secret assignment", "production:\n  secret_key_base: " + "3b7cd727ee24e8444053437c36cc66c3"),
     ("private key", f"users:\n- name: admin\n  user:\n    client-key-data: {PEM_B64}"),
     ("private key", f"kind: Secret\ntype: kubernetes.io/tls\ndata:\n  tls.key: {PEM_B64}"),
 ]
@@ -396,6 +398,8 @@ def test_invisible_and_full_width_characters_do_not_hide_a_secret(kind, text):
 
 NOT_SECRETS = [
     f"client-certificate-data: {CERT_B64}",  # a certificate, encoded the same way, is public
+    '  secret_key_base: <%= ENV["SECRET_KEY_BASE"] %>',
+    "config.secret_key_base = Rails.application.credentials.secret_key_base",
     # prose about secrets
     "Never commit the password to git.",
     "Rotate the API key monthly.",
