@@ -385,7 +385,12 @@ _REFERENCE = re.compile(
 def _unquote(raw: str) -> tuple[str, bool]:
     if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'`":
         return raw[1:-1], True
-    return raw.rstrip(".:!?)]}"), False
+    value = raw.rstrip(".:!?)]}")
+    if "..." in raw[len(value) :]:
+        # Cut short (`ANTHROPIC_API_KEY=sk-ant-api03-...`), not ended by a full stop: the
+        # ellipsis stays, so the value is a stand-in, as it is quoted (`"sk-..."`).
+        value += "..."
+    return value, False
 
 
 def _is_placeholder_or_reference(value: str) -> bool:

@@ -502,6 +502,11 @@ NOT_SECRETS = [
     "NEXT_PUBLIC_MAPBOX_KEY=pk9Xs2LpQ7hTz4vWm1NcR8yB3eJdF6uA",
     "LICENSE_KEY=${LICENSE_KEY}",
     "OPENAI_KEY=sk-...",
+    # QA: a value cut short by an ellipsis, as docs and READMEs show a key's start
+    "ANTHROPIC_API_KEY=sk-ant-api03-...",
+    "export OPENAI_API_KEY=sk-proj-abc123...",
+    "GITHUB_TOKEN=ghp_1234…",
+    "(STRIPE_SECRET_KEY=sk_live_51H...).",
     "the deploy key lives in the vault",
     # quoted words that are a hint, a label or a sentence, not a passphrase
     'password: "see the vault"',
