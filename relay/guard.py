@@ -2,10 +2,11 @@
 
 A request holds one of `max_inflight` slots only while the app works on it. Before
 that, a request to a route whose only credential is the `Authorization` header is
-refused 401 at once when it has none, and every body is read here, capped in size and
-in time. So a client with no key, or one that stalls its body, never holds a slot: 70
-connections each sending one byte of a promised 1,000 made every request, /healthz
-included, 503 for as long as they stalled (uvicorn bounds no body's time).
+refused 401 at once when it has none (or more than one), and every body is read here,
+capped in size and in time. So a client with no key, or one that stalls its body, never
+holds a slot: 70 connections each sending one byte of a promised 1,000 made every
+request, /healthz included, 503 for as long as they stalled (uvicorn bounds no body's
+time).
 
 A request whose body is framed two ways (both Content-Length and Transfer-Encoding) is
 refused 400 and its connection closed, as RFC 9112 6.1 asks, before anything else.
@@ -119,6 +120,14 @@ class GuardMiddleware:
         if _keyed(scope["path"]) and b"authorization" not in headers:
             # The route would answer 401 whatever the body says: no reason to wait for it.
             raise UnauthorizedError(auth.MISSING_KEY)
+        keys = sum(name == b"authorization" for name, _ in scope.get("headers") or [])
+        if _keyed(scope["path"]) and keys > 1:
+            # Two keys name two principals: the API took the first header and /mcp the last,
+            # so one request was two different keys' depending on the route (and on which
+            # header a proxy in front added). RFC 9110 11.6.2 allows one; none is chosen.
+            raise UnauthorizedError(
+                f"the request has {keys} Authorization headers; send one key, as 'Bearer <key>'"
+            )
         self._check_busy()
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from integration_support import remember, start_module_server, stop_server
+from integration_support import mint, remember, start_module_server, stop_server
 from pydantic import ValidationError
 
 from relay.api_requests import SearchBody
@@ -247,6 +247,34 @@ def test_a_body_framed_both_by_length_and_chunked_is_400_and_its_connection_clos
     message = assert_error(int(status_line.split()[1]), json.loads(body), "invalid_request", 400)
     assert "both Content-Length and Transfer-Encoding" in message
     assert headers["connection"] == "close"
+
+
+@pytest.mark.parametrize("path", ["/v1/search", "/mcp"])
+def test_a_request_with_two_authorization_headers_is_401_whichever_keys_they_are(server, path):
+    """QA: with `Authorization: Bearer <key A>` then `Authorization: Bearer <key B>`, the API
+    answered as key A (FastAPI reads the first header) and /mcp as key B (its header dict
+    kept the last): one request was a different principal on each route. One key or none."""
+    other = mint(server.url, server.admin_key, "second", ["memory:read"])["secret"]
+    mcp_call = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    body = json.dumps({"query": "staging"} if path == "/v1/search" else mcp_call).encode()
+    head = [
+        f"POST {path} HTTP/1.1",
+        "Host: x",
+        f"Authorization: Bearer {server.admin_key}",
+        f"Authorization: Bearer {other}",
+        "Content-Type: application/json",
+        "Accept: application/json, text/event-stream",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    sock = connect(server.url)
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    received = read_to_close(sock, 10)
+    head_text, _, answered = received.partition(b"\r\n\r\n")
+    status = int(head_text.split(b" ", 2)[1])
+    message = assert_error(status, json.loads(answered), "unauthorized", 401)
+    assert "2 Authorization headers" in message
+    assert server.admin_key not in received.decode() and other not in received.decode()
 
 
 def test_the_server_raises_its_open_files_limit_to_the_hard_one():
