@@ -42,6 +42,7 @@ from relay.hygiene import (
     replace_controls,
 )
 from relay.import_files import RULE_FILE_NAMES, RULE_SUFFIXES, source_for
+from relay.secret_scan import find_secrets
 
 TITLE_SEPARATOR = " › "
 
@@ -199,10 +200,10 @@ def draft_id(
 def draft_label(draft: ImportDraft, ordinal: int) -> str:
     """The file and section a draft came from, as `CLAUDE.md › Ops › CI token`; an untitled
     rule or part by its place in the file (`.cursorrules › rule 3`), never by its text,
-    which may hold the secret being refused."""
-    section = (
-        draft.title or f"{'rule' if is_rule_file(PurePath(draft.source)) else 'part'} {ordinal}"
-    )
+    which may hold the secret being refused, and so is one whose title holds a secret (a
+    token pasted into a heading): the refusal of that title would print it."""
+    title = draft.title if draft.title and not find_secrets(draft.title) else None
+    section = title or f"{'rule' if is_rule_file(PurePath(draft.source)) else 'part'} {ordinal}"
     # Quoted when it holds a line break (a file named so): an error about it stays one line.
     source = draft.source if draft.source.isprintable() else repr(draft.source)
     return TITLE_SEPARATOR.join((source, section))

@@ -452,6 +452,22 @@ def test_secret_names_file_and_section_and_nothing_is_stored(tmp_path, server):
     assert live_memories(server, "qa3-proj/CLAUDE.md") == []
 
 
+def test_a_secret_in_a_heading_is_refused_without_printing_it(tmp_path, server):
+    """QA: a token pasted into a heading was refused as a secret title, and the refusal
+    named the section by that title, printing the token into the terminal and CI log."""
+    repo = git_repo(tmp_path / "qa-heading")
+    write(repo / "CLAUDE.md", f"# Ops\n## Deploy\nmake ship\n## CI uses {GITHUB_TOKEN}\nin CI.\n")
+
+    done = relay_import(server, repo, "CLAUDE.md")
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        "relay: error: qa-heading/CLAUDE.md › part 2: "
+        "title looks like it contains a secret (github token);"
+    )
+    assert GITHUB_TOKEN not in done.stderr + done.stdout
+    assert live_memories(server, "qa-heading/CLAUDE.md") == []
+
+
 def test_a_file_name_an_older_release_stored_with_a_bidi_control_imports_again(tmp_path, server):
     """QA: a file whose name holds a bidi control (U+202E), imported by an older release
     before such names were refused, could not be imported again until renamed, though the
