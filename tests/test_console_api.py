@@ -349,6 +349,21 @@ def test_a_developer_name_is_kept_per_key_so_one_key_cannot_speak_for_others(api
     assert sum(r["key_name"] == "reader" for r in rows) == models.NAMES_PER_KEY
 
 
+def test_a_secret_sent_as_the_developer_name_is_refused_and_not_kept(api) -> None:
+    """QA: `{"developer": "ghp_..."}` was accepted (202), kept for good and listed on the
+    console's health page to every admin, where a key's own name with a secret is refused."""
+    token = "gh" + "p_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5"
+    r = api.client.post(
+        "/v1/hook-outcomes",
+        json={"developer": f"ci {token}", "invocations": 1, "outcomes": {"hit": 1}},
+        headers=api.headers("acme_reader"),
+    )
+    assert r.status_code == 422 and r.json()["error"]["code"] == "secret_detected", r.text
+    assert token not in r.text
+    sign_in(api, "acme_admin")
+    assert token not in api.client.get("/console/api/health").text
+
+
 def test_the_console_reads_integers_in_query_strings_strictly(api) -> None:
     """As the API does: `?from=1.0` compared revision 1 and `?limit=%202` listed 2."""
     csrf = sign_in(api, "acme_dev")

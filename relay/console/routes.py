@@ -560,6 +560,9 @@ def build_routers(
             raise InvalidRequestError("outcome counts must not be negative")
         found = store.key_for_auth(p.key_id)
         developer = _printable(body.developer or "", 100) or (found[0].name if found else p.key_id)
+        # Kept for good and listed on the console beside the key's name: held to a key
+        # name's rule, so a token pasted where the name goes is refused, not shown to admins.
+        hygiene.check_name(developer, "alice laptop")
         breaker = body.breaker.get("state") if body.breaker else None
         report = HookReport(
             received_at=datetime.now(UTC).timestamp(),
