@@ -39,7 +39,13 @@ from relay.client import (
 )
 from relay.client import forget as forget_memory
 from relay.hook.pack import label_attribute, label_text
-from relay.hygiene import MAX_BODY_CHARS, MAX_SOURCE_CHARS, MAX_TITLE_CHARS
+from relay.hygiene import (
+    MAX_AUDIENCES,
+    MAX_BODY_CHARS,
+    MAX_SOURCE_CHARS,
+    MAX_TAGS,
+    MAX_TITLE_CHARS,
+)
 from relay.key_file import given_key, key_file_option
 
 if TYPE_CHECKING:
@@ -336,30 +342,37 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
         against the repository or ask the user."""
         return await call(ctx, lambda b: render_search(b.search(query, k, SEARCH_DEADLINE_MS), k))
 
+    # The limits are said, not enforced, here: the write path judges each field as every
+    # other writer's is (after normalising: CRLF lines, runs of spaces in a title), with the
+    # same words. Enforced here, a body the API stores was refused by pydantic's own message
+    # quoting the text, and 17 tags or audiences were refused where the API takes 32.
     async def team_memory_remember(
         body: Annotated[
             str,
             Field(
                 min_length=1,
-                max_length=MAX_BODY_CHARS,
-                description="The fact, self-contained, with the why; plain text or Markdown.",
+                description="The fact, self-contained, with the why; plain text or Markdown"
+                f" (at most {MAX_BODY_CHARS:,} characters).",
             ),
         ],
         ctx: Context,
         title: Annotated[
-            str | None, Field(max_length=MAX_TITLE_CHARS, description="Short title, one line.")
+            str | None,
+            Field(description=f"Short title, one line (at most {MAX_TITLE_CHARS} characters)."),
         ] = None,
         source: Annotated[
             str | None,
             Field(
-                max_length=MAX_SOURCE_CHARS,
-                description="Path-like provenance, e.g. team/infra/clusters.",
+                description="Path-like provenance, e.g. team/infra/clusters"
+                f" (at most {MAX_SOURCE_CHARS} characters).",
             ),
         ] = None,
-        tags: Annotated[list[str] | None, Field(max_length=16, description="Tags.")] = None,
+        tags: Annotated[list[str] | None, Field(description=f"Tags (at most {MAX_TAGS}).")] = None,
         audiences: Annotated[
             list[str] | None,
-            Field(max_length=16, description="Roles that may read it (default: everyone)."),
+            Field(
+                description=f"Roles that may read it (default: everyone; at most {MAX_AUDIENCES})."
+            ),
         ] = None,
         supersedes: Annotated[
             list[str] | None,

@@ -583,6 +583,35 @@ def test_remember_tool_notes_a_memory_the_key_cannot_read(server):
     assert " Note: this key cannot read memory mem_" in said and "it is for sre" in said, said
 
 
+def test_remember_tool_judges_a_write_as_the_api_does(server):
+    """QA: the tool's own limits were not the write path's. A body of CRLF lines under
+    16,000 characters once normalised (the API stores it) and 17 tags (the API takes 32)
+    were refused, in pydantic's words quoting the text; an oversized body is now told as
+    every other writer is told it."""
+    crlf = "Keep deploy notes short.\r\n" * 620  # 16,120 characters sent, 15,499 stored
+    many_tags = [f"t{n}" for n in range(17)]
+
+    async def main() -> list[tuple[bool, str]]:
+        client, http = http_client(server, server["writer"]["secret"])
+        async with http, client:
+            said = []
+            for arguments in (
+                {"body": crlf},
+                {"body": "Tag it.", "tags": many_tags},
+                {"body": "x " * 8001},
+            ):
+                result = await client.call_tool("team_memory_remember", arguments)
+                said.append((result.is_error, text(result)))
+            return said
+
+    (crlf_refused, stored_crlf), (tags_refused, stored_tags), (refused, oversized) = anyio.run(main)
+    assert not crlf_refused and stored_crlf.startswith("Remembered mem_"), stored_crlf
+    assert not tags_refused and stored_tags.startswith("Remembered mem_"), stored_tags
+    assert refused
+    assert "rejected by Relay: body is 16,001 characters; the limit is 16,000" in oversized
+    assert "x x x" not in oversized
+
+
 def test_http_endpoint_authorizes_every_request_like_the_api(server):
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     headers = {"Accept": "application/json, text/event-stream"}
