@@ -378,6 +378,15 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
             list[str] | None,
             Field(max_length=16, description="Ids of memories this one replaces."),
         ] = None,
+        valid_until: Annotated[
+            str | None,
+            Field(
+                description="When it stops being true (ISO 8601 date or date-time; one without"
+                " an offset is UTC, e.g. 2027-01-08 or 2027-01-08T18:00:00+01:00): after it"
+                " recall never returns it. Only for a fact that ends, like a freeze or a"
+                " migration window."
+            ),
+        ] = None,
     ) -> str:
         """Record one durable team fact in Relay (the key needs memory:write). Only when the
         user asks or agrees. One fact or convention per memory, self-contained, with the reason
@@ -391,6 +400,7 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
             ("tags", tags),
             ("audiences", audiences),
             ("supersedes", supersedes),
+            ("valid_until", valid_until),
         ):
             if value is not None:  # [] is sent as given: audiences [] is refused, never "everyone"
                 fields[name] = value
@@ -398,7 +408,8 @@ def build_server(backend_for: "Callable[[Context], Backend]") -> "MCPServer":
         readers = ", ".join(memory.get("audiences") or ["all"])
         said = (
             f"Remembered {memory['id']} (revision {memory['revision']}), source "
-            f"{memory.get('source') or 'none'}, readable by {readers}."
+            f"{memory.get('source') or 'none'}, readable by {readers}"
+            + (f", valid until {memory['valid_until']}." if memory.get("valid_until") else ".")
         )
         return " ".join([said, *(f"Note: {w}." for w in memory.get("warnings") or [])])
 

@@ -612,6 +612,34 @@ def test_remember_tool_judges_a_write_as_the_api_does(server):
     assert "x x x" not in oversized
 
 
+def test_remember_tool_takes_a_valid_until_and_the_api_judges_it(server):
+    """QA: the tool had no valid_until, and the SDK drops an argument a tool does not name,
+    so "the deploy freeze lasts until Friday" was stored to be recalled for good."""
+
+    async def main() -> list[tuple[bool, str]]:
+        client, http = http_client(server, server["writer"]["secret"])
+        async with http, client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            assert "valid_until" in listed["team_memory_remember"].input_schema["properties"]
+            said = []
+            for until in ("2099-01-08", "2001-01-08T18:00:00+01:00"):
+                body = f"The deploy freeze lasts until {until}."
+                arguments = {"body": body, "valid_until": until}
+                result = await client.call_tool("team_memory_remember", arguments)
+                said.append((result.is_error, text(result)))
+            return said
+
+    (kept_refused, kept), (past_refused, past) = anyio.run(main)
+    assert not kept_refused and kept.endswith(", valid until 2099-01-08T00:00:00Z."), kept
+    memory = httpx.get(
+        f"{server['url']}/v1/memories/{kept.split()[1]}",
+        headers={"Authorization": f"Bearer {server['writer']['secret']}"},
+        timeout=30,
+    ).json()
+    assert memory["valid_until"] == "2099-01-08T00:00:00Z"
+    assert past_refused and "valid_until 2001-01-08T17:00:00Z is not in the future" in past, past
+
+
 def test_http_endpoint_authorizes_every_request_like_the_api(server):
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     headers = {"Accept": "application/json, text/event-stream"}
