@@ -33,7 +33,13 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from relay.client import memory_path
-from relay.errors import ConflictError, ForbiddenError, InvalidRequestError, NotFoundError
+from relay.errors import (
+    ConflictError,
+    ForbiddenError,
+    InvalidRequestError,
+    NotFoundError,
+    RelayError,
+)
 from relay.importer import draft_label
 
 if TYPE_CHECKING:
@@ -464,7 +470,20 @@ def _upsert(
                 (was, dataclasses.replace(d, id=_next_generation(d.id)) if d.id == taken else d)
                 for was, d in pairs
             ]
+        except RelayError as exc:
+            raise _named(exc, [d for _, d in pairs]) from None
     return {"written": 0, "unchanged": 0}, [], changed
+
+
+def _named(exc: RelayError, sent: list[ImportDraft]) -> RelayError:
+    """The server's refusal of a batch item, naming its file and section (as the import's
+    notes do) where the server, which knows only the batch, says `items.N`."""
+    item = exc.details.get("item")
+    if not (isinstance(item, int) and 0 <= item < len(sent)):
+        return exc
+    draft = sent[item]
+    message = exc.message.removeprefix(f"items.{item}: ")
+    return type(exc)(f"{draft.source} › {draft.title or draft.id}: {message}", **exc.details)
 
 
 def _next_generation(memory_id: str) -> str:

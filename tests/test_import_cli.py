@@ -468,6 +468,20 @@ def test_a_secret_in_a_heading_is_refused_without_printing_it(tmp_path, server):
     assert live_memories(server, "qa-heading/CLAUDE.md") == []
 
 
+def test_a_refusal_only_the_server_can_judge_names_the_file_and_section(tmp_path, server):
+    """QA: an audience no key holds is the server's to judge, in a batch, and the refusal
+    named the section as the batch's `items.0`, which means nothing to whoever ran it."""
+    repo = git_repo(tmp_path / "qa-unknown")
+    write(repo / "CLAUDE.md", "# Ops\nmake ship\n")
+
+    done = relay_import(server, repo, "--audience", "nosuch", "CLAUDE.md")
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "relay: error: qa-unknown/CLAUDE.md › Ops: unknown audience: nosuch (no live key"
+    ), done.stderr
+    assert live_memories(server, "qa-unknown/CLAUDE.md") == []
+
+
 def test_a_file_name_an_older_release_stored_with_a_bidi_control_imports_again(tmp_path, server):
     """QA: a file whose name holds a bidi control (U+202E), imported by an older release
     before such names were refused, could not be imported again until renamed, though the
