@@ -827,6 +827,33 @@ def test_an_older_store_drops_the_embeddings_its_deletes_left_when_it_is_opened(
         upgraded.close()
 
 
+@pytest.mark.postgres
+def test_a_database_the_first_migration_6_made_gets_the_start_up_drop_of_unheld_embeddings(
+    pg_store,
+):
+    """QA: migration 6 first shipped without relay_forget_unheld_embeddings(), added to its
+    text later (e9cdae7); on a database that release migrated every start of this code logged
+    'dropping unheld cached embeddings failed' (UndefinedFunction) and kept the vectors of
+    deleted texts. Such a database: this schema without the function, migration 9 not run."""
+    store = pg_store
+    org = store.create_org("acme").id
+    save(store, org, "a", "alpha", "create", seed=1)
+    store.cache_embeddings("model", {"h1": b"v", "raced": b"v"})
+    _run_as_owner(
+        store,
+        [
+            "DROP FUNCTION relay_forget_unheld_embeddings()",
+            "DELETE FROM schema_migrations WHERE version = 9",
+        ],
+    )
+    upgraded = _reopen(store)
+    try:
+        assert upgraded.forget_unheld_embeddings() == 1
+        assert raw_rows(upgraded, "SELECT content_hash FROM embedding_cache") == [("h1",)]
+    finally:
+        upgraded.close()
+
+
 def test_each_revision_records_whether_it_pinned_its_memory(store):
     """QA: a pin or unpin is a new revision, and revisions kept no pin, so it read as one
     that changed nothing. A tombstone has none to keep."""

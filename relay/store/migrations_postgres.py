@@ -143,6 +143,20 @@ $$;
 REVOKE ALL ON FUNCTION relay_passage_orgs(bigint[]) FROM PUBLIC;
 """
 
+# The start-up drop of every cached embedding no passage holds (`forget_unheld_embeddings`),
+# as the owner: every org's passages. Migration 6 has made it since e9cdae7; the migration 6
+# that shipped before that commit did not, so migration 9 makes it where it is missing.
+FORGET_UNHELD_EMBEDDINGS = """FUNCTION relay_forget_unheld_embeddings() RETURNS bigint
+    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+        WITH gone AS (
+            DELETE FROM embedding_cache c WHERE NOT EXISTS
+                (SELECT 1 FROM passages p WHERE p.content_hash = c.content_hash)
+            RETURNING 1
+        ) SELECT count(*) FROM gone
+    $$;
+    REVOKE ALL ON FUNCTION relay_forget_unheld_embeddings() FROM PUBLIC;
+    """
+
 MIGRATIONS: list[str] = [
     # 1: the whole first schema
     """
@@ -322,16 +336,8 @@ MIGRATIONS: list[str] = [
           AND NOT EXISTS (SELECT 1 FROM passages p WHERE p.content_hash = c.content_hash)
     $$;
     REVOKE ALL ON FUNCTION relay_forget_embeddings(text[]) FROM PUBLIC;
-    CREATE FUNCTION relay_forget_unheld_embeddings() RETURNS bigint
-    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $$
-        WITH gone AS (
-            DELETE FROM embedding_cache c WHERE NOT EXISTS
-                (SELECT 1 FROM passages p WHERE p.content_hash = c.content_hash)
-            RETURNING 1
-        ) SELECT count(*) FROM gone
-    $$;
-    REVOKE ALL ON FUNCTION relay_forget_unheld_embeddings() FROM PUBLIC;
-    """,
+    CREATE """
+    + FORGET_UNHELD_EMBEDDINGS,
     # 7: the hook outcomes developers send (`POST /v1/hook-outcomes`), which lived in the
     # memory of the replica that took them: the console showed them on that replica alone,
     # and a restart lost them. Kept per (key, developer name), in arrival order (`id`,
@@ -383,6 +389,10 @@ MIGRATIONS: list[str] = [
     UPDATE memory_revisions r SET pinned = walk.pinned FROM walk
     WHERE r.org_id = walk.org_id AND r.id = walk.id AND r.revision = walk.revision;
     """,
+    # 9: migration 6 as it first shipped made no relay_forget_unheld_embeddings(), so on a
+    # database it migrated every start failed to drop the cached embeddings of deleted texts
+    # (and logged a traceback saying so); made here where it is missing, as it is elsewhere.
+    "CREATE OR REPLACE " + FORGET_UNHELD_EMBEDDINGS,
 ]
 
 # Run after every migration pass; idempotent. The role itself is created when
