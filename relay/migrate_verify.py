@@ -5,6 +5,11 @@ Each table's rows are brought to one canonical tuple from either store
 SHA-256), hashed row by row, and the sorted hashes hashed again: an order-independent
 digest that two stores holding the same rows agree on. The copy uses the same canonical
 form to find the passages that differ.
+
+A token matrix is compared where the source holds one: a passage the source holds none for
+(a file from before them, or one whose backfill had not finished) gets its own on the
+target from the server's backfill, made from the same text, which is the target's and no
+difference.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +73,17 @@ def has_tokens(src: sqlite3.Connection) -> bool:
     return src.execute(query).fetchone() is not None
 
 
+def _tokens_held(src: sqlite3.Connection, org: str) -> set[tuple[str, int]]:
+    """The (memory, seq) of the org's passages the source holds a token matrix for."""
+    if not has_tokens(src):
+        return set()
+    query = (
+        "SELECT p.memory_id, p.seq FROM passage_tokens t JOIN passages p ON p.rowid = t.rowid"
+        " WHERE p.org_id = ?"
+    )
+    return {(r["memory_id"], r["seq"]) for r in src.execute(query, (org,))}
+
+
 @dataclass
 class TableSum:
     rows: int
@@ -106,11 +122,16 @@ def source_sums(src: sqlite3.Connection, org_ids: list[str]) -> dict[str, TableS
 
 
 def target_sums(
-    store: PostgresStore, org_ids: list[str], cache_keys: list[tuple[str, str]]
+    store: PostgresStore,
+    org_ids: list[str],
+    cache_keys: list[tuple[str, str]],
+    tokens_held: Callable[[str], set[tuple[str, int]]],
 ) -> dict[str, TableSum]:
-    """Read per org (row-level security shows one org per transaction)."""
+    """Read per org (row-level security shows one org per transaction); of the token
+    matrices, those of the passages `tokens_held(org)` names (the source's)."""
     rows: dict[str, list[tuple[Any, ...]]] = {t: [] for t in TABLES}
     for org in org_ids:
+        held = tokens_held(org)
         with store._tx(org) as conn, conn.cursor(binary=True) as cur:
             for table in TABLES[:-1]:
                 if table == "passage_tokens":
@@ -119,6 +140,8 @@ def target_sums(
                     col = "id" if table == "orgs" else "org_id"
                     query = f"SELECT {names(table)} FROM {table} WHERE {col} = %s"
                 for r in cur.execute(query, (org,)):
+                    if table == "passage_tokens" and (r["memory_id"], r["seq"]) not in held:
+                        continue
                     rows[table].append(canonical(table, from_postgres(table, r)))
     models = sorted({m for m, _ in cache_keys})
     with store._tx() as conn:
@@ -135,7 +158,10 @@ def target_sums(
 
 def changed_passages(conn: Any, org: str, ids: list[str], source: list[sqlite3.Row]) -> list[str]:
     """The memories whose passages (with embeddings and token matrices, compared as the
-    verification compares them) differ between the source rows and the target."""
+    verification compares them) differ between the source rows and the target, a passage the
+    source holds no matrix for alike whatever matrix the target has made for it (`_alike`):
+    a re-run after the target's backfill replaced every passage of a file from before them,
+    and threw those matrices away."""
     want: dict[str, list[tuple[Any, ...]]] = {}
     for p in source:
         row = canonical("passages", from_sqlite("passages", p))
@@ -150,7 +176,15 @@ def changed_passages(conn: Any, org: str, ids: list[str], source: list[sqlite3.R
         ):
             row = canonical("passages", from_postgres("passages", p))
             have.setdefault(p["memory_id"], []).append((*row, blob_digest(p["tokens"])))
-    return [m for m in ids if want.get(m) != have.get(m)]
+    return [m for m in ids if not _alike(want.get(m), have.get(m))]
+
+
+def _alike(want: list[tuple[Any, ...]] | None, have: list[tuple[Any, ...]] | None) -> bool:
+    """One memory's passages, each with its matrix's digest last: the same, but for the
+    matrix of a passage the source holds none for (`want`'s None)."""
+    if want is None or have is None or len(want) != len(have):
+        return want == have
+    return all(w[:-1] == h[:-1] and w[-1] in (None, h[-1]) for w, h in zip(want, have, strict=True))
 
 
 def verify(src: sqlite3.Connection, store: PostgresStore) -> list[tuple[str, TableSum, TableSum]]:
@@ -160,7 +194,7 @@ def verify(src: sqlite3.Connection, store: PostgresStore) -> list[tuple[str, Tab
         for r in src.execute(SQLITE_CACHE.format("model, content_hash"))
     ]
     left = source_sums(src, org_ids)
-    right = target_sums(store, org_ids, cache_keys)
+    right = target_sums(store, org_ids, cache_keys, lambda org: _tokens_held(src, org))
     return [(t, left[t], right[t]) for t in TABLES]
 
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from integration_support import relay
-from postgres_support import raw_count, recounted_totals, stored_totals
+from postgres_support import raw_count, raw_rows, recounted_totals, stored_totals
 
 from relay.errors import InvalidRequestError, NotFoundError
 from relay.migrate import Migration, migrate, open_source, verify
@@ -111,6 +111,34 @@ def test_round_trip_keeps_every_revision(tmp_path: Path, pg_url: str, pg_store: 
     # Running it again copies the same rows over themselves and still verifies.
     again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
     assert again.exit_code == 0 and "verified: every table matches" in again.output, again.output
+
+
+def test_a_re_run_keeps_the_token_matrices_the_target_made_for_a_file_from_before_them(
+    tmp_path: Path, pg_url: str, pg_store: PostgresStore
+):
+    """QA: a file from before token matrices (SQLite migration 4) holds none, and the target
+    gets them from its server's backfill; a re-run then took every passage for changed and
+    replaced them all (an HNSW insertion each), the matrices thrown away, and --verify-only
+    failed on passage_tokens (exit 7): the only difference was what the target had made."""
+    db = tmp_path / "relay.db"
+    _populate(db)
+    with sqlite3.connect(db) as conn:  # as such a file is: no table, no record of it
+        conn.execute("DROP TABLE passage_tokens")
+        conn.execute("DELETE FROM schema_migrations WHERE version = 4")
+    first = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert first.exit_code == 0, first.output
+    backfill = pg_store.missing_tokens(1000)  # what `relay serve` does on the target
+    pg_store.store_tokens([(row[0], f"matrix {row[0]}".encode()) for row in backfill])
+    made = raw_rows(pg_store, "SELECT passage_id, tokens FROM passage_tokens ORDER BY 1")
+    assert len(made) == len(backfill) == raw_count(pg_store, "SELECT count(*) FROM passages")
+
+    checked = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url, "--verify-only"])
+    assert checked.exit_code == 0 and "verified: every table matches" in checked.output, (
+        checked.output
+    )
+    again = CliRunner().invoke(migrate, ["--from", str(db), "--to", pg_url])
+    assert again.exit_code == 0 and "verified: every table matches" in again.output, again.output
+    assert raw_rows(pg_store, "SELECT passage_id, tokens FROM passage_tokens ORDER BY 1") == made
 
 
 def test_a_store_not_opened_since_revisions_kept_pins_migrates_with_them_filled_in(
