@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from relay.migrate_columns import blob_digest, canonical, from_postgres, from_sqlite, names
+from relay.store.sqlite.totals import COUNT_AUDIENCE_SETS
 
 if TYPE_CHECKING:
     from relay.store.postgres import PostgresStore
@@ -54,16 +55,6 @@ SQLITE_CACHE = (
 _PG_TOKENS = (
     "SELECT p.org_id, p.memory_id, p.seq, t.tokens FROM passage_tokens t"
     " JOIN passages p ON p.id = t.passage_id"
-)
-# Each audience set's passages are not copied but counted on the target from the passages
-# and audiences copied (the source may predate them: SQLite migration 5), and compared with
-# the same count on the source.
-_SQLITE_AUDIENCE_TOTALS = (
-    "SELECT p.org_id, coalesce(s.audiences, '[]') AS audiences, count(*) AS passage_count"
-    " FROM passages p LEFT JOIN (SELECT DISTINCT org_id, memory_id, json_group_array(audience)"
-    " OVER (PARTITION BY org_id, memory_id ORDER BY audience ROWS BETWEEN UNBOUNDED PRECEDING"
-    " AND UNBOUNDED FOLLOWING) AS audiences FROM memory_audiences) AS s"
-    " ON s.org_id = p.org_id AND s.memory_id = p.memory_id"
 )
 
 
@@ -111,7 +102,9 @@ def source_sums(src: sqlite3.Connection, org_ids: list[str]) -> dict[str, TableS
                 continue
             query, args = f"{_SQLITE_TOKENS} WHERE p.org_id IN ({marks})", tuple(org_ids)
         elif table == "audience_totals":
-            query = f"{_SQLITE_AUDIENCE_TOTALS} WHERE p.org_id IN ({marks}) GROUP BY p.org_id, 2"
+            # Not copied but counted on the target from the passages and audiences copied
+            # (the source may predate them: SQLite migration 5), as here on the source.
+            query = f"{COUNT_AUDIENCE_SETS} WHERE p.org_id IN ({marks}) GROUP BY p.org_id, 2"
             args = tuple(org_ids)
         else:
             col = "id" if table == "orgs" else "org_id"

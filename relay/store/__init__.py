@@ -114,6 +114,16 @@ PASSAGE_COUNT_SQL = (
 )
 
 
+# The orgs whose audience sets' passages no longer add up to the org's passage count, as
+# (id, passage count, sum of the sets): what the start-up repair of each store counts again
+# (`sqlite.totals.repair_passage_totals`, `postgres.totals._repair_passage_totals`).
+DRIFTED_TOTALS_SQL = (
+    "SELECT o.id, o.passage_count, coalesce(t.n, 0) FROM orgs o LEFT JOIN"
+    " (SELECT org_id, sum(passage_count) AS n FROM audience_totals GROUP BY org_id) t"
+    " ON t.org_id = o.id WHERE o.passage_count <> coalesce(t.n, 0)"
+)
+
+
 class Store(Protocol):
     """What the server needs from a database."""
 

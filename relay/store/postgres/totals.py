@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from relay.store import DRIFTED_TOTALS_SQL
 from relay.store.postgres.connection import log
 
 # One org's passages per audience set, counted from its passages and audiences: the repair
@@ -61,11 +62,7 @@ def _repair_passage_totals(conn: psycopg.Connection) -> None:
     counted on the target) left it wrong on a target that had taken writes of its own.
     Which one did is not known here. Every start mends what either left (one cheap
     comparison when nothing drifted)."""
-    drifted = conn.execute(
-        "SELECT o.id, o.passage_count, coalesce(t.n, 0) FROM orgs o LEFT JOIN"
-        " (SELECT org_id, sum(passage_count) AS n FROM audience_totals GROUP BY org_id) t"
-        " ON t.org_id = o.id WHERE o.passage_count <> coalesce(t.n, 0)"
-    ).fetchall()
+    drifted = conn.execute(DRIFTED_TOTALS_SQL).fetchall()
     for org_id, passages, counted in drifted:
         with conn.transaction():
             conn.execute("SELECT 1 FROM orgs WHERE id = %s FOR UPDATE", (org_id,))

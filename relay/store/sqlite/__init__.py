@@ -13,7 +13,8 @@ writes keep for scoring), `reads` (memory reads and the access filters), `search
 search stages and document frequencies), `embeddings` (embedding cache and token
 matrices), `reports` (the hook outcomes developers send) and `rows` (stored values as
 models). Opening the file and migrating its
-schema (`migrations_sqlite`) stay here.
+schema (`migrations_sqlite`), then mending the totals an older release left
+(`totals.repair_passage_totals`), stay here.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from relay.store.sqlite.orgs import OrgsAndKeys
 from relay.store.sqlite.reads import MemoryReads
 from relay.store.sqlite.reports import HookOutcomes
 from relay.store.sqlite.search import SearchStages
+from relay.store.sqlite.totals import repair_passage_totals
 from relay.store.sqlite.writes import MemoryWrites
 from relay.store.vector_index import VectorIndex
 
@@ -79,6 +81,7 @@ class SQLiteStore(
                 for statement in _split_script(script):
                     conn.execute(statement)
                 conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (version, time.time()))
+            repair_passage_totals(conn)
 
     def schema_version(self) -> int:
         with translate_errors():

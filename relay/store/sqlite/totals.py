@@ -1,12 +1,29 @@
 """The per-org counts lexical scoring reads, kept by every write: each term's
-passages (`org_terms`), the org's passages, and each audience set's (`audience_totals`)."""
+passages (`org_terms`), the org's passages, and each audience set's (`audience_totals`);
+and the start-up repair of the last two where a server of an older release left them apart."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections import Counter
 from collections.abc import Iterable, Sequence
+
+from relay.store import DRIFTED_TOTALS_SQL
+
+log = logging.getLogger("relay.store.sqlite")
+
+# The passages of each audience set, counted from the passages and their memories'
+# audiences as migration 5's backfill counts them; the caller adds its WHERE and
+# `GROUP BY p.org_id, 2`. `relay migrate`'s check counts a source so too.
+COUNT_AUDIENCE_SETS = (
+    "SELECT p.org_id, coalesce(s.audiences, '[]') AS audiences, count(*) AS passage_count"
+    " FROM passages p LEFT JOIN (SELECT DISTINCT org_id, memory_id, json_group_array(audience)"
+    " OVER (PARTITION BY org_id, memory_id ORDER BY audience ROWS BETWEEN UNBOUNDED PRECEDING"
+    " AND UNBOUNDED FOLLOWING) AS audiences FROM memory_audiences) AS s"
+    " ON s.org_id = p.org_id AND s.memory_id = p.memory_id"
+)
 
 
 def _audience_key(audiences: Iterable[str]) -> str:
@@ -62,4 +79,35 @@ def _update_terms(
     if any(d < 0 for d in totals.values()):
         conn.execute(
             "DELETE FROM audience_totals WHERE org_id = ? AND passage_count <= 0", (org_id,)
+        )
+
+
+def repair_passage_totals(conn: sqlite3.Connection) -> None:
+    """Count again, from its passages, the org's passages and each audience set's, for every
+    org whose sets no longer add up to its count, so that they do after (one cheap
+    comparison when nothing drifted). A server of a release from before migration 5 started
+    on this file after an upgrade (a rollback) keeps the org's count and its terms, but not
+    the sets' totals searches weigh words by; PostgreSQL mends the same at every start
+    (`postgres.totals._repair_passage_totals`). A drift that kept the sum (an edit moving a
+    memory to other audiences alone) is not seen: finding it takes a recount of every
+    passage at every start."""
+    drifted = conn.execute(DRIFTED_TOTALS_SQL).fetchall()
+    for org_id, passages, counted in drifted:
+        (now,) = conn.execute(
+            "SELECT count(*) FROM passages WHERE org_id = ?", (org_id,)
+        ).fetchone()
+        conn.execute("UPDATE orgs SET passage_count = ? WHERE id = ?", (now, org_id))
+        conn.execute("DELETE FROM audience_totals WHERE org_id = ?", (org_id,))
+        conn.execute(
+            "INSERT INTO audience_totals (org_id, audiences, passage_count)"
+            f" {COUNT_AUDIENCE_SETS} WHERE p.org_id = ? GROUP BY p.org_id, 2",
+            (org_id,),
+        )
+        log.warning(
+            "org %s: its passage totals disagreed (audience sets %d, org %d: left by a server"
+            " of an older release on this file); counted again from its passages: %d",
+            org_id,
+            counted,
+            passages,
+            now,
         )
