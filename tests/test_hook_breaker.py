@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from hook_support import (
     FakeRelay,
@@ -132,3 +133,31 @@ def test_breaker_state_for_another_url_is_ignored(tmp_path):
         with FakeRelay(reply(200, results(record("mem_a")))) as other:
             moved = breaker_hook(tmp_path, other.url, deadline_ms=2000)
             assert_hit_contract(moved.prompt(PROMPT, session="moved"))
+
+
+def test_a_clock_set_back_does_not_hold_the_breaker_open(tmp_path):
+    """Opened while the machine's clock ran two hours fast, then set right: the cool-down is
+    over (one probe goes), not two hours away; a probe claimed then is not pending either."""
+    server = FakeRelay(reply(200, results(record("mem_a"))))
+    with server:
+        hook = breaker_hook(tmp_path, server.url, deadline_ms=2000)
+        hook.state_dir.mkdir(parents=True)
+        path = hook.state_dir / "breaker.json"
+        ahead = time.time() + 7200
+        for probe_at in (None, ahead):
+            stamped = {"url": server.url, "failures": 2, "opened_at": ahead, "probe_at": probe_at}
+            path.write_text(json.dumps(stamped))
+            assert breaker_status(hook, server.url)["state"] == "half_open"
+            assert_hit_contract(hook.prompt(PROMPT, session=f"s{probe_at}"))
+            assert hook.last()["probe"] is True
+            assert not path.exists()
+        # a stamp a moment ahead (another process's clock reading) still counts as open
+        path.write_text(json.dumps({**stamped, "opened_at": time.time() + 1, "probe_at": None}))
+        assert_silent(hook.prompt(PROMPT, session="moment"))
+        assert hook.last()["outcome"] == "circuit_open"
+
+
+def breaker_status(hook: Hook, url: str) -> dict:
+    from relay.hook import breaker
+
+    return breaker.status(str(hook.state_dir), url, 1.0)

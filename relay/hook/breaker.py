@@ -20,6 +20,11 @@ from relay.hook.files import Lock, read_owned_object, write_atomic
 
 FAILURES = ("timeout", "unavailable")
 PROBE_LOST_S = 15.0
+# A stamp further ahead of the clock than this was made before the clock was set back (NTP
+# correcting a clock that ran fast, a VM resumed with its old time): waiting for it kept the
+# breaker open, or its probe pending, for as long as the clock went back (QA: 2 hours, with
+# a 30 s cool-down). Well beyond one process reading the clock just before another's stamp.
+AHEAD_S = 10.0
 
 
 def _paths(state_dir: str) -> tuple[str, str]:
@@ -46,7 +51,9 @@ def status(state_dir: str, url: str, cooldown_s: float, now: float | None = None
     now = time.time() if now is None else now
     state = _read(_paths(state_dir)[0], url)
     opened = state["opened_at"]
-    phase = "closed" if opened is None else "open" if now < opened + cooldown_s else "half_open"
+    phase = (
+        "closed" if opened is None else "open" if _within(now, opened, cooldown_s) else "half_open"
+    )
     return {"state": phase, "failures": state["failures"], "opened_at": opened}
 
 
@@ -57,7 +64,7 @@ def admit(state_dir: str, url: str, cooldown_s: float, until: float) -> tuple[bo
     state = _read(path, url)
     if state["opened_at"] is None:
         return True, False
-    if now < state["opened_at"] + cooldown_s:
+    if _within(now, state["opened_at"], cooldown_s):
         return False, False
     with Lock(lock_path, until) as lock:
         if not lock.held:
@@ -65,15 +72,22 @@ def admit(state_dir: str, url: str, cooldown_s: float, until: float) -> tuple[bo
             # claimed, nor the breaker closed): search, rather than skip every prompt for good.
             return lock.error is not None, False
         state = _read(path, url)
+        now = time.time()  # the lock may have been waited for
         if state["opened_at"] is None:
             return True, False
-        if now < state["opened_at"] + cooldown_s:
+        if _within(now, state["opened_at"], cooldown_s):
             return False, False
-        if state["probe_at"] is not None and now < state["probe_at"] + PROBE_LOST_S:
+        if state["probe_at"] is not None and _within(now, state["probe_at"], PROBE_LOST_S):
             return False, False
         state["probe_at"] = now
         write_atomic(path, codec.dumps(state).encode())
         return True, True
+
+
+def _within(now: float, since: float, seconds: float) -> bool:
+    """Whether `now` is in the `seconds` from `since` (a cool-down, a probe's wait); a `since`
+    more than AHEAD_S ahead of `now` is from a clock since set back, and over."""
+    return since - AHEAD_S <= now < since + seconds
 
 
 def record(state_dir: str, url: str, outcome: str, threshold: int, probe: bool) -> None:
