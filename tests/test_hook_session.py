@@ -732,6 +732,33 @@ def test_a_hit_sweeps_old_sessions_within_a_small_budget_and_logs_it(tmp_path):
     assert (folder / "sess-1.json").exists()
 
 
+def test_a_sweep_stamp_from_before_the_clock_was_set_back_does_not_stop_the_sweeps(tmp_path):
+    """The last sweep ran while the clock was a day fast; set right, the next session start
+    sweeps as due, rather than no sweep at all for that day while stale sessions pile up."""
+    import os
+    import time
+
+    from relay.hook import state
+
+    folder = tmp_path / "state" / "sessions"
+    folder.mkdir(parents=True, mode=0o700)
+    old = time.time() - state.SESSION_TTL_S - 3600
+    for i in range(20):
+        for ext in (".json", ".lock"):
+            path = folder / f"old-{i}{ext}"
+            path.write_text(json.dumps(state.fresh(f"old-{i}")) if ext == ".json" else "")
+            os.utime(path, (old, old))
+    stamp = folder / ".cleaned"
+    stamp.write_text("")
+    ahead = time.time() + 86400
+    os.utime(stamp, (ahead, ahead))
+    with FakeRelay(reply(200, results(record("mem_a", pinned=True)))) as server:
+        hook = Hook(tmp_path, server.url)
+        hook.session_start("startup")
+    assert not [p for p in folder.iterdir() if p.name.startswith("old-")]
+    assert stamp.stat().st_mtime <= time.time()
+
+
 def test_chit_chat_made_of_quantifiers_and_particles_does_not_search(tmp_path):
     """QA: "please continue with that, thanks a lot" searched, on "lot": the filler list
     held English function words but not the closed classes of quantifiers and degree words

@@ -199,7 +199,9 @@ def cleanup(state_dir: str, until: float | None = None, now: float | None = None
     sessions = os.path.join(state_dir, "sessions")
     stamp = os.path.join(sessions, ".cleaned")
     try:
-        if os.stat(stamp).st_mtime > now - CLEANUP_EVERY_S:
+        # A stamp ahead of the clock is from before the clock was set back: waited for, it
+        # held off every sweep for as long as the clock went back (a day set back, a day).
+        if now - CLEANUP_EVERY_S < os.stat(stamp).st_mtime <= now + CLEANUP_RETRY_S:
             return 0
     except OSError:
         pass
