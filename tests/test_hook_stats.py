@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -408,3 +409,50 @@ def test_a_period_parses_only_its_own_lines(tmp_path, monkeypatch):
     assert len([text for text in parsed if '"ts"' in text]) == 5
     everything = summarise(str(state_dir), since_s=None, now=now)
     assert everything["invocations"] == 1005
+
+
+def test_a_long_period_is_summarised_line_by_line_not_held_in_memory(tmp_path):
+    """`relay stats --since all` on a 256 MB log (a raised log_max_bytes, months of lines)
+    held every parsed line at once: 2 GB (QA). Read line by line, a summary's memory does not
+    grow with the lines of its period; 60,000 lines grew it by 222 MB before."""
+    import subprocess
+    import sys
+
+    phases = ("start", "stdin", "gate", "dns", "connect", "wait", "body", "net", "parse", "pack")
+    line = {  # a no_match as the hook logs one
+        "event": "prompt",
+        "outcome": "no_match",
+        "session": "s" * 36,
+        "prompt_id": "p" * 36,
+        "prompt_sha256": "0" * 16,
+        "prompt_len": 60,
+        "prompt_no": 3,
+        "deadline_ms": 300,
+        "url": "http://relay:8765",
+        "key": "k1",
+        "http_status": 200,
+        "server_ms": 12.5,
+        **dict.fromkeys(("results", "duplicates", "records", "tokens"), 0),
+        "ms": {**{name: 1.5 for name in phases}, "total": 40.2},
+    }
+    start = 1_790_000_000
+    with open(tmp_path / "outcomes.jsonl", "w") as fh:
+        for i in range(60_000):
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(start + i))
+            fh.write(json.dumps({"ts": stamp, **line}, separators=(",", ":")) + "\n")
+    probe = (
+        "import json, resource, sys\n"
+        "from relay.hook import config\n"
+        "from relay.hook_stats import summarise\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "summary = summarise(sys.argv[1], None, cfg=config.load({}))\n"
+        "grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+        "print(json.dumps([summary['invocations'], grown // 1024]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    invocations, grown_mb = json.loads(done.stdout)
+    assert invocations == 60_000
+    assert grown_mb < 40, grown_mb
