@@ -593,6 +593,25 @@ def test_a_sweep_keeps_the_newest_sessions_however_it_is_cut_short(tmp_path):
     assert {p.stem for p in (tmp_path / "sessions").iterdir()} - {".cleaned"} == newest
 
 
+def test_sweeps_too_short_to_see_the_newest_sessions_still_bring_a_folder_down_to_them(tmp_path):
+    """QA: an agent run headless 2,880 times a day left 66,000 files after 12 days. No sweep
+    saw more than 500 sessions in its time, and each judged only its own part, so none went;
+    a pass of many sweeps keeps the newest it has seen so far, and removes what is beyond."""
+    newest = {f"newer-{i}" for i in range(state.SESSIONS_MAX)}
+    for i in range(600):  # written over the last days, each at its own time
+        make_sessions(tmp_path, [f"older-{i}"], 7200 + 600 * i)
+    for i, name in enumerate(sorted(newest)):
+        make_sessions(tmp_path, [name], 60 + i)
+    now = time.time()
+    for sweep in range(1, 5000):  # a sweep's 2 ms see 50 to 200 sessions here
+        state.cleanup(str(tmp_path), time.monotonic() + 0.002, now + 61 * sweep)
+        left = {p.stem for p in (tmp_path / "sessions").iterdir()} - {".cleaned"}
+        assert newest <= left
+        if left == newest:
+            break
+    assert left == newest
+
+
 def test_the_sweep_never_removes_the_lock_of_a_session_in_use(tmp_path):
     """A lock file is created once and flock never writes it, so its time is the session's
     first prompt: removing it by that time, while a hook held it, let the next hook lock a
