@@ -704,10 +704,8 @@ def test_a_later_session_start_of_the_same_source_resets_again(tmp_path):
     assert len(server.requests) == 4
 
 
-def test_a_hit_sweeps_old_sessions_within_a_small_budget_and_logs_it(tmp_path):
-    """20,000 files of week-old sessions made the first hit take 644 ms while its log said
-    62 ms (QA): the sweep after a hit stops after a few milliseconds, the rest is left to
-    later hits, and the log's total covers the sweep."""
+def stale_sessions(tmp_path, count: int):
+    """`count` sessions last written an hour past the TTL, in the hook's state folder."""
     import os
     import time
 
@@ -716,11 +714,19 @@ def test_a_hit_sweeps_old_sessions_within_a_small_budget_and_logs_it(tmp_path):
     folder = tmp_path / "state" / "sessions"
     folder.mkdir(parents=True, mode=0o700)
     old = time.time() - state.SESSION_TTL_S - 3600
-    for i in range(2000):
+    for i in range(count):
         for ext in (".json", ".lock"):
             path = folder / f"old-{i}{ext}"
             path.write_text("{}" if ext == ".json" else "")
             os.utime(path, (old, old))
+    return folder
+
+
+def test_a_hit_sweeps_old_sessions_within_a_small_budget_and_logs_it(tmp_path):
+    """20,000 files of week-old sessions made the first hit take 644 ms while its log said
+    62 ms (QA): the sweep after a hit stops after a few milliseconds, the rest is left to
+    later hits, and the log's total covers the sweep."""
+    folder = stale_sessions(tmp_path, 2000)
     with FakeRelay(reply(200, results(record("mem_a")))) as server:
         hook = Hook(tmp_path, server.url)
         assert_hit_contract(hook.prompt("how do we write a database migration?"))
@@ -738,16 +744,7 @@ def test_a_sweep_stamp_from_before_the_clock_was_set_back_does_not_stop_the_swee
     import os
     import time
 
-    from relay.hook import state
-
-    folder = tmp_path / "state" / "sessions"
-    folder.mkdir(parents=True, mode=0o700)
-    old = time.time() - state.SESSION_TTL_S - 3600
-    for i in range(20):
-        for ext in (".json", ".lock"):
-            path = folder / f"old-{i}{ext}"
-            path.write_text(json.dumps(state.fresh(f"old-{i}")) if ext == ".json" else "")
-            os.utime(path, (old, old))
+    folder = stale_sessions(tmp_path, 20)
     stamp = folder / ".cleaned"
     stamp.write_text("")
     ahead = time.time() + 86400
