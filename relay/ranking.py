@@ -14,10 +14,11 @@ said only, or said better, by passages about someone else than about the person 
 asks about (`topic_elsewhere`, `words_elsewhere`: a question about the wrong person),
 and whether the query names things this organisation has never written down at all
 (`unknown_names`), and how well each query word finds its match among the passage's
-words (`maxsim`, late interaction over stored token matrices: relay.late).
+words (`maxsim`, late interaction over stored token matrices: relay.late), and whether it
+holds an identifier the query names that hardly any other passage does (`identifier`).
 The weights are fixed settings (`SearchSettings.hybrid`, `.pooled`, `.lexical`) fitted by
 scripts/calibrate.py on development splits only, never on the queries a
-benchmark reports.
+benchmark reports; `identifier`'s is a rule (`IDENTIFIER_WEIGHT`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from relay.models import Passage
 from relay.store import Store
-from relay.text import subject_terms
+from relay.text import identifier_shaped, subject_terms
 
 if TYPE_CHECKING:
     from relay.search import SearchSettings
@@ -55,6 +56,7 @@ class Weights:
     topic_elsewhere: float = 0.0
     words_elsewhere: float = 0.0
     maxsim: float = 0.0
+    identifier: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,19 @@ class Model:
 # The gate's `topic_elsewhere` and `words_elsewhere` (the wrong-person gate) are not fitted
 # (a likelihood fit weighs them far too little to abstain): calibrate.py fits the gate around
 # a fixed reference (its FIT_AROUND), and scripts/tune.py rules chooses them with the threshold.
+# A query word shaped like an identifier (`relay.text.identifier_shaped`: `t13q`, `v2`,
+# `boto3`, an error code) that at most this many passages the reader may see hold names
+# those passages: they are what the query asks for. The fitted ranker never met such a query
+# (its questions are paraphrases, where a rare word is as often not in the answer: 291 of
+# the 609 locomo_observations questions with a word one passage holds have it in a gold
+# memory), and with the word's `coverage` and `absent_rarest` pulling against each other it
+# ranked the one passage holding `t42q` fourth of 12 lookalikes (`t422q`, `t424q`, ...).
+# Not fitted: a rule, with a weight larger than the spread of the ranker's other terms, so
+# such a passage comes first; the gate, which judges whether there is an answer at all,
+# weighs it not (it sees the ranker's logit, so through `on_ranker` a little).
+IDENTIFIER_DF = 3
+IDENTIFIER_WEIGHT = 10.0
+
 HYBRID = Model(
     ranker=Weights(
         bias=-8.75,
@@ -99,6 +114,7 @@ HYBRID = Model(
         unknown_terms=0.27,
         unknown_share=-1.049,
         maxsim=9.588,
+        identifier=IDENTIFIER_WEIGHT,
     ),
     gate=Weights(
         bias=-2.942,
@@ -136,6 +152,7 @@ POOLED = Model(
         absent_second=0.332,
         unknown_terms=0.255,
         unknown_share=-1.006,
+        identifier=IDENTIFIER_WEIGHT,
     ),
     gate=Weights(
         bias=-2.595,
@@ -167,6 +184,7 @@ LEXICAL = Model(
         absent_second=0.83,
         unknown_terms=0.442,
         unknown_share=-2.04,
+        identifier=IDENTIFIER_WEIGHT,
     ),
     gate=Weights(
         bias=0.249,
@@ -236,6 +254,8 @@ class Features:
     maxsim         late interaction (relay.late): each query word's best match among the
                    passage's words, IDF-weighted (None without the query's token states, or
                    when some inspected passage has no token matrix yet)
+    identifier     1 when it holds an identifier the query names that at most IDENTIFIER_DF
+                   passages the reader may see hold (`QueryReading.identifiers`), else 0
     """
 
     cosine: float | None
@@ -253,6 +273,7 @@ class Features:
     topic_elsewhere: float = 0.0
     words_elsewhere: float = 0.0
     maxsim: float | None = None
+    identifier: float = 0.0
 
 
 def idf(total: int, df: int) -> float:
@@ -273,6 +294,7 @@ def logit(w: Weights, f: Features) -> float:
         + w.unknown_share * f.unknown_share
         + w.topic_elsewhere * f.topic_elsewhere
         + w.words_elsewhere * f.words_elsewhere
+        + w.identifier * f.identifier
     )
     if f.cosine is not None:
         z += w.cosine * f.cosine + w.lift * f.lift + w.gap * f.gap
@@ -314,6 +336,7 @@ class QueryReading:
     unknown_names: float
     unknown_terms: float
     unknown_share: float
+    identifiers: list[str]  # identifier-shaped terms at most IDENTIFIER_DF passages hold
 
     @classmethod
     def read(
@@ -332,6 +355,9 @@ class QueryReading:
             unknown_names=1 - len(known_names) / len(names) if names else 0.0,
             unknown_terms=float(min(len(terms) - len(known), 5)),
             unknown_share=1 - sum(weights[t] for t in known) / all_weight if all_weight else 0.0,
+            identifiers=[
+                t for t in terms if 0 < df.get(t, 0) <= IDENTIFIER_DF and identifier_shaped(t)
+            ],
         )
 
 
@@ -443,6 +469,7 @@ def candidate_features(
                 topic_elsewhere=topic_elsewhere,
                 words_elsewhere=words_elsewhere,
                 maxsim=maxsims[i] if maxsims is not None else None,
+                identifier=float(any(t in have for t in r.identifiers)),
             )
         )
     return out

@@ -3,7 +3,8 @@
     authorize (caller) -> cache -> lexical candidates (SQL, access-filtered)
                                 || semantic candidates (embedding + vectors, in a worker)
     -> the <= 12 best of both stages' proposals by a preselection score (cosine,
-       late interaction, stage ranks: nothing read but token matrices; `Preselect`)
+       late interaction, stage ranks: nothing read but token matrices; `Preselect`),
+       the few passages holding an identifier the query names always among them
     -> re-fetched through the access filter -> ranked, and the query judged, by a
        calibrated model -> relevance threshold on that judgement -> best passage per
        memory -> those within `relative` of the best -> one per text and title -> top k
@@ -36,6 +37,7 @@ from relay.late import QueryPieces
 from relay.models import Passage, Principal, iso
 from relay.ranking import (
     HYBRID,
+    IDENTIFIER_DF,
     LEXICAL,
     POOLED,
     PRESELECT,
@@ -251,6 +253,8 @@ class Searcher:
         _, df = self.store.doc_freq(org, terms)
         total, df = seen(self.store, org, audiences, now, df)
         reading = QueryReading.read(terms, proper_names(query), total, df)
+        named = self._identified(org, audiences, now, reading, mode)
+        lexical += [(rowid, 0.0) for rowid in named if rowid not in dict(lexical)]
         matrices: dict[int, bytes] = {}
         if future is not None and lexical and not future.done():
             matrices = self.store.token_matrices(org, [r for r, _ in lexical])
@@ -281,6 +285,7 @@ class Searcher:
         maxsim = self._maxsims(org, qstates, query, reading, proposed, matrices)
         pool = pool_features(lexical, semantic, maxsim)
         chosen = preselect(lexical, semantic, pool, s)
+        chosen = [*named, *(r for r in chosen if r not in named)][: s.candidates]
         timings["preselect_ms"] = _ms(t)
         t = time.monotonic()
         passages = self.store.passages(org, audiences, now, chosen)
@@ -301,6 +306,29 @@ class Searcher:
         results = answer([(p, score) for p, _, score in scored], s, k)
         timings["score_ms"] = _ms(t)
         return SearchResponse(results, stages, degraded, False, _ms(start), timings)
+
+    def _identified(
+        self,
+        org: str,
+        audiences: frozenset[str],
+        now: datetime,
+        reading: QueryReading,
+        mode: Mode,
+    ) -> list[int]:
+        """The passages holding an identifier the query names (`QueryReading.identifiers`),
+        always inspected: where the prompt's other words are what other memories say (a
+        coding prompt ending "This looks like incident 4512 again." against 6,725 team
+        rules, a question about the payments ledger naming incident `t77q`), the lexical
+        stage proposed it (5th, 6th) and preselection, led by cosine and MaxSim, chose the
+        others' 12. A few passages per identifier, one index lookup each, and only for a
+        query that names one."""
+        if mode == "semantic" or not reading.identifiers:
+            return []
+        named: dict[int, None] = {}
+        for term in reading.identifiers:
+            for rowid, _ in self.store.lexical_search(org, audiences, now, [term], IDENTIFIER_DF):
+                named.setdefault(rowid, None)
+        return list(named)[: self.settings.candidates]
 
     def _semantic(self, org: str, audiences: frozenset[str], now: datetime, query: str):  # noqa: ANN202
         t = time.monotonic()

@@ -104,6 +104,14 @@ def query_terms(text: str) -> list[str]:
     return list(seen)
 
 
+def identifier_shaped(term: str) -> bool:
+    """Whether a query term reads as an identifier rather than a word: letters and digits
+    together (`t13q`, `v2`, `s3`, `boto3`, `5k`) or four digits and more (an error code, a
+    port, a ticket number). A plain number ("20 at a time", "19%") is a quantity."""
+    has_digit = any(c.isdigit() for c in term)
+    return (has_digit and any(c.isalpha() for c in term)) or (term.isdigit() and len(term) >= 4)
+
+
 _NAME = re.compile(r"(?<![\w.])([A-Z][a-z]+(?:[A-Z][a-z]+)*)\b")
 
 

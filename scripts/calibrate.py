@@ -58,7 +58,9 @@ GATE = ("topic_elsewhere", "words_elsewhere")  # chosen on dev by tune.py, not f
 # equal choices (session 4: threshold 0.1 with -9/-2, and 0.2 with -9/0). A fixed point
 # of reference (the first of the two) makes calibrate.py then tune.py reproducible.
 FIT_AROUND = (-9.0, -2.0)
-NAMES = tuple(f.name for f in dataclasses.fields(Weights) if f.name not in ("bias", *GATE))
+# A rule, not fitted: no dev question names an identifier (relay.ranking.IDENTIFIER_WEIGHT).
+RULES = ("identifier",)
+NAMES = tuple(f.name for f in dataclasses.fields(Weights) if f.name not in ("bias", *GATE, *RULES))
 
 
 def dev_split(folder: str, queries: list[Query]) -> list[Query]:
@@ -145,7 +147,9 @@ def fit(rows, names: tuple[str, ...], fixed: Model) -> Model:  # noqa: ANN001
         offset.append(wrong_person @ vector(cands[top][1], GATE))
     g0, g = logistic(np.array(gx), np.array(gy), np.array(offset))
     return Model(
-        ranker=weights(r0, r, names),
+        ranker=dataclasses.replace(
+            weights(r0, r, names), **{n: getattr(fixed.ranker, n) for n in RULES}
+        ),
         gate=dataclasses.replace(
             weights(g0, g[1:], names), **{n: getattr(fixed.gate, n) for n in GATE}
         ),

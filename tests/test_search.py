@@ -201,6 +201,36 @@ def test_a_small_org_answers_a_strong_match_without_its_unrelated_memories(store
     lenient.close()
 
 
+def test_the_passage_holding_an_identifier_the_query_names_comes_first(store, embedder):
+    """QA, in a 20,000-memory org: `t13q` found `big-1349`, `big-1300` first. Among memories
+    that differ by an incident number alone, the ranker put the one holding it under its
+    lookalikes (t42q fourth, t77q behind t73q, t7q, t76q); the lexical stage alone found every
+    one. And where the prompt's other words are what other memories say (a developer's
+    sentence naming the incident), preselection left it out of the 12 inspected: for none of
+    these 43 prompts was it found."""
+    topics = ["deploys go through the ship script", "migrations run in the backfill job"]
+    bodies = [f"Incident t{i}q: {topics[i % 2]}." for i in range(300)]
+    bodies += [
+        f"The payments ledger reconciliation batch compares Stripe payouts nightly, step {j}."
+        for j in range(30)
+    ]
+    p = _org(store, embedder, bodies)
+    searcher = Searcher(store, embedder)
+    asked = {f"t{i}q": f"m{i}" for i in range(0, 300, 7)}
+    asked |= {
+        f"the payments ledger reconciliation batch missed Stripe payouts, like incident t{i}q": (
+            f"m{i}"
+        )
+        for i in range(0, 300, 7)
+    }
+    for mode in ("hybrid", "lexical"):
+        first = {q: searcher.search(p, q, 3, 10_000, mode).results[0].id for q in asked}
+        assert first == asked, mode
+    # A number is a quantity, not an identifier: "20 at a time" names no passage.
+    assert QueryReading.read(["20", "t7q"], [], 300, {"20": 1, "t7q": 1}).identifiers == ["t7q"]
+    searcher.close()
+
+
 def test_a_hit_under_min_score_is_left_out_however_close_to_the_best(store, embedder):
     """The new-user pass: "what package manager for the web app?" in the three-memory org
     also listed the migrations note at 0.01, within `relative` of a 0.58 answer."""
