@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 
 import pytest
@@ -226,6 +228,25 @@ def test_compaction_and_clear_reset_the_ledger_resume_keeps_it(tmp_path):
             context = assert_hit_contract(hook.prompt("how do we write a database migration?"))
             assert "mem_a" in context and "mem_b" in context
             assert_silent(hook.prompt("how do we write a database migration?"))
+
+
+def test_a_fifo_or_a_link_in_a_session_files_place_neither_holds_the_hook_nor_is_written(tmp_path):
+    """A FIFO where a session's state file goes held the hook on open() until the agent gave up
+    on it (Claude Code: 60 s); a link is not written through. Each is replaced by the state."""
+    with FakeRelay(Knowledge()) as server:
+        hook = Hook(tmp_path, server.url, RELAY_PROFILE="0")
+        assert_hit_contract(hook.prompt("how do we deploy the billing service?", session="warm"))
+        sessions = hook.state_dir / "sessions"
+        os.mkfifo(sessions / "sess-1.json")
+        elsewhere = tmp_path / "elsewhere.json"
+        elsewhere.write_text("not the hook's")
+        (sessions / "sess-2.json").symlink_to(elsewhere)
+        for session in ("sess-1", "sess-2"):
+            run = hook.prompt("how do we write a database migration for the orders?", session)
+            assert "mem_migrate" in assert_hit_contract(run)
+            assert stat.S_ISREG((sessions / f"{session}.json").lstat().st_mode)
+            assert hook.session_state(session)["ledger"] == {"mem_migrate": 1}
+        assert elsewhere.read_text() == "not the hook's"
 
 
 def test_newer_revision_is_injected_again_same_revision_never(tmp_path):

@@ -53,12 +53,16 @@ def is_own_dir(path: str) -> bool:
 
 
 def read_bytes(path: str, limit: int) -> bytes | None:
-    """The file's content, or None when it is missing, unreadable or larger than `limit`."""
+    """The file's content, or None when it is missing, unreadable, larger than `limit` or not
+    a regular file: a FIFO in a session file's place held the hook on open() until the agent
+    gave up on it (O_NONBLOCK opens it at once, and it is not read)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         data = os.read(fd, limit + 1)
     except OSError:
         return None
