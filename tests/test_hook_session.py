@@ -230,6 +230,30 @@ def test_compaction_and_clear_reset_the_ledger_resume_keeps_it(tmp_path):
             assert_silent(hook.prompt("how do we write a database migration?"))
 
 
+def test_a_kept_session_is_written_in_place_and_a_shorter_state_leaves_no_old_tail(tmp_path):
+    """Each prompt wrote its session's state to a new file renamed over the old one, and ext4
+    wrote that file out before the rename returned: up to 440 ms (strace of the hook), in the
+    gate, past the deadline (a replay: 17 of 400 prompts of kept sessions over 20 ms, one at
+    629 ms; fresh sessions, with no file to replace, none). It is one file throughout now."""
+    with FakeRelay(Knowledge()) as server:
+        hook = Hook(tmp_path, server.url, RELAY_PROFILE="0", RELAY_THROTTLE_PROMPTS="0")
+        path = hook.state_dir / "sessions" / "sess-1.json"
+        assert_hit_contract(hook.prompt("how do we write a database migration for the orders?"))
+        alias = tmp_path / "alias.json"
+        os.link(path, alias)  # a rename over the file would leave the alias the old state
+        assert_hit_contract(hook.prompt("how do we deploy the billing service to staging?"))
+        assert os.path.samefile(path, alias)
+        state = hook.session_state()
+        assert state["count"] == 2 and set(state["ledger"]) == {"mem_migrate", "mem_deploy"}
+        longer = path.stat().st_size
+        assert_silent(hook.session_start("compact"))  # the ledger reset: a shorter state
+        assert os.path.samefile(path, alias) and path.stat().st_size < longer
+        assert hook.session_state()["ledger"] == {}  # whole JSON: the longer one's tail is gone
+        assert "mem_migrate" in assert_hit_contract(
+            hook.prompt("how do we write a database migration for the orders?")
+        )
+
+
 def test_a_fifo_or_a_link_in_a_session_files_place_neither_holds_the_hook_nor_is_written(tmp_path):
     """A FIFO where a session's state file goes held the hook on open() until the agent gave up
     on it (Claude Code: 60 s); a link is not written through. Each is replaced by the state."""

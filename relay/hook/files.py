@@ -1,4 +1,5 @@
-"""Private files for the hook: 0700 directories, 0600 files, atomic replace, bounded locks."""
+"""Private files for the hook: 0700 directories, 0600 files, atomic replace, writes in place
+under a lock, bounded locks."""
 
 from __future__ import annotations
 
@@ -97,6 +98,36 @@ def write_atomic(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def rewrite_locked(path: str, data: bytes) -> None:
+    """Write `data` over the file at `path` in place: for a file read and changed only under a
+    lock the caller holds (a session's state; not the breaker's, read without one).
+
+    A rename over the file, as write_atomic does, made ext4 write the new file out before the
+    rename returned (auto_da_alloc, its guard against empty files after a crash): 15 to 440
+    ms at times while other writes ran, in the gate of the prompt waiting for it and past its
+    deadline (strace of the hook; in a replay, 17 of 400 prompts of kept sessions had a gate
+    over 20 ms, up to 629, and fresh sessions, whose file is new, none). A write cut short
+    leaves the new start before the old tail, which does not parse and reads as a fresh
+    session. Anything but a regular file of this user's (another user's, a link, a FIFO) is
+    replaced as before.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError:
+        return write_atomic(path, data)
+    try:
+        found = os.fstat(fd)
+        if stat.S_ISREG(found.st_mode) and found.st_uid == os.getuid():
+            view, done = memoryview(data), 0
+            while done < len(data):
+                done += os.pwrite(fd, view[done:], done)
+            os.ftruncate(fd, len(data))  # a shorter state than before: its old tail goes
+            return
+    finally:
+        os.close(fd)
+    write_atomic(path, data)
 
 
 class Lock:

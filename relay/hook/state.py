@@ -1,8 +1,8 @@
 """Per-session state: prompt counter, last search keywords, the conversation ledger, the
 last prompt counted and the last session start.
 
-One JSON file per session under `<state_dir>/sessions/`, replaced atomically and
-changed only under that session's flock, so two hooks of one session (a prompt
+One JSON file per session under `<state_dir>/sessions/`, read and written in place only
+under that session's flock, so two hooks of one session (a prompt
 and a subagent, say) never lose each other's updates. Files are bounded (the
 ledger keeps the newest LEDGER_MAX entries) and sessions untouched for
 SESSION_TTL_S are removed, at most once an hour, by a sweep that stops after
@@ -16,7 +16,14 @@ import os
 import time
 
 from relay.hook import codec
-from relay.hook.files import Lock, private_dir, read_bytes, read_owned_object, write_atomic
+from relay.hook.files import (
+    Lock,
+    private_dir,
+    read_bytes,
+    read_owned_object,
+    rewrite_locked,
+    write_atomic,
+)
 
 LEDGER_MAX = 400  # passages remembered, a whole revision counting as one
 KEYWORDS_MAX = 64
@@ -109,7 +116,7 @@ class Session:
         self.data["keywords"] = self.data["keywords"][:KEYWORDS_MAX]
         self.data["updated"] = int(time.time())
         try:
-            write_atomic(self.path, codec.dumps(self.data).encode())
+            rewrite_locked(self.path, codec.dumps(self.data).encode())
         except OSError as exc:  # a full disk, say: this prompt is answered all the same
             self.error = exc
             if self.on_error is not None:
