@@ -256,7 +256,7 @@ def test_a_kept_session_is_written_in_place_and_a_shorter_state_leaves_no_old_ta
 
 def test_a_fifo_or_a_link_in_a_session_files_place_neither_holds_the_hook_nor_is_written(tmp_path):
     """A FIFO where a session's state file goes held the hook on open() until the agent gave up
-    on it (Claude Code: 60 s); a link is not written through. Each is replaced by the state."""
+    on it (the 5 s relay install sets); a link is not written through. Each is replaced."""
     with FakeRelay(Knowledge()) as server:
         hook = Hook(tmp_path, server.url, RELAY_PROFILE="0")
         assert_hit_contract(hook.prompt("how do we deploy the billing service?", session="warm"))
