@@ -87,14 +87,19 @@ def read_owned_object(path: str, limit: int, key: str, owner: object) -> dict | 
     return stored
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """All of `data` from the descriptor's position (a write may take only part)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Write to a private temporary file beside `path`, then rename over it."""
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
     finally:
         os.close(fd)
     os.replace(tmp, path)
@@ -120,9 +125,7 @@ def rewrite_locked(path: str, data: bytes) -> None:
     try:
         found = os.fstat(fd)
         if stat.S_ISREG(found.st_mode) and found.st_uid == os.getuid():
-            view, done = memoryview(data), 0
-            while done < len(data):
-                done += os.pwrite(fd, view[done:], done)
+            _write_all(fd, data)  # from offset 0: the file was just opened
             os.ftruncate(fd, len(data))  # a shorter state than before: its old tail goes
             return
     finally:
